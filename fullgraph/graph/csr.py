@@ -1,0 +1,292 @@
+"""Graph topology stored as CSR by destination (in-edges grouped by destination).
+
+Row ``i`` of the CSR lists the sources of the in-edges of vertex ``i``:
+``indices[indptr[i]:indptr[i + 1]]``. This is the layout a propagate stage reads
+(a pull-style weighted sum over in-neighbours), and the layout every partitioner
+and executor of fullgraph slices.
+
+A graph may be bipartite (``num_src != num_dst``): a data-parallel worker's local
+block has its own vertices as destinations and local + remote vertices as sources.
+
+Invariants: ``indptr`` is int64, starts at 0, is non-decreasing and ends at E;
+``indices`` is int32 when ``num_src < 2**31`` and int64 otherwise; within a row the
+sources are sorted. This module must not import torch.distributed or anything above
+the graph layer.
+
+Shapes: N = number of vertices, E = number of edges.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from fullgraph.errors import ValidationError
+
+SelfLoops = Literal["keep", "add", "remove"]
+INT32_LIMIT = 2**31 - 1
+
+
+def index_dtype(num_vertices: int) -> torch.dtype:
+    """The narrowest index dtype able to hold ids ``0..num_vertices-1``."""
+    return torch.int32 if num_vertices <= INT32_LIMIT else torch.int64
+
+
+@dataclass(frozen=True)
+class Transposed:
+    """The transposed CSR (CSR by source) and the edge permutation that builds it.
+
+    Attributes:
+        graph: CSR whose row ``j`` lists the destinations of the out-edges of ``j``.
+        perm: (E,) int64; edge ``k`` of ``graph`` is edge ``perm[k]`` of the original.
+    """
+
+    graph: "Graph"
+    perm: Tensor
+
+
+class Graph:
+    """CSR by destination, optionally bipartite and optionally weighted.
+
+    Args:
+        indptr: (N_dst + 1,) row offsets.
+        indices: (E,) source vertex of each in-edge, grouped by destination.
+        num_src: number of source vertices (default: ``N_dst``, a square graph).
+        edge_weight: optional (E,) weight of each edge (default: None).
+        validate: check the invariants in O(N + E) (default: True).
+
+    Raises:
+        ValidationError: when the arrays do not form a valid CSR.
+    """
+
+    def __init__(self, indptr: Tensor, indices: Tensor, num_src: int | None = None,
+                 edge_weight: Tensor | None = None, *, validate: bool = True) -> None:
+        self.indptr = torch.as_tensor(indptr).to(torch.int64)
+        num_dst = int(self.indptr.numel()) - 1
+        self.num_src = num_dst if num_src is None else int(num_src)
+        self.indices = torch.as_tensor(indices).to(index_dtype(self.num_src))
+        self.edge_weight = edge_weight
+        self._transposed: Transposed | None = None
+        self._dst_index: Tensor | None = None
+        if validate:
+            self.validate()
+
+    # ------------------------------------------------------------------ shape
+    @property
+    def num_dst(self) -> int:
+        return int(self.indptr.numel()) - 1
+
+    @property
+    def num_nodes(self) -> int:
+        """Number of vertices of a square graph."""
+        if self.num_src != self.num_dst:
+            raise ValueError(f"num_nodes is ambiguous for a bipartite graph "
+                             f"({self.num_dst} destinations, {self.num_src} sources)")
+        return self.num_dst
+
+    @property
+    def num_edges(self) -> int:
+        return int(self.indices.numel())
+
+    @property
+    def device(self) -> torch.device:
+        return self.indptr.device
+
+    def __repr__(self) -> str:
+        kind = "" if self.num_src == self.num_dst else f", num_src={self.num_src}"
+        return f"Graph(num_dst={self.num_dst}{kind}, num_edges={self.num_edges})"
+
+    def validate(self) -> None:
+        """Check the CSR invariants; raise ``ValidationError`` naming the first broken one."""
+        if self.indptr.dim() != 1 or self.indptr.numel() < 1:
+            raise ValidationError("indptr must be a non-empty 1-D array", field="indptr",
+                                  found=tuple(self.indptr.shape))
+        if int(self.indptr[0]) != 0:
+            raise ValidationError("indptr must start at 0", field="indptr[0]",
+                                  found=int(self.indptr[0]))
+        if int(self.indptr[-1]) != self.num_edges:
+            raise ValidationError("indptr must end at the number of edges", field="indptr[-1]",
+                                  found=int(self.indptr[-1]), expected=self.num_edges)
+        if self.num_dst > 0 and bool((self.indptr[1:] < self.indptr[:-1]).any()):
+            bad = int(torch.nonzero(self.indptr[1:] < self.indptr[:-1])[0])
+            raise ValidationError("indptr must be non-decreasing", field=f"indptr[{bad + 1}]")
+        if self.num_edges:
+            lo, hi = int(self.indices.min()), int(self.indices.max())
+            if lo < 0 or hi >= self.num_src:
+                bad = lo if lo < 0 else hi
+                raise ValidationError("source vertex id out of range", field="indices",
+                                      found=bad, expected=f"0 <= id < {self.num_src}")
+        if self.edge_weight is not None and self.edge_weight.shape[0] != self.num_edges:
+            raise ValidationError("edge_weight needs one value per edge", field="edge_weight",
+                                  found=tuple(self.edge_weight.shape), expected=self.num_edges)
+
+    # ---------------------------------------------------------------- builders
+    @classmethod
+    def from_edges(cls, src: Tensor | np.ndarray, dst: Tensor | np.ndarray, num_nodes: int, *,
+                   symmetrize: bool = False, self_loops: SelfLoops = "keep",
+                   dedup: bool = True) -> "Graph":
+        """Build a square CSR by destination from an edge list ``src -> dst``.
+
+        Args:
+            src, dst: (E,) integer vertex ids.
+            num_nodes: number of vertices N; every id must be in ``[0, N)``.
+            symmetrize: also add ``dst -> src`` for every edge (default: False).
+            self_loops: ``"keep"`` them as given, ``"add"`` one per vertex (existing
+                ones are kept once), or ``"remove"`` all (default: ``"keep"``).
+            dedup: drop repeated edges (default: True).
+
+        Raises:
+            ValidationError: an id is negative or not below ``num_nodes``.
+        """
+        src_np = _as_int64(src, "src")
+        dst_np = _as_int64(dst, "dst")
+        if src_np.shape != dst_np.shape:
+            raise ValidationError("src and dst must have the same length", field="dst",
+                                  found=dst_np.shape[0], expected=src_np.shape[0])
+        _check_range(src_np, num_nodes, "src")
+        _check_range(dst_np, num_nodes, "dst")
+        if symmetrize:
+            src_np, dst_np = np.concatenate([src_np, dst_np]), np.concatenate([dst_np, src_np])
+        if self_loops in ("remove", "add"):
+            keep = src_np != dst_np
+            src_np, dst_np = src_np[keep], dst_np[keep]
+        if self_loops == "add":
+            loops = np.arange(num_nodes, dtype=np.int64)
+            src_np, dst_np = np.concatenate([src_np, loops]), np.concatenate([dst_np, loops])
+        indptr, indices = _sort_to_csr(src_np, dst_np, num_nodes, dedup)
+        return cls(torch.from_numpy(indptr), torch.from_numpy(indices), num_nodes, validate=False)
+
+    def edges(self) -> tuple[Tensor, Tensor]:
+        """Return ``(src, dst)`` int64 edge lists in CSR order."""
+        return self.indices.to(torch.int64), self.dst_index()
+
+    def with_self_loops(self, present: bool) -> "Graph":
+        """A copy with exactly one self-loop per vertex (``present=True``) or none."""
+        src, dst = self.edges()
+        return Graph.from_edges(src, dst, self.num_nodes, self_loops="add" if present else "remove")
+
+    def has_self_loops(self) -> bool:
+        src, dst = self.edges()
+        return bool((src == dst).any())
+
+    # ------------------------------------------------------------- derived data
+    def in_degrees(self) -> Tensor:
+        """(N_dst,) int64 number of in-edges of each destination."""
+        return self.indptr[1:] - self.indptr[:-1]
+
+    def out_degrees(self) -> Tensor:
+        """(N_src,) int64 number of out-edges of each source."""
+        return torch.bincount(self.indices.to(torch.int64), minlength=self.num_src)
+
+    def dst_index(self) -> Tensor:
+        """(E,) int64 destination of each edge, built once and cached."""
+        if self._dst_index is None:
+            rows = torch.arange(self.num_dst, device=self.device)
+            self._dst_index = torch.repeat_interleave(rows, self.in_degrees())
+        return self._dst_index
+
+    def transpose(self) -> Transposed:
+        """CSR by source (out-edges), built once and cached; used by backward passes."""
+        if self._transposed is None:
+            src = self.indices.cpu().numpy()
+            perm = np.argsort(src, kind="stable")
+            counts = np.bincount(src, minlength=self.num_src)
+            t_indptr = np.zeros(self.num_src + 1, dtype=np.int64)
+            np.cumsum(counts, out=t_indptr[1:])
+            t_indices = self.dst_index().cpu().numpy()[perm]
+            perm_t = torch.from_numpy(perm.astype(np.int64)).to(self.device)
+            graph = Graph(torch.from_numpy(t_indptr).to(self.device),
+                          torch.from_numpy(t_indices).to(self.device),
+                          num_src=self.num_dst, validate=False)
+            self._transposed = Transposed(graph, perm_t)
+        return self._transposed
+
+    def to(self, device: torch.device | str) -> "Graph":
+        """A copy on ``device`` (self if already there); caches are not carried."""
+        device = torch.device(device)
+        if self.indptr.device == device:
+            return self
+        weight = None if self.edge_weight is None else self.edge_weight.to(device)
+        return Graph(self.indptr.to(device), self.indices.to(device), self.num_src, weight,
+                     validate=False)
+
+    def nbytes(self) -> int:
+        """Bytes held by the CSR arrays (not counting caches)."""
+        total = self.indptr.numel() * 8 + self.indices.numel() * self.indices.element_size()
+        if self.edge_weight is not None:
+            total += self.edge_weight.numel() * self.edge_weight.element_size()
+        return int(total)
+
+
+# ---------------------------------------------------------------- normalisation
+def gcn_norm(graph: Graph, dtype: torch.dtype = torch.float32) -> Tensor:
+    """Symmetric GCN edge weights ``1 / sqrt(deg(dst) * deg(src))``.
+
+    ``deg`` is the in-degree, counting the self-loops the graph holds (Kipf & Welling
+    add them before normalising; build the graph with ``self_loops="add"`` for that).
+    Vertices of degree 0 get weight 0 on their (absent) edges. For a bipartite block
+    pass a square graph: degrees of both endpoints come from the same vertex set.
+    """
+    deg = graph.in_degrees().to(dtype)
+    inv_sqrt = torch.where(deg > 0, deg.rsqrt(), torch.zeros_like(deg))
+    src, dst = graph.edges()
+    return inv_sqrt[dst] * inv_sqrt[src]
+
+
+def mean_norm(graph: Graph, dtype: torch.dtype = torch.float32) -> Tensor:
+    """Edge weights ``1 / in_degree(dst)``: a weighted sum with them is the mean."""
+    deg = graph.in_degrees().to(dtype)
+    inv = torch.where(deg > 0, 1.0 / deg, torch.zeros_like(deg))
+    return inv[graph.dst_index()]
+
+
+def sum_norm(graph: Graph, dtype: torch.dtype = torch.float32) -> Tensor:
+    """Edge weights of 1 (plain sum aggregation)."""
+    return torch.ones(graph.num_edges, dtype=dtype, device=graph.device)
+
+
+NORMS = {"gcn": gcn_norm, "mean": mean_norm, "sum": sum_norm}
+
+
+# ------------------------------------------------------------------- internals
+def _as_int64(ids: Tensor | np.ndarray, name: str) -> np.ndarray:
+    arr = ids.cpu().numpy() if isinstance(ids, Tensor) else np.asarray(ids)
+    if arr.ndim != 1:
+        raise ValidationError("edge endpoint array must be 1-D", field=name, found=arr.shape)
+    if arr.dtype.kind not in "iu":
+        raise ValidationError("edge endpoints must be integers", field=name, found=arr.dtype)
+    return arr.astype(np.int64, copy=False)
+
+
+def _check_range(ids: np.ndarray, num_nodes: int, name: str) -> None:
+    if ids.size == 0:
+        return
+    lo, hi = int(ids.min()), int(ids.max())
+    if lo < 0:
+        pos = int(np.argmax(ids < 0))
+        raise ValidationError("negative vertex id", field=f"{name}[{pos}]", found=lo,
+                              expected=f"0 <= id < {num_nodes}")
+    if hi >= num_nodes:
+        pos = int(np.argmax(ids >= num_nodes))
+        raise ValidationError("vertex id out of range", field=f"{name}[{pos}]", found=hi,
+                              expected=f"0 <= id < {num_nodes}")
+
+
+def _sort_to_csr(src: np.ndarray, dst: np.ndarray, num_nodes: int,
+                 dedup: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Sort edges by (dst, src), optionally de-duplicate, and build indptr."""
+    key = dst * np.int64(num_nodes) + src
+    if dedup:
+        key = np.unique(key)
+    else:
+        key = np.sort(key, kind="stable")
+    dst_sorted = key // num_nodes
+    indices = (key - dst_sorted * num_nodes).astype(
+        np.int32 if num_nodes <= INT32_LIMIT else np.int64)
+    counts = np.bincount(dst_sorted, minlength=num_nodes)
+    indptr = np.zeros(num_nodes + 1, dtype=np.int64)
+    np.cumsum(counts, out=indptr[1:])
+    return indptr, indices

@@ -1,0 +1,175 @@
+"""Vertex data (features, labels, masks) and the Dataset that pairs it with a Graph.
+
+Features are stored float32 by default, or bf16/fp16 to halve host memory; compute
+always casts the rows it uses to float32 (``VertexData.features_as``). Labels are
+int64 class ids in ``[0, num_classes)``; -1 marks an unlabelled vertex, which must
+not sit in any mask. The train, validation and test masks are disjoint boolean
+vectors, and the train mask is not empty.
+
+Shapes: N = number of vertices, F = feature dimension.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from fullgraph.errors import ValidationError
+from fullgraph.graph.csr import Graph
+
+FEATURE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+MASK_NAMES = ("train_mask", "val_mask", "test_mask")
+
+
+@dataclass
+class VertexData:
+    """Per-vertex tensors of a node-classification dataset.
+
+    Attributes:
+        features: (N, F) float32, bfloat16 or float16.
+        labels: (N,) int64 class ids, -1 for unlabelled vertices.
+        train_mask, val_mask, test_mask: (N,) bool, pairwise disjoint.
+        num_classes: number of classes C; every label in a mask is in ``[0, C)``.
+    """
+
+    features: Tensor
+    labels: Tensor
+    train_mask: Tensor
+    val_mask: Tensor
+    test_mask: Tensor
+    num_classes: int
+
+    @property
+    def num_nodes(self) -> int:
+        return int(self.features.shape[0])
+
+    @property
+    def num_features(self) -> int:
+        return int(self.features.shape[1])
+
+    def features_as(self, dtype: torch.dtype = torch.float32) -> Tensor:
+        """Features in ``dtype`` (no copy when already stored so)."""
+        return self.features if self.features.dtype == dtype else self.features.to(dtype)
+
+    def with_feature_dtype(self, name: str) -> "VertexData":
+        """A copy whose features are stored as ``name`` (float32, bfloat16 or float16)."""
+        if name not in FEATURE_DTYPES:
+            raise ValidationError("unknown feature storage dtype", field="feature_dtype",
+                                  found=name, expected=" | ".join(FEATURE_DTYPES))
+        return VertexData(self.features.to(FEATURE_DTYPES[name]), self.labels, self.train_mask,
+                          self.val_mask, self.test_mask, self.num_classes)
+
+    def validate(self, num_nodes: int, source: str = "vertex data") -> None:
+        """Check shapes, finiteness, label range and mask consistency.
+
+        Raises:
+            ValidationError: naming the field, what was found and what was expected.
+        """
+        x = self.features
+        if x.dim() != 2:
+            raise ValidationError("features must be a 2-D array", source=source,
+                                  field="features", found=tuple(x.shape), expected="(N, F)")
+        if x.shape[0] != num_nodes:
+            raise ValidationError("feature rows do not match the number of vertices",
+                                  source=source, field="features", found=x.shape[0],
+                                  expected=num_nodes)
+        if x.dtype not in FEATURE_DTYPES.values():
+            raise ValidationError("features must be floating point", source=source,
+                                  field="features", found=x.dtype,
+                                  expected=" | ".join(FEATURE_DTYPES))
+        _check_finite(x, source)
+        self._validate_labels(num_nodes, source)
+        self._validate_masks(num_nodes, source)
+
+    def _validate_labels(self, num_nodes: int, source: str) -> None:
+        y = self.labels
+        if y.dim() != 1 or y.shape[0] != num_nodes:
+            raise ValidationError("labels need one entry per vertex", source=source,
+                                  field="labels", found=tuple(y.shape), expected=(num_nodes,))
+        if y.dtype != torch.int64:
+            raise ValidationError("labels must be int64 class ids", source=source,
+                                  field="labels", found=y.dtype)
+        if self.num_classes < 1:
+            raise ValidationError("there must be at least one class", source=source,
+                                  field="num_classes", found=self.num_classes)
+        bad = (y < -1) | (y >= self.num_classes)
+        if bool(bad.any()):
+            v = int(torch.nonzero(bad)[0])
+            raise ValidationError("label out of range", source=source, field=f"labels[{v}]",
+                                  found=int(y[v]), expected=f"0 <= label < {self.num_classes}")
+
+    def _validate_masks(self, num_nodes: int, source: str) -> None:
+        masks = [getattr(self, name) for name in MASK_NAMES]
+        for name, m in zip(MASK_NAMES, masks):
+            if m.dtype != torch.bool or m.shape != (num_nodes,):
+                raise ValidationError("mask must be a boolean vector with one entry per vertex",
+                                      source=source, field=name,
+                                      found=f"{m.dtype} {tuple(m.shape)}",
+                                      expected=f"torch.bool ({num_nodes},)")
+            unlabelled = m & (self.labels < 0)
+            if bool(unlabelled.any()):
+                v = int(torch.nonzero(unlabelled)[0])
+                raise ValidationError("a masked vertex has no label", source=source,
+                                      field=f"{name}[{v}]", found="label -1",
+                                      expected="a class id")
+        if not bool(self.train_mask.any()):
+            raise ValidationError("the train mask is empty", source=source, field="train_mask",
+                                  found="0 training vertices", expected="at least one")
+        for i in range(3):
+            for j in range(i + 1, 3):
+                both = masks[i] & masks[j]
+                if bool(both.any()):
+                    v = int(torch.nonzero(both)[0])
+                    raise ValidationError("masks overlap", source=source,
+                                          field=f"{MASK_NAMES[i]} & {MASK_NAMES[j]}",
+                                          found=f"vertex {v} in both ({int(both.sum())} in all)",
+                                          expected="disjoint train/val/test masks")
+
+
+@dataclass
+class Dataset:
+    """A graph and its vertex data, with a name and free-form provenance.
+
+    Attributes:
+        name: dataset name, as listed by ``fullgraph datasets``.
+        graph: square CSR by destination, as stored (self-loops as in the source).
+        data: features, labels, masks.
+        info: provenance and description (source files, licence, split scheme).
+    """
+
+    name: str
+    graph: Graph
+    data: VertexData
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def validate(self) -> None:
+        """Check that graph and data are consistent; raise ``ValidationError`` if not."""
+        if self.graph.num_src != self.graph.num_dst:
+            raise ValidationError("a dataset graph must be square", source=self.name,
+                                  field="graph", found=repr(self.graph))
+        if self.graph.num_nodes == 0:
+            raise ValidationError("the graph is empty", source=self.name, field="graph",
+                                  found="0 vertices", expected="at least one vertex")
+        self.data.validate(self.graph.num_nodes, self.name)
+
+    def summary(self) -> dict[str, Any]:
+        """Counts a user wants to see in ``fullgraph datasets``."""
+        d = self.data
+        return {"name": self.name, "vertices": self.graph.num_nodes,
+                "edges": self.graph.num_edges, "features": d.num_features,
+                "classes": d.num_classes, "train": int(d.train_mask.sum()),
+                "val": int(d.val_mask.sum()), "test": int(d.test_mask.sum())}
+
+
+def _check_finite(x: Tensor, source: str, block_rows: int = 1 << 16) -> None:
+    """Raise on the first NaN/inf feature, scanning in row blocks (memory-mapped safe)."""
+    for start in range(0, x.shape[0], block_rows):
+        blk = x[start:start + block_rows]
+        bad = ~torch.isfinite(blk)
+        if bool(bad.any()):
+            r, c = (int(v) for v in torch.nonzero(bad)[0])
+            raise ValidationError("feature is not finite", source=source,
+                                  field=f"features[{start + r}, {c}]",
+                                  found=float(blk[r, c]), expected="a finite number")
