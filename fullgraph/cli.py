@@ -1,0 +1,202 @@
+"""Command-line entry point: ``fullgraph train | datasets | generate | convert``.
+
+argparse -> one frozen ``Config`` -> train. Every option of ``Config`` is exactly one
+flag, generated from the dataclass fields (a test pins the list); a config file
+(``--config run.yaml`` / ``.toml``) gives the same options, and flags given on the
+command line override it. A user error (bad option, bad file, unknown dataset) ends
+in one line on stderr and exit code 2, never in a traceback; set FULLGRAPH_DEBUG=1 to
+see the traceback anyway.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+import typing
+from typing import Any
+
+from fullgraph.errors import FullgraphError
+
+# section field -> flag name, where the plain ``--field`` would be unclear
+FLAG_NAMES = {("model", "name"): "model", ("model", "num_props"): "num-props"}
+
+
+def _flag(section: str, name: str) -> str:
+    return "--" + FLAG_NAMES.get((section, name), name.replace("_", "-"))
+
+
+def _add_config_flags(parser: argparse.ArgumentParser) -> None:
+    from fullgraph.config import SECTIONS
+
+    for section, cls in SECTIONS.items():
+        group = parser.add_argument_group(f"{section} options")
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            kind = [h for h in typing.get_args(hints[f.name]) if h is not type(None)] or \
+                [hints[f.name]]
+            dest = f"{section}.{f.name}"
+            default = f.default
+            help_text = f"(default: {default})"
+            if kind[0] is bool:
+                group.add_argument(_flag(section, f.name), dest=dest,
+                                   action=argparse.BooleanOptionalAction, default=None,
+                                   help=help_text)
+            else:
+                group.add_argument(_flag(section, f.name), dest=dest, type=kind[0],
+                                   default=None, metavar=f.name.upper(), help=help_text)
+
+
+def config_from_args(args: argparse.Namespace) -> Any:
+    """Config file (if any) overlaid with the flags given on the command line."""
+    from fullgraph.config import config_from_dict, load_config_file, merge
+
+    tree = load_config_file(args.config) if args.config else {}
+    overrides: dict[str, dict[str, Any]] = {}
+    for key, value in vars(args).items():
+        if "." in key and value is not None:
+            section, name = key.split(".", 1)
+            overrides.setdefault(section, {})[name] = value
+    return config_from_dict(merge(tree, overrides), source=args.config or "command line")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="fullgraph", description="Full-graph GNN training across many workers.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p_train = sub.add_parser("train", help="train a model on a dataset",
+                             formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p_train.add_argument("--config", help="YAML or TOML file with data/model/train/runtime "
+                         "sections; flags override it")
+    _add_config_flags(p_train)
+
+    p_data = sub.add_parser("datasets", help="list known and processed datasets, or describe one")
+    p_data.add_argument("name", nargs="?", help="a dataset to load and describe")
+    p_data.add_argument("--root", help="dataset root (default: $FULLGRAPH_DATA or user cache)")
+
+    p_gen = sub.add_parser("generate", help="write a synthetic dataset into the root")
+    p_gen.add_argument("kind", choices=("rmat", "sbm"))
+    p_gen.add_argument("--name", help="dataset name (default: derived from the parameters)")
+    p_gen.add_argument("--root", help="dataset root (default: $FULLGRAPH_DATA or user cache)")
+    p_gen.add_argument("--vertices", type=int, default=10_000)
+    p_gen.add_argument("--edges", type=int, default=100_000, help="rmat: edges to draw")
+    p_gen.add_argument("--avg-degree", type=float, default=10.0, help="sbm: expected degree")
+    p_gen.add_argument("--features", type=int, default=128)
+    p_gen.add_argument("--classes", type=int, default=16)
+    p_gen.add_argument("--rmat", type=float, nargs=4, metavar=("A", "B", "C", "D"),
+                       default=(0.57, 0.19, 0.19, 0.05), help="rmat: quadrant probabilities")
+    p_gen.add_argument("--homophily", type=float, default=0.8, help="sbm: intra-block fraction")
+    p_gen.add_argument("--symmetrize", action=argparse.BooleanOptionalAction, default=False)
+    p_gen.add_argument("--seed", type=int, default=0)
+
+    p_conv = sub.add_parser("convert", help="turn your own files into a processed dataset")
+    p_conv.add_argument("format", choices=("edgelist", "neutronstar", "ogb"))
+    p_conv.add_argument("--name", required=True, help="name to train it under (--dataset NAME)")
+    p_conv.add_argument("--root", help="dataset root (default: $FULLGRAPH_DATA or user cache)")
+    p_conv.add_argument("--edges", help="edgelist/neutronstar: edge file")
+    p_conv.add_argument("--binary", choices=("uint32", "int64"),
+                        help="edgelist: binary pairs of this type (default: text)")
+    p_conv.add_argument("--features", help="features (.npy for edgelist; text for neutronstar)")
+    p_conv.add_argument("--labels", help="labels (.npy for edgelist; text for neutronstar)")
+    p_conv.add_argument("--masks", help="masks (.npy (3, N) bool for edgelist; text for neutronstar)")
+    p_conv.add_argument("--symmetrize", action=argparse.BooleanOptionalAction, default=False)
+    p_conv.add_argument("--input", help="ogb: directory in the OGB raw layout")
+    p_conv.add_argument("--seed", type=int, default=0, help="split seed when no masks are given")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    if argv is None:
+        from fullgraph.allocator import reexec_with_allocator
+
+        reexec_with_allocator()
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except (FullgraphError, ValueError, FileNotFoundError) as exc:
+        if os.environ.get("FULLGRAPH_DEBUG"):
+            raise
+        print(f"fullgraph {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("fullgraph: interrupted", file=sys.stderr)
+        return 130
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from fullgraph.allocator import active_allocator, transparent_hugepages
+    from fullgraph.graph import datasets
+    from fullgraph.report import Reporter
+    from fullgraph.train import train
+
+    cfg = config_from_args(args)
+    dataset = datasets.load(cfg.data.dataset, cfg.data.resolved_root(),
+                            feature_dtype=cfg.data.feature_dtype, split_seed=cfg.data.split_seed)
+    reporter = Reporter(cfg.train.epochs, metrics_out=cfg.train.metrics_out,
+                        progress=cfg.train.progress)
+    header = [f"memory   allocator {active_allocator()}, transparent huge pages "
+              f"{transparent_hugepages()}"]
+    try:
+        train(dataset, cfg, reporter=reporter, header=header)
+    finally:
+        reporter.close()
+    return 0
+
+
+def cmd_datasets(args: argparse.Namespace) -> int:
+    from fullgraph.config import DataConfig
+    from fullgraph.graph import datasets
+
+    root = DataConfig(root=args.root).resolved_root()
+    if args.name:
+        ds = datasets.load(args.name, root)
+        for key, value in ds.summary().items():
+            print(f"{key:>10}: {value}")
+        for key, value in ds.info.items():
+            print(f"{key:>10}: {value}")
+        return 0
+    print(f"dataset root: {root}")
+    for row in datasets.list_datasets(root):
+        print(f"  {row['name']:<18} {row['status']:<12} {row['description']}")
+    return 0
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from fullgraph.config import DataConfig
+    from fullgraph.graph import datasets, synthetic
+
+    root = DataConfig(root=args.root).resolved_root()
+    if args.kind == "rmat":
+        a, b, c, d = args.rmat
+        ds = synthetic.rmat(args.vertices, args.edges, a=a, b=b, c=c, d=d, seed=args.seed,
+                            num_features=args.features, num_classes=args.classes,
+                            symmetrize=args.symmetrize)
+    else:
+        ds = synthetic.sbm(args.vertices, args.classes, avg_degree=args.avg_degree,
+                           homophily=args.homophily, num_features=args.features, seed=args.seed)
+    name = args.name or ds.name
+    path = datasets.save_processed(ds, root, name)
+    s = ds.summary()
+    print(f"wrote {name}: {s['vertices']} vertices, {s['edges']} edges -> {path}")
+    return 0
+
+
+def cmd_convert(args: argparse.Namespace) -> int:
+    from fullgraph.config import DataConfig
+    from fullgraph.graph import datasets
+
+    root = DataConfig(root=args.root).resolved_root()
+    ds = datasets.convert(args.format, args)
+    path = datasets.save_processed(ds, root, args.name)
+    s = ds.summary()
+    print(f"wrote {args.name}: {s['vertices']} vertices, {s['edges']} edges -> {path}")
+    return 0
+
+
+COMMANDS = {"train": cmd_train, "datasets": cmd_datasets, "generate": cmd_generate,
+            "convert": cmd_convert}
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,234 @@
+"""Typed, frozen options: one dataclass per component, one tree per run.
+
+The CLI and config files (YAML or TOML) build the same ``Config``; each component is
+handed only its own section. ``__post_init__`` validates and raises ``ConfigError``
+naming the field, the value and what is allowed. Unknown sections or keys in a
+config file are errors, never ignored.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fullgraph.errors import ConfigError
+
+FEATURE_DTYPES = ("float32", "bfloat16", "float16")
+ACTIVATIONS = ("relu", "elu", "gelu", "leaky_relu", "tanh", "none")
+MODEL_NAMES = ("gcn", "sage", "gat", "gin")
+
+
+def _require(cond: bool, section: str, name: str, value: Any, expected: str) -> None:
+    if not cond:
+        raise ConfigError(f"{section}.{name}: got {value!r}; expected {expected}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class DataConfig:
+    """Which dataset, where it lives and how its features are stored."""
+
+    dataset: str = "cora"
+    root: str | None = None
+    feature_dtype: str = "float32"
+    split_seed: int = 0
+
+    def __post_init__(self) -> None:
+        _require(bool(self.dataset), "data", "dataset", self.dataset, "a dataset name or path")
+        _require(self.feature_dtype in FEATURE_DTYPES, "data", "feature_dtype",
+                 self.feature_dtype, " | ".join(FEATURE_DTYPES))
+
+    def resolved_root(self) -> Path:
+        """``root``, else ``$FULLGRAPH_DATA``, else the user cache directory."""
+        if self.root:
+            return Path(self.root).expanduser()
+        if os.environ.get("FULLGRAPH_DATA"):
+            return Path(os.environ["FULLGRAPH_DATA"]).expanduser()
+        import platformdirs
+
+        return Path(platformdirs.user_cache_dir("fullgraph")) / "datasets"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+    """Model architecture; ``heads``/``out_heads``/``attn_dropout`` are GAT's only."""
+
+    name: str = "gcn"
+    hidden: int = 16
+    layers: int = 2
+    dropout: float = 0.5
+    input_dropout: float | None = None
+    activation: str = "relu"
+    residual: bool = False
+    decoupled: bool = False
+    num_props: int = 2
+    heads: int = 8
+    out_heads: int = 1
+    attn_dropout: float | None = None
+
+    def __post_init__(self) -> None:
+        _require(self.name in MODEL_NAMES, "model", "name", self.name, " | ".join(MODEL_NAMES))
+        _require(self.hidden >= 1, "model", "hidden", self.hidden, ">= 1")
+        _require(self.layers >= 1, "model", "layers", self.layers, ">= 1")
+        _require(self.num_props >= 1, "model", "num_props", self.num_props, ">= 1")
+        _require(self.heads >= 1 and self.out_heads >= 1, "model", "heads",
+                 (self.heads, self.out_heads), ">= 1")
+        _require(self.activation in ACTIVATIONS, "model", "activation", self.activation,
+                 " | ".join(ACTIVATIONS))
+        for name in ("dropout", "input_dropout", "attn_dropout"):
+            p = getattr(self, name)
+            _require(p is None or 0.0 <= p < 1.0, "model", name, p, "0 <= p < 1")
+
+    def build_options(self) -> dict[str, Any]:
+        """Keyword options for ``fullgraph.models.build_model``."""
+        opts: dict[str, Any] = dict(num_layers=self.layers, dropout=self.dropout,
+                                    input_dropout=self.input_dropout,
+                                    activation=self.activation, residual=self.residual,
+                                    decoupled=self.decoupled, num_props=self.num_props)
+        if self.name == "gat":
+            opts.update(heads=self.heads, out_heads=self.out_heads,
+                        attn_dropout=self.attn_dropout)
+        return opts
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+    """Optimiser, epochs, seed, device and reporting."""
+
+    epochs: int = 200
+    lr: float = 0.01
+    weight_decay: float = 5e-4
+    seed: int = 0
+    device: str = "cpu"
+    eval_every: int = 1
+    metrics_out: str | None = None
+    progress: str = "auto"
+
+    def __post_init__(self) -> None:
+        _require(self.epochs >= 1, "train", "epochs", self.epochs, ">= 1")
+        _require(self.lr > 0, "train", "lr", self.lr, "> 0")
+        _require(self.weight_decay >= 0, "train", "weight_decay", self.weight_decay, ">= 0")
+        _require(self.eval_every >= 1, "train", "eval_every", self.eval_every, ">= 1")
+        _require(self.progress in ("auto", "on", "off"), "train", "progress", self.progress,
+                 "auto | on | off")
+        dev = self.device
+        _require(dev in ("cpu", "cuda", "auto") or dev.startswith("cuda:"), "train", "device",
+                 dev, "cpu | cuda | cuda:N | auto")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RuntimeConfig:
+    """Which executor runs the program, and process-wide kernel / thread settings."""
+
+    strategy: str = "single"
+    spmm_backend: str = "auto"
+    threads: int | None = None
+
+    def __post_init__(self) -> None:
+        from fullgraph.parallel import STRATEGIES
+
+        _require(self.strategy in STRATEGIES, "runtime", "strategy", self.strategy,
+                 " | ".join(STRATEGIES))
+        _require(self.spmm_backend in ("auto", "numba", "torch"), "runtime", "spmm_backend",
+                 self.spmm_backend, "auto | numba | torch")
+        _require(self.threads is None or self.threads >= 1, "runtime", "threads", self.threads,
+                 ">= 1")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Config:
+    """The whole option tree of a run."""
+
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+SECTIONS: dict[str, type] = {"data": DataConfig, "model": ModelConfig, "train": TrainConfig,
+                             "runtime": RuntimeConfig}
+
+
+def config_from_dict(tree: dict[str, Any], source: str = "config") -> Config:
+    """Build a ``Config`` from nested dicts, refusing unknown sections, keys and types."""
+    if not isinstance(tree, dict):
+        raise ConfigError(f"{source}: expected a mapping of sections, got {type(tree).__name__}")
+    sections = {}
+    for name, values in tree.items():
+        if name not in SECTIONS:
+            raise ConfigError(f"{source}: unknown section {name!r}; expected one of "
+                              f"{', '.join(SECTIONS)}")
+        if not isinstance(values, dict):
+            raise ConfigError(f"{source}: section {name!r} must be a mapping")
+        sections[name] = _build_section(SECTIONS[name], values, f"{source}: {name}")
+    return Config(**sections)
+
+
+def _build_section(cls: type, values: dict[str, Any], where: str) -> Any:
+    hints = typing.get_type_hints(cls)
+    known = {f.name for f in dataclasses.fields(cls)}
+    for key, value in values.items():
+        if key not in known:
+            raise ConfigError(f"{where}: unknown key {key!r}; expected one of "
+                              f"{', '.join(sorted(known))}")
+        if not _type_ok(value, hints[key]):
+            raise ConfigError(f"{where}.{key}: got {value!r} ({type(value).__name__}); "
+                              f"expected {hints[key]}")
+    return cls(**values)
+
+
+def _type_ok(value: Any, hint: Any) -> bool:
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return any(_type_ok(value, h) for h in typing.get_args(hint))
+    if hint is type(None):
+        return value is None
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, hint)
+
+
+def load_config_file(path: str | Path) -> dict[str, Any]:
+    """Read a YAML (``.yaml``/``.yml``), TOML (``.toml``) or JSON file into dicts."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: config file not found")
+    text = path.read_text()
+    try:
+        if path.suffix in (".yaml", ".yml"):
+            import yaml
+
+            tree = yaml.safe_load(text) or {}
+        elif path.suffix == ".toml":
+            try:
+                import tomllib
+            except ModuleNotFoundError:  # Python 3.10
+                import tomli as tomllib
+            tree = tomllib.loads(text)
+        elif path.suffix == ".json":
+            tree = json.loads(text)
+        else:
+            raise ConfigError(f"{path}: unknown config format {path.suffix!r}; "
+                              "expected .yaml, .yml, .toml or .json")
+    except ConfigError:
+        raise
+    except Exception as exc:  # parser errors carry line numbers in their text
+        raise ConfigError(f"{path}: cannot parse: {exc}") from None
+    return tree
+
+
+def merge(tree: dict[str, Any], overrides: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """``tree`` with ``overrides`` (section -> key -> value) laid over it."""
+    out = {k: dict(v) if isinstance(v, dict) else v for k, v in tree.items()}
+    for section, values in overrides.items():
+        if values:
+            out.setdefault(section, {}).update(values)
+    return out

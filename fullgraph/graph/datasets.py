@@ -1,0 +1,219 @@
+"""Dataset names, the dataset root and the raw -> processed pipeline.
+
+Layout, as PyG users expect: ``<root>/<name>/raw/`` holds the files as published
+and ``<root>/<name>/processed/`` the memory-mappable processed form (see
+``fullgraph.graph.store``). ``load(name, root)`` opens the processed form when it is
+valid, rebuilds it (with a warning) when it is corrupt or stale, processes the raw
+files when they are there, copies Cora from the package's built-in copy, downloads
+from the canonical upstream location when the machine is online, and otherwise
+says exactly which files to place where.
+
+``name`` may also be the path of a processed dataset directory, or the name of one
+written into the root by ``fullgraph generate`` / ``fullgraph convert``.
+"""
+from __future__ import annotations
+
+import shutil
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from fullgraph.errors import CacheError, DatasetNotFoundError
+from fullgraph.graph import store
+from fullgraph.graph.data import Dataset
+
+BUILTIN = Path(__file__).resolve().parent / "builtin"
+PLANETOID_SUFFIXES = ("x", "tx", "allx", "y", "ty", "ally", "graph", "test.index")
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    """A dataset fullgraph knows by name.
+
+    Attributes:
+        name: the name users type.
+        format: ``planetoid``, ``npz`` or ``ogb``.
+        files: raw file names expected under ``raw/``.
+        description: one line for ``fullgraph datasets``.
+        upstream: the upstream name the download table knows it by.
+    """
+
+    name: str
+    format: str
+    files: tuple[str, ...]
+    description: str
+    upstream: str
+
+
+def _planetoid(name: str, text: str) -> DatasetSpec:
+    return DatasetSpec(name, "planetoid", tuple(f"ind.{name}.{s}" for s in PLANETOID_SUFFIXES),
+                       text, name)
+
+
+def _npz(name: str, upstream: str, text: str) -> DatasetSpec:
+    return DatasetSpec(name, "npz", (f"{name}.npz",), text, upstream)
+
+
+def _ogb(name: str, text: str) -> DatasetSpec:
+    return DatasetSpec(name, "ogb", ("raw/edge.csv.gz", "raw/node-feat.csv.gz",
+                                     "raw/node-label.csv.gz"), text, name)
+
+
+KNOWN: dict[str, DatasetSpec] = {s.name: s for s in (
+    _planetoid("cora", "Cora citation graph, 2708 vertices, 7 classes, public split"),
+    _planetoid("citeseer", "CiteSeer citation graph, 3327 vertices, 6 classes, public split"),
+    _planetoid("pubmed", "PubMed citation graph, 19717 vertices, 3 classes, public split"),
+    _npz("amazon_photo", "amazon_electronics_photo", "Amazon Photo co-purchase, 7650 vertices"),
+    _npz("amazon_computers", "amazon_electronics_computers",
+         "Amazon Computers co-purchase, 13752 vertices"),
+    _npz("coauthor_cs", "ms_academic_cs", "Coauthor CS, 18333 vertices, 15 classes"),
+    _npz("coauthor_physics", "ms_academic_phy", "Coauthor Physics, 34493 vertices, 5 classes"),
+    _ogb("ogbn-arxiv", "OGB arXiv citation graph, 169343 vertices, 40 classes"),
+    _ogb("ogbn-products", "OGB Amazon products, 2.4M vertices, 47 classes"),
+)}
+
+
+def load(name: str, root: Path, *, feature_dtype: str = "float32", split_seed: int = 0,
+         download: bool = True, verify: bool = True) -> Dataset:
+    """Open dataset ``name`` under ``root`` (or at path ``name``), processing it if needed.
+
+    Raises:
+        DatasetNotFoundError: unknown name (the message lists the known ones), or raw
+            files missing and not downloadable (the message says what to put where).
+    """
+    direct = Path(name).expanduser()
+    if (direct / store.META_FILE).is_file():
+        return _finish(store.load_dataset(direct, verify=verify), feature_dtype)
+    processed = processed_dir(root, name, split_seed)
+    if (processed / store.META_FILE).exists():
+        try:
+            return _finish(store.load_dataset(processed, verify=verify), feature_dtype)
+        except CacheError as exc:
+            if name not in KNOWN:
+                raise
+            warnings.warn(f"{exc}; rebuilding the processed dataset from raw files",
+                          stacklevel=2)
+    if name not in KNOWN:
+        raise DatasetNotFoundError(
+            "unknown dataset", field="dataset", found=repr(name),
+            expected="one of " + ", ".join(sorted(set(KNOWN) | set(_processed_names(root)))),
+            hint="or a processed dataset directory; `fullgraph convert` imports your own files")
+    spec = KNOWN[name]
+    raw = ensure_raw(spec, root / name / "raw", download=download)
+    dataset = _read_raw(spec, raw, split_seed)
+    store.save_dataset(dataset, processed)
+    return _finish(store.load_dataset(processed, verify=False), feature_dtype)
+
+
+def processed_dir(root: Path, name: str, split_seed: int = 0) -> Path:
+    """Where the processed form of ``name`` lives (split-seed specific for random splits)."""
+    spec = KNOWN.get(name)
+    if spec is not None and spec.format == "npz" and split_seed:
+        return root / name / f"processed-split{split_seed}"
+    return root / name / "processed"
+
+
+def save_processed(dataset: Dataset, root: Path, name: str) -> Path:
+    """Write ``dataset`` as the processed dataset ``name`` under ``root``."""
+    dataset.name = name
+    path = processed_dir(root, name)
+    store.save_dataset(dataset, path)
+    return path
+
+
+def ensure_raw(spec: DatasetSpec, raw: Path, *, download: bool = True) -> Path:
+    """Make sure the raw files of ``spec`` are in ``raw``; return the directory."""
+    missing = [f for f in spec.files if not (raw / f).exists()]
+    if spec.name == "pubmed":  # allx is published but optional for graph-only use
+        missing = [f for f in missing if f != "ind.pubmed.allx"] or missing
+    if not missing:
+        return raw
+    builtin = BUILTIN / spec.name
+    if builtin.is_dir():
+        raw.mkdir(parents=True, exist_ok=True)
+        for f in missing:
+            if (builtin / f).is_file():
+                shutil.copyfile(builtin / f, raw / f)
+        missing = [f for f in spec.files if not (raw / f).exists()]
+        if not missing:
+            return raw
+    if download:
+        from fullgraph.graph.formats import download as dl
+
+        dl.fetch_dataset(spec.upstream, spec.format, raw, missing)
+        return raw
+    raise DatasetNotFoundError(
+        "raw files are missing", source=raw, found=", ".join(missing),
+        hint=f"place them in {raw} (see `fullgraph datasets` for the upstream location)")
+
+
+def _read_raw(spec: DatasetSpec, raw: Path, split_seed: int) -> Dataset:
+    from fullgraph.graph.formats import npz, ogb, planetoid
+
+    readers: dict[str, Callable[[], Dataset]] = {
+        "planetoid": lambda: planetoid.load_planetoid(raw, spec.name),
+        "npz": lambda: npz.load_npz(raw / spec.files[0], spec.name, seed=split_seed),
+        "ogb": lambda: ogb.load_ogb(raw.parent, spec.name),
+    }
+    return readers[spec.format]()
+
+
+def convert(fmt: str, args: Any) -> Dataset:
+    """Read the user's own files (CLI ``convert``) into a Dataset."""
+    from fullgraph.graph.formats import edgelist, neutronstar, ogb
+
+    def need(*names: str) -> None:
+        absent = [n for n in names if not getattr(args, n)]
+        if absent:
+            raise DatasetNotFoundError(f"`convert {fmt}` needs " +
+                                       ", ".join(f"--{n}" for n in absent))
+
+    if fmt == "edgelist":
+        need("edges", "features", "labels")
+        return edgelist.load_edgelist(args.edges, args.features, args.labels,
+                                      binary_dtype=args.binary, symmetrize=args.symmetrize,
+                                      masks=args.masks, seed=args.seed, name=args.name)
+    if fmt == "neutronstar":
+        need("edges", "features", "labels", "masks")
+        return neutronstar.load_neutronstar(args.edges, args.features, args.labels, args.masks,
+                                            name=args.name)
+    need("input")
+    return ogb.load_ogb(Path(args.input), args.name)
+
+
+def list_datasets(root: Path) -> list[dict[str, str]]:
+    """Known and processed datasets with whether each is ready under ``root``."""
+    rows = []
+    for name, spec in KNOWN.items():
+        if store.is_cached(processed_dir(root, name)):
+            status = "processed"
+        elif (BUILTIN / name).is_dir():
+            status = "built-in"
+        elif all((root / name / "raw" / f).exists() for f in spec.files):
+            status = "raw"
+        else:
+            status = "download"
+        rows.append({"name": name, "status": status, "description": spec.description})
+    for name in _processed_names(root):
+        if name not in KNOWN:
+            rows.append({"name": name, "status": "processed", "description": "user dataset"})
+    return rows
+
+
+def _processed_names(root: Path) -> list[str]:
+    if not root.is_dir():
+        return []
+    return sorted(p.name for p in root.iterdir() if store.is_cached(p / "processed"))
+
+
+def _finish(dataset: Dataset, feature_dtype: str) -> Dataset:
+    if dataset.data.features.dtype != _dtype(feature_dtype):
+        dataset.data = dataset.data.with_feature_dtype(feature_dtype)
+    return dataset
+
+
+def _dtype(name: str) -> Any:
+    from fullgraph.graph.data import FEATURE_DTYPES
+
+    return FEATURE_DTYPES[name]

@@ -1,0 +1,24 @@
+"""Models as stage programs (T / E / P); single-device, no torch.distributed."""
+from __future__ import annotations
+
+from fullgraph.models.base import GNN
+from fullgraph.models.gat import GAT
+from fullgraph.models.gcn import GCN
+from fullgraph.models.gin import GIN
+from fullgraph.models.sage import GraphSAGE
+from fullgraph.models.stages import (EdgeTransform, LayerInput, Propagate, StageContext,
+                                     StageKind, StageProgram, Transform, propagation_inputs)
+
+MODELS: dict[str, type[GNN]] = {"gcn": GCN, "sage": GraphSAGE, "gat": GAT, "gin": GIN}
+
+
+def build_model(name: str, in_dim: int, hidden: int, out_dim: int, **options) -> GNN:
+    """Build the model called ``name`` (gcn, sage, gat, gin) with ``options``."""
+    if name not in MODELS:
+        raise ValueError(f"unknown model {name!r}; expected one of {', '.join(MODELS)}")
+    return MODELS[name](in_dim, hidden, out_dim, **options)
+
+
+__all__ = ["GAT", "GCN", "GIN", "GNN", "GraphSAGE", "MODELS", "EdgeTransform", "LayerInput",
+           "Propagate", "StageContext", "StageKind", "StageProgram", "Transform", "build_model",
+           "propagation_inputs"]

@@ -1,0 +1,240 @@
+"""Stage types and the StageProgram: a GNN written once as a list of T / E / P stages.
+
+- ``Transform`` (T): a vertex-wise neural network. Row r of its output depends only on
+  row r of its input (and of the layer input), so it runs on any set of whole rows.
+- ``EdgeTransform`` (E): edge weights from both endpoints' rows (GAT attention). It
+  runs on a block holding every in-edge of its destinations.
+- ``Propagate`` (P): a weighted sum over in-edges; linear and parameter-free, so it
+  runs on any column slice or on a row block plus its remote in-neighbours.
+
+Every executor in ``fullgraph.parallel`` runs the same program; ``StageProgram.forward``
+is the reference semantics that the single-process executor uses and every other
+executor must reproduce. Each layer starts with a ``LayerInput`` stage whose output
+(the layer input, after dropout) later T stages of the layer may read, e.g. for
+GraphSAGE's root weight, GIN's self term or a residual connection.
+
+This module must not import ``fullgraph.comm`` or ``fullgraph.parallel``.
+
+Shapes: R rows, N_dst / N_src vertices of a block, E edges, D columns, H heads.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from fullgraph.graph.csr import Graph
+from fullgraph.ops import keyed_dropout, spmm
+
+
+class StageKind(str, enum.Enum):
+    """The three stage kinds of DESIGN.md."""
+
+    TRANSFORM = "T"
+    EDGE = "E"
+    PROPAGATE = "P"
+
+
+@dataclass
+class StageContext:
+    """What a stage needs to know about the rows it runs on.
+
+    Attributes:
+        gids: (R,) int64 global vertex ids of the rows (keys for keyed dropout).
+        seed: the step seed; with ``gids`` it fixes every dropout mask.
+        training: whether dropout is active.
+        eids: (E,) int64 global edge ids of the block's edges (attention dropout).
+    """
+
+    gids: Tensor
+    seed: int
+    training: bool
+    eids: Tensor | None = None
+
+    def rows(self, gids: Tensor) -> "StageContext":
+        """The same context for another set of rows."""
+        return StageContext(gids, self.seed, self.training, self.eids)
+
+
+def stage_seed(seed: int, index: int) -> int:
+    """Seed of stage ``index`` within a step: distinct per stage, stable across executors."""
+    return (int(seed) * 1_000_003 + 7919 * (index + 1)) & 0xFFFFFFFF
+
+
+class Stage(nn.Module):
+    """Common base: every stage knows its kind and its index in the program."""
+
+    kind: ClassVar[StageKind]
+    index: int = -1
+
+    def extra_repr(self) -> str:
+        return f"index={self.index}"
+
+
+class Transform(Stage):
+    """T stage: ``forward(x_rows, ctx, layer_input) -> y_rows``, row by row.
+
+    Attributes:
+        in_dim, out_dim: input and output columns.
+        uses_layer_input: the stage reads the layer input (must be given the same rows).
+    """
+
+    kind = StageKind.TRANSFORM
+    uses_layer_input: bool = False
+
+    def __init__(self, in_dim: int, out_dim: int) -> None:
+        super().__init__()
+        self.in_dim, self.out_dim = in_dim, out_dim
+
+    def forward(self, x: Tensor, ctx: StageContext, layer_input: Tensor | None = None) -> Tensor:
+        raise NotImplementedError
+
+
+class LayerInput(Transform):
+    """First stage of every layer: dropout of the layer's input rows, keyed by vertex id.
+
+    Its output is the layer input that later T stages of the layer may read.
+    """
+
+    def __init__(self, dim: int, dropout: float) -> None:
+        super().__init__(dim, dim)
+        self.p = float(dropout)
+
+    def forward(self, x: Tensor, ctx: StageContext, layer_input: Tensor | None = None) -> Tensor:
+        return keyed_dropout(x, self.p, ctx.gids, stage_seed(ctx.seed, self.index), ctx.training)
+
+    def extra_repr(self) -> str:
+        return f"index={self.index}, dim={self.in_dim}, p={self.p}"
+
+
+class EdgeTransform(Stage):
+    """E stage: ``forward(graph, x_dst, x_src, ctx) -> (E, H)`` edge weights.
+
+    ``graph`` holds every in-edge of its destinations; ``x_dst`` are the destination
+    rows and ``x_src`` the source rows (the same tensor for a square graph).
+    """
+
+    kind = StageKind.EDGE
+    heads: int = 1
+
+    def forward(self, graph: Graph, x_dst: Tensor, x_src: Tensor, ctx: StageContext) -> Tensor:
+        raise NotImplementedError
+
+
+class Propagate(Stage):
+    """P stage: weighted sum over in-edges with fixed (``gcn``, ``mean``, ``sum``) or
+    attention (``edge``, from the last E stage) weights. Column-independent and linear.
+    """
+
+    kind = StageKind.PROPAGATE
+
+    def __init__(self, dim: int, norm: str) -> None:
+        super().__init__()
+        if norm not in ("gcn", "mean", "sum", "edge"):
+            raise ValueError(f"unknown propagation norm {norm!r}; expected gcn, mean, sum or edge")
+        self.in_dim = self.out_dim = dim
+        self.norm = norm
+
+    def forward(self, graph: Graph, x_src: Tensor, weight: Tensor) -> Tensor:
+        return spmm(graph, x_src, weight)
+
+    def extra_repr(self) -> str:
+        return f"index={self.index}, dim={self.in_dim}, norm={self.norm}"
+
+
+class StageProgram(nn.Module):
+    """A GNN as an ordered list of stages, plus what its propagation graph must be.
+
+    Args:
+        stages: the stages in execution order.
+        self_loops: whether the graph the P / E stages run on has one self-loop per
+            vertex (True) or none (False).
+        name: a short model name for reports.
+
+    Attributes:
+        layer_of: layer index of each stage (a layer starts at each ``LayerInput``).
+    """
+
+    def __init__(self, stages: list[Stage], *, self_loops: bool, name: str) -> None:
+        super().__init__()
+        self.stages = nn.ModuleList(stages)
+        self.self_loops = self_loops
+        self.name = name
+        self.layer_of: list[int] = []
+        layer = -1
+        for i, stage in enumerate(stages):
+            stage.index = i
+            layer += isinstance(stage, LayerInput)
+            self.layer_of.append(max(layer, 0))
+        self._check()
+
+    @property
+    def in_dim(self) -> int:
+        return self.stages[0].in_dim
+
+    @property
+    def out_dim(self) -> int:
+        last = [s for s in self.stages if not isinstance(s, EdgeTransform)][-1]
+        return last.out_dim
+
+    @property
+    def norms(self) -> set[str]:
+        """The fixed edge normalisations the P stages need (``edge`` excluded)."""
+        return {s.norm for s in self.stages if isinstance(s, Propagate) and s.norm != "edge"}
+
+    def signature(self) -> str:
+        """The program as a string of stage kinds, e.g. ``"TTPT TTPT"``."""
+        out = []
+        for i, s in enumerate(self.stages):
+            if i and isinstance(s, LayerInput):
+                out.append(" ")
+            out.append(s.kind.value)
+        return "".join(out)
+
+    def _check(self) -> None:
+        if not self.stages or not isinstance(self.stages[0], LayerInput):
+            raise ValueError("a stage program must start with a LayerInput stage")
+        seen_edge = False
+        for s in self.stages:
+            seen_edge |= isinstance(s, EdgeTransform)
+            if isinstance(s, Propagate) and s.norm == "edge" and not seen_edge:
+                raise ValueError(f"stage {s.index}: norm='edge' needs an earlier EdgeTransform")
+
+    def forward(self, graph: Graph, norms: dict[str, Tensor], x: Tensor,
+                ctx: StageContext) -> Tensor:
+        """Reference execution on one device: every vertex, every edge, in order.
+
+        Args:
+            graph: the propagation graph (square, self-loops as ``self.self_loops``).
+            norms: edge weights for each name in ``self.norms``, aligned with ``graph``.
+            x: (N, in_dim) input features.
+            ctx: rows are all vertices (``gids = arange(N)``), ``eids = arange(E)``.
+
+        Returns:
+            (N, out_dim) output rows (logits).
+        """
+        h, layer_input, edge_weight = x, None, None
+        for stage in self.stages:
+            if isinstance(stage, Transform):
+                h = stage(h, ctx, layer_input)
+                if isinstance(stage, LayerInput):
+                    layer_input = h
+            elif isinstance(stage, EdgeTransform):
+                edge_weight = stage(graph, h, h, ctx)
+            else:
+                weight = edge_weight if stage.norm == "edge" else norms[stage.norm]
+                h = stage(graph, h, weight)
+        return h
+
+
+def propagation_inputs(program: StageProgram, graph: Graph,
+                       dtype: torch.dtype = torch.float32) -> tuple[Graph, dict[str, Tensor]]:
+    """The graph a program propagates over (self-loops adjusted) and its edge norms."""
+    from fullgraph.graph.csr import NORMS
+
+    if graph.has_self_loops() != program.self_loops or program.self_loops:
+        graph = graph.with_self_loops(program.self_loops)
+    return graph, {name: NORMS[name](graph, dtype) for name in sorted(program.norms)}

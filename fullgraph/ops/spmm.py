@@ -1,0 +1,165 @@
+"""Weighted sparse-dense matrix product over a CSR by destination, with its backward.
+
+``spmm(graph, x, weight)`` computes, for every destination row i,
+``out[i] = sum over in-edges e = (j -> i) of weight[e] * x[j]``. With ``H`` heads the
+weight is (E, H) and x is viewed as (N_src, H, C): head h of the output uses column
+block h of x and weight column h (multi-head attention). ``reduce="mean"`` without
+weights divides each row by its in-degree.
+
+Backward goes through the graph's cached transposed CSR: ``grad_x = A^T grad_out``
+is the same kernel on the transpose with permuted weights, and the weight gradient
+is a sampled dense-dense product (SDDMM) ``grad_w[e] = <grad_out[i], x[j]>``. We do
+not use torch's generic sparse autograd, which measured about 2x slower than forward.
+
+Backends: ``numba`` (parallel CSR loops, CPU) and ``torch`` (``torch.sparse.mm`` on a
+CSR tensor: CPU and CUDA). ``auto`` picks numba on CPU when installed, torch
+otherwise; BENCHMARKS.md has the measurements behind that choice.
+
+Shapes: N_dst, N_src vertices, E edges, D = H * C feature columns.
+"""
+from __future__ import annotations
+
+import warnings
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from fullgraph.graph.csr import Graph
+from fullgraph.ops import kernels
+
+Reduce = Literal["sum", "mean"]
+Backend = Literal["auto", "numba", "torch"]
+_BACKEND: list[str] = ["auto"]  # process-wide choice, set once by the runtime
+warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
+
+
+def set_backend(name: str) -> None:
+    """Choose the SpMM backend for this process (``auto``, ``numba`` or ``torch``)."""
+    if name not in ("auto", "numba", "torch"):
+        raise ValueError(f"unknown SpMM backend {name!r}; expected auto, numba or torch")
+    if name == "numba" and not kernels.HAVE_NUMBA:
+        raise ValueError("SpMM backend 'numba' requested but numba is not installed "
+                         "(pip install numba, or use --spmm-backend torch)")
+    _BACKEND[0] = name
+
+
+def resolve_backend(device: torch.device) -> str:
+    """The backend ``auto`` means on ``device``."""
+    name = _BACKEND[0]
+    if device.type != "cpu":
+        return "torch"
+    if name == "auto":
+        return "numba" if kernels.HAVE_NUMBA else "torch"
+    return name
+
+
+def spmm(graph: Graph, x: Tensor, weight: Tensor | None = None, reduce: Reduce = "sum") -> Tensor:
+    """Aggregate ``x`` over the in-edges of every destination of ``graph``.
+
+    Args:
+        graph: CSR by destination with ``num_src == x.shape[0]``.
+        x: (N_src, D) source rows.
+        weight: None, (E,) or (E, H) edge weights; with H heads, D must be divisible by H.
+        reduce: ``"sum"`` or ``"mean"`` (mean only without weights) (default: ``"sum"``).
+
+    Returns:
+        (N_dst, D) aggregated rows, differentiable in ``x`` and ``weight``.
+    """
+    if x.dim() != 2 or x.shape[0] != graph.num_src:
+        raise ValueError(f"spmm: x must be (num_src={graph.num_src}, D), got {tuple(x.shape)}")
+    if weight is not None:
+        if reduce != "sum":
+            raise ValueError("spmm: reduce='mean' takes no weights (fold 1/deg into them)")
+        if weight.shape[0] != graph.num_edges or weight.dim() not in (1, 2):
+            raise ValueError(f"spmm: weight must be (E={graph.num_edges},) or (E, H), "
+                             f"got {tuple(weight.shape)}")
+        if weight.dim() == 2 and x.shape[1] % weight.shape[1]:
+            raise ValueError(f"spmm: {x.shape[1]} columns do not split into "
+                             f"{weight.shape[1]} heads")
+    return _SpMM.apply(x, weight, graph, reduce)
+
+
+class _SpMM(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor | None, graph: Graph, reduce: str) -> Tensor:
+        ctx.graph, ctx.reduce = graph, reduce
+        ctx.save_for_backward(x if weight is not None and weight.requires_grad else None, weight)
+        return aggregate(graph, x, weight, reduce)
+
+    @staticmethod
+    def backward(ctx, grad_out: Tensor):
+        x, weight = ctx.saved_tensors
+        graph = ctx.graph
+        grad_x = grad_w = None
+        if ctx.needs_input_grad[0]:
+            t = graph.transpose()
+            if weight is None and ctx.reduce == "mean":
+                inv_deg = 1.0 / graph.in_degrees().clamp(min=1).to(grad_out.dtype)
+                grad_x = aggregate(t.graph, grad_out * inv_deg[:, None], None, "sum")
+            else:
+                w_t = None if weight is None else weight[t.perm]
+                grad_x = aggregate(t.graph, grad_out.contiguous(), w_t, "sum")
+        if weight is not None and ctx.needs_input_grad[1]:
+            grad_w = edge_dot(graph, grad_out.contiguous(), x, heads=_heads(weight))
+            if weight.dim() == 1:
+                grad_w = grad_w[:, 0]
+        return grad_x, grad_w, None, None
+
+
+def _heads(weight: Tensor | None) -> int:
+    return 1 if weight is None or weight.dim() == 1 else int(weight.shape[1])
+
+
+def aggregate(graph: Graph, x: Tensor, weight: Tensor | None, reduce: str) -> Tensor:
+    """Forward SpMM without autograd (the kernel dispatch)."""
+    x = x.contiguous()
+    if resolve_backend(x.device) == "numba":
+        return _aggregate_numba(graph, x, weight, reduce)
+    return _aggregate_torch(graph, x, weight, reduce)
+
+
+def edge_dot(graph: Graph, a: Tensor, b: Tensor, heads: int = 1) -> Tensor:
+    """SDDMM: (E, heads) with ``out[e, h] = <a[dst_e, h], b[src_e, h]>``."""
+    if resolve_backend(a.device) == "numba":
+        out = torch.empty(graph.num_edges, heads, dtype=a.dtype)
+        kernels.sddmm(graph.indptr.numpy(), graph.indices.numpy(), a.detach().numpy(),
+                      b.detach().contiguous().numpy(), out.numpy())
+        return out
+    src, dst = graph.edges()
+    chans = a.shape[1] // heads
+    return (a[dst].view(-1, heads, chans) * b[src].view(-1, heads, chans)).sum(-1)
+
+
+def _aggregate_numba(graph: Graph, x: Tensor, weight: Tensor | None, reduce: str) -> Tensor:
+    out = torch.zeros(graph.num_dst, x.shape[1], dtype=x.dtype)
+    indptr, indices, xs = graph.indptr.numpy(), graph.indices.numpy(), x.detach().numpy()
+    if weight is None:
+        kernels.spmm_unweighted(indptr, indices, xs, out.numpy(), reduce == "mean")
+    elif weight.dim() == 1:
+        kernels.spmm_scalar(indptr, indices, weight.detach().to(x.dtype).contiguous().numpy(),
+                            xs, out.numpy())
+    else:
+        kernels.spmm_weighted(indptr, indices, weight.detach().to(x.dtype).contiguous().numpy(),
+                              xs, out.numpy())
+    return out
+
+
+def _aggregate_torch(graph: Graph, x: Tensor, weight: Tensor | None, reduce: str) -> Tensor:
+    heads = _heads(weight)
+    if weight is None:
+        values = torch.ones(graph.num_edges, 1, dtype=x.dtype, device=x.device)
+    else:
+        values = weight.detach().to(x.dtype).reshape(graph.num_edges, heads)
+    chans = x.shape[1] // heads
+    outs = []
+    for h in range(heads):
+        adj = torch.sparse_csr_tensor(graph.indptr, graph.indices.to(torch.int64),
+                                      values[:, h].contiguous(),
+                                      size=(graph.num_dst, graph.num_src),
+                                      check_invariants=False)
+        outs.append(torch.sparse.mm(adj, x[:, h * chans:(h + 1) * chans].detach()))
+    out = outs[0] if heads == 1 else torch.cat(outs, dim=1)
+    if reduce == "mean":
+        out = out / graph.in_degrees().clamp(min=1).to(x.dtype)[:, None]
+    return out

@@ -1,0 +1,147 @@
+"""The one interface every parallel strategy implements, and the strategy registry.
+
+A strategy is an executor of a model's stage program: it owns where vertex data lives,
+the re-placements between stages and the gradient sync, never the model math, the
+optimiser, the loop or the CLI. The training loop calls only ``setup``,
+``train_step`` and ``evaluate`` (STYLE.md section 4). In full-graph training one
+optimiser step is one epoch.
+
+Losses are normalised by the global number of training vertices, so that N workers
+reproduce the single-process result exactly.
+"""
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from fullgraph.graph.data import Dataset
+from fullgraph.models.stages import StageProgram
+
+SPLITS = ("train", "val", "test")
+
+
+@dataclass
+class Plan:
+    """What a strategy prepared once for a run; subclasses add their own fields.
+
+    Attributes:
+        device: where this worker computes.
+        labels: (R,) labels of the rows this worker outputs.
+        masks: split name -> (R,) bool mask over those rows.
+        num_train_global: number of training vertices over all workers.
+    """
+
+    device: torch.device
+    labels: Tensor
+    masks: dict[str, Tensor]
+    num_train_global: int
+
+
+@dataclass
+class LocalResult:
+    """The output rows a worker owns after a forward pass.
+
+    Attributes:
+        logits: (R, C) output rows.
+        gids: (R,) their global vertex ids.
+    """
+
+    logits: Tensor
+    gids: Tensor
+
+
+@dataclass
+class StepStats:
+    """Timings and loss of one training step (one epoch)."""
+
+    loss: float
+    forward_s: float
+    backward_s: float
+    optimizer_s: float
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Strategy(ABC):
+    """Base class of the executors; see the module docstring."""
+
+    name: ClassVar[str]
+
+    @dataclass(frozen=True, kw_only=True)
+    class Options:
+        """Strategy-specific options (none for the base)."""
+
+    def __init__(self, options: "Strategy.Options | None" = None) -> None:
+        self.options = options if options is not None else self.Options()
+
+    @abstractmethod
+    def setup(self, dataset: Dataset, program: StageProgram, device: torch.device,
+              comm: Any = None) -> Plan:
+        """Place data and build whatever the epochs reuse."""
+
+    @abstractmethod
+    def forward(self, model: StageProgram, plan: Plan, *, training: bool, seed: int) -> LocalResult:
+        """Run the program forward; return the rows this worker owns."""
+
+    def loss(self, result: LocalResult, plan: Plan) -> Tensor:
+        """Cross-entropy summed over local training rows / global training count."""
+        mask = plan.masks["train"]
+        total = F.cross_entropy(result.logits[mask], plan.labels[mask], reduction="sum")
+        return total / plan.num_train_global
+
+    def sync_grads(self, model: StageProgram, plan: Plan) -> None:
+        """Make parameter gradients global (no-op on one process)."""
+
+    def reduce_loss(self, loss: Tensor, plan: Plan) -> float:
+        """The global loss value for reports (the local one on one process)."""
+        return float(loss.detach())
+
+    def train_step(self, model: StageProgram, plan: Plan, optimizer: torch.optim.Optimizer,
+                   *, seed: int) -> StepStats:
+        """Forward, loss, backward, gradient sync, optimiser step."""
+        model.train()
+        optimizer.zero_grad(set_to_none=True)
+        t0 = time.perf_counter()
+        result = self.forward(model, plan, training=True, seed=seed)
+        loss = self.loss(result, plan)
+        t1 = time.perf_counter()
+        loss.backward()
+        self.sync_grads(model, plan)
+        t2 = time.perf_counter()
+        optimizer.step()
+        t3 = time.perf_counter()
+        return StepStats(self.reduce_loss(loss, plan), t1 - t0, t2 - t1, t3 - t2)
+
+    @torch.no_grad()
+    def evaluate(self, model: StageProgram, plan: Plan) -> dict[str, tuple[int, int]]:
+        """(correct, total) per split over the rows this worker owns."""
+        model.eval()
+        result = self.forward(model, plan, training=False, seed=0)
+        pred = result.logits.argmax(dim=1)
+        hit = pred == plan.labels
+        return {s: (int((hit & plan.masks[s]).sum()), int(plan.masks[s].sum())) for s in SPLITS}
+
+    def reduce_counts(self, counts: dict[str, tuple[int, int]], plan: Plan) -> dict[str, float]:
+        """Accuracy per split from (correct, total) counts (global on one process)."""
+        return {s: (c / t if t else float("nan")) for s, (c, t) in counts.items()}
+
+
+STRATEGIES: dict[str, type[Strategy]] = {}
+
+
+def register(cls: type[Strategy]) -> type[Strategy]:
+    """Class decorator adding a strategy to the registry under ``cls.name``."""
+    STRATEGIES[cls.name] = cls
+    return cls
+
+
+def get_strategy(name: str) -> type[Strategy]:
+    """The strategy class registered as ``name``."""
+    if name not in STRATEGIES:
+        raise ValueError(f"unknown strategy {name!r}; expected one of {', '.join(STRATEGIES)}")
+    return STRATEGIES[name]

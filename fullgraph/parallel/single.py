@@ -1,0 +1,64 @@
+"""The single-process executor: the reference every other strategy must reproduce.
+
+It places the whole graph and all features on one device and runs the stage program
+in order (``StageProgram.forward``). Keep it simple and obviously right.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from fullgraph.graph.csr import Graph
+from fullgraph.graph.data import Dataset
+from fullgraph.models.stages import StageContext, StageProgram, propagation_inputs
+from fullgraph.parallel.base import LocalResult, Plan, Strategy, register
+
+
+@dataclass
+class SinglePlan(Plan):
+    """Everything on one device.
+
+    Attributes:
+        graph: the propagation graph (self-loops as the program wants).
+        norms: its fixed edge weights per norm name.
+        features: (N, F) float32 input features.
+        gids: (N,) arange, the rows' global ids.
+        eids: (E,) arange, the edges' global ids.
+    """
+
+    graph: Graph
+    norms: dict[str, Tensor]
+    features: Tensor
+    gids: Tensor
+    eids: Tensor
+
+
+@register
+class SingleProcess(Strategy):
+    """Reference executor on one device."""
+
+    name = "single"
+
+    def setup(self, dataset: Dataset, program: StageProgram, device: torch.device,
+              comm: Any = None) -> SinglePlan:
+        graph, norms = propagation_inputs(program, dataset.graph)
+        graph = graph.to(device)
+        graph.transpose()  # build the backward CSR once, outside the timed epochs
+        data = dataset.data
+        masks = {"train": data.train_mask, "val": data.val_mask, "test": data.test_mask}
+        return SinglePlan(
+            device=device, labels=data.labels.to(device),
+            masks={k: v.to(device) for k, v in masks.items()},
+            num_train_global=int(data.train_mask.sum()),
+            graph=graph, norms={k: v.to(device) for k, v in norms.items()},
+            features=data.features_as(torch.float32).to(device),
+            gids=torch.arange(graph.num_nodes, device=device),
+            eids=torch.arange(graph.num_edges, device=device))
+
+    def forward(self, model: StageProgram, plan: SinglePlan, *, training: bool,
+                seed: int) -> LocalResult:
+        ctx = StageContext(plan.gids, seed, training, plan.eids)
+        return LocalResult(model(plan.graph, plan.norms, plan.features, ctx), plan.gids)

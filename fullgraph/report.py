@@ -1,0 +1,119 @@
+"""What a run shows: a header, a progress bar on a terminal, a per-epoch table, a
+JSON-lines metrics file and a final summary.
+
+The table goes to stdout (so it can be piped and kept); the progress bar goes to
+stderr and only when stderr is a terminal; the metrics file gets one JSON object per
+line: a ``run`` record, one ``epoch`` record per epoch and a ``summary`` record.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import IO, Any
+
+
+@dataclass
+class EpochRecord:
+    """One epoch of training, as reported."""
+
+    epoch: int
+    loss: float
+    train_acc: float
+    val_acc: float
+    test_acc: float
+    epoch_s: float
+    forward_s: float
+    backward_s: float
+    optimizer_s: float
+
+
+TABLE_COLUMNS = (("epoch", "{:>5d}"), ("loss", "{:>8.4f}"), ("train", "{:>6.2%}"),
+                 ("val", "{:>6.2%}"), ("test", "{:>6.2%}"), ("epoch_s", "{:>8.3f}"),
+                 ("fwd_s", "{:>7.3f}"), ("bwd_s", "{:>7.3f}"), ("opt_s", "{:>7.3f}"))
+
+
+class Reporter:
+    """Writes the run's output; every method is a no-op on non-reporting ranks.
+
+    Args:
+        total_epochs: for the progress bar.
+        metrics_out: path of the JSON-lines file, or None.
+        progress: ``"auto"`` (bar when stderr is a terminal), ``"on"`` or ``"off"``.
+        enabled: False on workers other than rank 0 (default: True).
+        stream: where the table goes (default: stdout).
+    """
+
+    def __init__(self, total_epochs: int, *, metrics_out: str | None = None,
+                 progress: str = "auto", enabled: bool = True, stream: IO[str] | None = None):
+        self.total = total_epochs
+        self.enabled = enabled
+        self.out = stream or sys.stdout
+        self.bar = enabled and (progress == "on" or (progress == "auto" and sys.stderr.isatty()))
+        self.metrics: IO[str] | None = None
+        if enabled and metrics_out:
+            path = Path(metrics_out)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self.metrics = path.open("w")
+        self.start = time.perf_counter()
+
+    def header(self, lines: list[str], record: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        for line in lines:
+            print(line, file=self.out)
+        names = [name for name, _ in TABLE_COLUMNS]
+        print(" ".join(f"{n:>{_width(f)}}" for n, (_, f) in zip(names, TABLE_COLUMNS)),
+              file=self.out, flush=True)
+        self._write({"event": "run", **record})
+
+    def epoch(self, rec: EpochRecord) -> None:
+        if not self.enabled:
+            return
+        values = (rec.epoch, rec.loss, rec.train_acc, rec.val_acc, rec.test_acc, rec.epoch_s,
+                  rec.forward_s, rec.backward_s, rec.optimizer_s)
+        row = " ".join(_fmt(f, v) for (_, f), v in zip(TABLE_COLUMNS, values))
+        if self.bar:
+            sys.stderr.write("\r\033[K")
+        print(row, file=self.out, flush=True)
+        if self.bar:
+            done = rec.epoch / self.total
+            fill = int(30 * done)
+            elapsed = time.perf_counter() - self.start
+            eta = elapsed / done - elapsed if done else 0.0
+            sys.stderr.write(f"\r[{'#' * fill}{'.' * (30 - fill)}] {rec.epoch}/{self.total} "
+                             f"loss {rec.loss:.4f} val {rec.val_acc:.2%} eta {eta:.0f}s")
+            sys.stderr.flush()
+        self._write({"event": "epoch", **asdict(rec)})
+
+    def summary(self, lines: list[str], record: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        if self.bar:
+            sys.stderr.write("\r\033[K")
+            sys.stderr.flush()
+        for line in lines:
+            print(line, file=self.out, flush=True)
+        self._write({"event": "summary", **record})
+
+    def close(self) -> None:
+        if self.metrics is not None:
+            self.metrics.close()
+            self.metrics = None
+
+    def _write(self, record: dict[str, Any]) -> None:
+        if self.metrics is not None:
+            self.metrics.write(json.dumps(record, default=str) + "\n")
+            self.metrics.flush()
+
+
+def _width(fmt: str) -> int:
+    return int(fmt.split(">")[1].split(".")[0].rstrip("d%f"))
+
+
+def _fmt(fmt: str, value: float) -> str:
+    if value != value:  # NaN: an epoch without evaluation
+        return " " * (_width(fmt) - 1) + "-"
+    return fmt.format(value)

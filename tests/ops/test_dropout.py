@@ -1,0 +1,40 @@
+"""Keyed dropout: the mask is a function of (seed, row key, column) only."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fullgraph.ops import dropout as kd
+from fullgraph.ops import kernels, keyed_dropout, keyed_uniform
+
+
+@pytest.mark.skipif(not kernels.HAVE_NUMBA, reason="numba not installed")
+def test_numba_and_torch_paths_agree(monkeypatch):
+    keys = torch.tensor([0, 1, 5, 2**31 + 3, 2**40 + 17])
+    fast = keyed_uniform(keys, 33, seed=987654321)
+    monkeypatch.setattr(kd.kernels, "HAVE_NUMBA", False)
+    slow = keyed_uniform(keys, 33, seed=987654321)
+    assert torch.equal(fast, slow)
+
+
+def test_mask_depends_on_keys_not_on_row_order():
+    keys = torch.arange(100)
+    full = keyed_uniform(keys, 8, seed=3)
+    perm = torch.randperm(100)
+    torch.testing.assert_close(keyed_uniform(keys[perm], 8, seed=3), full[perm], rtol=0, atol=0)
+    assert not torch.equal(keyed_uniform(keys, 8, seed=4), full)
+
+
+def test_rate_and_scaling():
+    x = torch.ones(2000, 50)
+    y = keyed_dropout(x, 0.3, torch.arange(2000), seed=11, training=True)
+    kept = (y != 0).float().mean().item()
+    assert abs(kept - 0.7) < 0.01
+    torch.testing.assert_close(y[y != 0], torch.full_like(y[y != 0], 1 / 0.7))
+    assert keyed_dropout(x, 0.3, torch.arange(2000), seed=11, training=False) is x
+
+
+def test_uniformity():
+    u = keyed_uniform(torch.arange(10000), 10, seed=1)
+    hist = torch.histc(u, bins=10, min=0, max=1) / u.numel()
+    assert (hist - 0.1).abs().max() < 0.005
