@@ -30,9 +30,10 @@ class EpochRecord:
     optimizer_s: float
 
 
-TABLE_COLUMNS = (("epoch", "{:>5d}"), ("loss", "{:>8.4f}"), ("train", "{:>6.2%}"),
-                 ("val", "{:>6.2%}"), ("test", "{:>6.2%}"), ("epoch_s", "{:>8.3f}"),
-                 ("fwd_s", "{:>7.3f}"), ("bwd_s", "{:>7.3f}"), ("opt_s", "{:>7.3f}"))
+# (header, width, format) of each table column
+TABLE_COLUMNS = (("epoch", 5, "d"), ("loss", 8, ".4f"), ("train", 7, ".2%"), ("val", 7, ".2%"),
+                 ("test", 7, ".2%"), ("epoch_s", 8, ".3f"), ("fwd_s", 7, ".3f"),
+                 ("bwd_s", 7, ".3f"), ("opt_s", 7, ".3f"))
 
 
 class Reporter:
@@ -64,8 +65,7 @@ class Reporter:
             return
         for line in lines:
             print(line, file=self.out)
-        names = [name for name, _ in TABLE_COLUMNS]
-        print(" ".join(f"{n:>{_width(f)}}" for n, (_, f) in zip(names, TABLE_COLUMNS)),
+        print(" ".join(f"{name:>{width}}" for name, width, _ in TABLE_COLUMNS),
               file=self.out, flush=True)
         self._write({"event": "run", **record})
 
@@ -74,7 +74,7 @@ class Reporter:
             return
         values = (rec.epoch, rec.loss, rec.train_acc, rec.val_acc, rec.test_acc, rec.epoch_s,
                   rec.forward_s, rec.backward_s, rec.optimizer_s)
-        row = " ".join(_fmt(f, v) for (_, f), v in zip(TABLE_COLUMNS, values))
+        row = " ".join(_fmt(width, f, v) for (_, width, f), v in zip(TABLE_COLUMNS, values))
         if self.bar:
             sys.stderr.write("\r\033[K")
         print(row, file=self.out, flush=True)
@@ -109,11 +109,7 @@ class Reporter:
             self.metrics.flush()
 
 
-def _width(fmt: str) -> int:
-    return int(fmt.split(">")[1].split(".")[0].rstrip("d%f"))
-
-
-def _fmt(fmt: str, value: float) -> str:
+def _fmt(width: int, fmt: str, value: float) -> str:
     if value != value:  # NaN: an epoch without evaluation
-        return " " * (_width(fmt) - 1) + "-"
-    return fmt.format(value)
+        return f"{'-':>{width}}"
+    return f"{value:>{width}{fmt}}"

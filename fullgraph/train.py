@@ -19,7 +19,8 @@ from fullgraph.config import Config
 from fullgraph.graph.data import Dataset
 from fullgraph.models import build_model
 from fullgraph.models.base import GNN
-from fullgraph.ops import kernels, spmm
+from fullgraph.ops import kernels
+from fullgraph.ops.spmm import resolve_backend, set_backend
 from fullgraph.parallel import get_strategy
 from fullgraph.parallel.base import Plan, Strategy
 from fullgraph.report import EpochRecord, Reporter
@@ -58,7 +59,7 @@ def step_seed(seed: int, epoch: int) -> int:
 
 def configure_runtime(cfg: Config) -> None:
     """Process-wide kernel and thread settings."""
-    spmm.set_backend(cfg.runtime.spmm_backend)
+    set_backend(cfg.runtime.spmm_backend)
     if cfg.runtime.threads:
         torch.set_num_threads(cfg.runtime.threads)
     kernels.set_threads(torch.get_num_threads())
@@ -146,7 +147,7 @@ def _header_lines(dataset: Dataset, model: GNN, cfg: Config, device: torch.devic
         f"model    {model.name}: {cfg.model.layers} layers, hidden {cfg.model.hidden}, "
         f"{params} parameters, stages {model.signature()}",
         f"run      strategy {cfg.runtime.strategy}, device {device}, "
-        f"{torch.get_num_threads()} threads, spmm {spmm.resolve_backend(device)}, "
+        f"{torch.get_num_threads()} threads, spmm {resolve_backend(device)}, "
         f"lr {cfg.train.lr}, weight decay {cfg.train.weight_decay}, seed {cfg.train.seed}, "
         f"setup {setup_s:.2f} s",
     ]

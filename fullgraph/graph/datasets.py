@@ -13,11 +13,12 @@ written into the root by ``fullgraph generate`` / ``fullgraph convert``.
 """
 from __future__ import annotations
 
+import importlib
 import shutil
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from fullgraph.errors import CacheError, DatasetNotFoundError
 from fullgraph.graph import store
@@ -56,8 +57,8 @@ def _npz(name: str, upstream: str, text: str) -> DatasetSpec:
 
 
 def _ogb(name: str, text: str) -> DatasetSpec:
-    return DatasetSpec(name, "ogb", ("raw/edge.csv.gz", "raw/node-feat.csv.gz",
-                                     "raw/node-label.csv.gz"), text, name)
+    return DatasetSpec(name, "ogb", ("edge.csv.gz", "node-feat.csv.gz", "node-label.csv.gz"),
+                       text, name)
 
 
 KNOWN: dict[str, DatasetSpec] = {s.name: s for s in (
@@ -125,8 +126,6 @@ def save_processed(dataset: Dataset, root: Path, name: str) -> Path:
 def ensure_raw(spec: DatasetSpec, raw: Path, *, download: bool = True) -> Path:
     """Make sure the raw files of ``spec`` are in ``raw``; return the directory."""
     missing = [f for f in spec.files if not (raw / f).exists()]
-    if spec.name == "pubmed":  # allx is published but optional for graph-only use
-        missing = [f for f in missing if f != "ind.pubmed.allx"] or missing
     if not missing:
         return raw
     builtin = BUILTIN / spec.name
@@ -149,14 +148,12 @@ def ensure_raw(spec: DatasetSpec, raw: Path, *, download: bool = True) -> Path:
 
 
 def _read_raw(spec: DatasetSpec, raw: Path, split_seed: int) -> Dataset:
-    from fullgraph.graph.formats import npz, ogb, planetoid
-
-    readers: dict[str, Callable[[], Dataset]] = {
-        "planetoid": lambda: planetoid.load_planetoid(raw, spec.name),
-        "npz": lambda: npz.load_npz(raw / spec.files[0], spec.name, seed=split_seed),
-        "ogb": lambda: ogb.load_ogb(raw.parent, spec.name),
-    }
-    return readers[spec.format]()
+    module = importlib.import_module(f"fullgraph.graph.formats.{spec.format}")
+    if spec.format == "planetoid":
+        return module.load_planetoid(raw, spec.name)
+    if spec.format == "npz":
+        return module.load_npz(raw / spec.files[0], spec.name, seed=split_seed)
+    return module.load_ogb(raw.parent, spec.name)
 
 
 def convert(fmt: str, args: Any) -> Dataset:

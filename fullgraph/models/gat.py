@@ -20,7 +20,7 @@ from fullgraph.graph.csr import Graph
 from fullgraph.models.base import GNN
 from fullgraph.models.layers import Dense, activation
 from fullgraph.models.stages import (EdgeTransform, Propagate, Stage, StageContext, Transform,
-                                     stage_seed)
+                                     check_probability, stage_seed)
 from fullgraph.ops import edge_softmax, keyed_dropout
 
 
@@ -39,7 +39,8 @@ class GATAttention(EdgeTransform):
         super().__init__()
         self.heads, self.channels = heads, channels
         self.in_dim = self.out_dim = heads * channels
-        self.negative_slope, self.p = negative_slope, float(dropout)
+        self.negative_slope = negative_slope
+        self.p = check_probability(dropout, "attn_dropout")
         self.att_src = nn.Parameter(torch.empty(heads, channels))
         self.att_dst = nn.Parameter(torch.empty(heads, channels))
         nn.init.xavier_uniform_(self.att_src.view(1, heads, channels))
@@ -116,8 +117,7 @@ class GAT(GNN):
         return [Dense(in_dim, heads * channels, bias=False),
                 GATAttention(heads, channels, self.negative_slope, self.attn_dropout),
                 Propagate(heads * channels, "edge"),
-                GATOutput(heads, channels, concat=not last, act=act,
-                          residual=residual and not last)]
+                GATOutput(heads, channels, concat=not last, act=act, residual=residual)]
 
     def propagation(self, dim: int, num_props: int) -> list[Stage]:
         att = GATAttention(1, dim, self.negative_slope, self.attn_dropout)

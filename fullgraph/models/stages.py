@@ -59,6 +59,13 @@ class StageContext:
         return StageContext(gids, self.seed, self.training, self.eids)
 
 
+def check_probability(p: float, name: str) -> float:
+    """``p`` as a float if it is a valid dropout probability, else ValueError."""
+    if not 0.0 <= float(p) < 1.0:
+        raise ValueError(f"{name} must be in [0, 1), got {p}")
+    return float(p)
+
+
 def stage_seed(seed: int, index: int) -> int:
     """Seed of stage ``index`` within a step: distinct per stage, stable across executors."""
     return (int(seed) * 1_000_003 + 7919 * (index + 1)) & 0xFFFFFFFF
@@ -101,7 +108,7 @@ class LayerInput(Transform):
 
     def __init__(self, dim: int, dropout: float) -> None:
         super().__init__(dim, dim)
-        self.p = float(dropout)
+        self.p = check_probability(dropout, "dropout")
 
     def forward(self, x: Tensor, ctx: StageContext, layer_input: Tensor | None = None) -> Tensor:
         return keyed_dropout(x, self.p, ctx.gids, stage_seed(ctx.seed, self.index), ctx.training)

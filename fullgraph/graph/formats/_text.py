@@ -1,24 +1,28 @@
 """Vectorised parsing of whitespace- or comma-separated numeric text tables.
 
 Files are read in large blocks cut at line ends (gzip streams too), so memory stays
-bounded by the block size plus the parsed arrays. Inside a block nothing loops per
-line in Python: token starts are found with numpy on the raw bytes, tokens per line
-come from one ``bincount``, and the numbers from one ``np.fromstring`` call. Only when
-a block is malformed do we walk its lines one by one, to report the exact line and
-token. Line numbers are 1-based and count every physical line (blank and comment
-lines included), so they match what an editor shows.
+bounded by the block size plus the parsed arrays. Each block is parsed by one call of
+numpy's C ``loadtxt`` (measured about twice as fast here as splitting tokens with
+numpy and ``np.fromstring``, and it checks the column count itself). Nothing loops
+per line in Python on the common path. When a block is malformed, or a loader finds
+a bad value in row ``k``, the exact line is found afterwards: tokens per line are
+counted with numpy on the raw bytes, and a bad token is found by bisecting the block.
 
-This module must not import anything above the graph layer.
+Line numbers are 1-based and count every physical line (blank and comment lines
+included), so they match what an editor shows. This module must not import anything
+above the graph layer.
 """
 from __future__ import annotations
 
 import gzip
+import io
 import os
 import re
 import warnings
-from dataclasses import dataclass
+import zlib
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO, Iterator
+from typing import IO
 
 import numpy as np
 
@@ -27,21 +31,10 @@ from fullgraph.errors import DatasetNotFoundError, FormatError
 BLOCK_BYTES = 32 << 20
 _COMMENT = re.compile(rb"#[^\n]*")
 
-
-@dataclass
-class Rows:
-    """Rows parsed from one block of a text table.
-
-    Attributes:
-        values: (R, C) parsed numbers.
-        lines: (R,) int64 1-based line number of each row in the file.
-    """
-
-    values: np.ndarray
-    lines: np.ndarray
+PathLike = str | os.PathLike[str]
 
 
-def open_binary(path: str | os.PathLike[str]) -> IO[bytes]:
+def open_binary(path: PathLike) -> IO[bytes]:
     """Open ``path`` for reading bytes, decompressing ``.gz`` files on the fly.
 
     Raises:
@@ -56,12 +49,27 @@ def open_binary(path: str | os.PathLike[str]) -> IO[bytes]:
     return open(path, "rb")
 
 
-def iter_blocks(fh: IO[bytes], block_bytes: int = BLOCK_BYTES) -> Iterator[tuple[bytes, int]]:
-    """Yield ``(block, first_line)``: chunks of whole lines and the line number of the first."""
+def iter_blocks(fh: IO[bytes], block_bytes: int | None = None, *,
+                source: PathLike = "<stream>") -> Iterator[tuple[bytes, int]]:
+    """Yield ``(block, first_line)``: chunks of whole lines and the number of the first.
+
+    Args:
+        fh: binary file object.
+        block_bytes: size of a read (default: None, :data:`BLOCK_BYTES`).
+        source: file name for error messages (default: ``"<stream>"``).
+
+    Raises:
+        FormatError: the (compressed) data is truncated or corrupt.
+    """
+    block_bytes = block_bytes or BLOCK_BYTES
     line = 1
     rest = b""
     while True:
-        chunk = fh.read(block_bytes)
+        try:
+            chunk = fh.read(block_bytes)
+        except (EOFError, OSError, zlib.error) as exc:
+            raise FormatError("cannot read the file: truncated or corrupt", source=source,
+                              line=line, found=f"{type(exc).__name__}: {exc}") from exc
         if not chunk:
             break
         data = rest + chunk
@@ -76,22 +84,26 @@ def iter_blocks(fh: IO[bytes], block_bytes: int = BLOCK_BYTES) -> Iterator[tuple
         yield rest, line
 
 
-def iter_rows(path: str | os.PathLike[str], *, dtype: np.dtype | type, num_cols: int | None,
+def iter_rows(path: PathLike, *, dtype: np.dtype | type, num_cols: int | None,
               delimiter: bytes | None = None, comments: bool = False,
-              block_bytes: int = BLOCK_BYTES) -> Iterator[Rows]:
-    """Parse a numeric text table block by block.
+              expected: str | None = None, transform: Callable[[bytes], bytes] | None = None,
+              block_bytes: int | None = None) -> Iterator[np.ndarray]:
+    """Parse a numeric text table block by block; blank lines are skipped.
 
     Args:
         path: text file, optionally ``.gz`` compressed.
         dtype: numpy dtype of the parsed numbers (int64 or a float type).
         num_cols: values every non-blank line must hold; None takes the count of the
             first non-blank line.
-        delimiter: column separator besides whitespace, e.g. ``b","`` (default: None).
-        comments: strip ``#`` to the end of the line (default: False).
-        block_bytes: size of a read (default: 32 MiB).
+        delimiter: column separator instead of whitespace, e.g. ``b","`` (default: None).
+        comments: ignore ``#`` to the end of the line (default: False).
+        expected: what a line should hold, for error messages (default: numbers).
+        transform: rewrites each block before parsing, e.g. words to numeric codes; it
+            must keep tokens and lines in place (default: None).
+        block_bytes: size of a read (default: None, :data:`BLOCK_BYTES`, 32 MiB).
 
     Yields:
-        :class:`Rows` of each block that has at least one row.
+        (R, C) arrays, one per block that holds at least one row.
 
     Raises:
         FormatError: a line has the wrong number of values or a token is not a number;
@@ -99,37 +111,39 @@ def iter_rows(path: str | os.PathLike[str], *, dtype: np.dtype | type, num_cols:
     """
     cols = num_cols
     with open_binary(path) as fh:
-        for block, first_line in iter_blocks(fh, block_bytes):
-            if delimiter is not None:
-                block = block.replace(delimiter, b" ")
-            if comments and b"#" in block:
-                block = _COMMENT.sub(b"", block)
-            counts = tokens_per_line(block)
-            nonblank = np.flatnonzero(counts)
-            if nonblank.size == 0:
-                continue
-            if cols is None:
-                cols = int(counts[nonblank[0]])
-            bad = nonblank[counts[nonblank] != cols]
-            if bad.size:
-                raise FormatError("wrong number of values on a line", source=path,
-                                  line=first_line + int(bad[0]), found=int(counts[bad[0]]),
-                                  expected=cols)
-            values = _parse_numbers(block, dtype, nonblank.size * cols, path, first_line)
-            yield Rows(values.reshape(nonblank.size, cols), nonblank + first_line)
+        for block, first_line in iter_blocks(fh, block_bytes, source=path):
+            if transform is not None:
+                block = transform(block)
+            values = _parse_block(block, first_line, dtype, cols, path, delimiter, comments,
+                                  expected)
+            if values.shape[0]:
+                cols = values.shape[1]
+                yield values
 
 
-def read_table(path: str | os.PathLike[str], *, dtype: np.dtype | type, num_cols: int | None,
-               delimiter: bytes | None = None, comments: bool = False) -> Rows:
-    """Parse a whole numeric text table (see :func:`iter_rows`); empty files give 0 rows."""
+def read_table(path: PathLike, *, dtype: np.dtype | type, num_cols: int | None,
+               delimiter: bytes | None = None, comments: bool = False,
+               expected: str | None = None,
+               transform: Callable[[bytes], bytes] | None = None) -> np.ndarray:
+    """Parse a whole numeric text table (see :func:`iter_rows`); (0, C) when it has no rows."""
     parts = list(iter_rows(path, dtype=dtype, num_cols=num_cols, delimiter=delimiter,
-                           comments=comments))
+                           comments=comments, expected=expected, transform=transform))
     if not parts:
-        return Rows(np.zeros((0, num_cols or 0), dtype=dtype), np.zeros(0, dtype=np.int64))
-    if len(parts) == 1:
-        return parts[0]
-    return Rows(np.concatenate([p.values for p in parts]),
-                np.concatenate([p.lines for p in parts]))
+        return np.zeros((0, num_cols or 0), dtype=dtype)
+    return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+
+def line_of_row(path: PathLike, row: int, *, delimiter: bytes | None = None,
+                comments: bool = False) -> int | None:
+    """1-based line number of data row ``row`` (0-based, blank lines skipped), or None."""
+    seen = 0
+    with open_binary(path) as fh:
+        for block, first_line in iter_blocks(fh, source=path):
+            nonblank = np.flatnonzero(tokens_per_line(_normalise(block, delimiter, comments)))
+            if row < seen + nonblank.size:
+                return first_line + int(nonblank[row - seen])
+            seen += nonblank.size
+    return None
 
 
 def tokens_per_line(block: bytes) -> np.ndarray:
@@ -146,34 +160,88 @@ def tokens_per_line(block: bytes) -> np.ndarray:
     return np.bincount(line_of_token, minlength=num_lines).astype(np.int64)
 
 
-def _parse_numbers(block: bytes, dtype: np.dtype | type, expected: int,
-                   path: str | os.PathLike[str], first_line: int) -> np.ndarray:
-    """All numbers of ``block`` in one call; on failure find the offending line."""
+# ------------------------------------------------------------------- internals
+def _normalise(block: bytes, delimiter: bytes | None, comments: bool) -> bytes:
+    if delimiter is not None:
+        block = block.replace(delimiter, b" ")
+    if comments and b"#" in block:
+        block = _COMMENT.sub(b"", block)
+    return block
+
+
+def _parse_block(block: bytes, first_line: int, dtype: np.dtype | type, cols: int | None,
+                 path: PathLike, delimiter: bytes | None, comments: bool,
+                 expected: str | None) -> np.ndarray:
     try:
         with warnings.catch_warnings():
-            # NumPy 1.x only warns (and truncates) on unparsable data.
-            warnings.simplefilter("error", DeprecationWarning)
-            values = np.fromstring(block, dtype=dtype, sep=" ")
-    except (ValueError, DeprecationWarning):
-        values = None
-    if values is not None and values.size == expected:
-        return values
-    _raise_bad_token(block, dtype, path, first_line)
-    raise FormatError("could not parse the numbers in this block", source=path,
-                      line=first_line)  # pragma: no cover - _raise_bad_token raises
+            warnings.simplefilter("ignore", UserWarning)  # "input contained no data"
+            values = np.loadtxt(io.BytesIO(block), dtype=dtype, ndmin=2,
+                                delimiter=None if delimiter is None else delimiter.decode(),
+                                comments="#" if comments else None)
+    except ValueError as exc:
+        if delimiter is not None:
+            _locate_empty_field(block, first_line, delimiter, path, expected)
+        _locate_error(_normalise(block, delimiter, comments), first_line, dtype, cols, path,
+                      expected)
+        last = first_line + block.count(b"\n")
+        raise FormatError(f"cannot parse the text of lines {first_line}-{last}", source=path,
+                          found=str(exc), expected=expected) from exc
+    if values.shape[0] and cols is not None and values.shape[1] != cols:
+        _locate_error(_normalise(block, delimiter, comments), first_line, dtype, cols, path,
+                      expected)
+    return values
 
 
-def _raise_bad_token(block: bytes, dtype: np.dtype | type, path: str | os.PathLike[str],
-                     first_line: int) -> None:
+def _locate_empty_field(block: bytes, first_line: int, delimiter: bytes, path: PathLike,
+                        expected: str | None) -> None:
+    """Raise FormatError at the first empty field (``1,,2`` or a trailing delimiter)."""
+    d = re.escape(delimiter)
+    match = re.search(rb"(?m)" + d + rb"[ \t]*(?:" + d + rb"|\r?$)|^[ \t]*" + d, block)
+    if match is not None:
+        start = block.rfind(b"\n", 0, match.start()) + 1
+        end = block.find(b"\n", match.start())
+        text = block[start:end if end >= 0 else len(block)].rstrip(b"\r")
+        raise FormatError("empty field", source=path,
+                          line=first_line + block.count(b"\n", 0, match.start()),
+                          found=repr(text[:80].decode("utf-8", "replace")),
+                          expected=expected or "a number in every field")
+
+
+def _locate_error(block: bytes, first_line: int, dtype: np.dtype | type, cols: int | None,
+                  path: PathLike, expected: str | None) -> None:
+    """Raise FormatError for the first bad line of ``block``; return if none is found."""
+    counts = tokens_per_line(block)
+    nonblank = np.flatnonzero(counts)
+    if nonblank.size == 0:
+        return
+    cols = int(counts[nonblank[0]]) if cols is None else cols
+    bad = nonblank[counts[nonblank] != cols]
+    if bad.size:
+        raise FormatError("wrong number of values on a line", source=path,
+                          line=first_line + int(bad[0]), found=int(counts[bad[0]]),
+                          expected=expected or f"{cols} values")
+    lines = block.split(b"\n")
+    lo, hi = 0, len(lines)
+    if _parses(block, dtype, int(counts.sum())):
+        return
+    while hi - lo > 1:  # invariant: lines[lo:hi] holds a bad token
+        mid = (lo + hi) // 2
+        if _parses(b"\n".join(lines[lo:mid]), dtype, int(counts[lo:mid].sum())):
+            lo = mid
+        else:
+            hi = mid
     kind = "an integer" if np.dtype(dtype).kind in "iu" else "a number"
-    for offset, line in enumerate(block.split(b"\n")):
-        for token in line.split():
-            try:
-                with warnings.catch_warnings():
-                    warnings.simplefilter("error", DeprecationWarning)
-                    ok = np.fromstring(token, dtype=dtype, sep=" ").size == 1
-            except (ValueError, DeprecationWarning):
-                ok = False
-            if not ok:
-                raise FormatError("not a number", source=path, line=first_line + offset,
-                                  found=repr(token.decode("utf-8", "replace")), expected=kind)
+    for token in lines[lo].split():
+        if not _parses(token, dtype, 1):
+            raise FormatError("not a number", source=path, line=first_line + lo,
+                              found=repr(token.decode("utf-8", "replace")),
+                              expected=expected or kind)
+
+
+def _parses(text: bytes, dtype: np.dtype | type, count: int) -> bool:
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", DeprecationWarning)  # NumPy 1.x only warns
+            return np.fromstring(text, dtype=dtype, sep=" ").size == count
+    except (ValueError, DeprecationWarning):
+        return False

@@ -17,7 +17,8 @@ import importlib
 import io
 import os
 import pickle
-from typing import IO, Any, Callable
+from collections.abc import Callable
+from typing import IO, Any
 
 from fullgraph.errors import FormatError
 

@@ -1,0 +1,200 @@
+"""Checks and assembly shared by the format loaders.
+
+Every check raises a :class:`~fullgraph.errors.DataError` subclass that names the
+file, the line (text formats) or field (binary and array formats), what was found and
+what was expected. A *locator* turns the position of a bad value in a parsed array
+into that line or field, lazily: text files are re-scanned only when an error is
+actually raised. :func:`assemble` builds the :class:`Dataset` and validates it.
+
+Shapes: N = number of vertices, F = feature dimension.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from fullgraph.errors import DatasetNotFoundError, FormatError, ValidationError
+from fullgraph.graph.csr import Graph
+from fullgraph.graph.data import MASK_NAMES, Dataset, VertexData
+from fullgraph.graph.formats._text import line_of_row
+
+PathLike = str | os.PathLike[str]
+#: Maps the 0-based position of a bad value to ``line=`` / ``field=`` error arguments.
+Locator = Callable[[int], dict[str, Any]]
+
+
+def text_locator(path: PathLike, *, delimiter: bytes | None = None, comments: bool = False,
+                 column: str | None = None) -> Locator:
+    """Locator for row ``k`` of a text table: its line number and optional column name."""
+    def locate(k: int) -> dict[str, Any]:
+        return {"line": line_of_row(path, k, delimiter=delimiter, comments=comments),
+                "field": column}
+    return locate
+
+
+def field_locator(template: str) -> Locator:
+    """Locator naming a field, e.g. ``field_locator("edge {k} (src)")``."""
+    return lambda k: {"field": template.format(k=k)}
+
+
+def require_files(directory: Path, names: Sequence[str], *, dataset: str,
+                  url_base: str | None = None) -> None:
+    """Raise DatasetNotFoundError listing every file of ``names`` missing from ``directory``.
+
+    Args:
+        directory: where the files should be.
+        names: file names inside ``directory``.
+        dataset: dataset name for the message.
+        url_base: upstream URL prefix of the files, quoted in the hint (default: None).
+    """
+    missing = [name for name in names if not (directory / name).is_file()]
+    if not missing:
+        return
+    hint = f"place {'it' if len(missing) == 1 else 'them'} in {directory}"
+    if url_base:
+        hint += "; upstream: " + ", ".join(f"{url_base}/{name}" for name in missing)
+    raise DatasetNotFoundError(f"dataset {dataset!r} is missing {len(missing)} of its "
+                               f"{len(names)} files: {', '.join(missing)}", source=directory,
+                               hint=hint)
+
+
+def check_ids(ids: np.ndarray, num_nodes: int, *, source: PathLike, locate: Locator,
+              what: str = "vertex id") -> None:
+    """Raise ValidationError at the first negative id or id ``>= num_nodes``."""
+    if ids.size == 0:
+        return
+    expected = f"0 <= id < {num_nodes}"
+    negative = ids < 0
+    if negative.any():
+        k = int(np.argmax(negative))
+        raise ValidationError(f"negative {what}", source=source, found=_scalar(ids[k]),
+                              expected=expected, **locate(k))
+    too_big = ids >= num_nodes
+    if too_big.any():
+        k = int(np.argmax(too_big))
+        raise ValidationError(f"{what} out of range", source=source, found=_scalar(ids[k]),
+                              expected=expected, **locate(k))
+
+
+def check_unique(ids: np.ndarray, *, source: PathLike, locate: Locator,
+                 what: str = "vertex id") -> None:
+    """Raise ValidationError at the second occurrence of a repeated id."""
+    if ids.size < 2:
+        return
+    order = np.argsort(ids, kind="stable")
+    repeated = np.flatnonzero(ids[order][1:] == ids[order][:-1])
+    if repeated.size:
+        second = order[1:][repeated]
+        k = int(second.min())
+        raise ValidationError(f"{what} listed twice", source=source, found=_scalar(ids[k]),
+                              expected="each id at most once", **locate(k))
+
+
+def check_finite(x: np.ndarray, *, source: PathLike, locate: Locator,
+                 block_rows: int = 1 << 16) -> None:
+    """Raise ValidationError at the first NaN/inf feature, scanning row blocks."""
+    for start in range(0, x.shape[0], block_rows):
+        bad = ~np.isfinite(x[start:start + block_rows])
+        if bad.any():
+            r, c = (int(v) for v in np.argwhere(bad)[0])
+            where = locate(start + r)
+            where["field"] = f"{where.get('field') or 'features'}[{start + r}, {c}]"
+            raise ValidationError("feature is not finite", source=source,
+                                  found=float(x[start + r, c]), expected="a finite number",
+                                  **where)
+
+
+def check_labels(labels: np.ndarray, num_classes: int | None, *, source: PathLike,
+                 locate: Locator) -> int:
+    """Check labels are in ``[-1, num_classes)``; return ``num_classes`` (inferred if None).
+
+    -1 marks an unlabelled vertex. An inferred ``num_classes`` is ``max(label) + 1``.
+    """
+    if num_classes is None:
+        num_classes = max(int(labels.max(initial=0)) + 1, 1)
+    bad = (labels < -1) | (labels >= num_classes)
+    if bad.any():
+        k = int(np.argmax(bad))
+        raise ValidationError("label out of range", source=source, found=_scalar(labels[k]),
+                              expected=f"-1 (unlabelled) or 0 <= label < {num_classes}",
+                              **locate(k))
+    return num_classes
+
+
+def as_features(x: np.ndarray, *, source: PathLike, field: str = "features") -> np.ndarray:
+    """(N, F) features as float32 (float16 is kept); refuse other shapes and dtypes."""
+    if x.ndim != 2:
+        raise FormatError("features must be a 2-D array", source=source, field=field,
+                          found=x.shape, expected="(N, F)")
+    if x.dtype == np.float16 or x.dtype == np.float32:
+        return x
+    if x.dtype.kind in "fiub":
+        return x.astype(np.float32)
+    raise FormatError("features must be numbers", source=source, field=field, found=x.dtype,
+                      expected="a float, integer or bool array")
+
+
+def as_labels(y: np.ndarray, *, source: PathLike, field: str = "labels") -> np.ndarray:
+    """(N,) labels as int64; (N, 1) is squeezed; floats must hold whole numbers."""
+    if y.ndim == 2 and y.shape[1] == 1:
+        y = y[:, 0]
+    if y.ndim != 1:
+        raise FormatError("labels must be a 1-D array of class ids", source=source,
+                          field=field, found=y.shape, expected="(N,)")
+    if y.dtype.kind in "iu":
+        return y.astype(np.int64)
+    if y.dtype.kind == "f":
+        whole = np.isfinite(y) & (y == np.round(y))
+        if not whole.all():
+            k = int(np.argmax(~whole))
+            raise FormatError("label is not a class id", source=source,
+                              field=f"{field}[{k}]", found=float(y[k]), expected="an integer")
+        return y.astype(np.int64)
+    raise FormatError("labels must be integer class ids", source=source, field=field,
+                      found=y.dtype, expected="an integer array")
+
+
+def check_masks(masks: Sequence[np.ndarray], labels: np.ndarray,
+                sources: Sequence[str]) -> None:
+    """Raise ValidationError naming the mask file: empty train, overlap, unlabelled vertex."""
+    if not masks[0].any():
+        raise ValidationError("the train mask is empty", source=sources[0], field="train_mask",
+                              found="0 training vertices", expected="at least one")
+    for i in range(3):
+        unlabelled = masks[i] & (labels < 0)
+        if unlabelled.any():
+            v = int(np.argmax(unlabelled))
+            raise ValidationError("a masked vertex has no label", source=sources[i],
+                                  field=f"{MASK_NAMES[i]}[{v}]", found="label -1",
+                                  expected="a class id")
+        for j in range(i + 1, 3):
+            both = masks[i] & masks[j]
+            if both.any():
+                v = int(np.argmax(both))
+                raise ValidationError("masks overlap", source=sources[j],
+                                      field=f"{MASK_NAMES[i]} & {MASK_NAMES[j]}",
+                                      found=f"vertex {v} in both ({int(both.sum())} in all)",
+                                      expected="disjoint train/val/test masks")
+
+
+def assemble(name: str, graph: Graph, features: np.ndarray, labels: np.ndarray,
+             masks: Sequence[np.ndarray | torch.Tensor], num_classes: int,
+             info: dict[str, Any]) -> Dataset:
+    """Build a Dataset from numpy arrays, validate it and return it."""
+    train, val, test = (torch.as_tensor(np.asarray(m, dtype=bool)) if isinstance(m, np.ndarray)
+                        else m.to(torch.bool) for m in masks)
+    data = VertexData(torch.from_numpy(np.ascontiguousarray(features)),
+                      torch.from_numpy(np.ascontiguousarray(labels, dtype=np.int64)),
+                      train, val, test, int(num_classes))
+    dataset = Dataset(name, graph, data, info)
+    dataset.validate()
+    return dataset
+
+
+def _scalar(v: Any) -> Any:
+    return v.item() if hasattr(v, "item") else v

@@ -1,0 +1,198 @@
+"""Plain edge lists with features, labels and optional masks in ``.npy`` files.
+
+Edges are either text (``src dst`` per line, whitespace separated, ``#`` comments and
+blank lines allowed) or binary (little-endian pairs of a fixed integer dtype such
+as uint32 or int64, no header). Features are an (N, F) ``.npy`` array, labels an
+(N,) integer ``.npy`` array (-1 = unlabelled). Masks are either one (3, N) bool
+``.npy`` (rows train, val, test) or three (N,) bool ``.npy`` files; without masks a
+seeded fraction split of the labelled vertices is drawn. ``.npy`` files are read
+with ``allow_pickle=False``.
+
+The graph keeps the direction, and any self-loops, of the file (edge ``src -> dst``);
+duplicates are dropped; ``symmetrize=True`` adds the reverse edges.
+
+Shapes: N = number of vertices, F = feature dimension, E = number of edges.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from fullgraph.errors import DatasetNotFoundError, FormatError, ValidationError
+from fullgraph.graph.csr import Graph
+from fullgraph.graph.data import Dataset
+from fullgraph.graph.formats._common import (Locator, PathLike, as_features, as_labels,
+                                             assemble, check_finite, check_ids, check_labels,
+                                             check_masks, field_locator, text_locator)
+from fullgraph.graph.formats._text import read_table
+from fullgraph.graph.split import fraction_split
+
+MaskFiles = PathLike | Sequence[PathLike]
+
+
+def load_edgelist(edges: PathLike, features: PathLike, labels: PathLike, *,
+                  binary_dtype: str | np.dtype | type | None = None, num_nodes: int | None = None,
+                  symmetrize: bool = False, masks: MaskFiles | None = None, seed: int = 0,
+                  split: tuple[float, float] = (0.6, 0.2), num_classes: int | None = None,
+                  name: str = "custom") -> Dataset:
+    """Load an edge list plus ``.npy`` features, labels and optional masks.
+
+    Args:
+        edges: edge file, text unless ``binary_dtype`` is given.
+        features: (N, F) ``.npy`` of numbers (stored as float32; float16 is kept).
+        labels: (N,) integer ``.npy``; -1 marks an unlabelled vertex.
+        binary_dtype: dtype of the binary edge file, e.g. ``"uint32"`` or ``"int64"``
+            (default: None, a text file).
+        num_nodes: N (default: the number of feature rows).
+        symmetrize: add ``dst -> src`` for every edge (default: False).
+        masks: one (3, N) bool ``.npy`` (a path, or a sequence of one path) or three
+            (N,) bool ``.npy`` paths, ordered train, val, test (default: None, a
+            fraction split).
+        seed: seed of the fraction split (default: 0).
+        split: train and validation fractions of the labelled vertices (default:
+            ``(0.6, 0.2)``; the rest is test).
+        num_classes: C (default: ``max(label) + 1``).
+        name: dataset name (default: ``"custom"``).
+
+    Raises:
+        DatasetNotFoundError: a file does not exist.
+        FormatError: a token is not a number, a binary file is truncated, an array has
+            the wrong dtype or shape, or an ``.npy`` needs pickle.
+        ValidationError: ids out of range, wrong row counts, non-finite features,
+            labels out of range, empty or overlapping masks, no edges.
+    """
+    x = as_features(load_npy(features), source=features)
+    n = x.shape[0] if num_nodes is None else int(num_nodes)
+    if x.shape[0] != n:
+        raise ValidationError("feature rows do not match the number of vertices",
+                              source=features, found=x.shape[0], expected=n)
+    check_finite(x, source=features, locate=lambda k: {})
+    y = as_labels(load_npy(labels), source=labels)
+    if y.shape[0] != n:
+        raise ValidationError("labels do not match the number of vertices", source=labels,
+                              found=y.shape[0], expected=n)
+    num_classes = check_labels(y, num_classes, source=labels,
+                               locate=field_locator("labels[{k}]"))
+    src, dst = read_edges(edges, n, binary_dtype=binary_dtype)
+    graph = Graph.from_edges(src, dst, n, symmetrize=symmetrize)
+    if masks is None:
+        mask_list = [m.numpy() for m in fraction_split(torch.from_numpy(y), train=split[0],
+                                                       val=split[1], seed=seed)]
+        how = f"fractions {split[0]}/{split[1]}/rest of the labelled vertices (seed {seed})"
+    else:
+        mask_list, sources = load_masks(masks, n)
+        check_masks(mask_list, y, sources)
+        how = "mask files"
+    info = {"format": "edgelist", "source": str(edges), "split": how}
+    return assemble(name, graph, x, y, mask_list, num_classes, info)
+
+
+def read_edges(path: PathLike, num_nodes: int, *,
+               binary_dtype: str | np.dtype | type | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Read and range-check an edge file; return ``(src, dst)`` int64 arrays.
+
+    Raises:
+        FormatError: bad token (text) or truncated file (binary).
+        ValidationError: no edges, or an id outside ``[0, num_nodes)``.
+    """
+    if binary_dtype is None:
+        pairs = read_table(path, dtype=np.int64, num_cols=2, comments=True,
+                           expected="two vertex ids 'src dst'")
+        locate_src: Locator = text_locator(path, comments=True, column="src")
+        locate_dst: Locator = text_locator(path, comments=True, column="dst")
+    else:
+        pairs = read_binary_pairs(path, binary_dtype)
+        locate_src = field_locator("edge {k} (src)")
+        locate_dst = field_locator("edge {k} (dst)")
+    if pairs.shape[0] == 0:
+        raise ValidationError("the edge file holds no edges", source=path, found="0 edges",
+                              expected="at least one 'src dst' pair")
+    src, dst = pairs[:, 0].astype(np.int64), pairs[:, 1].astype(np.int64)
+    check_ids(src, num_nodes, source=path, locate=locate_src)
+    check_ids(dst, num_nodes, source=path, locate=locate_dst)
+    return src, dst
+
+
+def read_binary_pairs(path: PathLike, dtype: str | np.dtype | type) -> np.ndarray:
+    """(E, 2) array of a headerless binary file of ``(src, dst)`` records of ``dtype``.
+
+    Raises:
+        DatasetNotFoundError: the file does not exist.
+        FormatError: the size is not a multiple of the record size.
+    """
+    dt = np.dtype(dtype)
+    if dt.kind not in "iu":
+        raise ValueError(f"binary_dtype must be an integer dtype such as 'uint32' or 'int64', "
+                         f"got {dt}")
+    if not Path(path).is_file():
+        raise DatasetNotFoundError("edge file not found", source=path,
+                                   hint=f"place the file at {path}")
+    record = 2 * dt.itemsize
+    size = os.path.getsize(path)
+    if size % record:
+        raise FormatError("binary edge file is truncated", source=path, found=f"{size} bytes",
+                          expected=f"a multiple of {record} bytes ({dt} src, dst pairs)")
+    return np.fromfile(path, dtype=dt).reshape(-1, 2)
+
+
+def load_npy(path: PathLike) -> np.ndarray:
+    """``np.load`` with ``allow_pickle=False`` and errors naming the file.
+
+    Raises:
+        DatasetNotFoundError: the file does not exist.
+        FormatError: not an ``.npy`` file, or it holds Python objects (needs pickle).
+    """
+    if not Path(path).is_file():
+        raise DatasetNotFoundError("file not found", source=path, hint=f"place the file at {path}")
+    try:
+        arr = np.load(path, allow_pickle=False)
+    except ValueError as exc:
+        refused = "allow_pickle" in str(exc)
+        raise FormatError("refused an .npy that needs pickle" if refused else
+                          "not a readable .npy file", source=path, found=str(exc),
+                          expected="a plain numeric array" if refused else None) from exc
+    except (OSError, EOFError) as exc:
+        raise FormatError("not a readable .npy file", source=path, found=str(exc)) from exc
+    if not isinstance(arr, np.ndarray):
+        arr.close()
+        raise FormatError("expected one array, not an archive", source=path,
+                          found=type(arr).__name__, expected="an .npy file")
+    return arr
+
+
+def load_masks(masks: MaskFiles, num_nodes: int) -> tuple[list[np.ndarray], list[str]]:
+    """Masks from one (3, N) ``.npy`` or three (N,) ``.npy`` files; with their sources."""
+    if not isinstance(masks, (str, os.PathLike)) and len(masks) == 1:
+        masks = masks[0]
+    if isinstance(masks, (str, os.PathLike)):
+        stacked = load_npy(masks)
+        if stacked.ndim != 2 or stacked.shape != (3, num_nodes):
+            raise FormatError("a mask file holds one row per split", source=masks,
+                              found=stacked.shape, expected=(3, num_nodes))
+        sources = [f"{masks}[{i}]" for i in range(3)]
+        return [_as_mask(stacked[i], sources[i]) for i in range(3)], sources
+    paths = list(masks)
+    if len(paths) != 3:
+        raise ValueError(f"masks needs one (3, N) file or 3 paths (train, val, test), "
+                         f"got {len(paths)} paths")
+    out = []
+    for p in paths:
+        m = load_npy(p)
+        if m.shape != (num_nodes,):
+            raise FormatError("mask needs one entry per vertex", source=p, found=m.shape,
+                              expected=(num_nodes,))
+        out.append(_as_mask(m, str(p)))
+    return out, [str(p) for p in paths]
+
+
+def _as_mask(m: np.ndarray, source: str) -> np.ndarray:
+    if m.dtype == np.bool_:
+        return m
+    if m.dtype.kind in "iu" and np.isin(m, (0, 1)).all():
+        return m.astype(bool)
+    raise FormatError("mask must be boolean", source=source, found=m.dtype,
+                      expected="bool (or 0/1 integers)")

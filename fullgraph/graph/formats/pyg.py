@@ -1,0 +1,124 @@
+"""Conversion between a PyG ``torch_geometric.data.Data`` and a fullgraph Dataset.
+
+``torch_geometric`` is an optional dependency (``pip install fullgraph[pyg]``) and is
+imported only inside :func:`to_pyg`; :func:`from_pyg` reads attributes and needs no
+import. PyG's ``edge_index[0]`` is the source and ``edge_index[1]`` the target of a
+message (``flow="source_to_target"``), which is fullgraph's ``src -> dst``.
+
+Shapes: N = number of vertices, F = feature dimension, E = number of edges.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from fullgraph.errors import FormatError, ValidationError
+from fullgraph.graph.csr import Graph
+from fullgraph.graph.data import MASK_NAMES, Dataset
+from fullgraph.graph.formats._common import (as_features, as_labels, assemble, check_finite,
+                                             check_ids, check_labels, check_masks,
+                                             field_locator)
+from fullgraph.graph.split import fraction_split
+
+
+def from_pyg(data: Any, name: str = "pyg", *, split_index: int = 0, seed: int = 0,
+             num_classes: int | None = None) -> Dataset:
+    """Build a Dataset from a PyG ``Data`` with ``x``, ``y`` and ``edge_index``.
+
+    Args:
+        data: a ``torch_geometric.data.Data`` (any object with these attributes).
+        name: dataset name (default: ``"pyg"``).
+        split_index: column to use when the masks are (N, S) for S splits, as in
+            WikiCS (default: 0).
+        seed: seed of the 60/20/20 fraction split drawn when ``data`` has no
+            ``train_mask`` (default: 0).
+        num_classes: C (default: ``max(y) + 1``).
+
+    Returns:
+        A validated Dataset; duplicate edges are dropped, self-loops kept.
+
+    Raises:
+        FormatError: ``x``, ``y`` or ``edge_index`` is missing or has the wrong shape.
+        ValidationError: no edges, ids out of range, NaN features, labels out of range,
+            empty or overlapping masks.
+    """
+    x, y, edge_index = (getattr(data, key, None) for key in ("x", "y", "edge_index"))
+    for key, value in (("x", x), ("y", y), ("edge_index", edge_index)):
+        if value is None:
+            raise FormatError("the PyG data object lacks an attribute", source=name, field=key,
+                              expected="x, y and edge_index")
+    features = as_features(_numpy(x), source=name, field="x")
+    n = features.shape[0]
+    check_finite(features, source=name, locate=lambda k: {"field": "x"})
+    labels = as_labels(_numpy(y), source=name, field="y")
+    if labels.shape[0] != n:
+        raise FormatError("y needs one label per vertex", source=name, field="y",
+                          found=labels.shape[0], expected=n)
+    num_classes = check_labels(labels, num_classes, source=name, locate=field_locator("y[{k}]"))
+    ei = _numpy(edge_index)
+    if ei.ndim != 2 or ei.shape[0] != 2 or ei.dtype.kind not in "iu":
+        raise FormatError("edge_index must be a (2, E) integer tensor", source=name,
+                          field="edge_index", found=f"{ei.dtype} {ei.shape}")
+    if ei.shape[1] == 0:
+        raise ValidationError("the graph has no edges", source=name, field="edge_index",
+                              found="0 edges", expected="at least one edge")
+    src, dst = ei[0].astype(np.int64), ei[1].astype(np.int64)
+    check_ids(src, n, source=name, locate=field_locator("edge_index[0, {k}]"))
+    check_ids(dst, n, source=name, locate=field_locator("edge_index[1, {k}]"))
+    graph = Graph.from_edges(src, dst, n)
+    masks, how = _masks(data, labels, split_index, seed, name)
+    return assemble(name, graph, features, labels, masks, num_classes,
+                    {"format": "pyg", "split": how})
+
+
+def to_pyg(dataset: Dataset) -> Any:
+    """A ``torch_geometric.data.Data`` with x, y, edge_index, masks and num_nodes.
+
+    ``edge_index`` is in fullgraph's CSR order (sorted by destination, then source).
+
+    Raises:
+        ImportError: torch_geometric is not installed.
+    """
+    try:
+        from torch_geometric.data import Data
+    except ImportError as exc:
+        raise ImportError("to_pyg needs torch_geometric: pip install 'fullgraph[pyg]'") from exc
+    src, dst = dataset.graph.edges()
+    d = dataset.data
+    return Data(x=d.features, y=d.labels, edge_index=torch.stack([src, dst]),
+                train_mask=d.train_mask, val_mask=d.val_mask, test_mask=d.test_mask,
+                num_nodes=dataset.graph.num_nodes)
+
+
+def _numpy(value: Any) -> np.ndarray:
+    if isinstance(value, Tensor):
+        t = value.detach().cpu()
+        return (t.float() if t.dtype == torch.bfloat16 else t).numpy()
+    return np.asarray(value)
+
+
+def _masks(data: Any, labels: np.ndarray, split_index: int, seed: int,
+           name: str) -> tuple[list[np.ndarray], str]:
+    raw = [getattr(data, key, None) for key in MASK_NAMES]
+    if raw[0] is None:
+        train, val, test = fraction_split(torch.from_numpy(labels), seed=seed)
+        return [train.numpy(), val.numpy(), test.numpy()], f"fractions 0.6/0.2/rest (seed {seed})"
+    masks = []
+    for key, value in zip(MASK_NAMES, raw):
+        if value is None:
+            masks.append(np.zeros(labels.shape[0], dtype=bool))
+            continue
+        m = _numpy(value)
+        if m.ndim == 2:
+            m = m[:, split_index]
+        if m.dtype != np.bool_ or m.shape != labels.shape:
+            raise FormatError("mask must be a boolean vector with one entry per vertex",
+                              source=name, field=key, found=f"{m.dtype} {m.shape}",
+                              expected=f"bool ({labels.shape[0]},)")
+        masks.append(m)
+    check_masks(masks, labels, [name] * 3)
+    return masks, "masks of the PyG data" + (f" (column {split_index})"
+                                             if _numpy(raw[0]).ndim == 2 else "")

@@ -1,0 +1,355 @@
+"""Seeded synthetic datasets: R-MAT power-law graphs and stochastic block models.
+
+R-MAT (Chakrabarti, Zhan and Faloutsos, SDM 2004) drops each edge into one quadrant
+of the adjacency matrix with probabilities (a, b, c, d), recursively, one bit of the
+source and destination id per level; NeutronTask (section 6.9) scales vertices,
+edges, feature width, label count and training ratio with it. The stochastic block
+model gives a graph whose features and edges both carry the class, so accuracy on
+it means something.
+
+Every generator is a pure function of its arguments: the same seed gives the same
+dataset on any machine, with or without numba. R-MAT draws its random bits from a
+counter-based hash (SplitMix64 of seed and edge number), so the numba kernel
+(parallel over edges) and the numpy fallback (vectorised over edges, one level at
+a time) produce identical edges.
+
+This module must not import torch.distributed or anything above the graph layer.
+
+Shapes: N = number of vertices, E = number of edges, F = feature dimension,
+C = number of classes.
+"""
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import numpy as np
+import torch
+
+from fullgraph.errors import ValidationError
+from fullgraph.graph.csr import Graph, SelfLoops
+from fullgraph.graph.data import FEATURE_DTYPES, Dataset, VertexData
+from fullgraph.graph.split import fraction_split
+
+try:
+    import numba
+except ImportError:  # numba is optional (the "fast" extra); numpy gives the same edges
+    numba = None  # type: ignore[assignment]
+
+LabelScheme = Literal["random", "degree"]
+BLOCK_EDGES = 1 << 22  # edges generated per kernel call; bounds numpy temporaries
+_GAMMA = np.uint64(0x9E3779B97F4A7C15)
+_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
+_MIX2 = np.uint64(0x94D049BB133111EB)
+_LOW32 = np.uint64(0xFFFFFFFF)
+_S27, _S30, _S31, _S32 = np.uint64(27), np.uint64(30), np.uint64(31), np.uint64(32)
+
+
+# ----------------------------------------------------------------------- R-MAT
+def rmat_edges(num_nodes: int, num_edges: int, *, a: float = 0.57, b: float = 0.19,
+               c: float = 0.19, d: float = 0.05, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Draw ``num_edges`` directed R-MAT edges ``src -> dst`` over ``num_nodes`` vertices.
+
+    Quadrant a is (src bit 0, dst bit 0), b is (0, 1), c is (1, 0), d is (1, 1); the
+    top level picks the most significant bit. When ``num_nodes`` is not a power of
+    two, edges are drawn over the next power of two and those with an endpoint out of
+    range are rejected and topped up, so the edges follow the R-MAT distribution
+    conditioned on both ids being in range (no folding, which would create hot
+    spots). Duplicates and self-loops are kept; with ``a`` the largest, vertex 0 is the densest.
+
+    Args:
+        num_nodes: number of vertices N (>= 1).
+        num_edges: number of edges E to draw (>= 0).
+        a, b, c, d: quadrant probabilities, non-negative and summing to 1
+            (default: 0.57, 0.19, 0.19, 0.05, the Graph500 values).
+        seed: random seed (default: 0).
+
+    Returns:
+        ``(src, dst)``, each (E,) int64 in ``[0, N)``.
+
+    Raises:
+        ValidationError: bad counts or probabilities, or probabilities that put
+            (almost) no edge in range.
+    """
+    _check_probabilities(a, b, c, d)
+    _check_count(num_nodes, "num_nodes", minimum=1)
+    _check_count(num_edges, "num_edges", minimum=0)
+    scale = (num_nodes - 1).bit_length()
+    all_in_range = num_nodes == 1 << scale
+    accept = 1.0 if all_in_range else _in_range_probability(num_nodes - 1, scale, (a, b, c, d))
+    if accept < 1e-6:
+        raise ValidationError("R-MAT probabilities put almost no edge inside num_nodes",
+                              field="a, b, c, d", found=(a, b, c, d),
+                              hint=f"acceptance {accept:.2e}; raise a or use a power of two")
+    base = np.uint64(np.random.SeedSequence(seed).generate_state(1, np.uint64)[0])
+    cuts = tuple(np.uint64(min(round(p * 2**32), 2**32)) for p in (a, a + b, a + b + c))
+    src, dst = np.empty(num_edges, np.int64), np.empty(num_edges, np.int64)
+    filled, counter = 0, 0
+    while filled < num_edges:
+        need = num_edges - filled
+        count = need if all_in_range else int(need / accept * 1.02) + 1024
+        count = min(count, BLOCK_EDGES)
+        s, t = _rmat_block(counter, count, scale, base, cuts)
+        if not all_in_range:
+            keep = (s < num_nodes) & (t < num_nodes)
+            s, t = s[keep], t[keep]
+        take = min(need, s.size)  # the first accepted edges in counter order
+        src[filled:filled + take], dst[filled:filled + take] = s[:take], t[:take]
+        filled, counter = filled + take, counter + count
+    return src, dst
+
+
+def rmat(num_nodes: int, num_edges: int, *, a: float = 0.57, b: float = 0.19, c: float = 0.19,
+         d: float = 0.05, seed: int = 0, num_features: int = 128, num_classes: int = 47,
+         symmetrize: bool = False, self_loops: SelfLoops = "remove", train: float = 0.6,
+         val: float = 0.2, feature_dtype: str = "float32",
+         labels: LabelScheme = "random") -> Dataset:
+    """An R-MAT graph with random features, for scaling benchmarks (NeutronTask 6.9).
+
+    Edges come from ``rmat_edges`` and are de-duplicated, so the graph has at most
+    ``num_edges`` edges (``2 * num_edges`` when symmetrised). Features are standard
+    normal; they carry no class signal.
+
+    Args:
+        num_nodes, num_edges, a, b, c, d, seed: as in ``rmat_edges``.
+        num_features: feature dimension F (default: 128).
+        num_classes: number of classes C (default: 47, as ogbn-products).
+        symmetrize: add the reverse of every edge (default: False).
+        self_loops: ``"remove"``, ``"keep"`` or ``"add"`` (default: ``"remove"``).
+        train, val: fractions of vertices in the train and validation masks; the
+            rest is test (default: 0.6, 0.2).
+        feature_dtype: float32, bfloat16 or float16 storage (default: float32).
+        labels: ``"random"`` (uniform classes) or ``"degree"`` (C equal-size
+            in-degree bands, learnable from structure) (default: ``"random"``).
+
+    Raises:
+        ValidationError: on any out-of-range argument.
+    """
+    _check_count(num_features, "num_features", minimum=1)
+    _check_count(num_classes, "num_classes", minimum=1)
+    _check_choice(feature_dtype, "feature_dtype", tuple(FEATURE_DTYPES))
+    _check_choice(labels, "labels", ("random", "degree"))
+    src, dst = rmat_edges(num_nodes, num_edges, a=a, b=b, c=c, d=d, seed=seed)
+    graph = Graph.from_edges(src, dst, num_nodes, symmetrize=symmetrize,
+                             self_loops=self_loops)
+    del src, dst
+    feature_seed, label_seed, split_seed = _child_seeds(seed, 3)
+    features = _randn((num_nodes, num_features), feature_seed).to(FEATURE_DTYPES[feature_dtype])
+    y = _rmat_labels(graph, num_classes, labels, label_seed)
+    masks = fraction_split(y, train=train, val=val, seed=split_seed)
+    info = {"generator": "rmat", "num_nodes": num_nodes, "requested_edges": num_edges,
+            "a": a, "b": b, "c": c, "d": d, "seed": seed, "symmetrize": symmetrize,
+            "self_loops": self_loops, "labels": labels, "train": train, "val": val}
+    return Dataset(f"rmat-{num_nodes}-{num_edges}", graph,
+                   VertexData(features, y, *masks, num_classes), info)
+
+
+# ------------------------------------------------------------ block model
+def sbm(num_nodes: int, num_classes: int, *, avg_degree: float = 10.0, homophily: float = 0.8,
+        num_features: int = 64, feature_noise: float = 1.0, seed: int = 0,
+        self_loops: SelfLoops = "remove", train: float = 0.6, val: float = 0.2,
+        feature_dtype: str = "float32") -> Dataset:
+    """A symmetric stochastic block model whose features and edges both carry the class.
+
+    Classes are balanced (sizes differ by at most one). Each vertex draws a
+    Poisson(``avg_degree / 2``) number of out-edges, so after symmetrisation the mean
+    degree is about ``avg_degree``; each edge stays in the vertex's block with
+    probability ``homophily``, else goes to a uniform vertex of a uniform other block.
+    Features are ``mu[label] + feature_noise * noise`` with class means ``mu`` drawn
+    N(0, I / F) (unit norm on average) and standard normal noise, so two classes are
+    about ``sqrt(2) / feature_noise`` noise deviations apart: features alone classify
+    above chance, and averaging over homophilous neighbours does better.
+
+    Args:
+        num_nodes: number of vertices N (>= num_classes).
+        num_classes: number of classes C (>= 1; with one class every edge is inside).
+        avg_degree: expected mean degree of the symmetric graph (default: 10.0).
+        homophily: expected fraction of edges joining same-class vertices (default: 0.8).
+        num_features: feature dimension F (default: 64).
+        feature_noise: standard deviation of the per-dimension noise (default: 1.0).
+        seed: random seed (default: 0).
+        self_loops: ``"remove"``, ``"keep"`` or ``"add"`` (default: ``"remove"``).
+        train, val: mask fractions, the rest is test (default: 0.6, 0.2).
+        feature_dtype: float32, bfloat16 or float16 storage (default: float32).
+
+    Raises:
+        ValidationError: on any out-of-range argument.
+    """
+    _check_sbm_args(num_nodes, num_classes, avg_degree, homophily, num_features, feature_noise)
+    _check_choice(feature_dtype, "feature_dtype", tuple(FEATURE_DTYPES))
+    edge_seed, feature_seed, split_seed = _child_seeds(seed, 3)
+    rng = np.random.default_rng(edge_seed)
+    y_np = rng.permutation(np.arange(num_nodes, dtype=np.int64) % num_classes)
+    src, dst = _sbm_edges(y_np, num_classes, avg_degree, homophily, rng)
+    graph = Graph.from_edges(src, dst, num_nodes, symmetrize=True, self_loops=self_loops)
+    y = torch.from_numpy(y_np)
+    mu = _randn((num_classes + num_nodes, num_features), feature_seed)
+    features = mu[:num_classes][y] / num_features**0.5 + feature_noise * mu[num_classes:]
+    masks = fraction_split(y, train=train, val=val, seed=split_seed)
+    info = {"generator": "sbm", "num_nodes": num_nodes, "num_classes": num_classes,
+            "avg_degree": avg_degree, "homophily": homophily, "feature_noise": feature_noise,
+            "seed": seed, "self_loops": self_loops, "train": train, "val": val}
+    return Dataset(f"sbm-{num_nodes}-{num_classes}", graph,
+                   VertexData(features.to(FEATURE_DTYPES[feature_dtype]), y, *masks,
+                              num_classes), info)
+
+
+def _sbm_edges(y: np.ndarray, num_classes: int, avg_degree: float, homophily: float,
+               rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Directed SBM edges: Poisson out-degrees, in-block with probability ``homophily``."""
+    num_nodes = y.shape[0]
+    members = np.argsort(y, kind="stable")  # vertices grouped by class
+    sizes = np.bincount(y, minlength=num_classes)
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    src = np.repeat(np.arange(num_nodes, dtype=np.int64), rng.poisson(avg_degree / 2, num_nodes))
+    block = y[src]
+    if num_classes > 1:
+        outside = rng.random(src.size) >= homophily
+        shift = rng.integers(1, num_classes, src.size)
+        block = np.where(outside, (block + shift) % num_classes, block)
+    dst = members[starts[block] + rng.integers(0, sizes[block])]
+    return src, dst
+
+
+def _rmat_block(start: int, count: int, scale: int, base: np.uint64,
+                cuts: tuple[np.uint64, ...], use_numba: bool | None = None,
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """Edges number ``start .. start + count - 1`` over ``2**scale`` vertices."""
+    src, dst = np.empty(count, np.int64), np.empty(count, np.int64)
+    if use_numba if use_numba is not None else _rmat_kernel is not None:
+        assert _rmat_kernel is not None
+        _rmat_kernel(start, count, scale, base, cuts[0], cuts[1], cuts[2], src, dst)
+        return src, dst
+    src.fill(0)
+    dst.fill(0)
+    edge = np.arange(start, start + count, dtype=np.uint64)
+    words = np.uint64((scale + 1) // 2)  # one 64-bit hash feeds two levels
+    for w in range(int(words)):
+        z = _mix(base + (edge * words + np.uint64(w)) * _GAMMA)
+        for level, r in ((2 * w, z >> _S32), (2 * w + 1, z & _LOW32)):
+            if level >= scale:
+                break
+            src_bit = r >= cuts[1]
+            dst_bit = ((r >= cuts[0]) & ~src_bit) | (r >= cuts[2])
+            src <<= 1
+            src |= src_bit
+            dst <<= 1
+            dst |= dst_bit
+    return src, dst
+
+
+def _mix(z: Any) -> Any:
+    """SplitMix64 finaliser; works on numpy uint64 arrays and (under numba) scalars."""
+    z = (z ^ (z >> _S30)) * _MIX1
+    z = (z ^ (z >> _S27)) * _MIX2
+    return z ^ (z >> _S31)
+
+
+def _rmat_kernel_py(start: int, count: int, scale: int, base: np.uint64, cut_a: np.uint64,
+                    cut_ab: np.uint64, cut_abc: np.uint64, src: np.ndarray,
+                    dst: np.ndarray) -> None:
+    """Numba body of ``_rmat_block``: same bits, one edge per iteration, in parallel."""
+    words = (scale + 1) // 2
+    uwords = np.uint64(words)
+    for i in numba.prange(count):
+        edge = np.uint64(start + i)
+        s, t = 0, 0
+        for w in range(words):
+            z = _mix_jit(base + (edge * uwords + np.uint64(w)) * _GAMMA)
+            for half in range(2):
+                if 2 * w + half < scale:
+                    r = (z >> _S32) if half == 0 else (z & _LOW32)
+                    src_bit = 1 if r >= cut_ab else 0
+                    dst_bit = 1 if (cut_a <= r < cut_ab) or r >= cut_abc else 0
+                    s, t = 2 * s + src_bit, 2 * t + dst_bit
+        src[i], dst[i] = s, t
+
+
+if numba is not None:
+    _mix_jit = numba.njit(inline="always")(_mix)
+    _rmat_kernel = numba.njit(parallel=True, cache=True)(_rmat_kernel_py)
+else:
+    _rmat_kernel = None
+
+
+def _in_range_probability(limit: int, scale: int, probs: tuple[float, ...]) -> float:
+    """P(src <= limit and dst <= limit) for one R-MAT edge over ``2**scale`` ids.
+
+    A digit DP over the bits of ``limit``, top down; the state says whether src and
+    dst still equal ``limit``'s prefix ("tight"): a tight id may not take a 1 where
+    ``limit`` has a 0.
+    """
+    quadrants = [((0, 0), probs[0]), ((0, 1), probs[1]), ((1, 0), probs[2]), ((1, 1), probs[3])]
+    state = {(True, True): 1.0}
+    for level in reversed(range(scale)):
+        bit = (limit >> level) & 1
+        nxt: dict[tuple[bool, bool], float] = {}
+        for (tight_s, tight_t), p in state.items():
+            for (sb, tb), q in quadrants:
+                if (tight_s and sb > bit) or (tight_t and tb > bit):
+                    continue
+                key = (tight_s and sb == bit, tight_t and tb == bit)
+                nxt[key] = nxt.get(key, 0.0) + p * q
+        state = nxt
+    return min(1.0, sum(state.values()))
+
+
+# --------------------------------------------------------------------- helpers
+def _rmat_labels(graph: Graph, num_classes: int, scheme: LabelScheme, seed: int) -> torch.Tensor:
+    if scheme == "degree":
+        return _labels_by_degree(graph, num_classes, seed)
+    rng = np.random.default_rng(seed)
+    return torch.from_numpy(rng.integers(0, num_classes, graph.num_nodes, dtype=np.int64))
+
+
+def _labels_by_degree(graph: Graph, num_classes: int, seed: int) -> torch.Tensor:
+    """C equal-size classes by in-degree rank (ties broken at random)."""
+    deg = graph.in_degrees().numpy()
+    tie = np.random.default_rng(seed).random(deg.size)
+    order = np.lexsort((tie, deg))
+    y = np.empty(deg.size, dtype=np.int64)
+    y[order] = np.arange(deg.size, dtype=np.int64) * num_classes // max(deg.size, 1)
+    return torch.from_numpy(y)
+
+
+def _randn(shape: tuple[int, int], seed: int) -> torch.Tensor:
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float32)
+
+
+def _child_seeds(seed: int, count: int) -> list[int]:
+    """Independent seeds for the parts of one generator (edges, features, split)."""
+    children = np.random.SeedSequence(seed).spawn(count)
+    return [int(child.generate_state(1)[0]) for child in children]
+
+
+def _check_probabilities(a: float, b: float, c: float, d: float) -> None:
+    probs = (a, b, c, d)
+    if any(not (0.0 <= p <= 1.0) for p in probs) or abs(sum(probs) - 1.0) > 1e-6:
+        raise ValidationError("R-MAT probabilities must be in [0, 1] and sum to 1",
+                              field="a, b, c, d", found=f"{probs} (sum {sum(probs):.6g})",
+                              expected="a + b + c + d == 1")
+
+
+def _check_count(value: int, name: str, *, minimum: int) -> None:
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < minimum:
+        raise ValidationError("must be an integer", field=name, found=value,
+                              expected=f">= {minimum}")
+
+
+def _check_choice(value: str, name: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ValidationError("unknown choice", field=name, found=value,
+                              expected=" | ".join(choices))
+
+
+def _check_sbm_args(num_nodes: int, num_classes: int, avg_degree: float, homophily: float,
+                    num_features: int, feature_noise: float) -> None:
+    _check_count(num_classes, "num_classes", minimum=1)
+    _check_count(num_nodes, "num_nodes", minimum=num_classes)
+    _check_count(num_features, "num_features", minimum=1)
+    for name, value, ok in (("avg_degree", avg_degree, avg_degree >= 0),
+                            ("homophily", homophily, 0.0 <= homophily <= 1.0),
+                            ("feature_noise", feature_noise, feature_noise >= 0)):
+        if not ok:
+            raise ValidationError("out of range", field=name, found=value,
+                                  expected="0 <= homophily <= 1" if name == "homophily"
+                                  else ">= 0")

@@ -1,0 +1,275 @@
+"""Tests of the processed dataset format: round trips, memory mapping, corruption, atomicity."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from fullgraph.errors import CacheError, ValidationError
+from fullgraph.graph import store
+from fullgraph.graph.csr import Graph
+from fullgraph.graph.data import FEATURE_DTYPES, Dataset, VertexData
+from fullgraph.graph.split import fraction_split
+from fullgraph.graph.store import FORMAT_VERSION, is_cached, load_dataset, save_dataset
+
+
+def make_dataset(num_nodes: int = 60, num_features: int = 7, *, seed: int = 0,
+                 feature_dtype: str = "float32", weighted: bool = False,
+                 name: str = "toy") -> Dataset:
+    g = torch.Generator().manual_seed(seed)
+    src = torch.randint(0, num_nodes, (4 * num_nodes,), generator=g)
+    dst = torch.randint(0, num_nodes, (4 * num_nodes,), generator=g)
+    graph = Graph.from_edges(src, dst, num_nodes, symmetrize=True)
+    if weighted:
+        graph.edge_weight = torch.rand(graph.num_edges, generator=g, dtype=torch.float64)
+    labels = torch.randint(0, 3, (num_nodes,), generator=g)
+    labels[:2] = -1  # unlabelled vertices stay out of the masks
+    masks = fraction_split(labels, train=0.5, val=0.25, seed=seed)
+    x = torch.randn(num_nodes, num_features, generator=g).to(FEATURE_DTYPES[feature_dtype])
+    return Dataset(name, graph, VertexData(x, labels, *masks, num_classes=3),
+                   {"source": "test", "seed": seed, "nested": {"a": [1, 2]}})
+
+
+def assert_same(a: Dataset, b: Dataset) -> None:
+    assert (a.name, a.info, a.data.num_classes) == (b.name, b.info, b.data.num_classes)
+    assert torch.equal(a.graph.indptr, b.graph.indptr)
+    assert torch.equal(a.graph.indices, b.graph.indices)
+    assert a.graph.indices.dtype == b.graph.indices.dtype
+    if a.graph.edge_weight is None:
+        assert b.graph.edge_weight is None
+    else:
+        assert torch.equal(a.graph.edge_weight, b.graph.edge_weight)
+    for field in ("features", "labels", "train_mask", "val_mask", "test_mask"):
+        x, y = getattr(a.data, field), getattr(b.data, field)
+        assert x.dtype == y.dtype and torch.equal(x, y), field
+
+
+@pytest.mark.parametrize("mmap", [True, False])
+@pytest.mark.parametrize("feature_dtype", ["float32", "float16", "bfloat16"])
+def test_round_trip(tmp_path: Path, feature_dtype: str, mmap: bool) -> None:
+    ds = make_dataset(feature_dtype=feature_dtype, weighted=feature_dtype == "float16")
+    save_dataset(ds, tmp_path / "ds")
+    loaded = load_dataset(tmp_path / "ds", mmap=mmap)
+    assert_same(ds, loaded)
+    loaded.validate()
+    assert is_cached(tmp_path / "ds")
+    meta = json.loads((tmp_path / "ds" / "meta.json").read_text())
+    assert meta["format_version"] == FORMAT_VERSION
+    assert meta["arrays"]["features"]["dtype"] == feature_dtype
+    if feature_dtype == "bfloat16":  # numpy has no bf16: the file holds the bits
+        assert np.load(tmp_path / "ds" / "features.npy").dtype == np.uint16
+
+
+def test_int64_indices_and_empty_edges(tmp_path: Path) -> None:
+    ds = make_dataset()
+    ds.graph.indices = ds.graph.indices.to(torch.int64)  # as a graph with >2**31 vertices has
+    save_dataset(ds, tmp_path / "wide")
+    meta = json.loads((tmp_path / "wide" / "meta.json").read_text())
+    assert meta["arrays"]["indices"]["dtype"] == "int64"
+    loaded = load_dataset(tmp_path / "wide")
+    assert torch.equal(loaded.graph.indices.to(torch.int64), ds.graph.indices)
+
+    empty = make_dataset()
+    n = empty.graph.num_nodes
+    empty.graph = Graph(torch.zeros(n + 1, dtype=torch.int64), torch.zeros(0, dtype=torch.int32))
+    save_dataset(empty, tmp_path / "empty")
+    assert load_dataset(tmp_path / "empty").graph.num_edges == 0
+
+
+def _mapped_ranges(file: Path) -> list[tuple[int, int]]:
+    ranges = []
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        if line.endswith(str(file.resolve())):
+            lo, hi = line.split()[0].split("-")
+            ranges.append((int(lo, 16), int(hi, 16)))
+    return ranges
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/maps")
+def test_mmap_load_maps_the_files(tmp_path: Path) -> None:
+    save_dataset(make_dataset(), tmp_path / "ds")
+    file = tmp_path / "ds" / "features.npy"
+    mapped = load_dataset(tmp_path / "ds", mmap=True)
+    ptr = mapped.data.features.data_ptr()
+    assert any(lo <= ptr < hi for lo, hi in _mapped_ranges(file))
+    mapped.data.features[0, 0] += 1.0  # copy-on-write: the file is not changed
+    assert load_dataset(tmp_path / "ds").data.features[0, 0] != mapped.data.features[0, 0]
+    del mapped
+    read = load_dataset(tmp_path / "ds", mmap=False)
+    assert not any(lo <= read.data.features.data_ptr() < hi for lo, hi in _mapped_ranges(file))
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RSS semantics")
+def test_mmap_load_does_not_read_features_into_ram(tmp_path: Path) -> None:
+    psutil = pytest.importorskip("psutil")
+    ds = make_dataset(num_nodes=1 << 14, num_features=1024)  # 64 MiB of features
+    save_dataset(ds, tmp_path / "big")
+    size = (tmp_path / "big" / "features.npy").stat().st_size
+    del ds
+    proc = psutil.Process()
+    before = proc.memory_info().rss
+    mapped = load_dataset(tmp_path / "big", mmap=True, verify=True)
+    grown_mapped = proc.memory_info().rss - before
+    del mapped
+    before = proc.memory_info().rss
+    read = load_dataset(tmp_path / "big", mmap=False, verify=False)
+    grown_read = proc.memory_info().rss - before
+    assert grown_mapped < size // 2 < grown_read, (grown_mapped, grown_read, size)
+    del read
+
+
+def _flip_last_byte(file: Path) -> None:
+    raw = bytearray(file.read_bytes())
+    raw[-1] ^= 0xFF
+    file.write_bytes(bytes(raw))
+
+
+def test_corrupt_byte_raises(tmp_path: Path) -> None:
+    save_dataset(make_dataset(), tmp_path / "ds")
+    _flip_last_byte(tmp_path / "ds" / "features.npy")
+    with pytest.raises(CacheError, match=r"features\.npy.*checksum"):
+        load_dataset(tmp_path / "ds")
+    load_dataset(tmp_path / "ds", verify=False)  # the caller asked not to check
+    assert is_cached(tmp_path / "ds")  # is_cached does not read the arrays
+
+
+@pytest.mark.parametrize("verify", [True, False])
+@pytest.mark.parametrize("mmap", [True, False])
+def test_truncated_file_raises(tmp_path: Path, verify: bool, mmap: bool) -> None:
+    save_dataset(make_dataset(), tmp_path / "ds")
+    file = tmp_path / "ds" / "indices.npy"
+    os.truncate(file, file.stat().st_size - 5)
+    with pytest.raises(CacheError, match=r"indices\.npy"):
+        load_dataset(tmp_path / "ds", mmap=mmap, verify=verify)
+
+
+def _edit_meta(path: Path, **changes: object) -> None:
+    meta = json.loads((path / "meta.json").read_text())
+    meta.update(changes)
+    (path / "meta.json").write_text(json.dumps(meta))
+
+
+def test_stale_format_version_raises(tmp_path: Path) -> None:
+    save_dataset(make_dataset(), tmp_path / "ds")
+    _edit_meta(tmp_path / "ds", format_version=FORMAT_VERSION - 1)
+    assert not is_cached(tmp_path / "ds")
+    with pytest.raises(CacheError, match=r"meta\.json.*format_version.*stale"):
+        load_dataset(tmp_path / "ds")
+
+
+def test_missing_or_bad_meta_raises(tmp_path: Path) -> None:
+    save_dataset(make_dataset(), tmp_path / "ds")
+    meta = tmp_path / "ds" / "meta.json"
+    meta.write_text("{not json")
+    assert not is_cached(tmp_path / "ds")
+    with pytest.raises(CacheError, match="not readable JSON"):
+        load_dataset(tmp_path / "ds")
+    meta.unlink()
+    assert not is_cached(tmp_path / "ds")
+    with pytest.raises(CacheError, match=r"meta\.json.*missing"):
+        load_dataset(tmp_path / "ds")
+    with pytest.raises(CacheError, match="missing"):
+        load_dataset(tmp_path / "never-saved")
+
+
+def test_missing_array_and_shape_mismatch_raise(tmp_path: Path) -> None:
+    save_dataset(make_dataset(), tmp_path / "ds")
+    meta = json.loads((tmp_path / "ds" / "meta.json").read_text())
+    arrays = meta["arrays"]
+    arrays["labels"]["shape"] = [arrays["labels"]["shape"][0] + 1]
+    _edit_meta(tmp_path / "ds", arrays=arrays)
+    with pytest.raises(CacheError, match=r"labels\.npy.*shape"):
+        load_dataset(tmp_path / "ds", verify=False)
+    save_dataset(make_dataset(), tmp_path / "ds")
+    (tmp_path / "ds" / "test_mask.npy").unlink()
+    with pytest.raises(CacheError, match=r"test_mask\.npy.*missing"):
+        load_dataset(tmp_path / "ds")
+
+
+def _only_entry(parent: Path) -> list[str]:
+    return sorted(p.name for p in parent.iterdir())
+
+
+def test_overwrite_replaces_and_leaves_nothing_behind(tmp_path: Path) -> None:
+    save_dataset(make_dataset(seed=0), tmp_path / "ds")
+    new = make_dataset(seed=1, feature_dtype="bfloat16", name="second")
+    save_dataset(new, tmp_path / "ds")
+    assert_same(new, load_dataset(tmp_path / "ds"))
+    assert _only_entry(tmp_path) == ["ds"]
+
+
+def test_crash_mid_write_keeps_old_dataset(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                           ) -> None:
+    old = make_dataset(seed=0)
+    save_dataset(old, tmp_path / "ds")
+    real_write = store._write_array
+
+    def failing_write(file: Path, tensor: torch.Tensor) -> dict:
+        if file.name == "features.npy":
+            with open(file, "wb") as f:  # half a file, then the "disk" fails
+                f.write(b"\x93NUMPY partial")
+            raise OSError(28, "No space left on device")
+        return real_write(file, tensor)
+
+    monkeypatch.setattr(store, "_write_array", failing_write)
+    with pytest.raises(OSError, match="No space"):
+        save_dataset(make_dataset(seed=1), tmp_path / "ds")
+    assert _only_entry(tmp_path) == ["ds"]
+    assert_same(old, load_dataset(tmp_path / "ds"))
+    with pytest.raises(OSError):  # a first save that fails leaves nothing either
+        save_dataset(make_dataset(seed=1), tmp_path / "fresh")
+    assert _only_entry(tmp_path) == ["ds"]
+
+
+def test_crash_during_swap_restores_old_dataset(tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    old = make_dataset(seed=0)
+    save_dataset(old, tmp_path / "ds")
+    real_rename = os.rename
+    calls = []
+
+    def rename(src: object, dst: object) -> None:
+        calls.append((src, dst))
+        if len(calls) == 2:  # old copy moved away; moving the new one in fails
+            raise OSError("rename failed")
+        real_rename(src, dst)
+
+    monkeypatch.setattr(os, "rename", rename)
+    with pytest.raises(OSError, match="rename failed"):
+        save_dataset(make_dataset(seed=1), tmp_path / "ds")
+    monkeypatch.undo()
+    assert _only_entry(tmp_path) == ["ds"]
+    assert_same(old, load_dataset(tmp_path / "ds"))
+
+
+def test_refuses_bad_input(tmp_path: Path) -> None:
+    other = tmp_path / "not-a-dataset"
+    other.mkdir()
+    (other / "precious.txt").write_text("keep me")
+    with pytest.raises(CacheError, match="not a dataset directory"):
+        save_dataset(make_dataset(), other)
+    assert (other / "precious.txt").read_text() == "keep me"
+
+    bad_info = make_dataset()
+    bad_info.info["when"] = object()
+    with pytest.raises(ValidationError, match="JSON"):
+        save_dataset(bad_info, tmp_path / "ds")
+    invalid = make_dataset()
+    invalid.data.features[3, 1] = float("nan")
+    with pytest.raises(ValidationError, match="finite"):
+        save_dataset(invalid, tmp_path / "ds")
+    assert _only_entry(tmp_path) == ["not-a-dataset"]
+
+
+def test_checksum_is_streamed_and_stable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                         ) -> None:
+    monkeypatch.setattr(store, "CHUNK_BYTES", 10)  # many chunks: same digest as one read
+    file = tmp_path / "blob"
+    file.write_bytes(bytes(range(256)) * 3)
+    import hashlib
+    assert store.file_checksum(file) == hashlib.sha256(file.read_bytes()).hexdigest()

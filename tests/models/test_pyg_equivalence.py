@@ -1,0 +1,267 @@
+"""Every coupled model equals its PyTorch Geometric counterpart: outputs and gradients.
+
+For GCN, GraphSAGE, GAT and GIN we build a 2-layer fullgraph stage program and the
+equivalent PyG stack (``GCNConv`` / ``SAGEConv`` / ``GATConv`` / ``GINConv``, ReLU
+between layers, no dropout), copy our parameters into PyG's modules and compare, in
+float64, the logits and the gradients of every parameter and of the input features
+for a fixed random linear loss. The graph is a random symmetric graph without
+self-loops (PyG adds its own for GCN and GAT; ours come from ``propagation_inputs``)
+with an isolated vertex; the features are Cora-like sparse binary bag-of-words rows.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+pyg_nn = pytest.importorskip("torch_geometric.nn")
+
+from fullgraph.graph.csr import Graph  # noqa: E402
+from fullgraph.models import StageContext, build_model, propagation_inputs  # noqa: E402
+from fullgraph.models.gat import GATAttention, GATOutput  # noqa: E402
+from fullgraph.models.gin import GINUpdate  # noqa: E402
+from fullgraph.models.layers import Dense  # noqa: E402
+from fullgraph.ops import kernels  # noqa: E402
+from fullgraph.ops.spmm import set_backend  # noqa: E402
+
+N, IN_DIM, HIDDEN, OUT_DIM = 60, 24, 16, 5
+F64 = dict(rtol=1e-10, atol=1e-10)
+# float32: sums over ~10 neighbours of O(1) values and two layers; the two libraries
+# sum in different orders, so agreement is to a few ulps of the result scale.
+F32 = dict(rtol=1e-4, atol=1e-5)
+BACKENDS = ["torch"] + (["numba"] if kernels.HAVE_NUMBA else [])
+
+
+# ------------------------------------------------------------------- fixtures
+@pytest.fixture(params=BACKENDS)
+def backend(request):
+    set_backend(request.param)
+    yield request.param
+    set_backend("auto")
+
+
+def random_graph(seed: int = 0) -> Graph:
+    """~300 directed edges (150 random pairs, symmetrised), no self-loops; the last
+    vertex is isolated (no in- or out-edges)."""
+    g = torch.Generator().manual_seed(seed)
+    src = torch.randint(0, N - 1, (160,), generator=g)
+    dst = torch.randint(0, N - 1, (160,), generator=g)
+    graph = Graph.from_edges(src, dst, N, symmetrize=True, self_loops="remove")
+    assert not graph.has_self_loops() and 250 <= graph.num_edges <= 320
+    assert int(graph.in_degrees()[N - 1]) == 0
+    return graph
+
+
+def cora_like_features(dtype: torch.dtype, seed: int = 1) -> torch.Tensor:
+    """Sparse binary bag-of-words rows (~10% ones), row-normalised like Cora's."""
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.rand(N, IN_DIM, generator=g) < 0.1).to(dtype)
+    x[torch.arange(N), torch.randint(0, IN_DIM, (N,), generator=g)] = 1.0  # no empty row
+    return x / x.sum(1, keepdim=True)
+
+
+def edge_index_of(graph: Graph) -> torch.Tensor:
+    src, dst = graph.edges()
+    return torch.stack([src, dst])
+
+
+# ----------------------------------------------- PyG models and weight copies
+class PygStack(torch.nn.Module):
+    """``conv -> relu -> conv`` like PyG's BasicGNN without dropout or norms."""
+
+    def __init__(self, convs: list[torch.nn.Module]) -> None:
+        super().__init__()
+        self.convs = torch.nn.ModuleList(convs)
+
+    def forward(self, x: torch.Tensor, edge_index: torch.Tensor) -> torch.Tensor:
+        for i, conv in enumerate(self.convs):
+            x = conv(x, edge_index)
+            if i < len(self.convs) - 1:
+                x = torch.relu(x)
+        return x
+
+
+def layer_stages(model, layer: int) -> list:
+    return [s for s, l in zip(model.stages, model.layer_of) if l == layer]
+
+
+def one(stages, pred):
+    found = [s for s in stages if pred(s)]
+    assert len(found) == 1, found
+    return found[0]
+
+
+def pair(ours: torch.nn.Parameter, theirs: torch.nn.Parameter, pairs: list) -> None:
+    """Copy ``ours`` into ``theirs`` (reshaped) and remember the pair for gradients."""
+    assert ours.numel() == theirs.numel(), (ours.shape, theirs.shape)
+    with torch.no_grad():
+        theirs.copy_(ours.detach().reshape(theirs.shape))
+    pairs.append((ours, theirs))
+
+
+def gcn_like_pairs(model, pyg: PygStack, kind: str) -> list:
+    pairs: list = []
+    for layer, conv in enumerate(pyg.convs):
+        stages = layer_stages(model, layer)
+        dense = [s for s in stages if isinstance(s, Dense)]
+        lin = one(dense, lambda s: s.lin is not None)
+        bias = one(dense, lambda s: s.bias is not None)
+        if kind == "gcn":
+            pair(lin.lin.weight, conv.lin.weight, pairs)
+            pair(bias.bias, conv.bias, pairs)
+        else:
+            root = one(dense, lambda s: s.root is not None)
+            pair(lin.lin.weight, conv.lin_l.weight, pairs)
+            pair(bias.bias, conv.lin_l.bias, pairs)
+            pair(root.root.weight, conv.lin_r.weight, pairs)
+    assert len(pairs) == len(list(pyg.parameters()))
+    return pairs
+
+
+def gat_pairs(model, pyg: PygStack) -> list:
+    pairs: list = []
+    for layer, conv in enumerate(pyg.convs):
+        stages = layer_stages(model, layer)
+        lin = one(stages, lambda s: isinstance(s, Dense))
+        att = one(stages, lambda s: isinstance(s, GATAttention))
+        out = one(stages, lambda s: isinstance(s, GATOutput))
+        lin_w = conv.lin.weight if getattr(conv, "lin", None) is not None else conv.lin_src.weight
+        pair(lin.lin.weight, lin_w, pairs)
+        pair(att.att_src, conv.att_src, pairs)
+        pair(att.att_dst, conv.att_dst, pairs)
+        pair(out.bias, conv.bias, pairs)
+    assert len(pairs) == len(list(pyg.parameters()))
+    return pairs
+
+
+def gin_pairs(model, pyg: PygStack) -> list:
+    pairs: list = []
+    for layer, conv in enumerate(pyg.convs):
+        upd = one(layer_stages(model, layer), lambda s: isinstance(s, GINUpdate))
+        pair(upd.lin1.weight, conv.nn[0].weight, pairs)
+        pair(upd.lin1.bias, conv.nn[0].bias, pairs)
+        pair(upd.lin2.weight, conv.nn[2].weight, pairs)
+        pair(upd.lin2.bias, conv.nn[2].bias, pairs)
+    assert len(pairs) == len(list(pyg.parameters()))
+    return pairs
+
+
+def build_pair(case: str, dtype: torch.dtype, seed: int = 0):
+    """(our model, PyG model, parameter pairs) for ``case``, weights copied."""
+    torch.manual_seed(seed)
+    name, _, variant = case.partition(":")
+    if name in ("gcn", "sage"):
+        first = {"agg_first": True, "agg_last": False}[variant]
+        ours = build_model(name, IN_DIM, HIDDEN, OUT_DIM, num_layers=2, dropout=0.0,
+                           aggregate_first=first)
+        Conv = pyg_nn.GCNConv if name == "gcn" else pyg_nn.SAGEConv
+        pyg = PygStack([Conv(IN_DIM, HIDDEN), Conv(HIDDEN, OUT_DIM)])
+        ours, pyg = ours.to(dtype), pyg.to(dtype)
+        pairs = gcn_like_pairs(ours, pyg, name)
+    elif name == "gat":
+        heads, out_heads = {"concat_1": (4, 1), "concat_avg3": (3, 3)}[variant]
+        ours = build_model("gat", IN_DIM, HIDDEN, OUT_DIM, num_layers=2, dropout=0.0,
+                           heads=heads, out_heads=out_heads, attn_dropout=0.0)
+        pyg = PygStack([
+            pyg_nn.GATConv(IN_DIM, HIDDEN, heads=heads, concat=True, dropout=0.0),
+            pyg_nn.GATConv(heads * HIDDEN, OUT_DIM, heads=out_heads, concat=False, dropout=0.0),
+        ])
+        ours, pyg = ours.to(dtype), pyg.to(dtype)
+        pairs = gat_pairs(ours, pyg)
+    elif name == "gin":
+        eps = float(variant)
+        ours = build_model("gin", IN_DIM, HIDDEN, OUT_DIM, num_layers=2, dropout=0.0, eps=eps)
+
+        def mlp(i, o):
+            return torch.nn.Sequential(torch.nn.Linear(i, HIDDEN), torch.nn.ReLU(),
+                                       torch.nn.Linear(HIDDEN, o))
+
+        pyg = PygStack([pyg_nn.GINConv(mlp(IN_DIM, HIDDEN), eps=eps, train_eps=False),
+                        pyg_nn.GINConv(mlp(HIDDEN, OUT_DIM), eps=eps, train_eps=False)])
+        ours, pyg = ours.to(dtype), pyg.to(dtype)
+        with torch.no_grad():  # PyG stores a fixed eps as a float32 buffer: 0.3 + 1.2e-8
+            for conv in pyg.convs:
+                conv.eps.fill_(eps)
+        pairs = gin_pairs(ours, pyg)
+    else:  # pragma: no cover
+        raise AssertionError(case)
+    # a zero bias would hide a bias that is added at the wrong place: randomise all
+    with torch.no_grad():
+        for p, q in pairs:
+            if p.dim() == 1:
+                p.normal_(0.0, 0.1)
+                q.copy_(p.reshape(q.shape))
+    assert len(pairs) == len(list(ours.parameters())), "some parameter of ours has no PyG peer"
+    return ours, pyg, pairs
+
+
+def run_both(case: str, dtype: torch.dtype):
+    graph = random_graph()
+    ours, pyg, pairs = build_pair(case, dtype)
+    x = cora_like_features(dtype)
+    proj = torch.randn(N, OUT_DIM, generator=torch.Generator().manual_seed(7), dtype=dtype)
+
+    pg, norms = propagation_inputs(ours, graph, dtype=dtype)
+    ctx = StageContext(gids=torch.arange(N), seed=0, training=True,
+                       eids=torch.arange(pg.num_edges))
+    x_ours = x.clone().requires_grad_(True)
+    out_ours = ours(pg, norms, x_ours, ctx)
+    (out_ours * proj).sum().backward()
+
+    x_pyg = x.clone().requires_grad_(True)
+    out_pyg = pyg(x_pyg, edge_index_of(graph))
+    (out_pyg * proj).sum().backward()
+    return out_ours, out_pyg, x_ours.grad, x_pyg.grad, pairs
+
+
+CASES = ["gcn:agg_first", "gcn:agg_last", "sage:agg_first", "sage:agg_last",
+         "gat:concat_1", "gat:concat_avg3", "gin:0.0", "gin:0.3"]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_float64_outputs_and_gradients_match_pyg(case, backend):
+    out, ref, gx, gx_ref, pairs = run_both(case, torch.float64)
+    assert out.dtype == torch.float64 and out.shape == (N, OUT_DIM)
+    assert out.abs().max() > 1e-3  # not trivially zero
+    torch.testing.assert_close(out, ref, **F64)
+    torch.testing.assert_close(gx, gx_ref, **F64)
+    for ours, theirs in pairs:
+        assert ours.grad is not None and theirs.grad is not None
+        torch.testing.assert_close(ours.grad, theirs.grad.reshape(ours.shape), **F64)
+
+
+@pytest.mark.parametrize("case", ["gcn:agg_last", "gat:concat_1"])
+def test_float32_matches_pyg_with_looser_tolerance(case):
+    out, ref, gx, gx_ref, pairs = run_both(case, torch.float32)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, ref, **F32)
+    torch.testing.assert_close(gx, gx_ref, **F32)
+    for ours, theirs in pairs:
+        torch.testing.assert_close(ours.grad, theirs.grad.reshape(ours.shape), **F32)
+
+
+def test_gcn_and_sage_aggregation_orders_agree_with_each_other():
+    """aggregate_first=True/False/None are one function: same weights, same logits."""
+    graph, x = random_graph(), cora_like_features(torch.float64)
+    for name in ("gcn", "sage"):
+        outs = []
+        for first in (True, False, None):
+            torch.manual_seed(3)
+            m = build_model(name, IN_DIM, HIDDEN, OUT_DIM, dropout=0.0,
+                            aggregate_first=first).double()
+            if outs:  # copy parameters by role from the first model
+                ref = outs[0][0]
+                for layer in range(2):
+                    a = [s for s in layer_stages(ref, layer) if isinstance(s, Dense)]
+                    b = [s for s in layer_stages(m, layer) if isinstance(s, Dense)]
+                    for attr in ("lin", "root") if name == "sage" else ("lin",):
+                        sa = one(a, lambda s: getattr(s, attr) is not None)
+                        sb = one(b, lambda s: getattr(s, attr) is not None)
+                        getattr(sb, attr).weight.data.copy_(getattr(sa, attr).weight)
+                    sa = one(a, lambda s: s.bias is not None)
+                    sb = one(b, lambda s: s.bias is not None)
+                    sb.bias.data.copy_(sa.bias)
+            pg, norms = propagation_inputs(m, graph, dtype=torch.float64)
+            ctx = StageContext(torch.arange(N), 0, False, torch.arange(pg.num_edges))
+            outs.append((m, m(pg, norms, x, ctx)))
+        for _, o in outs[1:]:
+            torch.testing.assert_close(o, outs[0][1], **F64)
