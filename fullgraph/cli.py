@@ -132,8 +132,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from fullgraph.train import train
 
     cfg = config_from_args(args)
-    dataset = datasets.load(cfg.data.dataset, cfg.data.resolved_root(),
-                            feature_dtype=cfg.data.feature_dtype, split_seed=cfg.data.split_seed)
+    dataset = datasets.load_for(cfg.data)
     reporter = Reporter(cfg.train.epochs, metrics_out=cfg.train.metrics_out,
                         progress=cfg.train.progress)
     header = [f"memory   allocator {active_allocator()}, transparent huge pages "

@@ -30,11 +30,16 @@ def _require(cond: bool, section: str, name: str, value: Any, expected: str) -> 
 
 @dataclass(frozen=True, kw_only=True)
 class DataConfig:
-    """Which dataset, where it lives and how its features are stored."""
+    """Which dataset, where it lives and how its features are stored.
+
+    ``normalize_features`` divides each feature row by its sum, as Kipf & Welling and
+    PyG's ``NormalizeFeatures`` do for the citation graphs.
+    """
 
     dataset: str = "cora"
     root: str | None = None
     feature_dtype: str = "float32"
+    normalize_features: bool = False
     split_seed: int = 0
 
     def __post_init__(self) -> None:

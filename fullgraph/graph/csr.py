@@ -71,6 +71,7 @@ class Graph:
         self.edge_weight = edge_weight
         self._transposed: Transposed | None = None
         self._dst_index: Tensor | None = None
+        self._indices64: Tensor | None = None
         if validate:
             self.validate()
 
@@ -191,6 +192,14 @@ class Graph:
             rows = torch.arange(self.num_dst, device=self.device)
             self._dst_index = torch.repeat_interleave(rows, self.in_degrees())
         return self._dst_index
+
+    def indices_int64(self) -> Tensor:
+        """``indices`` as int64 (what torch's sparse CSR tensors take), cached."""
+        if self.indices.dtype == torch.int64:
+            return self.indices
+        if self._indices64 is None:
+            self._indices64 = self.indices.to(torch.int64)
+        return self._indices64
 
     def transpose(self) -> Transposed:
         """CSR by source (out-edges), built once and cached; used by backward passes."""

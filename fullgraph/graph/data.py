@@ -61,6 +61,20 @@ class VertexData:
         return VertexData(self.features.to(FEATURE_DTYPES[name]), self.labels, self.train_mask,
                           self.val_mask, self.test_mask, self.num_classes)
 
+    def row_normalized(self) -> "VertexData":
+        """A copy whose feature rows are shifted to be non-negative and sum to 1.
+
+        Rows are shifted by the global minimum when it is negative, and rows summing
+        to less than 1 are left unscaled (as PyG's ``NormalizeFeatures``).
+        """
+        x = self.features.to(torch.float32)
+        low = float(x.min()) if x.numel() else 0.0
+        if low < 0:
+            x = x - low
+        x = x / x.sum(dim=1, keepdim=True).clamp(min=1.0)
+        return VertexData(x.to(self.features.dtype), self.labels, self.train_mask, self.val_mask,
+                          self.test_mask, self.num_classes)
+
     def validate(self, num_nodes: int, source: str = "vertex data") -> None:
         """Check shapes, finiteness, label range and mask consistency.
 

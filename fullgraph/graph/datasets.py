@@ -107,6 +107,15 @@ def load(name: str, root: Path, *, feature_dtype: str = "float32", split_seed: i
     return _finish(store.load_dataset(processed, verify=False), feature_dtype)
 
 
+def load_for(cfg: Any) -> Dataset:
+    """Load the dataset a ``DataConfig`` names and apply its data options."""
+    dataset = load(cfg.dataset, cfg.resolved_root(), feature_dtype=cfg.feature_dtype,
+                   split_seed=cfg.split_seed)
+    if cfg.normalize_features:
+        dataset.data = dataset.data.row_normalized()
+    return dataset
+
+
 def processed_dir(root: Path, name: str, split_seed: int = 0) -> Path:
     """Where the processed form of ``name`` lives (split-seed specific for random splits)."""
     spec = KNOWN.get(name)

@@ -58,6 +58,33 @@ def keyed_dropout(x: Tensor, p: float, row_keys: Tensor, seed: int, training: bo
         raise ValueError(f"dropout probability must be in [0, 1), got {p}")
     flat = x.dim() == 1
     x2 = x[:, None] if flat else x.reshape(x.shape[0], -1)
-    keep = keyed_uniform(row_keys.to(x.device), x2.shape[1], seed).to(x.device) >= p
-    out = x2 * keep.to(x.dtype) * (1.0 / (1.0 - p))
+    out = _KeyedDropout.apply(x2, row_keys.to(x.device).to(torch.int64), int(seed) & _M32, p)
     return out[:, 0] if flat else out.view_as(x)
+
+
+def _apply_mask(x: Tensor, keys: Tensor, seed: int, p: float) -> Tensor:
+    scale = 1.0 / (1.0 - p)
+    if kernels.HAVE_NUMBA and x.device.type == "cpu" and x.dtype in (torch.float32,
+                                                                      torch.float64):
+        out = torch.empty_like(x, memory_format=torch.contiguous_format)
+        kernels.keyed_dropout(x.detach().contiguous().numpy(), keys.contiguous().numpy(), seed,
+                              p, scale, out.numpy())
+        return out
+    keep = keyed_uniform(keys, x.shape[1], seed).to(x.device) >= p
+    return x * keep.to(x.dtype) * scale
+
+
+class _KeyedDropout(torch.autograd.Function):
+    """Dropout is linear in x with a fixed mask: backward re-applies the same mask,
+    recomputed from the keys rather than stored (hashing is cheaper than the memory)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, keys: Tensor, seed: int, p: float) -> Tensor:
+        ctx.seed, ctx.p = seed, p
+        ctx.save_for_backward(keys)
+        return _apply_mask(x, keys, seed, p)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        (keys,) = ctx.saved_tensors
+        return _apply_mask(grad, keys, ctx.seed, ctx.p), None, None, None

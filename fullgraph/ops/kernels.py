@@ -103,6 +103,21 @@ if HAVE_NUMBA:
                 h = _mix32((k + c * 0x9E3779B9) & m32)
                 out[r, c] = h * 2.3283064365386963e-10
 
+    @njit(parallel=True, cache=True, nogil=True)
+    def keyed_dropout(x, row_keys, seed, p, scale, out):  # pragma: no cover - numba
+        """out = x * scale where keyed_uniform >= p, else 0 (one fused pass)."""
+        m32 = 0xFFFFFFFF
+        num_cols = x.shape[1]
+        for r in prange(row_keys.shape[0]):
+            k = _mix32(((row_keys[r] & m32) ^ seed) & m32)
+            k = _mix32((k + ((row_keys[r] >> 32) & m32) * 0x27D4EB2F) & m32)
+            for c in range(num_cols):
+                h = _mix32((k + c * 0x9E3779B9) & m32)
+                if h * 2.3283064365386963e-10 >= p:
+                    out[r, c] = x[r, c] * scale
+                else:
+                    out[r, c] = 0.0
+
     @njit(inline="always", cache=True)
     def _mix32(h):  # pragma: no cover - numba
         m32 = 0xFFFFFFFF

@@ -38,3 +38,21 @@ def test_uniformity():
     u = keyed_uniform(torch.arange(10000), 10, seed=1)
     hist = torch.histc(u, bins=10, min=0, max=1) / u.numel()
     assert (hist - 0.1).abs().max() < 0.005
+
+
+@pytest.mark.skipif(not kernels.HAVE_NUMBA, reason="numba not installed")
+def test_fused_kernel_matches_torch_path(monkeypatch):
+    x = torch.randn(300, 17, dtype=torch.float64)
+    keys = torch.arange(300) * 3
+    fast = keyed_dropout(x, 0.4, keys, seed=5, training=True)
+    monkeypatch.setattr(kd.kernels, "HAVE_NUMBA", False)
+    torch.testing.assert_close(keyed_dropout(x, 0.4, keys, seed=5, training=True), fast)
+
+
+def test_backward_reapplies_the_mask():
+    x = torch.randn(40, 6, dtype=torch.float64, requires_grad=True)
+    keys = torch.arange(40)
+    assert torch.autograd.gradcheck(lambda x: keyed_dropout(x, 0.3, keys, 2, True), (x,))
+    y = keyed_dropout(x, 0.3, keys, 2, True)
+    y.sum().backward()
+    torch.testing.assert_close(x.grad, (y.detach() != 0).double() / 0.7)

@@ -1,0 +1,105 @@
+"""CSR builders, validation, transpose and normalisation against plain references."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from fullgraph.errors import ValidationError
+from fullgraph.graph.csr import Graph, gcn_norm, index_dtype, mean_norm
+
+
+def edge_set(g: Graph) -> list[tuple[int, int]]:
+    src, dst = g.edges()
+    return list(zip(src.tolist(), dst.tolist()))
+
+
+def test_from_edges_sorts_by_destination_and_dedups():
+    g = Graph.from_edges(np.array([2, 0, 2, 1, 0]), np.array([1, 1, 1, 0, 2]), 3)
+    assert g.indptr.tolist() == [0, 1, 3, 4]
+    assert edge_set(g) == [(1, 0), (0, 1), (2, 1), (0, 2)]
+    assert g.indices.dtype == torch.int32 and g.indptr.dtype == torch.int64
+
+
+def test_from_edges_keeps_duplicates_when_asked():
+    g = Graph.from_edges(np.array([2, 2]), np.array([1, 1]), 3, dedup=False)
+    assert g.num_edges == 2
+
+
+@pytest.mark.parametrize("loops", ["keep", "add", "remove"])
+@pytest.mark.parametrize("symmetrize", [False, True])
+def test_builder_matches_set_reference(loops, symmetrize):
+    rng = np.random.default_rng(0)
+    src, dst = rng.integers(0, 40, 300), rng.integers(0, 40, 300)
+    g = Graph.from_edges(src, dst, 40, symmetrize=symmetrize, self_loops=loops)
+    ref = set(zip(src.tolist(), dst.tolist()))
+    if symmetrize:
+        ref |= {(d, s) for s, d in ref}
+    if loops != "keep":
+        ref = {(s, d) for s, d in ref if s != d}
+    if loops == "add":
+        ref |= {(v, v) for v in range(40)}
+    assert edge_set(g) == sorted(ref, key=lambda e: (e[1], e[0]))
+
+
+def test_out_of_range_and_negative_ids_are_refused():
+    with pytest.raises(ValidationError, match=r"src\[1\].*found 5.*0 <= id < 5"):
+        Graph.from_edges(np.array([0, 5]), np.array([1, 1]), 5)
+    with pytest.raises(ValidationError, match="negative vertex id"):
+        Graph.from_edges(np.array([0, 1]), np.array([-1, 1]), 5)
+    with pytest.raises(ValidationError, match="integers"):
+        Graph.from_edges(np.array([0.5]), np.array([1.0]), 5)
+
+
+def test_invalid_csr_is_refused():
+    with pytest.raises(ValidationError, match="start at 0"):
+        Graph(torch.tensor([1, 2]), torch.tensor([0]))
+    with pytest.raises(ValidationError, match="non-decreasing"):
+        Graph(torch.tensor([0, 2, 1, 2]), torch.tensor([0, 1]))
+    with pytest.raises(ValidationError, match="out of range"):
+        Graph(torch.tensor([0, 1]), torch.tensor([3]))
+
+
+def test_transpose_lists_out_edges_and_is_cached():
+    rng = np.random.default_rng(1)
+    g = Graph.from_edges(rng.integers(0, 30, 200), rng.integers(0, 30, 200), 30)
+    t = g.transpose()
+    assert t is g.transpose()
+    src, dst = g.edges()
+    t_src, t_dst = t.graph.edges()  # in the transpose, "dst" is the original source
+    assert torch.equal(t_dst, src[t.perm]) and torch.equal(t_src, dst[t.perm])
+    assert torch.equal(t.graph.in_degrees(), g.out_degrees())
+
+
+def test_bipartite_block():
+    g = Graph(torch.tensor([0, 2, 3]), torch.tensor([0, 4, 1]), num_src=5)
+    assert (g.num_dst, g.num_src) == (2, 5)
+    assert g.transpose().graph.num_dst == 5
+    with pytest.raises(ValueError, match="bipartite"):
+        _ = g.num_nodes
+
+
+def test_gcn_and_mean_norm_match_dense():
+    rng = np.random.default_rng(2)
+    g = Graph.from_edges(rng.integers(0, 20, 80), rng.integers(0, 20, 80), 20,
+                         symmetrize=True, self_loops="add")
+    a = torch.zeros(20, 20, dtype=torch.float64)
+    src, dst = g.edges()
+    a[dst, src] = 1.0
+    d = a.sum(1).rsqrt()
+    ref = d[:, None] * a * d[None, :]
+    torch.testing.assert_close(gcn_norm(g, torch.float64), ref[dst, src])
+    torch.testing.assert_close(mean_norm(g, torch.float64), (a / a.sum(1, keepdim=True))[dst, src])
+
+
+def test_with_self_loops_gives_exactly_one_per_vertex():
+    g = Graph.from_edges(np.array([0, 1, 1]), np.array([0, 2, 1]), 4)
+    with_loops = g.with_self_loops(True)
+    src, dst = with_loops.edges()
+    assert int((src == dst).sum()) == 4
+    assert not g.with_self_loops(False).has_self_loops()
+
+
+def test_index_dtype_widens_past_int32():
+    assert index_dtype(2**31 - 1) == torch.int32
+    assert index_dtype(2**31 + 5) == torch.int64
