@@ -19,7 +19,9 @@ from typing import Any
 from fullgraph.errors import FullgraphError
 
 # section field -> flag name, where the plain ``--field`` would be unclear
-FLAG_NAMES = {("model", "name"): "model", ("model", "num_props"): "num-props"}
+FLAG_NAMES = {("model", "name"): "model", ("partition", "method"): "partitioner",
+              ("partition", "file"): "partition-file", ("partition", "seed"): "partition-seed",
+              ("data_parallel", "mode"): "dep-mode", ("launch", "timeout_s"): "timeout"}
 
 
 def _flag(section: str, name: str) -> str:
@@ -27,9 +29,9 @@ def _flag(section: str, name: str) -> str:
 
 
 def _add_config_flags(parser: argparse.ArgumentParser) -> None:
-    from fullgraph.config import SECTIONS
+    from fullgraph.config import sections
 
-    for section, cls in SECTIONS.items():
+    for section, cls in sections().items():
         group = parser.add_argument_group(f"{section} options")
         hints = typing.get_type_hints(cls)
         for f in dataclasses.fields(cls):
@@ -112,7 +114,9 @@ def main(argv: list[str] | None = None) -> int:
 
         reexec_with_allocator()
     parser = build_parser()
-    args = parser.parse_args(argv)
+    raw = list(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(raw)
+    args.argv = raw
     try:
         return COMMANDS[args.command](args)
     except (FullgraphError, ValueError, FileNotFoundError) as exc:
@@ -126,21 +130,60 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from fullgraph.allocator import active_allocator, transparent_hugepages
+    from fullgraph import launch
+
+    cfg = config_from_args(args)
+    if cfg.launch.workers > 1 and not launch.under_launcher():
+        from fullgraph.graph import datasets
+
+        datasets.load_for(cfg.data)  # process it once here, and fail here if it is bad
+        return launch.launch_local(args.argv, cfg.launch.workers, timeout_s=cfg.launch.timeout_s,
+                                   run_dir=cfg.launch.run_dir, threads=cfg.runtime.threads)
+    if launch.under_launcher():
+        return launch.run_worker(lambda status: _train(cfg, status))
+    return _train(cfg, None)
+
+
+def _load_once_per_host(cfg: Any, comm: Any) -> Any:
+    """Load the dataset; the first worker of each host processes it, the others wait."""
+    from fullgraph.comm.primitives import barrier
     from fullgraph.graph import datasets
+
+    if comm is None or comm.world_size == 1:
+        return datasets.load_for(cfg.data)
+    first = os.environ.get("LOCAL_RANK", "0") == "0"
+    dataset = datasets.load_for(cfg.data) if first else None
+    barrier(comm, "dataset")
+    return dataset if dataset is not None else datasets.load_for(cfg.data)
+
+
+def _train(cfg: Any, status: Any) -> int:
+    """Train in this process: alone, or as one worker of a launched job."""
+    from fullgraph.allocator import active_allocator, transparent_hugepages
+    from fullgraph.comm.group import destroy_comm, init_comm
     from fullgraph.report import Reporter
     from fullgraph.train import train
 
-    cfg = config_from_args(args)
-    dataset = datasets.load_for(cfg.data)
-    reporter = Reporter(cfg.train.epochs, metrics_out=cfg.train.metrics_out,
-                        progress=cfg.train.progress)
-    header = [f"memory   allocator {active_allocator()}, transparent huge pages "
-              f"{transparent_hugepages()}"]
+    comm = None
+    if status is not None:
+        backend = None if cfg.launch.backend == "auto" else cfg.launch.backend
+        device = "cuda" if cfg.train.device.startswith("cuda") else "cpu"
+        comm = init_comm(backend=backend, timeout_s=cfg.launch.timeout_s, device=device)
+    rank = comm.rank if comm is not None else 0
     try:
-        train(dataset, cfg, reporter=reporter, header=header)
+        dataset = _load_once_per_host(cfg, comm)
+        reporter = Reporter(cfg.train.epochs, metrics_out=cfg.train.metrics_out,
+                            progress=cfg.train.progress, enabled=rank == 0)
+        header = [f"memory   allocator {active_allocator()}, transparent huge pages "
+                  f"{transparent_hugepages()}"]
+        try:
+            train(dataset, cfg, reporter=reporter, header=header, comm=comm, status=status,
+                  local_rank=int(os.environ.get("LOCAL_RANK", "0")))
+        finally:
+            reporter.close()
     finally:
-        reporter.close()
+        if comm is not None:
+            destroy_comm(comm)
     return 0
 
 

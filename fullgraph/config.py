@@ -145,6 +145,39 @@ class RuntimeConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class LaunchConfig:
+    """How many workers, which backend, and how long a blocking call may wait.
+
+    ``workers > 1`` starts local worker processes unless the process already runs
+    under a launcher (torchrun sets RANK / WORLD_SIZE). ``timeout_s`` bounds every
+    collective and peer-to-peer wait; a dead peer is reported within it.
+    """
+
+    workers: int = 1
+    backend: str = "auto"
+    timeout_s: float = 300.0
+    run_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        _require(self.workers >= 1, "launch", "workers", self.workers, ">= 1")
+        _require(self.backend in ("auto", "gloo", "nccl"), "launch", "backend", self.backend,
+                 "auto | gloo | nccl")
+        _require(self.timeout_s > 0, "launch", "timeout_s", self.timeout_s, "> 0")
+
+
+def _data_parallel_options() -> type:
+    from fullgraph.parallel.data import DataParallel
+
+    return DataParallel.Options
+
+
+def _partition_options() -> type:
+    from fullgraph.partition.options import PartitionOptions
+
+    return PartitionOptions
+
+
+@dataclass(frozen=True, kw_only=True)
 class Config:
     """The whole option tree of a run."""
 
@@ -152,28 +185,35 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    launch: LaunchConfig = field(default_factory=LaunchConfig)
+    partition: Any = field(default_factory=lambda: _partition_options()())
+    data_parallel: Any = field(default_factory=lambda: _data_parallel_options()())
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
-SECTIONS: dict[str, type] = {"data": DataConfig, "model": ModelConfig, "train": TrainConfig,
-                             "runtime": RuntimeConfig}
+def sections() -> dict[str, type]:
+    """Section name -> its options dataclass (strategy sections included)."""
+    return {"data": DataConfig, "model": ModelConfig, "train": TrainConfig,
+            "runtime": RuntimeConfig, "launch": LaunchConfig, "partition": _partition_options(),
+            "data_parallel": _data_parallel_options()}
 
 
 def config_from_dict(tree: dict[str, Any], source: str = "config") -> Config:
     """Build a ``Config`` from nested dicts, refusing unknown sections, keys and types."""
     if not isinstance(tree, dict):
         raise ConfigError(f"{source}: expected a mapping of sections, got {type(tree).__name__}")
-    sections = {}
+    known = sections()
+    built = {}
     for name, values in tree.items():
-        if name not in SECTIONS:
+        if name not in known:
             raise ConfigError(f"{source}: unknown section {name!r}; expected one of "
-                              f"{', '.join(SECTIONS)}")
+                              f"{', '.join(known)}")
         if not isinstance(values, dict):
             raise ConfigError(f"{source}: section {name!r} must be a mapping")
-        sections[name] = _build_section(SECTIONS[name], values, f"{source}: {name}")
-    return Config(**sections)
+        built[name] = _build_section(known[name], values, f"{source}: {name}")
+    return Config(**built)
 
 
 def _build_section(cls: type, values: dict[str, Any], where: str) -> Any:
@@ -186,7 +226,12 @@ def _build_section(cls: type, values: dict[str, Any], where: str) -> Any:
         if not _type_ok(value, hints[key]):
             raise ConfigError(f"{where}.{key}: got {value!r} ({type(value).__name__}); "
                               f"expected {hints[key]}")
-    return cls(**values)
+    try:
+        return cls(**values)
+    except ConfigError:
+        raise
+    except ValueError as exc:  # a strategy's own validation
+        raise ConfigError(f"{where}: {exc}") from None
 
 
 def _type_ok(value: Any, hint: Any) -> bool:

@@ -88,6 +88,11 @@ class Reporter:
             sys.stderr.flush()
         self._write({"event": "epoch", **asdict(rec)})
 
+    def ranks(self, profiles: list[dict[str, Any]]) -> None:
+        """One metrics line per rank for the epoch just reported."""
+        for prof in profiles:
+            self._write({"event": "rank_epoch", **prof})
+
     def summary(self, lines: list[str], record: dict[str, Any]) -> None:
         if not self.enabled:
             return

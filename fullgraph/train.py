@@ -9,8 +9,9 @@ keyed by (seed, epoch, stage, vertex), see ``fullgraph.ops.dropout``.
 from __future__ import annotations
 
 import copy
+import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
@@ -21,8 +22,10 @@ from fullgraph.models import build_model
 from fullgraph.models.base import GNN
 from fullgraph.ops import kernels
 from fullgraph.ops.spmm import resolve_backend, set_backend
-from fullgraph.parallel import get_strategy
+from fullgraph.comm.primitives import all_gather_object
+from fullgraph.parallel import build_strategy
 from fullgraph.parallel.base import Plan, Strategy
+from fullgraph.profile import EpochProfile, Profiler, summary_lines
 from fullgraph.report import EpochRecord, Reporter
 
 
@@ -60,8 +63,9 @@ def step_seed(seed: int, epoch: int) -> int:
 def configure_runtime(cfg: Config) -> None:
     """Process-wide kernel and thread settings."""
     set_backend(cfg.runtime.spmm_backend)
-    if cfg.runtime.threads:
-        torch.set_num_threads(cfg.runtime.threads)
+    threads = cfg.runtime.threads or int(os.environ.get("FULLGRAPH_THREADS", "0"))
+    if threads:  # the launcher's share of the cores for this worker
+        torch.set_num_threads(threads)
     kernels.set_threads(torch.get_num_threads())
 
 
@@ -74,7 +78,8 @@ def build(dataset: Dataset, cfg: Config) -> GNN:
 
 def train(dataset: Dataset, cfg: Config, *, reporter: Reporter | None = None,
           comm: Any = None, header: list[str] | None = None,
-          strategy: Strategy | None = None, local_rank: int = 0) -> TrainResult:
+          strategy: Strategy | None = None, local_rank: int = 0,
+          status: Any = None) -> TrainResult:
     """Train ``cfg.model`` on ``dataset`` with ``cfg.runtime.strategy``.
 
     Args:
@@ -85,43 +90,62 @@ def train(dataset: Dataset, cfg: Config, *, reporter: Reporter | None = None,
         header: extra header lines (allocator, launcher facts) (default: None).
         strategy: an already built strategy (default: from the registry).
         local_rank: GPU index on this host for ``device=cuda`` (default: 0).
+        status: a worker status to which phases are reported (default: None).
     """
     configure_runtime(cfg)
     device = resolve_device(cfg.train.device, local_rank)
     reporter = reporter or Reporter(cfg.train.epochs, enabled=False)
+    phase = status.set_phase if status is not None else (lambda _: None)
     model = build(dataset, cfg).to(device)
-    strategy = strategy or get_strategy(cfg.runtime.strategy)()
+    strategy = strategy or build_strategy(cfg)
+    phase("setup")
     t_setup = time.perf_counter()
     plan = strategy.setup(dataset, model, device, comm)
     setup_s = time.perf_counter() - t_setup
     optimizer = torch.optim.Adam(model.parameters(), lr=cfg.train.lr,
                                  weight_decay=cfg.train.weight_decay)
-    reporter.header(_header_lines(dataset, model, cfg, device, setup_s) + (header or []),
+    world = comm.world_size if comm is not None else 1
+    reporter.header(_header_lines(dataset, model, cfg, device, setup_s, world) + (header or []),
                     {"config": cfg.to_dict(), "dataset": dataset.summary(),
-                     "program": model.signature(), "device": str(device),
+                     "program": model.signature(), "device": str(device), "workers": world,
                      "threads": torch.get_num_threads(), "setup_s": setup_s})
-    records, best = [], (-1.0, 0, float("nan"), float("nan"), None)
+    profiler = Profiler(comm, device, _edges(plan))
+    records, profiles, best = [], [], (-1.0, 0, float("nan"), float("nan"), None)
     start = time.perf_counter()
     for epoch in range(1, cfg.train.epochs + 1):
-        t0 = time.perf_counter()
+        profiler.begin()
+        phase(f"epoch {epoch} training step")
         stats = strategy.train_step(model, plan, optimizer, seed=step_seed(cfg.train.seed, epoch))
         acc = {"train": float("nan"), "val": float("nan"), "test": float("nan")}
         if epoch % cfg.train.eval_every == 0 or epoch == cfg.train.epochs:
+            phase(f"epoch {epoch} evaluation")
             acc = _accuracy(strategy, model, plan)
             if acc["val"] > best[0]:
                 best = (acc["val"], epoch, acc["test"], acc["train"],
                         copy.deepcopy(model.state_dict()))
-        rec = EpochRecord(epoch, stats.loss, acc["train"], acc["val"], acc["test"],
-                          time.perf_counter() - t0, stats.forward_s, stats.backward_s,
-                          stats.optimizer_s)
+        prof = profiler.end(epoch)
+        rec = EpochRecord(epoch, stats.loss, acc["train"], acc["val"], acc["test"], prof.wall_s,
+                          stats.forward_s, stats.backward_s, stats.optimizer_s)
         records.append(rec)
         reporter.epoch(rec)
-    total = time.perf_counter() - start
+        if comm is not None and world > 1:
+            phase(f"epoch {epoch} metrics")
+            gathered = all_gather_object(prof, comm, "metrics")
+            profiles.append(gathered)
+            reporter.ranks([asdict(p) for p in gathered])
+    phase("done")
+    return _finish(records, profiles, best, time.perf_counter() - start, model, reporter)
+
+
+def _finish(records: list[EpochRecord], profiles: list[list[EpochProfile]], best: tuple,
+            total: float, model: GNN, reporter: Reporter) -> TrainResult:
     if best[4] is not None:
         model.load_state_dict(best[4])
     result = TrainResult(records, best[1], best[0], best[2], best[3], total, model)
     times = sorted(r.epoch_s for r in records)
+    per_rank = [list(col) for col in zip(*profiles)] if profiles else []
     reporter.summary(
+        summary_lines(per_rank) +
         [f"best epoch {result.best_epoch}: val {result.best_val:.2%}, "
          f"test {result.test_at_best:.2%} (train {result.train_at_best:.2%})",
          f"final test accuracy {result.test_at_best:.2%}; {len(records)} epochs in "
@@ -129,7 +153,16 @@ def train(dataset: Dataset, cfg: Config, *, reporter: Reporter | None = None,
         {"best_epoch": result.best_epoch, "best_val": result.best_val,
          "test_acc": result.test_at_best, "train_acc": result.train_at_best,
          "total_s": total, "median_epoch_s": times[len(times) // 2]})
+    result.extra["profiles"] = per_rank
     return result
+
+
+def _edges(plan: Plan) -> tuple[int, int]:
+    rows = getattr(plan, "rows", None)
+    if rows is not None and hasattr(rows, "edges_computed"):
+        return rows.edges_computed()
+    graph = getattr(plan, "graph", None)
+    return (graph.num_edges if graph is not None else 0, 0)
 
 
 def _accuracy(strategy: Strategy, model: GNN, plan: Plan) -> dict[str, float]:
@@ -137,7 +170,7 @@ def _accuracy(strategy: Strategy, model: GNN, plan: Plan) -> dict[str, float]:
 
 
 def _header_lines(dataset: Dataset, model: GNN, cfg: Config, device: torch.device,
-                  setup_s: float) -> list[str]:
+                  setup_s: float, world: int) -> list[str]:
     s = dataset.summary()
     params = sum(p.numel() for p in model.parameters())
     return [
@@ -146,7 +179,7 @@ def _header_lines(dataset: Dataset, model: GNN, cfg: Config, device: torch.devic
         f"(train {s['train']} / val {s['val']} / test {s['test']})",
         f"model    {model.name}: {cfg.model.layers} layers, hidden {cfg.model.hidden}, "
         f"{params} parameters, stages {model.signature()}",
-        f"run      strategy {cfg.runtime.strategy}, device {device}, "
+        f"run      strategy {cfg.runtime.strategy}, {world} worker(s), device {device}, "
         f"{torch.get_num_threads()} threads, spmm {resolve_backend(device)}, "
         f"lr {cfg.train.lr}, weight decay {cfg.train.weight_decay}, seed {cfg.train.seed}, "
         f"setup {setup_s:.2f} s",

@@ -1,8 +1,9 @@
 """Executors of stage programs, one per strategy, behind one interface."""
 from __future__ import annotations
 
-from fullgraph.parallel import single  # noqa: F401  (registers the strategy)
+from fullgraph.parallel import data, single  # noqa: F401  (registers the strategies)
 from fullgraph.parallel.base import (STRATEGIES, LocalResult, Plan, StepStats, Strategy,
-                                     get_strategy)
+                                     build_strategy, get_strategy)
 
-__all__ = ["STRATEGIES", "LocalResult", "Plan", "StepStats", "Strategy", "get_strategy"]
+__all__ = ["STRATEGIES", "LocalResult", "Plan", "StepStats", "Strategy", "build_strategy",
+           "get_strategy"]

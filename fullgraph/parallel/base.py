@@ -79,10 +79,20 @@ class Strategy(ABC):
     def __init__(self, options: "Strategy.Options | None" = None) -> None:
         self.options = options if options is not None else self.Options()
 
+    @classmethod
+    def from_config(cls, cfg: Any) -> "Strategy":
+        """Build from the run's Config, taking only this strategy's own sections."""
+        return cls()
+
+    @property
+    def distributed(self) -> bool:
+        """Whether the strategy runs on several workers (False: exactly one)."""
+        return True
+
     @abstractmethod
     def setup(self, dataset: Dataset, program: StageProgram, device: torch.device,
-              comm: Any = None) -> Plan:
-        """Place data and build whatever the epochs reuse."""
+              comm: Any = None, dtype: torch.dtype = torch.float32) -> Plan:
+        """Place data and build whatever the epochs reuse (vertex data in ``dtype``)."""
 
     @abstractmethod
     def forward(self, model: StageProgram, plan: Plan, *, training: bool, seed: int) -> LocalResult:
@@ -138,6 +148,11 @@ def register(cls: type[Strategy]) -> type[Strategy]:
     """Class decorator adding a strategy to the registry under ``cls.name``."""
     STRATEGIES[cls.name] = cls
     return cls
+
+
+def build_strategy(cfg: Any) -> Strategy:
+    """The strategy ``cfg.runtime.strategy`` names, with its options from ``cfg``."""
+    return get_strategy(cfg.runtime.strategy).from_config(cfg)
 
 
 def get_strategy(name: str) -> type[Strategy]:

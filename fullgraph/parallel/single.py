@@ -41,10 +41,14 @@ class SingleProcess(Strategy):
     """Reference executor on one device."""
 
     name = "single"
+    distributed = False  # type: ignore[assignment]
 
     def setup(self, dataset: Dataset, program: StageProgram, device: torch.device,
-              comm: Any = None) -> SinglePlan:
-        graph, norms = propagation_inputs(program, dataset.graph)
+              comm: Any = None, dtype: torch.dtype = torch.float32) -> SinglePlan:
+        if comm is not None and comm.world_size > 1:
+            raise ValueError(f"strategy 'single' runs on one worker, not {comm.world_size}; "
+                             "choose a distributed strategy (e.g. --strategy data)")
+        graph, norms = propagation_inputs(program, dataset.graph, dtype)
         graph = graph.to(device)
         graph.transpose()  # build the backward CSR once, outside the timed epochs
         data = dataset.data
@@ -54,7 +58,7 @@ class SingleProcess(Strategy):
             masks={k: v.to(device) for k, v in masks.items()},
             num_train_global=int(data.train_mask.sum()),
             graph=graph, norms={k: v.to(device) for k, v in norms.items()},
-            features=data.features_as(torch.float32).to(device),
+            features=data.features_as(dtype).to(device),
             gids=torch.arange(graph.num_nodes, device=device),
             eids=torch.arange(graph.num_edges, device=device))
 

@@ -1,0 +1,227 @@
+"""Which rows each stage of a program computes on one worker of a row partition.
+
+Data parallelism (NeutronCloud §2.3, Algorithm 1) gives worker i the rows V_i. A P
+or E stage needs, besides rows it computes itself, the rows of its remote
+in-neighbours. For each remote vertex the worker either fetches the row from its
+owner at that stage (DepComm) or computes it locally from replicated inputs
+(DepCache), recursively through earlier stages. This module turns a per-vertex
+choice into per-stage row sets, walking the program backwards from the rows the
+loss needs, and builds the local CSR blocks the P / E stages run on.
+
+Rules, for worker i and stage s:
+- ``rows[s]``: the rows stage s outputs, always V_i first (in partition-book order)
+  then the extra rows computed for DepCache in ascending gid order.
+- a P / E stage needs the in-neighbours of its destination rows; those marked
+  ``fetch`` are fetched from their owner (``fetched[s]``), all others are computed
+  by the previous stage on this worker;
+- a vertex is marked ``fetch`` iff it is a remote in-neighbour of V_i (a direct
+  dependency) and the dependency plan does not cache it; vertices reached only
+  through cached ones are computed locally (the L-hop cache of DepCache).
+
+Pure functions of (graph, program, book, choice): tested without processes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from fullgraph.graph.csr import Graph
+from fullgraph.models.stages import EdgeTransform, LayerInput, Propagate, StageProgram, Transform
+
+
+@dataclass
+class Block:
+    """A P / E stage's local CSR: destination rows and their in-edges.
+
+    Attributes:
+        graph: CSR with ``num_dst = len(rows)`` and sources indexing the stage's input
+            rows followed by its fetched rows.
+        eids: (E_b,) global edge ids of the block's edges (CSR order).
+        dst_pos: (len(rows),) positions of the destination rows in the input rows
+            (the E stage reads the destinations' own rows there).
+    """
+
+    graph: Graph
+    eids: Tensor
+    dst_pos: Tensor
+
+
+@dataclass
+class RowPlan:
+    """Per-stage row sets of one worker.
+
+    Attributes:
+        owned: (|V_i|,) gids of this worker's vertices (partition-book order).
+        input_rows: gids of the feature rows the first stage reads.
+        rows: per stage, gids of its output rows (for E stages: its destination rows).
+        in_pos: per stage, positions of the rows a T stage reads in its input rows
+            (None when identical).
+        layer_pos: per T stage reading the layer input, positions of its rows in the
+            layer input's rows (None when identical or unused).
+        fetched: per P / E stage, gids fetched from owners (ascending; empty else).
+        blocks: per P / E stage, its Block (None for T stages).
+        shares_halo: per stage, True when a P stage reuses the rows fetched for the
+            E stage just before it (same input tensor).
+    """
+
+    owned: Tensor
+    input_rows: Tensor
+    rows: list[Tensor]
+    in_pos: list[Tensor | None]
+    layer_pos: list[Tensor | None]
+    fetched: list[Tensor]
+    blocks: list[Block | None]
+    shares_halo: list[bool] = field(default_factory=list)
+
+    def edges_computed(self) -> tuple[int, int]:
+        """(local, redundant) edges over all P stages: destination owned or not."""
+        num_owned = self.owned.numel()
+        local = redundant = 0
+        for block in self.blocks:
+            if block is None:
+                continue
+            deg = block.graph.in_degrees()
+            local += int(deg[:num_owned].sum())
+            redundant += int(deg[num_owned:].sum())
+        return local, redundant
+
+
+def in_edges(graph: Graph, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For destination ``rows``: (indptr, source gids, global edge ids), CSR order."""
+    indptr = graph.indptr.numpy()
+    starts, stops = indptr[rows], indptr[rows + 1]
+    counts = stops - starts
+    sub_indptr = np.zeros(rows.size + 1, dtype=np.int64)
+    np.cumsum(counts, out=sub_indptr[1:])
+    total = int(sub_indptr[-1])
+    # eids: for each row, starts[r] + 0..count-1, vectorised
+    eids = np.repeat(starts - sub_indptr[:-1], counts) + np.arange(total, dtype=np.int64)
+    return sub_indptr, graph.indices.numpy()[eids].astype(np.int64), eids
+
+
+def _ordered(owned: np.ndarray, owned_mask: np.ndarray, extra: np.ndarray) -> np.ndarray:
+    """V_i first, then the extra (non-owned) gids ascending, unique."""
+    extra = np.unique(extra[~owned_mask[extra]]) if extra.size else extra
+    return np.concatenate([owned, extra]).astype(np.int64)
+
+
+def _positions(rows: np.ndarray, within: np.ndarray, scratch: np.ndarray) -> Tensor | None:
+    """Positions of ``rows`` in ``within`` (None when they are equal)."""
+    if rows.size == within.size and np.array_equal(rows, within):
+        return None
+    scratch[within] = np.arange(within.size)
+    return torch.from_numpy(scratch[rows].copy())
+
+
+def plan_rows(program: StageProgram, graph: Graph, owned: Tensor, fetch: Tensor,
+              owner: Tensor | None = None) -> RowPlan:
+    """Row sets of every stage for the worker owning ``owned``.
+
+    Args:
+        program: the stage program.
+        graph: the global propagation graph (self-loops as the program wants).
+        owned: (|V_i|,) gids of this worker's vertices, in partition-book order.
+        fetch: (N,) bool, True for the vertices fetched from their owner when needed
+            (direct remote dependencies under DepComm); every other row is computed
+            locally.
+        owner: (N,) part of each vertex; fetched rows are then ordered by (owner, gid),
+            the order in which a halo exchange delivers them (default: by gid).
+
+    Returns:
+        The RowPlan.
+    """
+    n = graph.num_dst
+    owned_np = owned.numpy().astype(np.int64)
+    owned_mask = np.zeros(n, dtype=bool)
+    owned_mask[owned_np] = True
+    fetch_np = fetch.numpy() & ~owned_mask
+    stages = list(program.stages)
+    num = len(stages)
+    rows: list[np.ndarray] = [owned_np] * num
+    fetched: list[np.ndarray] = [np.empty(0, np.int64)] * num
+    layer_need: dict[int, np.ndarray] = {}
+    edge_dst: dict[int, np.ndarray] = {}  # E stage index -> destination rows its P's need
+    need = owned_np
+    for s in range(num - 1, -1, -1):
+        stage, layer = stages[s], program.layer_of[s]
+        if isinstance(stage, Transform):
+            extra = [need]
+            if isinstance(stage, LayerInput):
+                extra.append(layer_need.pop(layer, np.empty(0, np.int64)))
+            rows[s] = _ordered(owned_np, owned_mask, np.concatenate(extra))
+            if stage.uses_layer_input:
+                layer_need[layer] = np.concatenate([layer_need.get(layer, rows[s][:0]), rows[s]])
+            need = rows[s]
+            continue
+        if isinstance(stage, Propagate):
+            dst = _ordered(owned_np, owned_mask, need)
+            if stage.norm == "edge":
+                e = max(i for i in range(s) if isinstance(stages[i], EdgeTransform))
+                edge_dst[e] = np.concatenate([edge_dst.get(e, dst[:0]), dst])
+        else:  # EdgeTransform: destinations are those of the P stages using its weights
+            dst = _ordered(owned_np, owned_mask, edge_dst.pop(s, need))
+        rows[s] = dst
+        _, src, _ = in_edges(graph, dst)
+        src = np.unique(src)
+        got = src[fetch_np[src]]
+        if owner is not None and got.size:
+            got = got[np.lexsort((got, owner.numpy()[got]))]
+        fetched[s] = got
+        local = src[~fetch_np[src]]
+        extra = [local]
+        if isinstance(stage, EdgeTransform):
+            extra.append(dst)  # the E stage reads its destinations' own rows
+        need = _ordered(owned_np, owned_mask, np.concatenate(extra))
+    return _assemble(program, graph, owned_np, need, rows, fetched)
+
+
+def _assemble(program: StageProgram, graph: Graph, owned: np.ndarray, input_rows: np.ndarray,
+              rows: list[np.ndarray], fetched: list[np.ndarray]) -> RowPlan:
+    """Positions, blocks and halo sharing from the row sets."""
+    n = graph.num_dst
+    scratch = np.zeros(n, dtype=np.int64)
+    stages = list(program.stages)
+    in_pos: list[Tensor | None] = []
+    layer_pos: list[Tensor | None] = []
+    blocks: list[Block | None] = []
+    shares: list[bool] = []
+    cur = input_rows
+    layer_rows = input_rows
+    for s, stage in enumerate(stages):
+        if isinstance(stage, Transform):
+            in_pos.append(_positions(rows[s], cur, scratch))
+            use = stage.uses_layer_input and not isinstance(stage, LayerInput)
+            layer_pos.append(_positions(rows[s], layer_rows, scratch) if use else None)
+            blocks.append(None)
+            shares.append(False)
+            cur = rows[s]
+            if isinstance(stage, LayerInput):
+                layer_rows = cur
+            continue
+        in_pos.append(None)
+        layer_pos.append(None)
+        blocks.append(_block(graph, rows[s], cur, fetched[s], scratch))
+        prev = stages[s - 1] if s else None
+        shares.append(isinstance(stage, Propagate) and isinstance(prev, EdgeTransform)
+                      and np.array_equal(fetched[s], fetched[s - 1]))
+        if isinstance(stage, Propagate):
+            cur = rows[s]
+    as_t = [torch.from_numpy(r) for r in rows]
+    return RowPlan(torch.from_numpy(owned), torch.from_numpy(input_rows), as_t, in_pos,
+                   layer_pos, [torch.from_numpy(f) for f in fetched], blocks, shares)
+
+
+def _block(graph: Graph, dst: np.ndarray, cur: np.ndarray, fetched: np.ndarray,
+           scratch: np.ndarray) -> Block:
+    """Local CSR of ``dst`` with sources indexed in ``cur`` then ``fetched``."""
+    sub_indptr, src, eids = in_edges(graph, dst)
+    scratch[cur] = np.arange(cur.size)
+    scratch[fetched] = cur.size + np.arange(fetched.size)
+    local_src = scratch[src]
+    dst_pos = scratch[dst].copy()
+    block = Graph(torch.from_numpy(sub_indptr), torch.from_numpy(local_src),
+                  num_src=cur.size + fetched.size, validate=False)
+    return Block(block, torch.from_numpy(eids), torch.from_numpy(dst_pos))
