@@ -64,9 +64,10 @@ def configure_runtime(cfg: Config) -> None:
     """Process-wide kernel and thread settings."""
     set_backend(cfg.runtime.spmm_backend)
     threads = cfg.runtime.threads or int(os.environ.get("FULLGRAPH_THREADS", "0"))
-    if threads:  # the launcher's share of the cores for this worker
-        torch.set_num_threads(threads)
-    kernels.set_threads(torch.get_num_threads())
+    threads = threads or torch.get_num_threads()  # else: the launcher's share of the cores
+    # numba first: starting its OpenMP pool resets the process-wide OpenMP count
+    kernels.set_threads(threads)
+    torch.set_num_threads(threads)
 
 
 def build(dataset: Dataset, cfg: Config) -> GNN:

@@ -1,0 +1,205 @@
+"""The communication handle: who this worker is, its process group, timeout and byte counter.
+
+Every communicating function in fullgraph takes a ``Comm`` argument; there is no
+module-level group, rank or counter (STYLE.md section 3). A ``Comm`` of world size 1
+has ``group=None`` and never touches ``torch.distributed``: every primitive is then an
+identity or a no-op, so single-process runs need no process group at all.
+
+The process-group lifecycle (``init_comm`` / ``destroy_comm``) lives here; the actual
+``torch.distributed`` calls are made in ``primitives.py``, the one module that calls it.
+This module must not import ``parallel``, ``models`` or anything above ``comm``.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from fullgraph.comm import primitives as prim
+
+DEFAULT_TIMEOUT_S = 300.0
+"""Default limit in seconds on every blocking collective (and on process-group setup)."""
+
+
+@dataclass
+class PhaseCount:
+    """Traffic of one phase on one rank.
+
+    Attributes:
+        sent: bytes this rank sent to other ranks.
+        recv: bytes this rank received from other ranks.
+        calls: number of primitive calls made in the phase.
+        seconds: wall-clock seconds spent inside those calls.
+    """
+
+    sent: int = 0
+    recv: int = 0
+    calls: int = 0
+    seconds: float = 0.0
+
+
+class ByteCounter:
+    """Bytes, calls and seconds per phase name, as seen by this rank.
+
+    ``sent`` and ``recv`` count only bytes that cross to another rank: a rank's
+    copy to itself (e.g. ``send[rank]`` of an all-to-all) is never counted. How each
+    collective is counted is documented in ``primitives.py``.
+    """
+
+    def __init__(self) -> None:
+        self._phases: dict[str, PhaseCount] = {}
+
+    def add(self, phase: str, sent: int, recv: int, seconds: float) -> None:
+        """Record one call of ``phase`` that sent ``sent`` and received ``recv`` bytes."""
+        count = self._phases.setdefault(phase, PhaseCount())
+        count.sent += int(sent)
+        count.recv += int(recv)
+        count.calls += 1
+        count.seconds += float(seconds)
+
+    def snapshot(self) -> dict[str, dict[str, Any]]:
+        """A copy: phase -> {"sent", "recv", "calls", "seconds"}."""
+        return {phase: {"sent": c.sent, "recv": c.recv, "calls": c.calls, "seconds": c.seconds}
+                for phase, c in self._phases.items()}
+
+    def total(self) -> dict[str, Any]:
+        """The sum over all phases, with the same keys as one phase of ``snapshot``."""
+        out: dict[str, Any] = {"sent": 0, "recv": 0, "calls": 0, "seconds": 0.0}
+        for counts in self.snapshot().values():
+            for key in out:
+                out[key] += counts[key]
+        return out
+
+    def reset(self) -> None:
+        """Forget every phase."""
+        self._phases.clear()
+
+    def __repr__(self) -> str:
+        return f"ByteCounter({self.snapshot()!r})"
+
+
+@dataclass
+class Comm:
+    """Explicit communication handle passed to every communicating function.
+
+    Attributes:
+        rank: this worker's rank in ``group``.
+        world_size: number of workers in ``group``.
+        group: the ``torch.distributed`` ProcessGroup, or None when ``world_size == 1``.
+        timeout: limit on every blocking call made through ``primitives``.
+        counter: bytes / calls / seconds per phase on this rank.
+        device: where collective buffers live (cpu for gloo, cuda for nccl).
+        p2p_all_to_all: run all-to-all as isend/irecv pairs instead of the
+            backend's all_to_all_single (default: False; ``init_comm`` sets it when
+            the backend lacks all-to-all).
+    """
+
+    rank: int
+    world_size: int
+    group: Any = None
+    timeout: datetime.timedelta = field(
+        default_factory=lambda: datetime.timedelta(seconds=DEFAULT_TIMEOUT_S))
+    counter: ByteCounter = field(default_factory=ByteCounter)
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    p2p_all_to_all: bool = False
+
+    def __post_init__(self) -> None:
+        if self.world_size < 1 or not 0 <= self.rank < self.world_size:
+            raise ValueError(f"Comm: rank {self.rank} is not in [0, world_size={self.world_size})")
+        if self.world_size > 1 and self.group is None:
+            raise ValueError(f"Comm: world_size {self.world_size} needs a process group, got None")
+        self.device = torch.device(self.device)
+
+
+def single_comm(device: str | torch.device = "cpu") -> Comm:
+    """A world-size-1 handle; no ``torch.distributed`` call is ever made through it."""
+    return Comm(rank=0, world_size=1, group=None, device=torch.device(device))
+
+
+def init_comm(*, backend: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
+              init_method: str | None = None, rank: int | None = None,
+              world_size: int | None = None, device: str | torch.device | None = None,
+              p2p_all_to_all: bool | None = None) -> Comm:
+    """Initialise the default process group and return this worker's ``Comm``.
+
+    Arguments left as None are read from the torchrun environment (RANK, WORLD_SIZE,
+    LOCAL_RANK; MASTER_ADDR and MASTER_PORT for the default ``env://`` method). With
+    neither arguments nor environment, or a world size of 1, no process group is
+    created and the result equals ``single_comm(device)``.
+
+    Args:
+        backend: "gloo" or "nccl" (default: nccl when ``device`` is cuda, else gloo).
+        timeout_s: limit on setup and on every blocking call (default: 300).
+        init_method: torch.distributed URL, e.g. ``file:///tmp/x/store`` (default: env://).
+        rank: this worker's rank (default: $RANK).
+        world_size: number of workers (default: $WORLD_SIZE, else 1).
+        device: where collective buffers live (default: cuda:$LOCAL_RANK for nccl, else cpu).
+        p2p_all_to_all: force (True) or forbid (False) the isend/irecv all-to-all
+            (default: None, probe the backend once and fall back only if it lacks all-to-all).
+
+    Raises:
+        ValueError: inconsistent arguments or a missing environment variable.
+        CommError: the backend failed while setting up.
+    """
+    if timeout_s <= 0:
+        raise ValueError(f"init_comm: timeout_s must be > 0, got {timeout_s}")
+    world_size = world_size if world_size is not None else _env_int("WORLD_SIZE", 1)
+    backend, dev = _resolve_backend_device(backend, device)
+    if world_size == 1:
+        return single_comm(dev)
+    rank = rank if rank is not None else _env_int("RANK", None)
+    if rank is None or not 0 <= rank < world_size:
+        raise ValueError(f"init_comm: rank {rank} is not in [0, world_size={world_size}); "
+                         "pass rank= or launch with torchrun (sets RANK)")
+    if init_method is None:
+        missing = [k for k in ("MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
+        if missing:
+            raise ValueError(f"init_comm: env:// needs {', '.join(missing)} in the environment; "
+                             "launch with torchrun or pass init_method=")
+        init_method = "env://"
+    if backend == "nccl":
+        torch.cuda.set_device(dev)
+    timeout = datetime.timedelta(seconds=timeout_s)
+    group = prim.init_default_group(backend, init_method, rank, world_size, timeout)
+    comm = Comm(rank=rank, world_size=world_size, group=group, timeout=timeout, device=dev)
+    comm.p2p_all_to_all = (not prim.probe_all_to_all(comm) if p2p_all_to_all is None
+                           else p2p_all_to_all)
+    return comm
+
+
+def destroy_comm(comm: Comm) -> None:
+    """Tear down ``comm``'s process group (nothing for world size 1); safe to call twice."""
+    if comm.group is not None:
+        prim.destroy_group(comm.group)
+        comm.group = None
+
+
+def _env_int(name: str, default: int | None) -> int | None:
+    value = os.environ.get(name)
+    if value is None:
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"init_comm: environment variable {name}={value!r} is not an integer") \
+            from None
+
+
+def _resolve_backend_device(backend: str | None,
+                            device: str | torch.device | None) -> tuple[str, torch.device]:
+    if backend not in (None, "gloo", "nccl"):
+        raise ValueError(f"init_comm: backend must be 'gloo' or 'nccl', got {backend!r}")
+    if device is None:
+        if backend == "nccl":
+            device = torch.device("cuda", _env_int("LOCAL_RANK", 0) or 0)
+        else:
+            device = torch.device("cpu")
+    dev = torch.device(device)
+    if backend is None:
+        backend = "nccl" if dev.type == "cuda" else "gloo"
+    if backend == "nccl" and dev.type != "cuda":
+        raise ValueError(f"init_comm: backend 'nccl' needs a cuda device, got {dev}")
+    return backend, dev

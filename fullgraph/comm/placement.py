@@ -1,0 +1,338 @@
+"""Placement-changing collectives as conjugate autograd pairs [Megatron ``mappings.py``].
+
+Each public function moves a vertex tensor between placements; its backward is the
+forward of its conjugate, so gradients land where the inputs lived:
+
+    rows_to_cols      Shard(0) -> Shard(1)   backward: cols_to_rows
+    cols_to_rows      Shard(1) -> Shard(0)   backward: rows_to_cols
+    halo_fetch        owner rows -> halo     backward: halo_scatter_add
+    halo_scatter_add  halo -> owner rows     backward: halo_fetch
+    all_reduce_grads  parameter gradients summed over ranks (not autograd)
+
+Private ``torch.autograd.Function`` classes keep only the layout (or table), the
+``Comm`` and the phase name on ``ctx``; the comm-only helpers they call are plain
+functions, so ``Fn.backward(stub_ctx, g)`` can be tested directly. No compute (SpMM,
+GEMM) happens here. With ``world_size == 1`` the public functions return their input
+(or the equivalent local computation) and make no torch.distributed call. Phase names:
+the forward counts under ``phase``, the backward under ``phase + "-grad"``.
+
+Shape legend: R ranks, r this rank, N rows in all, N_r this rank's rows, N_p rank p's
+rows, D columns, D_r this rank's column slice, H halo rows, S_p rows sent to rank p,
+F trailing feature shape, s bytes per element. Byte counts are per rank per call and
+leave out self-copies.
+
+Imports only ``primitives`` and ``exchange`` from fullgraph.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+
+from fullgraph.comm.exchange import ExchangeTable
+from fullgraph.comm.primitives import all_reduce_, all_to_all_v
+
+if TYPE_CHECKING:
+    from fullgraph.comm.group import Comm
+
+
+@dataclass(frozen=True)
+class RowColLayout:
+    """Row blocks and column slices of an (N, D) tensor over R ranks.
+
+    Rows are split into contiguous blocks (``row_counts[p]`` rows on rank p, e.g.
+    a partition's part sizes), columns into contiguous slices (``col_counts[p]``).
+    Neither N nor D needs to divide by R; counts may be 0.
+    """
+
+    row_counts: Sequence[int]
+    col_counts: Sequence[int]
+
+    def __post_init__(self) -> None:
+        rows, cols = tuple(int(n) for n in self.row_counts), tuple(int(n) for n in self.col_counts)
+        if len(rows) != len(cols) or not rows or min(rows + cols) < 0:
+            raise ValueError(f"RowColLayout: need one non-negative row and column count per "
+                             f"rank, got row_counts={list(rows)} col_counts={list(cols)}")
+        object.__setattr__(self, "row_counts", rows)
+        object.__setattr__(self, "col_counts", cols)
+
+    @staticmethod
+    def _even(total: int, parts: int) -> list[int]:
+        return [total // parts + (1 if p < total % parts else 0) for p in range(parts)]
+
+    @classmethod
+    def even(cls, num_rows: int, num_cols: int, world_size: int) -> RowColLayout:
+        """Near-equal contiguous blocks of rows and columns (the first ranks get one more)."""
+        return cls(cls._even(num_rows, world_size), cls._even(num_cols, world_size))
+
+    @classmethod
+    def for_rows(cls, row_counts: Sequence[int], num_cols: int) -> RowColLayout:
+        """Given row blocks (e.g. partition sizes) and near-equal column slices."""
+        return cls(row_counts, cls._even(num_cols, len(row_counts)))
+
+    @property
+    def world_size(self) -> int:
+        return len(self.row_counts)
+
+    @property
+    def num_rows(self) -> int:
+        return sum(self.row_counts)
+
+    @property
+    def num_cols(self) -> int:
+        return sum(self.col_counts)
+
+    def row_slice(self, rank: int) -> slice:
+        start = sum(self.row_counts[:rank])
+        return slice(start, start + self.row_counts[rank])
+
+    def col_slice(self, rank: int) -> slice:
+        start = sum(self.col_counts[:rank])
+        return slice(start, start + self.col_counts[rank])
+
+
+# ---------------------------------------------------------------- comm-only helpers
+def _check_layout(x: Tensor, layout: RowColLayout, comm: Comm, rows: int, cols: int,
+                  name: str) -> None:
+    if layout.world_size != comm.world_size:
+        raise ValueError(f"{name}: layout is for {layout.world_size} ranks, comm has "
+                         f"{comm.world_size}")
+    if x.dim() != 2 or tuple(x.shape) != (rows, cols):
+        raise ValueError(f"{name}: rank {comm.rank} expected shape ({rows}, {cols}) from the "
+                         f"layout, got {tuple(x.shape)}")
+
+
+def _rows_to_cols(x_rows: Tensor, layout: RowColLayout, comm: Comm, phase: str) -> Tensor:
+    r = comm.rank
+    _check_layout(x_rows, layout, comm, layout.row_counts[r], layout.num_cols, "rows_to_cols")
+    if comm.world_size == 1:
+        return x_rows
+    send = [x_rows[:, layout.col_slice(p)].reshape(-1) for p in range(comm.world_size)]
+    sizes = [(n, layout.col_counts[r]) for n in layout.row_counts]
+    recv = all_to_all_v(send, [a * b for a, b in sizes], comm, phase)
+    return torch.cat([t.view(size) for t, size in zip(recv, sizes)], dim=0)
+
+
+def _cols_to_rows(x_cols: Tensor, layout: RowColLayout, comm: Comm, phase: str) -> Tensor:
+    r = comm.rank
+    _check_layout(x_cols, layout, comm, layout.num_rows, layout.col_counts[r], "cols_to_rows")
+    if comm.world_size == 1:
+        return x_cols
+    send = [x_cols[layout.row_slice(p)].reshape(-1) for p in range(comm.world_size)]
+    sizes = [(layout.row_counts[r], d) for d in layout.col_counts]
+    recv = all_to_all_v(send, [a * b for a, b in sizes], comm, phase)
+    return torch.cat([t.view(size) for t, size in zip(recv, sizes)], dim=1)
+
+
+def _check_table(table: ExchangeTable, comm: Comm) -> None:
+    if table.world_size != comm.world_size:
+        raise ValueError(f"halo exchange: table is for {table.world_size} ranks, comm has "
+                         f"{comm.world_size}")
+
+
+def _halo_fetch(x_rows: Tensor, table: ExchangeTable, comm: Comm, phase: str) -> Tensor:
+    _check_table(table, comm)
+    send = [x_rows.index_select(0, idx.to(x_rows.device)) for idx in table.send_idx]
+    return torch.cat(all_to_all_v(send, table.recv_rows, comm, phase), dim=0)
+
+
+def _halo_scatter_add(x_halo: Tensor, table: ExchangeTable, num_rows: int, comm: Comm,
+                      phase: str) -> Tensor:
+    _check_table(table, comm)
+    if x_halo.dim() == 0 or x_halo.shape[0] != table.num_halo:
+        raise ValueError(f"halo_scatter_add: rank {comm.rank} expected {table.num_halo} halo "
+                         f"rows from the table, got shape {tuple(x_halo.shape)}")
+    send = list(torch.split(x_halo.contiguous(), table.recv_rows))
+    recv = all_to_all_v(send, table.send_rows(), comm, phase)
+    out = x_halo.new_zeros((num_rows, *x_halo.shape[1:]))
+    for idx, rows in zip(table.send_idx, recv):  # fixed peer order: deterministic sums
+        out.index_add_(0, idx.to(out.device), rows)
+    return out
+
+
+# ---------------------------------------------------------------- autograd functions
+class _RowsToCols(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x_rows: Tensor, layout: RowColLayout, comm: Comm,
+                phase: str) -> Tensor:
+        ctx.layout, ctx.comm, ctx.phase = layout, comm, phase
+        return _rows_to_cols(x_rows, layout, comm, phase)
+
+    @staticmethod
+    def backward(ctx: Any, grad_cols: Tensor) -> tuple[Tensor, None, None, None]:
+        grad = _cols_to_rows(grad_cols, ctx.layout, ctx.comm, f"{ctx.phase}-grad")
+        return grad, None, None, None
+
+
+class _ColsToRows(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x_cols: Tensor, layout: RowColLayout, comm: Comm,
+                phase: str) -> Tensor:
+        ctx.layout, ctx.comm, ctx.phase = layout, comm, phase
+        return _cols_to_rows(x_cols, layout, comm, phase)
+
+    @staticmethod
+    def backward(ctx: Any, grad_rows: Tensor) -> tuple[Tensor, None, None, None]:
+        grad = _rows_to_cols(grad_rows, ctx.layout, ctx.comm, f"{ctx.phase}-grad")
+        return grad, None, None, None
+
+
+class _HaloFetch(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x_rows: Tensor, table: ExchangeTable, comm: Comm,
+                phase: str) -> Tensor:
+        ctx.table, ctx.comm, ctx.phase, ctx.num_rows = table, comm, phase, x_rows.shape[0]
+        return _halo_fetch(x_rows, table, comm, phase)
+
+    @staticmethod
+    def backward(ctx: Any, grad_halo: Tensor) -> tuple[Tensor, None, None, None]:
+        grad = _halo_scatter_add(grad_halo, ctx.table, ctx.num_rows, ctx.comm,
+                                 f"{ctx.phase}-grad")
+        return grad, None, None, None
+
+
+class _HaloScatterAdd(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x_halo: Tensor, table: ExchangeTable, num_rows: int, comm: Comm,
+                phase: str) -> Tensor:
+        ctx.table, ctx.comm, ctx.phase = table, comm, phase
+        return _halo_scatter_add(x_halo, table, num_rows, comm, phase)
+
+    @staticmethod
+    def backward(ctx: Any, grad_rows: Tensor) -> tuple[Tensor, None, None, None, None]:
+        grad = _halo_fetch(grad_rows, ctx.table, ctx.comm, f"{ctx.phase}-grad")
+        return grad, None, None, None, None
+
+
+# ---------------------------------------------------------------- public wrappers
+def rows_to_cols(x_rows: Tensor, layout: RowColLayout, comm: Comm,
+                 phase: str = "rows-to-cols") -> Tensor:
+    """Re-place a vertex tensor from row blocks to column slices (NeutronTP "split").
+
+    Placement: Shard(0) -> Shard(1). Forward: one all-to-all; backward:
+    ``cols_to_rows`` of the gradient (under ``phase + "-grad"``).
+
+    Shapes:
+        x_rows: (N_r, D), this rank's row block ``layout.row_slice(r)``, all columns.
+        returns: (N, D_r), all rows, this rank's columns ``layout.col_slice(r)``.
+
+    Bytes per rank: sent (N_r D - N_r D_r) s, received (N - N_r) D_r s; the
+    backward moves the same volumes the other way.
+    """
+    if comm.world_size == 1:
+        _check_layout(x_rows, layout, comm, layout.num_rows, layout.num_cols, "rows_to_cols")
+        return x_rows
+    return _RowsToCols.apply(x_rows, layout, comm, phase)
+
+
+def cols_to_rows(x_cols: Tensor, layout: RowColLayout, comm: Comm,
+                 phase: str = "cols-to-rows") -> Tensor:
+    """Re-place a vertex tensor from column slices to row blocks (NeutronTP "gather").
+
+    Placement: Shard(1) -> Shard(0). Forward: one all-to-all; backward:
+    ``rows_to_cols`` of the gradient (under ``phase + "-grad"``).
+
+    Shapes:
+        x_cols: (N, D_r), all rows, this rank's columns ``layout.col_slice(r)``.
+        returns: (N_r, D), this rank's row block, all columns.
+
+    Bytes per rank: sent (N D_r - N_r D_r) s, received (N_r D - N_r D_r) s; the
+    backward moves the same volumes the other way.
+    """
+    if comm.world_size == 1:
+        _check_layout(x_cols, layout, comm, layout.num_rows, layout.num_cols, "cols_to_rows")
+        return x_cols
+    return _ColsToRows.apply(x_cols, layout, comm, phase)
+
+
+def halo_fetch(x_rows: Tensor, table: ExchangeTable, comm: Comm, phase: str = "halo") -> Tensor:
+    """Fetch the remote rows this rank needs (data parallelism's DepComm, G3 push).
+
+    Placement: owner rows (Shard(0)) -> halo copies. Forward: all-to-all-v sending
+    ``x_rows[table.send_idx[p]]`` to each p; backward: the halo gradient rows go back
+    to their owners and are scatter-added (``index_add_``) into the gradient of
+    ``x_rows`` (``halo_scatter_add``, under ``phase + "-grad"``).
+
+    Shapes:
+        x_rows: (N_r, *F) rows this rank owns.
+        returns: (H, *F), H = sum(table.recv_rows): table.recv_rows[p] rows from
+        each peer p, concatenated in peer order.
+
+    Bytes per rank: sent sum_{p != r} S_p prod(F) s, received sum_{p != r}
+    recv_rows[p] prod(F) s (``table.volume_bytes``); the backward swaps them.
+    With ``world_size == 1`` the (normally empty) local gather is done without
+    communication.
+    """
+    return _HaloFetch.apply(x_rows, table, comm, phase)
+
+
+def halo_scatter_add(x_halo: Tensor, table: ExchangeTable, num_rows: int, comm: Comm,
+                     phase: str = "halo-push") -> Tensor:
+    """Send halo rows back to their owners and sum them there (conjugate of halo_fetch).
+
+    Placement: halo copies -> owner rows (Shard(0)), partial sums added. Forward:
+    all-to-all-v then ``index_add_`` at ``table.send_idx[p]`` in peer order;
+    backward: ``halo_fetch`` of the gradient (under ``phase + "-grad"``).
+
+    Shapes:
+        x_halo: (H, *F) in the order ``halo_fetch`` returns.
+        returns: (num_rows, *F), zero where no halo row maps.
+
+    Bytes per rank: the reverse of ``halo_fetch``: sent sum_{p != r} recv_rows[p]
+    prod(F) s, received sum_{p != r} S_p prod(F) s.
+    """
+    return _HaloScatterAdd.apply(x_halo, table, num_rows, comm, phase)
+
+
+def all_reduce_grads(params: Iterable[torch.nn.Parameter], comm: Comm,
+                     phase: str = "grad-sync") -> None:
+    """Sum parameter gradients over all ranks, in place (not autograd).
+
+    One all-reduce per (dtype, device) group of parameters, over a flat buffer of
+    every gradient plus one presence flag per parameter. Rule for missing grads,
+    identical on every rank without prior agreement: parameters with
+    ``requires_grad=False`` are skipped (the model is the same everywhere); a
+    parameter whose ``.grad`` is None here contributes zeros and afterwards holds the
+    summed gradient if any rank had one, and stays None only if no rank had one.
+    Parameters must come in the same order on every rank.
+
+    Bytes per rank: the ring volume 2 (R - 1) B / R of the buffer (B bytes =
+    gradients plus flags), sent and received.
+    """
+    params = [p for p in params if p.requires_grad]
+    if comm.world_size == 1 or not params:
+        return
+    groups: dict[tuple[torch.dtype, torch.device], list[torch.nn.Parameter]] = {}
+    for p in params:
+        if p.grad is not None and p.grad.is_sparse:
+            raise ValueError("all_reduce_grads: sparse gradients are not supported")
+        groups.setdefault((p.dtype, p.device), []).append(p)
+    for (dtype, device), group in groups.items():
+        _all_reduce_group(group, dtype, device, comm, phase)
+
+
+def _all_reduce_group(params: list[torch.nn.Parameter], dtype: torch.dtype,
+                      device: torch.device, comm: Comm, phase: str) -> None:
+    total = sum(p.numel() for p in params)
+    buf = torch.zeros(total + len(params), dtype=dtype, device=device)
+    offset = 0
+    for i, p in enumerate(params):
+        if p.grad is not None:
+            buf[offset:offset + p.numel()] = p.grad.reshape(-1)
+            buf[total + i] = 1
+        offset += p.numel()
+    all_reduce_(buf, comm, phase)
+    present = (buf[total:] != 0).tolist()
+    offset = 0
+    for i, p in enumerate(params):
+        reduced = buf[offset:offset + p.numel()].view_as(p)
+        offset += p.numel()
+        if not present[i]:
+            continue
+        if p.grad is None:
+            p.grad = reduced.clone()
+        else:
+            p.grad.copy_(reduced)

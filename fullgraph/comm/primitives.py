@@ -1,0 +1,324 @@
+"""Communication primitives: the only module of fullgraph that calls torch.distributed.
+
+Every primitive takes an explicit ``Comm`` and a ``phase`` name, waits at most
+``comm.timeout``, turns any backend failure (dead peer, timeout, mismatched call)
+into one ``CommError`` naming this rank, the phase and the collective, and records
+the call in ``comm.counter``. With ``world_size == 1`` every primitive is an
+identity or a no-op, makes no torch.distributed call and records nothing.
+
+Byte accounting, per rank and per call (R = world size, B = the tensor's bytes):
+
+- ``all_to_all_v``: exactly the bytes sent to / received from other ranks; the
+  rank's own block is a local copy and is not counted.
+- ``all_reduce_``: the bandwidth-optimal ring volume, 2 (R - 1) B / R (floored)
+  sent and the same received; the backend's actual algorithm may differ.
+- ``broadcast_``: logical volume; ``src`` sends (R - 1) B, every other rank receives B.
+- ``all_gather_rows`` / ``all_gather_object``: built on ``all_to_all_v``: a rank
+  sends (R - 1) times its own block and receives every other rank's block.
+- ``barrier``: no bytes, one call.
+
+gloo in torch 2.13 supports ``all_to_all_single`` with uneven splits (its list form
+``all_to_all`` needs equal sizes, so it is not used); ``Comm.p2p_all_to_all``
+switches ``all_to_all_v`` to isend/irecv pairs for backends that lack it.
+
+This module imports nothing from fullgraph at run time.
+"""
+from __future__ import annotations
+
+import datetime
+import math
+import pickle
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from enum import Enum
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+if TYPE_CHECKING:
+    from fullgraph.comm.group import Comm
+
+_UNSUPPORTED_HINTS = ("not supported", "does not support", "not implemented", "unsupported")
+
+
+class CommError(RuntimeError):
+    """A collective failed or timed out on this rank.
+
+    Attributes:
+        rank: this worker's rank.
+        phase: the phase name the call was made under.
+        collective: the primitive that failed, e.g. "all_reduce".
+        cause: the backend's original exception.
+    """
+
+    def __init__(self, rank: int, world_size: int, phase: str, collective: str,
+                 cause: BaseException, seconds: float, timeout: datetime.timedelta) -> None:
+        self.rank = rank
+        self.phase = phase
+        self.collective = collective
+        self.cause = cause
+        self._args = (rank, world_size, phase, collective, cause, seconds, timeout)
+        super().__init__(
+            f"rank {rank} of {world_size}: {collective} in phase {phase!r} failed after "
+            f"{seconds:.1f}s (timeout {timeout.total_seconds():g}s): "
+            f"{type(cause).__name__}: {cause}")
+
+    def __reduce__(self) -> tuple[Any, ...]:  # picklable across processes
+        return (type(self), self._args)
+
+
+class ReduceOp(str, Enum):
+    """Reductions ``all_reduce_`` accepts (the string values work too)."""
+
+    SUM = "sum"
+    MAX = "max"
+    MIN = "min"
+    PRODUCT = "product"
+
+
+def _dist_op(op: ReduceOp | str) -> Any:
+    try:
+        red = ReduceOp(op)
+    except ValueError:
+        raise ValueError(f"all_reduce_: op must be one of {[o.value for o in ReduceOp]}, "
+                         f"got {op!r}") from None
+    return {ReduceOp.SUM: dist.ReduceOp.SUM, ReduceOp.MAX: dist.ReduceOp.MAX,
+            ReduceOp.MIN: dist.ReduceOp.MIN, ReduceOp.PRODUCT: dist.ReduceOp.PRODUCT}[red]
+
+
+@contextmanager
+def _guarded(comm: Comm, phase: str, collective: str, sent: int, recv: int) -> Iterator[None]:
+    """Time one call, count its bytes, and re-raise backend failures as CommError."""
+    start = time.perf_counter()
+    try:
+        yield
+    except CommError:
+        raise
+    except (RuntimeError, TimeoutError) as err:
+        raise CommError(comm.rank, comm.world_size, phase, collective, err,
+                        time.perf_counter() - start, comm.timeout) from err
+    comm.counter.add(phase, sent, recv, time.perf_counter() - start)
+
+
+def _wait(work: Any, comm: Comm) -> None:
+    work.wait(timeout=comm.timeout)
+
+
+def _peer(comm: Comm, group_rank: int) -> int:
+    """The global rank of ``group_rank`` in ``comm.group`` (p2p calls take global ranks)."""
+    if comm.group is dist.group.WORLD:
+        return group_rank
+    return dist.get_global_rank(comm.group, group_rank)
+
+
+def _require_contiguous(tensor: Tensor, name: str) -> None:
+    if not tensor.is_contiguous():
+        raise ValueError(f"{name}: the tensor is updated in place and must be contiguous; "
+                         "call .contiguous() first")
+
+
+# ---------------------------------------------------------------- process group lifecycle
+def init_default_group(backend: str, init_method: str, rank: int, world_size: int,
+                       timeout: datetime.timedelta) -> Any:
+    """Create the default process group and return it (used by ``group.init_comm``)."""
+    if dist.is_initialized():
+        raise RuntimeError(f"rank {rank}: the default process group is already initialised; "
+                           "call destroy_comm on the old Comm first")
+    start = time.perf_counter()
+    try:
+        dist.init_process_group(backend, init_method=init_method, rank=rank,
+                                world_size=world_size, timeout=timeout)
+    except (RuntimeError, TimeoutError, ValueError) as err:
+        raise CommError(rank, world_size, "comm-init", "init_process_group", err,
+                        time.perf_counter() - start, timeout) from err
+    return dist.group.WORLD
+
+
+def destroy_group(group: Any) -> None:
+    """Destroy ``group`` (the default group destroys them all); no-op if already gone."""
+    if dist.is_initialized():
+        dist.destroy_process_group(group)
+
+
+def probe_all_to_all(comm: Comm) -> bool:
+    """True when the backend runs ``all_to_all_single`` (one int64 per peer, counted
+    under phase "comm-init"); False when it reports the call unsupported."""
+    if comm.world_size == 1:
+        return True
+    send = torch.zeros(comm.world_size, dtype=torch.int64, device=comm.device)
+    out = torch.empty_like(send)
+    nbytes = 8 * (comm.world_size - 1)
+    try:
+        with _guarded(comm, "comm-init", "all_to_all_single", nbytes, nbytes):
+            _wait(dist.all_to_all_single(out, send, group=comm.group, async_op=True), comm)
+    except CommError as err:
+        if isinstance(err.cause, NotImplementedError) or any(
+                h in str(err.cause).lower() for h in _UNSUPPORTED_HINTS):
+            return False
+        raise
+    return True
+
+
+# ---------------------------------------------------------------- collectives
+def all_reduce_(tensor: Tensor, comm: Comm, phase: str, op: ReduceOp | str = "sum") -> Tensor:
+    """Reduce ``tensor`` over all ranks, in place; returns it.
+
+    Args:
+        tensor: contiguous tensor of the same shape and dtype on every rank.
+        comm: the communication handle.
+        phase: name the bytes are counted under.
+        op: "sum", "max", "min" or "product" (default: "sum").
+    """
+    dist_op = _dist_op(op)
+    if comm.world_size == 1:
+        return tensor
+    _require_contiguous(tensor, "all_reduce_")
+    nbytes = 2 * (comm.world_size - 1) * tensor.nbytes // comm.world_size
+    with _guarded(comm, phase, "all_reduce", nbytes, nbytes):
+        _wait(dist.all_reduce(tensor, op=dist_op, group=comm.group, async_op=True), comm)
+    return tensor
+
+
+def broadcast_(tensor: Tensor, src: int, comm: Comm, phase: str) -> Tensor:
+    """Overwrite ``tensor`` on every rank with rank ``src``'s, in place; returns it."""
+    if not 0 <= src < comm.world_size:
+        raise ValueError(f"broadcast_: src {src} is not in [0, {comm.world_size})")
+    if comm.world_size == 1:
+        return tensor
+    _require_contiguous(tensor, "broadcast_")
+    sent = (comm.world_size - 1) * tensor.nbytes if comm.rank == src else 0
+    recv = 0 if comm.rank == src else tensor.nbytes
+    with _guarded(comm, phase, "broadcast", sent, recv):
+        work = dist.broadcast(tensor, src=_peer(comm, src), group=comm.group, async_op=True)
+        _wait(work, comm)
+    return tensor
+
+
+def barrier(comm: Comm, phase: str) -> None:
+    """Block until every rank has reached this barrier (or the timeout passes)."""
+    if comm.world_size == 1:
+        return
+    with _guarded(comm, phase, "barrier", 0, 0):
+        _wait(dist.barrier(group=comm.group, async_op=True), comm)
+
+
+def all_to_all_v(send: Sequence[Tensor], recv_rows: Sequence[int], comm: Comm,
+                 phase: str) -> list[Tensor]:
+    """Send ``send[p]`` to rank p and receive ``recv_rows[p]`` rows from each rank p.
+
+    Every block has the trailing shape, dtype and device of ``send[comm.rank]``;
+    blocks may have 0 rows and uneven sizes. ``send[comm.rank]`` is returned as
+    is, without communication or counting. ``recv_rows[p]`` on this rank must
+    equal ``send[this rank].shape[0]`` on rank p (a mismatch is a CommError or a
+    timeout on some rank).
+
+    Args:
+        send: ``world_size`` tensors of shape (rows_p, *F).
+        recv_rows: ``world_size`` row counts to receive.
+        comm: the communication handle.
+        phase: name the bytes are counted under.
+
+    Returns:
+        ``world_size`` tensors; entry p has shape (recv_rows[p], *F).
+    """
+    trailing = _check_all_to_all(send, recv_rows, comm)
+    if comm.world_size == 1:
+        return [send[0]]
+    mine = send[comm.rank]
+    row_numel = math.prod(trailing)
+    flat = [torch.empty(0, dtype=mine.dtype, device=mine.device) if p == comm.rank
+            else t.contiguous().reshape(-1) for p, t in enumerate(send)]
+    recv_numel = [0 if p == comm.rank else int(n) * row_numel for p, n in enumerate(recv_rows)]
+    itemsize = mine.element_size()
+    sent = sum(t.numel() for t in flat) * itemsize
+    recv = sum(recv_numel) * itemsize
+    exchange = _all_to_all_p2p if comm.p2p_all_to_all else _all_to_all_collective
+    name = "all_to_all_v(p2p)" if comm.p2p_all_to_all else "all_to_all_v"
+    with _guarded(comm, phase, name, sent, recv):
+        received = exchange(flat, recv_numel, comm)
+    return [mine if p == comm.rank else r.view(int(n), *trailing)
+            for p, (r, n) in enumerate(zip(received, recv_rows))]
+
+
+def _check_all_to_all(send: Sequence[Tensor], recv_rows: Sequence[int],
+                      comm: Comm) -> tuple[int, ...]:
+    if len(send) != comm.world_size or len(recv_rows) != comm.world_size:
+        raise ValueError(f"all_to_all_v: need world_size={comm.world_size} send blocks and "
+                         f"row counts, got {len(send)} and {len(recv_rows)}")
+    mine = send[comm.rank]
+    if mine.dim() == 0:
+        raise ValueError("all_to_all_v: blocks need a row dimension, got a 0-dim tensor")
+    trailing = tuple(mine.shape[1:])
+    for p, t in enumerate(send):
+        if tuple(t.shape[1:]) != trailing or t.dtype != mine.dtype or t.device != mine.device:
+            raise ValueError(f"all_to_all_v: send[{p}] is {t.dtype} {tuple(t.shape)} on "
+                             f"{t.device}; expected (rows, {trailing}) {mine.dtype} on "
+                             f"{mine.device} like send[{comm.rank}]")
+    if any(int(n) < 0 for n in recv_rows):
+        raise ValueError(f"all_to_all_v: recv_rows must be >= 0, got {list(recv_rows)}")
+    return trailing
+
+
+def _all_to_all_collective(flat: list[Tensor], recv_numel: list[int],
+                           comm: Comm) -> list[Tensor]:
+    """One all_to_all_single on byte views (so any dtype, bool included, goes through)."""
+    dtype, device = flat[0].dtype, flat[0].device
+    itemsize = flat[0].element_size()
+    as_bytes = [t.view(torch.uint8) if t.numel() else torch.empty(0, dtype=torch.uint8,
+                                                                    device=device) for t in flat]
+    inp = torch.cat(as_bytes)
+    out = torch.empty(sum(recv_numel) * itemsize, dtype=torch.uint8, device=device)
+    work = dist.all_to_all_single(out, inp, output_split_sizes=[n * itemsize for n in recv_numel],
+                                  input_split_sizes=[t.numel() for t in as_bytes],
+                                  group=comm.group, async_op=True)
+    _wait(work, comm)
+    return [c.view(dtype) for c in torch.split(out, [n * itemsize for n in recv_numel])]
+
+
+def _all_to_all_p2p(flat: list[Tensor], recv_numel: list[int], comm: Comm) -> list[Tensor]:
+    """The same exchange as isend/irecv pairs; empty blocks send no message."""
+    dtype, device = flat[0].dtype, flat[0].device
+    out = [torch.empty(n, dtype=dtype, device=device) for n in recv_numel]
+    ops = []
+    for p in range(comm.world_size):
+        if p == comm.rank:
+            continue
+        if recv_numel[p]:
+            ops.append(dist.P2POp(dist.irecv, out[p], _peer(comm, p), comm.group))
+        if flat[p].numel():
+            ops.append(dist.P2POp(dist.isend, flat[p], _peer(comm, p), comm.group))
+    for work in dist.batch_isend_irecv(ops) if ops else []:
+        _wait(work, comm)
+    return out
+
+
+def all_gather_rows(tensor: Tensor, rows_per_rank: Sequence[int], comm: Comm,
+                    phase: str) -> list[Tensor]:
+    """Every rank's ``tensor`` (rows_per_rank[p] rows from rank p), in rank order.
+
+    Built on ``all_to_all_v``; entry ``comm.rank`` is ``tensor`` itself.
+    """
+    if len(rows_per_rank) != comm.world_size or tensor.dim() == 0 \
+            or tensor.shape[0] != rows_per_rank[comm.rank]:
+        raise ValueError(f"all_gather_rows: rank {comm.rank} holds {tuple(tensor.shape)} but "
+                         f"rows_per_rank is {list(rows_per_rank)}")
+    return all_to_all_v([tensor] * comm.world_size, rows_per_rank, comm, phase)
+
+
+def all_gather_object(obj: Any, comm: Comm, phase: str) -> list[Any]:
+    """Every rank's picklable ``obj`` (small metadata), in rank order.
+
+    Two counted calls: the pickled sizes, then the pickled bytes. Only for objects
+    from fullgraph's own ranks: the bytes are unpickled.
+    """
+    if comm.world_size == 1:
+        return [obj]
+    data = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8).to(comm.device)
+    size = torch.tensor([data.numel()], dtype=torch.int64, device=comm.device)
+    sizes = all_gather_rows(size, [1] * comm.world_size, comm, phase)
+    rows = [int(s.item()) for s in sizes]
+    chunks = all_gather_rows(data, rows, comm, phase)
+    return [pickle.loads(c.cpu().numpy().tobytes()) for c in chunks]

@@ -1,0 +1,70 @@
+"""ByteCounter, Comm and init_comm argument handling (no processes spawned)."""
+from __future__ import annotations
+
+import datetime
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from fullgraph.comm import ByteCounter, Comm, destroy_comm, init_comm, single_comm
+
+
+def test_byte_counter_accumulates_per_phase():
+    counter = ByteCounter()
+    counter.add("halo", 100, 40, 0.5)
+    counter.add("halo", 10, 4, 0.25)
+    counter.add("grad-sync", 8, 8, 0.125)
+    snap = counter.snapshot()
+    assert snap == {"halo": {"sent": 110, "recv": 44, "calls": 2, "seconds": 0.75},
+                    "grad-sync": {"sent": 8, "recv": 8, "calls": 1, "seconds": 0.125}}
+    assert counter.total() == {"sent": 118, "recv": 52, "calls": 3, "seconds": 0.875}
+    snap["halo"]["sent"] = 0  # a snapshot is a copy
+    assert counter.snapshot()["halo"]["sent"] == 110
+    counter.reset()
+    assert counter.snapshot() == {} and counter.total()["calls"] == 0
+
+
+def test_single_comm():
+    comm = single_comm()
+    assert (comm.rank, comm.world_size, comm.group) == (0, 1, None)
+    assert comm.device == torch.device("cpu") and comm.timeout > datetime.timedelta(0)
+    assert single_comm().counter is not comm.counter  # no shared state
+    destroy_comm(comm)
+    destroy_comm(comm)
+
+
+def test_comm_validates_fields():
+    with pytest.raises(ValueError, match="needs a process group"):
+        Comm(rank=0, world_size=2)
+    with pytest.raises(ValueError, match=r"rank 2 is not in \[0, world_size=2\)"):
+        Comm(rank=2, world_size=2, group=object())
+
+
+def test_init_comm_without_launcher_is_single(monkeypatch):
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    comm = init_comm()
+    assert comm.world_size == 1 and comm.group is None and not dist.is_initialized()
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setenv("RANK", "0")
+    assert init_comm(timeout_s=5).world_size == 1
+
+
+@pytest.mark.parametrize("kwargs, env, match", [
+    (dict(world_size=2), {}, "rank None is not in"),
+    (dict(world_size=2, rank=3), {}, "rank 3 is not in"),
+    (dict(world_size=2, rank=0), {}, "env:// needs MASTER_ADDR, MASTER_PORT"),
+    (dict(backend="mpi"), {}, "backend must be 'gloo' or 'nccl'"),
+    (dict(backend="nccl", device="cpu"), {}, "needs a cuda device"),
+    (dict(timeout_s=0), {}, "timeout_s must be > 0"),
+    ({}, {"WORLD_SIZE": "two"}, "WORLD_SIZE='two' is not an integer"),
+])
+def test_init_comm_refuses_bad_arguments(monkeypatch, kwargs, env, match):
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError, match=match):
+        init_comm(**kwargs)
+    assert not dist.is_initialized()
