@@ -92,6 +92,17 @@ def build_parser() -> argparse.ArgumentParser:
     p_gen.add_argument("--symmetrize", action=argparse.BooleanOptionalAction, default=False)
     p_gen.add_argument("--seed", type=int, default=0)
 
+    p_part = sub.add_parser("partition", help="partition a dataset once and save the book; "
+                            "`train --partition-file` reuses it")
+    p_part.add_argument("--dataset", default="cora", help="dataset name or processed directory")
+    p_part.add_argument("--root", help="dataset root (default: $FULLGRAPH_DATA or user cache)")
+    p_part.add_argument("--parts", type=int, required=True, help="number of parts (workers)")
+    p_part.add_argument("--partitioner", default="metis", help="chunk, random, metis, ...")
+    p_part.add_argument("--seed", type=int, default=0)
+    p_part.add_argument("--out", help="where to write the partition book (.npz)")
+    p_part.add_argument("--report", action="store_true",
+                        help="print |V_i|, |E(V_i)|, remote vertices, edge cut, replication")
+
     p_conv = sub.add_parser("convert", help="turn your own files into a processed dataset")
     p_conv.add_argument("format", choices=("edgelist", "neutronstar", "ogb"))
     p_conv.add_argument("--name", required=True, help="name to train it under (--dataset NAME)")
@@ -225,6 +236,30 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_partition(args: argparse.Namespace) -> int:
+    import time
+
+    from fullgraph.config import DataConfig
+    from fullgraph.graph import datasets
+    from fullgraph.partition import partition
+    from fullgraph.partition.metrics import format_report, quality
+
+    if not args.out and not args.report:
+        raise ValueError("nothing to do: give --out FILE, --report, or both")
+    data_cfg = DataConfig(dataset=args.dataset, root=args.root)
+    dataset = datasets.load(data_cfg.dataset, data_cfg.resolved_root())
+    t0 = time.perf_counter()
+    book = partition(dataset.graph, args.parts, args.partitioner, seed=args.seed)
+    print(f"{args.partitioner} partition of {dataset.name} into {args.parts} parts in "
+          f"{time.perf_counter() - t0:.2f} s")
+    if args.out:
+        book.save(args.out)
+        print(f"wrote {args.out}")
+    if args.report:
+        print(format_report(quality(dataset.graph, book)))
+    return 0
+
+
 def cmd_convert(args: argparse.Namespace) -> int:
     from fullgraph.config import DataConfig
     from fullgraph.graph import datasets
@@ -238,7 +273,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"train": cmd_train, "datasets": cmd_datasets, "generate": cmd_generate,
-            "convert": cmd_convert}
+            "convert": cmd_convert, "partition": cmd_partition}
 
 if __name__ == "__main__":
     sys.exit(main())

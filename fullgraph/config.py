@@ -172,7 +172,7 @@ def _data_parallel_options() -> type:
 
 
 def _partition_options() -> type:
-    from fullgraph.partition.options import PartitionOptions
+    from fullgraph.partition import PartitionOptions
 
     return PartitionOptions
 

@@ -36,8 +36,7 @@ from fullgraph.models.stages import (EdgeTransform, LayerInput, Propagate, Stage
 from fullgraph.ops.spmm import aggregate
 from fullgraph.parallel.base import LocalResult, Plan, Strategy, register
 from fullgraph.parallel.rowplan import RowPlan, plan_rows
-from fullgraph.partition import PartitionBook, partition
-from fullgraph.partition.options import PartitionOptions
+from fullgraph.partition import PartitionBook, PartitionOptions, partition
 
 MODES = ("depcomm", "depcache", "hybrid")
 

@@ -16,7 +16,7 @@ from fullgraph.graph.synthetic import sbm
 from fullgraph.models import build_model
 from fullgraph.parallel.data import DataParallel
 from fullgraph.parallel.single import SingleProcess
-from fullgraph.partition.options import PartitionOptions
+from fullgraph.partition import PartitionOptions
 from fullgraph.train import step_seed
 
 from harness import run_ranks

@@ -1,0 +1,211 @@
+"""METIS partitioning (through pymetis) with the multi-constraint weights of G3.
+
+METIS (Karypis and Kumar, SISC 1998) partitions an undirected graph into parts of
+balanced vertex weight with a small edge cut. The CSR here is directed (in-edges),
+so METIS sees the symmetrised graph without self-loops and without repeated edges.
+By default every vertex carries two weights, ``(1, in_degree)``: G3 (section 4.2,
+stage 1, the multi-constraint partitioning of Karypis and Kumar, SC 1998) balances
+both the vertex count (the cost of T stages) and the in-edge count (the cost of P
+stages) of every part while METIS minimises the cut. ``constraints`` picks:
+
+- ``"vertices+degree"``: weights ``(1, in_degree)`` (default; G3 stage 1);
+- ``"vertices"``: weight 1 (equal vertex counts);
+- ``"degree"``: weight ``in_degree`` (equal in-edge counts);
+- ``"none"``: no weights passed, which METIS treats as weight 1 per vertex, so it
+  gives the same result as ``"vertices"``.
+
+A degree constraint on a graph without edges is dropped (it would be all zeros).
+
+Isolated vertices (no neighbour other than themselves) are placed after METIS, by
+water-filling the parts with the fewest vertices (``spread_isolated=True``). They
+cut no edge, are nobody's remote neighbour and carry at most their self-loops, so
+this changes no cut, remote set or (self-loops aside) in-edge count, and only evens
+out vertex counts. METIS's refinement moves boundary vertices only, so it leaves
+them where coarsening put them: on a 1M-vertex R-MAT graph (34% isolated) with the
+default weights, one part got 453k vertices and another 146k.
+
+METIS draws its random choices from ``seed``; the same seed and pymetis build give
+the same book. ``num_parts=1`` never calls METIS (nor needs pymetis).
+
+pymetis is an optional dependency (``pip install pymetis``, or the ``metis`` extra of
+fullgraph); it is imported on first use.
+
+This module must not import torch.distributed or anything above the partition layer.
+
+Shapes: N = number of vertices, E = number of edges, P = number of parts.
+"""
+from __future__ import annotations
+
+import warnings
+from typing import Any, Literal
+
+import numpy as np
+
+from fullgraph.graph.csr import Graph
+from fullgraph.partition.book import PartitionBook, check_num_parts
+
+Constraints = Literal["vertices+degree", "vertices", "degree", "none"]
+CONSTRAINTS = ("vertices+degree", "vertices", "degree", "none")
+_SEED_MODULUS = 0x7FFFFFFF  # METIS takes a positive C int seed
+_SHIFT = np.uint64(32)
+_LOW_BITS = np.uint64(0xFFFFFFFF)
+
+
+def metis_partition(graph: Graph, num_parts: int, *, seed: int = 0,
+                    constraints: Constraints = "vertices+degree", ufactor: int | None = None,
+                    recursive: bool | None = None,
+                    spread_isolated: bool = True) -> PartitionBook:
+    """Partition with METIS on the symmetrised graph, balancing ``constraints``.
+
+    Args:
+        graph: a square graph; edge directions and self-loops are ignored.
+        num_parts: P, with ``1 <= P <= N``.
+        seed: METIS's random seed (default: 0).
+        constraints: which vertex weights to balance, see the module docstring
+            (default: ``"vertices+degree"``).
+        ufactor: allowed load imbalance in thousandths, e.g. 30 for 1.03 (default:
+            None, METIS's own: 30 for k-way, 1 per bisection for recursive bisection).
+        recursive: recursive bisection instead of k-way (default: None, pymetis's
+            choice: recursive for ``P <= 8``).
+        spread_isolated: re-place isolated vertices to even out vertex counts
+            (default: True).
+
+    Raises:
+        ValueError: ``num_parts`` out of range or unknown ``constraints``.
+        ImportError: pymetis is not installed (and ``num_parts > 1``).
+    """
+    num_nodes = graph.num_nodes
+    check_num_parts(num_parts, num_nodes)
+    if constraints not in CONSTRAINTS:
+        raise ValueError(f"constraints must be one of {CONSTRAINTS}, got {constraints!r}")
+    if num_parts == 1:
+        return PartitionBook.from_assignment(np.zeros(num_nodes, dtype=np.int64), 1)
+    xadj, adjncy = symmetric_adjacency(graph)
+    part_of = _run_metis(xadj, adjncy, vertex_weights(graph, constraints), num_parts,
+                         seed=seed, ufactor=ufactor, recursive=recursive)
+    if spread_isolated:
+        _spread_isolated(part_of, xadj, num_parts)
+    return PartitionBook.from_assignment(part_of, num_parts)
+
+
+def _run_metis(xadj: np.ndarray, adjncy: np.ndarray, vweights: np.ndarray | None,
+               num_parts: int, *, seed: int, ufactor: int | None,
+               recursive: bool | None) -> np.ndarray:
+    """(N,) int64 part of each vertex, from ``pymetis.part_graph``."""
+    pymetis = _import_pymetis()
+    idx_dtype = _idx_dtype(pymetis)
+    # METIS (like srand) treats seeds 0 and 1 alike: shift so seeds 0, 1, 2... differ.
+    options = pymetis.Options(seed=int(seed) % _SEED_MODULUS + 1)
+    if ufactor is not None:
+        options.ufactor = int(ufactor)
+    if hasattr(pymetis, "CSRAdjacency"):  # pymetis >= 2025.2; older takes xadj/adjncy
+        graph_args: dict[str, Any] = {"adjacency": pymetis.CSRAdjacency(
+            xadj.astype(idx_dtype, copy=False), adjncy.astype(idx_dtype, copy=False))}
+    else:  # pragma: no cover - old pymetis
+        graph_args = {"xadj": xadj, "adjncy": adjncy}
+    result = pymetis.part_graph(
+        num_parts, **graph_args, options=options, recursive=recursive,
+        vweights=None if vweights is None else vweights.astype(idx_dtype, copy=False))
+    return np.array(result.vertex_part, dtype=np.int64)
+
+
+def _spread_isolated(part_of: np.ndarray, xadj: np.ndarray, num_parts: int) -> None:
+    """Re-place (in place) the vertices without neighbours to even out part sizes."""
+    isolated = np.flatnonzero(xadj[1:] == xadj[:-1])
+    if not isolated.size:
+        return
+    kept = np.ones(part_of.size, dtype=bool)
+    kept[isolated] = False
+    adds = water_fill(np.bincount(part_of[kept], minlength=num_parts), isolated.size)
+    part_of[isolated] = np.repeat(np.arange(num_parts, dtype=np.int64), adds)
+
+
+def water_fill(counts: np.ndarray, extra: int) -> np.ndarray:
+    """(P,) how many of ``extra`` items to add to each bin to even out ``counts``.
+
+    The smallest bins are raised to a common level (differing by at most one), which
+    minimises the largest and maximises the smallest final count.
+    """
+    order = np.argsort(counts, kind="stable")
+    ascending = counts[order].astype(np.int64)
+    prefix = np.cumsum(ascending)
+    levels = (extra + prefix) / np.arange(1, counts.size + 1)
+    raised = int(np.flatnonzero(levels >= ascending)[-1]) + 1  # the first always qualifies
+    base, remainder = divmod(int(extra + prefix[raised - 1]), raised)
+    adds = np.zeros(counts.size, dtype=np.int64)
+    adds[order[:raised]] = base - ascending[:raised]
+    adds[order[:remainder]] += 1
+    return adds
+
+
+def symmetric_adjacency(graph: Graph) -> tuple[np.ndarray, np.ndarray]:
+    """The undirected graph METIS takes: ``u - v`` for every edge, no loops, no repeats.
+
+    Returns:
+        ``(xadj, adjncy)``: (N + 1,) and (2 * E_undirected,) int64, neighbours of
+        ``v`` in ``adjncy[xadj[v]:xadj[v + 1]]``, sorted.
+
+    Raises:
+        ValueError: N >= 2**32 (ids are packed two to a 64-bit sort key).
+    """
+    num_nodes = graph.num_nodes
+    if num_nodes >= 1 << 32:
+        raise ValueError(f"graph too large for metis_partition: {num_nodes} vertices "
+                         f"(at most {(1 << 32) - 1})")
+    src = graph.indices.cpu().numpy().astype(np.uint64)
+    dst = np.repeat(np.arange(num_nodes, dtype=np.uint64), graph.in_degrees().cpu().numpy())
+    keep = src != dst
+    src, dst = src[keep], dst[keep]
+    # Key (u << 32) | v: shifts and masks, not the int64 division that u * N + v needs
+    # (about 3x faster end to end on 20M edges).
+    num = src.size
+    keys = np.empty(2 * num, dtype=np.uint64)
+    np.left_shift(src, _SHIFT, out=keys[:num])
+    keys[:num] |= dst
+    np.left_shift(dst, _SHIFT, out=keys[num:])
+    keys[num:] |= src
+    del src, dst, keep
+    keys.sort()  # sort + adjacent-difference mask: np.unique is ~100x slower here
+    if keys.size:
+        fresh = np.empty(keys.size, dtype=bool)
+        fresh[0] = True
+        np.not_equal(keys[1:], keys[:-1], out=fresh[1:])
+        keys = keys[fresh]
+    starts = np.left_shift(np.arange(num_nodes + 1, dtype=np.uint64), _SHIFT)
+    xadj = np.searchsorted(keys, starts).astype(np.int64)
+    keys &= _LOW_BITS  # in place: the neighbour is the low half of the key
+    return xadj, keys.view(np.int64)
+
+
+def vertex_weights(graph: Graph, constraints: Constraints) -> np.ndarray | None:
+    """(N * C,) int64 vertex weights, interleaved per vertex as METIS wants, or None."""
+    if constraints == "none":
+        return None
+    num_nodes = graph.num_nodes
+    ones = np.ones(num_nodes, dtype=np.int64)
+    if constraints == "vertices":
+        return ones
+    degree = graph.in_degrees().cpu().numpy().astype(np.int64)
+    if not degree.any():
+        warnings.warn("metis_partition: the graph has no edges; balancing vertex counts "
+                      "only", stacklevel=3)
+        return ones
+    if constraints == "degree":
+        return degree
+    return np.stack([ones, degree], axis=1).reshape(-1)
+
+
+def _import_pymetis() -> Any:
+    try:
+        import pymetis
+    except ImportError:
+        raise ImportError("METIS partitioning needs pymetis: pip install pymetis "
+                          "(or install fullgraph with the 'metis' extra: "
+                          "pip install 'fullgraph[metis]')") from None
+    return pymetis
+
+
+def _idx_dtype(pymetis: Any) -> np.dtype:
+    """The integer dtype METIS was built with (arrays of it are passed without a copy)."""
+    zero_copy = getattr(pymetis, "zero_copy_dtype", None)
+    return np.dtype(np.int64) if zero_copy is None else zero_copy()
