@@ -18,7 +18,8 @@ $(STAMP): pyproject.toml
 	touch $@
 
 train: $(STAMP)
-	$(VENV)/bin/fullgraph train --dataset cora --normalize-features --model gcn --epochs 200
+	$(VENV)/bin/fullgraph train --dataset cora --normalize-features --model gcn --epochs 200 \
+		--strategy data --workers 2
 
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest -q

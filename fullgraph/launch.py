@@ -53,6 +53,7 @@ def threads_per_worker(local_workers: int) -> int:
 class WorkerExit:
     rank: int
     returncode: int
+    stopped: bool = False  # killed by the launcher, still running after the timeout
 
 
 def launch_local(argv: list[str], workers: int, *, timeout_s: float, run_dir: Path | None,
@@ -81,16 +82,18 @@ def _supervise(procs: list[subprocess.Popen], run_dir: Path, timeout_s: float) -
     """Wait for all workers; on the first failure give the rest ``timeout_s``, then kill."""
     deadline = None
     failed: list[WorkerExit] = []
+    stopped: set[int] = set()
     try:
         while any(p.poll() is None for p in procs):
             for rank, p in enumerate(procs):
                 code = p.poll()
                 if code not in (None, 0) and all(f.rank != rank for f in failed):
-                    failed.append(WorkerExit(rank, code))
+                    failed.append(WorkerExit(rank, code, rank in stopped))
                     deadline = deadline or time.monotonic() + timeout_s
             if deadline is not None and time.monotonic() > deadline:
-                for p in procs:
+                for rank, p in enumerate(procs):
                     if p.poll() is None:
+                        stopped.add(rank)
                         p.kill()
             time.sleep(0.05)
     except KeyboardInterrupt:
@@ -102,7 +105,7 @@ def _supervise(procs: list[subprocess.Popen], run_dir: Path, timeout_s: float) -
         return 130
     for rank, p in enumerate(procs):
         if p.returncode != 0 and all(f.rank != rank for f in failed):
-            failed.append(WorkerExit(rank, p.returncode))
+            failed.append(WorkerExit(rank, p.returncode, rank in stopped))
     if not failed:
         return 0
     print(describe_failure(failed, run_dir), file=sys.stderr)
@@ -118,8 +121,13 @@ def describe_failure(failed: list[WorkerExit], run_dir: Path) -> str:
             reports.append(json.loads(path.read_text()))
         else:
             status = run_dir / f"status-rank{f.rank}"
-            phase = status.read_text().strip() if status.is_file() else "start-up"
+            phase = (status.read_text().strip() if status.is_file() else "") or "start-up"
             how = f"signal {-f.returncode}" if f.returncode < 0 else f"exit code {f.returncode}"
+            if f.stopped:  # a reaction to the first failure, never the cause of it
+                reports.append({"rank": f.rank, "phase": phase, "time": float("inf"),
+                                "peer_failure": True, "error": "still running after the "
+                                "timeout, stopped by the launcher", "traceback": ""})
+                continue
             reports.append({"rank": f.rank, "phase": phase, "time": 0.0, "peer_failure": False,
                             "error": f"worker died ({how}) without a report",
                             "traceback": ""})
@@ -143,11 +151,17 @@ class WorkerStatus:
         self.rank = rank
         self.dir = Path(run_dir) if run_dir else None
         self.phase = "start-up"
+        if self.dir is not None:
+            # lets a supervisor (or a test) find and signal this very worker
+            (self.dir / f"pid-rank{self.rank}").write_text(str(os.getpid()))
 
     def set_phase(self, phase: str) -> None:
         self.phase = phase
         if self.dir is not None:
-            (self.dir / f"status-rank{self.rank}").write_text(phase)
+            # write-then-rename: a worker killed mid-write must not leave an empty status
+            tmp = self.dir / f".status-rank{self.rank}"
+            tmp.write_text(phase)
+            tmp.replace(self.dir / f"status-rank{self.rank}")
 
     def report_failure(self, exc: BaseException) -> None:
         from fullgraph.comm.primitives import CommError

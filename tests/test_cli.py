@@ -14,7 +14,8 @@ TRAIN_FLAGS = sorted("""
 --config --dataset --root --feature-dtype --normalize-features --split-seed --model --hidden
 --layers --dropout --input-dropout --activation --residual --decoupled --num-props --heads
 --out-heads --attn-dropout --epochs --lr --weight-decay --seed --device --eval-every
---metrics-out --progress --strategy --spmm-backend --threads
+--metrics-out --progress --strategy --spmm-backend --threads --workers --backend --timeout
+--run-dir --partitioner --partition-file --partition-seed --dep-mode --byte-cost --edge-cost
 """.split())
 
 

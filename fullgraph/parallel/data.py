@@ -37,6 +37,7 @@ from fullgraph.ops.spmm import aggregate
 from fullgraph.parallel.base import LocalResult, Plan, Strategy, register
 from fullgraph.parallel.rowplan import RowPlan, plan_rows
 from fullgraph.partition import PartitionBook, PartitionOptions, partition
+from fullgraph.profile import WAIT_PHASE
 
 MODES = ("depcomm", "depcache", "hybrid")
 
@@ -277,6 +278,8 @@ class DataParallel(Strategy):
         return halo_fetch(h, table, plan.comm, "halo")
 
     def sync_grads(self, model: StageProgram, plan: DataPlan) -> None:
+        # the barrier's time is this worker's wait for slower ones (profiled as "wait")
+        prim.barrier(plan.comm, WAIT_PHASE)
         all_reduce_grads(list(model.parameters()), plan.comm, "grad-sync")
 
     def reduce_loss(self, loss: Tensor, plan: DataPlan) -> float:

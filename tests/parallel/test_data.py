@@ -30,16 +30,16 @@ def make_dataset():
     return sbm(67, 3, avg_degree=5.0, num_features=9, seed=11)
 
 
-def make_model(name: str, decoupled: bool, in_dim: int, out_dim: int):
+def make_model(name: str, decoupled: bool, in_dim: int, out_dim: int, dtype=torch.float64):
     torch.manual_seed(0)
     opts = dict(num_layers=2, dropout=0.3, decoupled=decoupled, num_props=2)
     if name == "gat":
         opts.update(heads=2)
-    return build_model(name, in_dim, 5, out_dim, **opts).double()
+    return build_model(name, in_dim, 5, out_dim, **opts).to(dtype)
 
 
-def run_epochs(strategy, dataset, model, comm, epochs=3):
-    plan = strategy.setup(dataset, model, torch.device("cpu"), comm, dtype=torch.float64)
+def run_epochs(strategy, dataset, model, comm, epochs=3, dtype=torch.float64):
+    plan = strategy.setup(dataset, model, torch.device("cpu"), comm, dtype=dtype)
     opt = torch.optim.Adam(model.parameters(), lr=0.05)
     losses, outputs = [], None
     for epoch in range(1, epochs + 1):
@@ -84,6 +84,29 @@ CASES = {1: [c for c in ROTATED if c[3] == "depcomm"], 2: ROTATED, 3: ALL, 4: RO
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4])
 def test_data_parallel_matches_single(tmp_path, world_size):
     run_ranks(check_all, world_size, tmp_path, CASES[world_size])
+
+
+def check_float32(comm):
+    """float32: same program, per-row sums in the same order; only GEMMs over other row
+    subsets round differently, so 1e-5 relative (a few float32 ulps) is ample."""
+    dataset = make_dataset()
+    for name in MODELS:
+        ref_model = make_model(name, False, 9, 3, torch.float32)
+        ref, (ref_out, _), _ = run_epochs(SingleProcess(), dataset, ref_model, None,
+                                          dtype=torch.float32)
+        model = make_model(name, False, 9, 3, torch.float32)
+        strategy = DataParallel(DataParallel.Options(mode="depcomm"),
+                                PartitionOptions(method="metis"))
+        got, (out, gids), _ = run_epochs(strategy, dataset, model, comm, dtype=torch.float32)
+        torch.testing.assert_close(torch.tensor(got), torch.tensor(ref), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(out, ref_out[gids], rtol=1e-5, atol=1e-6)
+        for p, q in zip(model.parameters(), ref_model.parameters()):
+            torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.dist
+def test_data_parallel_float32(tmp_path):
+    run_ranks(check_float32, 3, tmp_path)
 
 
 def check_depcomm_bytes(comm):
