@@ -10,14 +10,15 @@ from __future__ import annotations
 from fullgraph.comm.exchange import ExchangeTable
 from fullgraph.comm.group import (DEFAULT_TIMEOUT_S, ByteCounter, Comm, destroy_comm, init_comm,
                                   single_comm)
-from fullgraph.comm.placement import (RowColLayout, all_reduce_grads, cols_to_rows, halo_fetch,
-                                      halo_scatter_add, rows_to_cols)
+from fullgraph.comm.placement import (RowColLayout, all_reduce_grads, cols_to_rows, gather_rows,
+                                      halo_fetch, halo_scatter_add, rows_to_cols)
 from fullgraph.comm.primitives import (CommError, ReduceOp, all_gather_object, all_gather_rows,
                                        all_reduce_, all_to_all_v, barrier, broadcast_)
 
 __all__ = [
     "DEFAULT_TIMEOUT_S", "ByteCounter", "Comm", "CommError", "ExchangeTable", "ReduceOp",
     "RowColLayout", "all_gather_object", "all_gather_rows", "all_reduce_", "all_reduce_grads",
-    "all_to_all_v", "barrier", "broadcast_", "cols_to_rows", "destroy_comm", "halo_fetch",
+    "all_to_all_v", "barrier", "broadcast_", "cols_to_rows", "destroy_comm", "gather_rows",
+    "halo_fetch",
     "halo_scatter_add", "init_comm", "rows_to_cols", "single_comm",
 ]

@@ -33,7 +33,7 @@ import torch
 from torch import Tensor
 
 from fullgraph.comm.exchange import ExchangeTable
-from fullgraph.comm.primitives import all_reduce_, all_to_all_v
+from fullgraph.comm.primitives import all_gather_rows, all_reduce_, all_to_all_v
 
 if TYPE_CHECKING:
     from fullgraph.comm.group import Comm
@@ -127,6 +127,32 @@ def _cols_to_rows(x_cols: Tensor, layout: RowColLayout, comm: Comm, phase: str) 
     return torch.cat([t.view(size) for t, size in zip(recv, sizes)], dim=1)
 
 
+def _row_offsets(row_counts: Sequence[int]) -> list[int]:
+    out = [0]
+    for n in row_counts:
+        out.append(out[-1] + int(n))
+    return out
+
+
+def _gather_rows(x_rows: Tensor, row_counts: Sequence[int], comm: Comm, phase: str) -> Tensor:
+    if comm.world_size == 1:
+        return x_rows
+    return torch.cat(all_gather_rows(x_rows.contiguous(), row_counts, comm, phase), dim=0)
+
+
+def _reduce_scatter_rows(x_full: Tensor, row_counts: Sequence[int], comm: Comm,
+                         phase: str) -> Tensor:
+    off = _row_offsets(row_counts)
+    if comm.world_size == 1:
+        return x_full
+    send = [x_full[off[p]:off[p + 1]].contiguous() for p in range(comm.world_size)]
+    recv = all_to_all_v(send, [row_counts[comm.rank]] * comm.world_size, comm, phase)
+    out = recv[0].clone()
+    for part in recv[1:]:  # fixed rank order: the same sum on every run
+        out += part
+    return out
+
+
 def _check_table(table: ExchangeTable, comm: Comm) -> None:
     if table.world_size != comm.world_size:
         raise ValueError(f"halo exchange: table is for {table.world_size} ranks, comm has "
@@ -178,6 +204,19 @@ class _ColsToRows(torch.autograd.Function):
     def backward(ctx: Any, grad_rows: Tensor) -> tuple[Tensor, None, None, None]:
         grad = _rows_to_cols(grad_rows, ctx.layout, ctx.comm, f"{ctx.phase}-grad")
         return grad, None, None, None
+
+
+class _GatherRows(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x_rows: Tensor, row_counts: tuple[int, ...], comm: Comm,
+                phase: str) -> Tensor:
+        ctx.row_counts, ctx.comm, ctx.phase = row_counts, comm, phase
+        return _gather_rows(x_rows, row_counts, comm, phase)
+
+    @staticmethod
+    def backward(ctx: Any, grad_full: Tensor) -> tuple[Tensor, None, None, None]:
+        return (_reduce_scatter_rows(grad_full, ctx.row_counts, ctx.comm, ctx.phase + "-grad"),
+                None, None, None)
 
 
 class _HaloFetch(torch.autograd.Function):
@@ -246,6 +285,24 @@ def cols_to_rows(x_cols: Tensor, layout: RowColLayout, comm: Comm,
         _check_layout(x_cols, layout, comm, layout.num_rows, layout.num_cols, "cols_to_rows")
         return x_cols
     return _ColsToRows.apply(x_cols, layout, comm, phase)
+
+
+def gather_rows(x_rows: Tensor, row_counts: Sequence[int], comm: Comm,
+                phase: str = "gather-rows") -> Tensor:
+    """Replicate row blocks on every rank; backward sums the gradients to the owners.
+
+    Placement: Shard(0) (rank p holds ``row_counts[p]`` consecutive rows) -> Replicate.
+    Forward: all-gather; backward: reduce-scatter (each rank sends block p of its
+    gradient to rank p, which sums them in rank order), under ``phase + "-grad"``.
+    Used to share per-edge attention weights in tensor parallelism.
+
+    Shapes:
+        x_rows: (row_counts[rank], *F). returns: (sum(row_counts), *F).
+
+    Bytes per rank: sent (R - 1) N_r prod(F) s, received (N - N_r) prod(F) s; the
+    backward swaps them.
+    """
+    return _GatherRows.apply(x_rows, tuple(int(n) for n in row_counts), comm, phase)
 
 
 def halo_fetch(x_rows: Tensor, table: ExchangeTable, comm: Comm, phase: str = "halo") -> Tensor:

@@ -71,6 +71,12 @@ class GNN(StageProgram):
         """Stages of coupled layer ``layer`` after its LayerInput."""
         raise NotImplementedError
 
+    def aggregate_first(self, in_dim: int, out_dim: int) -> bool:
+        """Whether a linear layer propagates before its weight: the ``aggregate_first``
+        option, else on the narrower side (``A (H W) = (A H) W``, fewer columns move)."""
+        first = self.conv_options.get("aggregate_first")
+        return in_dim <= out_dim if first is None else bool(first)
+
     def propagation(self, dim: int, num_props: int) -> list[Stage]:
         """Stages of the decoupled form after the MLP."""
         raise NotImplementedError

@@ -26,10 +26,7 @@ class GCN(GNN):
 
     def conv(self, layer: int, in_dim: int, out_dim: int, *, act: str | None,
              residual: bool) -> list[Stage]:
-        first = self.conv_options.get("aggregate_first")
-        if first is None:
-            first = in_dim <= out_dim
-        if first:
+        if self.aggregate_first(in_dim, out_dim):
             return [Propagate(in_dim, "gcn"), Dense(in_dim, out_dim, act=act, residual=residual)]
         return [Dense(in_dim, out_dim, bias=False), Propagate(out_dim, "gcn"),
                 Dense(out_dim, out_dim, linear=False, act=act, residual=residual)]

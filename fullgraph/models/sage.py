@@ -20,10 +20,7 @@ class GraphSAGE(GNN):
 
     def conv(self, layer: int, in_dim: int, out_dim: int, *, act: str | None,
              residual: bool) -> list[Stage]:
-        first = self.conv_options.get("aggregate_first")
-        if first is None:
-            first = in_dim <= out_dim
-        if first:
+        if self.aggregate_first(in_dim, out_dim):
             return [Propagate(in_dim, "mean"),
                     Dense(in_dim, out_dim, root_dim=in_dim, act=act, residual=residual)]
         return [Dense(in_dim, out_dim, bias=False), Propagate(out_dim, "mean"),

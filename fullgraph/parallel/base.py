@@ -141,6 +141,36 @@ class Strategy(ABC):
         return {s: (c / t if t else float("nan")) for s, (c, t) in counts.items()}
 
 
+class DistributedStrategy(Strategy):
+    """A strategy whose plan holds a ``comm``: global loss, counts and gradients."""
+
+    def sync_grads(self, model: StageProgram, plan: Plan) -> None:
+        from fullgraph.comm.placement import all_reduce_grads
+        from fullgraph.comm.primitives import barrier
+        from fullgraph.profile import WAIT_PHASE
+
+        comm = plan.comm  # type: ignore[attr-defined]
+        # the barrier's time is this worker's wait for slower ones (profiled as "wait")
+        barrier(comm, WAIT_PHASE)
+        all_reduce_grads(list(model.parameters()), comm, "grad-sync")
+
+    def reduce_loss(self, loss: Tensor, plan: Plan) -> float:
+        from fullgraph.comm.primitives import all_reduce_
+
+        value = loss.detach().reshape(1).to(torch.float64).clone()
+        all_reduce_(value, plan.comm, "metrics")  # type: ignore[attr-defined]
+        return float(value)
+
+    def reduce_counts(self, counts: dict[str, tuple[int, int]], plan: Plan) -> dict[str, float]:
+        from fullgraph.comm.primitives import all_reduce_
+
+        keys = sorted(counts)
+        flat = torch.tensor([v for k in keys for v in counts[k]], dtype=torch.int64)
+        all_reduce_(flat, plan.comm, "metrics")  # type: ignore[attr-defined]
+        totals = {k: (int(flat[2 * i]), int(flat[2 * i + 1])) for i, k in enumerate(keys)}
+        return super().reduce_counts(totals, plan)
+
+
 STRATEGIES: dict[str, type[Strategy]] = {}
 
 

@@ -28,16 +28,15 @@ from torch import Tensor
 
 from fullgraph.comm import primitives as prim
 from fullgraph.comm.exchange import ExchangeTable
-from fullgraph.comm.placement import all_reduce_grads, halo_fetch
+from fullgraph.comm.placement import halo_fetch
 from fullgraph.graph.csr import Graph
 from fullgraph.graph.data import Dataset
 from fullgraph.models.stages import (EdgeTransform, LayerInput, Propagate, StageContext,
                                      StageProgram, Transform, propagation_inputs)
 from fullgraph.ops.spmm import aggregate
-from fullgraph.parallel.base import LocalResult, Plan, Strategy, register
+from fullgraph.parallel.base import DistributedStrategy, LocalResult, Plan, register
 from fullgraph.parallel.rowplan import RowPlan, plan_rows
 from fullgraph.partition import PartitionBook, PartitionOptions, partition
-from fullgraph.profile import WAIT_PHASE
 
 MODES = ("depcomm", "depcache", "hybrid")
 
@@ -83,7 +82,7 @@ class DataPlan(Plan):
 
 
 @register
-class DataParallel(Strategy):
+class DataParallel(DistributedStrategy):
     """Row-partitioned execution with DepComm / DepCache / hybrid dependencies."""
 
     name = "data"
@@ -276,24 +275,6 @@ class DataParallel(Strategy):
         if table is None:
             return None
         return halo_fetch(h, table, plan.comm, "halo")
-
-    def sync_grads(self, model: StageProgram, plan: DataPlan) -> None:
-        # the barrier's time is this worker's wait for slower ones (profiled as "wait")
-        prim.barrier(plan.comm, WAIT_PHASE)
-        all_reduce_grads(list(model.parameters()), plan.comm, "grad-sync")
-
-    def reduce_loss(self, loss: Tensor, plan: DataPlan) -> float:
-        value = loss.detach().reshape(1).to(torch.float64).clone()
-        prim.all_reduce_(value, plan.comm, "metrics")
-        return float(value)
-
-    def reduce_counts(self, counts: dict[str, tuple[int, int]],
-                      plan: DataPlan) -> dict[str, float]:
-        keys = sorted(counts)
-        flat = torch.tensor([v for k in keys for v in counts[k]], dtype=torch.int64)
-        prim.all_reduce_(flat, plan.comm, "metrics")
-        totals = {k: (int(flat[2 * i]), int(flat[2 * i + 1])) for i, k in enumerate(keys)}
-        return super().reduce_counts(totals, plan)
 
 
 def _remote_in_neighbours(graph: Graph, owned: Tensor, part_of: Tensor, rank: int) -> Tensor:

@@ -203,7 +203,7 @@ def _assemble(program: StageProgram, graph: Graph, owned: np.ndarray, input_rows
             continue
         in_pos.append(None)
         layer_pos.append(None)
-        blocks.append(_block(graph, rows[s], cur, fetched[s], scratch))
+        blocks.append(build_block(graph, rows[s], cur, fetched[s], scratch))
         prev = stages[s - 1] if s else None
         shares.append(isinstance(stage, Propagate) and isinstance(prev, EdgeTransform)
                       and np.array_equal(fetched[s], fetched[s - 1]))
@@ -214,9 +214,14 @@ def _assemble(program: StageProgram, graph: Graph, owned: np.ndarray, input_rows
                    layer_pos, [torch.from_numpy(f) for f in fetched], blocks, shares)
 
 
-def _block(graph: Graph, dst: np.ndarray, cur: np.ndarray, fetched: np.ndarray,
-           scratch: np.ndarray) -> Block:
-    """Local CSR of ``dst`` with sources indexed in ``cur`` then ``fetched``."""
+def build_block(graph: Graph, dst: np.ndarray, cur: np.ndarray, fetched: np.ndarray,
+                scratch: np.ndarray | None = None) -> Block:
+    """Local CSR of ``dst`` with sources indexed in ``cur`` then ``fetched``.
+
+    Every source of an in-edge of ``dst`` must be in ``cur`` or ``fetched``.
+    """
+    if scratch is None:
+        scratch = np.zeros(graph.num_src, dtype=np.int64)
     sub_indptr, src, eids = in_edges(graph, dst)
     scratch[cur] = np.arange(cur.size)
     scratch[fetched] = cur.size + np.arange(fetched.size)

@@ -17,8 +17,8 @@ import torch
 import torch.distributed as dist
 
 from fullgraph.comm import (ByteCounter, Comm, ExchangeTable, RowColLayout, all_reduce_grads,
-                            cols_to_rows, halo_fetch, halo_scatter_add, rows_to_cols,
-                            single_comm)
+                            cols_to_rows, gather_rows, halo_fetch, halo_scatter_add,
+                            rows_to_cols, single_comm)
 from fullgraph.comm.placement import _ColsToRows, _HaloFetch, _HaloScatterAdd, _RowsToCols
 
 from harness import run_ranks
@@ -199,8 +199,29 @@ def _check_all_reduce_grads(comm: Comm) -> None:
     assert c.counter.snapshot()["grad-sync"]["calls"] == 2  # one per dtype
 
 
+def _check_gather_rows(comm: Comm) -> None:
+    """gather_rows replicates row blocks; its backward sums gradients to the owners."""
+    world, r = comm.world_size, comm.rank
+    counts = [3 + p for p in range(world)]  # uneven blocks
+    full = _randn(5, sum(counts), 2)
+    mine = full[sum(counts[:r]):sum(counts[:r + 1])].clone().requires_grad_(True)
+    c = _fresh(comm)
+    out = gather_rows(mine, counts, c, "share")
+    torch.testing.assert_close(out, full)
+    # every rank weighs the replicated rows by its own factor; the owner's gradient
+    # is the sum of all ranks' factors
+    (out * (r + 1)).sum().backward()
+    total = sum(p + 1 for p in range(world))
+    torch.testing.assert_close(mine.grad, torch.full_like(mine, float(total)))
+    itemsize, n_r, n = 8 * 2, counts[r], sum(counts)
+    if world > 1:
+        assert _counts(c) == {"share": ((world - 1) * n_r * itemsize, (n - n_r) * itemsize),
+                              "share-grad": ((n - n_r) * itemsize, (world - 1) * n_r * itemsize)}
+
+
 def check_placement(comm: Comm) -> None:
     assert comm.world_size > 1 or not dist.is_initialized()
+    _check_gather_rows(comm)
     _check_rows_cols(comm)
     _check_halo(comm)
     _check_all_reduce_grads(comm)

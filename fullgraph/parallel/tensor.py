@@ -1,0 +1,186 @@
+"""Tensor parallelism (NeutronTP): vertex tensors split by columns for propagation.
+
+Every worker holds the whole graph topology. T stages run on ``Shard(0)``: worker r
+owns a contiguous block of about N/R vertices and their whole rows. P stages run on
+``Shard(1)``: every vertex, a slice of about D/R columns, with the full graph and no
+communication (propagation is linear and column-independent). The executor keeps
+track of the current placement and changes it only when the next stage needs the
+other one (NeutronTP §3.1):
+- before a P stage on rows: ``split`` (rows -> columns, all-to-all);
+- before a T or E stage on columns: ``gather`` (columns -> rows, all-to-all).
+
+So the program decides the communication: a coupled model alternates (naive tensor
+parallelism, 2 collectives per layer), a decoupled one runs all T stages, one split,
+K propagations, one gather: 4 collective rounds per epoch with the backward,
+whatever L and K are (NeutronTP §4.1).
+
+E stages (GAT attention) need whole rows of both endpoints: each worker computes the
+coefficients of the in-edges of the destinations it owns, fetching the source rows
+it does not own (a halo exchange), and the coefficients are then shared with every
+worker (all-gather; its backward sums the coefficient gradients back to the owner),
+so each can propagate its column slice. Attention parameters are trained (their
+gradients flow through the shared coefficients).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from fullgraph.comm.exchange import ExchangeTable
+from fullgraph.comm.placement import (RowColLayout, cols_to_rows, gather_rows, halo_fetch,
+                                      rows_to_cols)
+from fullgraph.graph.csr import Graph
+from fullgraph.graph.data import Dataset
+from fullgraph.models.stages import (EdgeTransform, LayerInput, Propagate, StageContext,
+                                     StageProgram, Transform, propagation_inputs)
+from fullgraph.ops import spmm
+from fullgraph.parallel.base import DistributedStrategy, LocalResult, Plan, register
+from fullgraph.parallel.rowplan import Block, build_block, in_edges
+
+
+@dataclass
+class EdgePlan:
+    """What an E stage needs on this worker: its block and the halo of source rows."""
+
+    block: Block
+    table: ExchangeTable | None
+    edge_counts: list[int]
+
+
+@dataclass
+class TensorPlan(Plan):
+    """A worker's state for tensor-parallel execution."""
+
+    comm: Any
+    graph: Graph
+    norms: dict[str, Tensor]
+    row_counts: list[int]
+    gids: Tensor
+    features: Tensor
+    edges: EdgePlan | None = None
+    layouts: dict[int, RowColLayout] = field(default_factory=dict)
+
+    def layout(self, dim: int) -> RowColLayout:
+        if dim not in self.layouts:
+            self.layouts[dim] = RowColLayout.for_rows(self.row_counts, dim)
+        return self.layouts[dim]
+
+
+@register
+class TensorParallel(DistributedStrategy):
+    """Column-split propagation, row-split transforms (NeutronTP)."""
+
+    name = "tensor"
+
+    def setup(self, dataset: Dataset, program: StageProgram, device: torch.device,
+              comm: Any = None, dtype: torch.dtype = torch.float32) -> TensorPlan:
+        if comm is None:
+            from fullgraph.comm.group import single_comm
+
+            comm = single_comm()
+        graph, norms = propagation_inputs(program, dataset.graph, dtype)
+        graph.transpose()  # the backward CSR, built once
+        n, world = graph.num_dst, comm.world_size
+        row_counts = [n // world + (1 if r < n % world else 0) for r in range(world)]
+        start = sum(row_counts[:comm.rank])
+        gids = torch.arange(start, start + row_counts[comm.rank])
+        data = dataset.data
+        masks = {"train": data.train_mask, "val": data.val_mask, "test": data.test_mask}
+        plan = TensorPlan(
+            device=device, labels=data.labels[gids].to(device),
+            masks={k: v[gids].to(device) for k, v in masks.items()},
+            num_train_global=int(data.train_mask.sum()), comm=comm,
+            graph=graph.to(device), norms={k: v.to(device) for k, v in norms.items()},
+            row_counts=row_counts, gids=gids.to(device),
+            features=data.features[gids].to(dtype).to(device))
+        if any(isinstance(s, EdgeTransform) for s in program.stages):
+            plan.edges = _edge_plan(graph, row_counts, comm)
+        return plan
+
+    def forward(self, model: StageProgram, plan: TensorPlan, *, training: bool,
+                seed: int) -> LocalResult:
+        comm = plan.comm
+        h, on_rows, layer_input = plan.features, True, None
+        edge_weight: Tensor | None = None
+        ctx = StageContext(plan.gids, seed, training)
+        for stage in model.stages:
+            if isinstance(stage, Propagate):
+                if on_rows:  # split: Shard(0) -> Shard(1)
+                    h, on_rows = rows_to_cols(h, plan.layout(h.shape[1]), comm), False
+                weight = edge_weight if stage.norm == "edge" else plan.norms[stage.norm]
+                h = _propagate_cols(plan, h, weight, stage.in_dim)
+                continue
+            if not on_rows:  # gather: Shard(1) -> Shard(0)
+                h, on_rows = cols_to_rows(h, plan.layout(stage.in_dim), comm), True
+            if isinstance(stage, EdgeTransform):
+                edge_weight = _edge_weights(plan, stage, h, ctx)
+                continue
+            h = stage(h, ctx, layer_input)
+            if isinstance(stage, LayerInput):
+                layer_input = h
+        if not on_rows:
+            h = cols_to_rows(h, plan.layout(model.out_dim), comm)
+        return LocalResult(h, plan.gids)
+
+
+def _col_range(plan: TensorPlan, dim: int) -> tuple[int, int]:
+    cols = plan.layout(dim).col_slice(plan.comm.rank)
+    return int(cols.start), int(cols.stop)
+
+
+def _propagate_cols(plan: TensorPlan, h_cols: Tensor, weight: Tensor, dim: int) -> Tensor:
+    """P on this worker's column slice of all vertices; multi-head weights per head."""
+    if weight.dim() == 1 or weight.shape[1] == 1:
+        return spmm(plan.graph, h_cols, weight.reshape(-1))
+    c0, c1 = _col_range(plan, dim)
+    if c1 == c0:  # more workers than columns: this slice is empty
+        return h_cols
+    chans = dim // weight.shape[1]
+    parts = []
+    for head in range(c0 // chans, (c1 - 1) // chans + 1):  # heads the slice overlaps
+        lo, hi = max(c0, head * chans), min(c1, (head + 1) * chans)
+        parts.append(spmm(plan.graph, h_cols[:, lo - c0:hi - c0], weight[:, head]))
+    return torch.cat(parts, dim=1)
+
+
+def _edge_plan(graph: Graph, row_counts: list[int], comm: Any) -> EdgePlan:
+    """The block of this worker's destinations and the halo of their remote sources."""
+    from fullgraph.comm import primitives as prim
+
+    offsets = np.concatenate([[0], np.cumsum(row_counts)]).astype(np.int64)
+    lo, hi = int(offsets[comm.rank]), int(offsets[comm.rank + 1])
+    own = np.arange(lo, hi, dtype=np.int64)
+    _, src, _ = in_edges(graph, own)
+    src = np.unique(src)
+    fetched = src[(src < lo) | (src >= hi)]  # ascending gid = grouped by owner
+    owners = np.searchsorted(offsets, fetched, side="right") - 1
+    block = build_block(graph, own, own, fetched)
+    indptr = graph.indptr
+    edge_counts = [int(indptr[offsets[p + 1]] - indptr[offsets[p]])
+                   for p in range(comm.world_size)]
+    if comm.world_size == 1:
+        return EdgePlan(block, None, edge_counts)
+    needed_from = [torch.from_numpy(fetched[owners == p]) for p in range(comm.world_size)]
+    counts = prim.all_to_all_v([torch.tensor([t.numel()]) for t in needed_from],
+                               [1] * comm.world_size, comm, "setup")
+    needed_by = prim.all_to_all_v(needed_from, [int(c) for c in counts], comm, "setup")
+    table = ExchangeTable(send_idx=[g - lo for g in needed_by],
+                          recv_rows=[t.numel() for t in needed_from])
+    return EdgePlan(block, table, edge_counts)
+
+
+def _edge_weights(plan: TensorPlan, stage: EdgeTransform, h_rows: Tensor,
+                  ctx: StageContext) -> Tensor:
+    """Coefficients of every edge: own destinations' edges computed here, then shared."""
+    edges = plan.edges
+    assert edges is not None, "an E stage needs the edge plan built in setup"
+    halo = None if edges.table is None else halo_fetch(h_rows, edges.table, plan.comm,
+                                                       "edge-halo")
+    x_src = h_rows if halo is None else torch.cat([h_rows, halo])
+    local = stage(edges.block.graph, h_rows, x_src,
+                  StageContext(ctx.gids, ctx.seed, ctx.training, edges.block.eids))
+    return gather_rows(local, edges.edge_counts, plan.comm, "edge-share")

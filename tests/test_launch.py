@@ -1,0 +1,316 @@
+"""The local launcher (``fullgraph train --workers N``) and torchrun, end to end.
+
+Every test here runs the real CLI in subprocesses: the launcher, its gloo workers,
+or ``torch.distributed.run``. Failures are provoked from outside (SIGKILL through the
+``pid-rank<R>`` file a worker writes) or injected with a ``sitecustomize`` module put
+on the workers' PYTHONPATH, so the product code carries no test hooks.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+EPOCHS = 5
+TRAIN = ["train", "--epochs", str(EPOCHS), "--dropout", "0.5", "--progress", "off",
+         "--timeout", "60"]
+LAUNCHER_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                "MASTER_ADDR", "MASTER_PORT", "FULLGRAPH_RUN_DIR", "FULLGRAPH_THREADS",
+                "OMP_NUM_THREADS", "TORCHELASTIC_RUN_ID")
+
+
+def fullgraph_cmd() -> list[str]:
+    """The installed ``fullgraph`` script next to this interpreter, else ``-m``."""
+    script = Path(sys.executable).with_name("fullgraph")
+    return [str(script)] if script.is_file() else [sys.executable, "-m", "fullgraph.cli"]
+
+
+def clean_env(data_root: Path, **extra: str) -> dict[str, str]:
+    """This environment without launcher variables (pytest itself may run under one)."""
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_ENV}
+    env.update(FULLGRAPH_DATA=str(data_root), **extra)
+    return env
+
+
+def two_cores() -> None:
+    """preexec_fn: at most two CPUs, so the thread budget is the same on any machine."""
+    if hasattr(os, "sched_setaffinity"):
+        cpus = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, cpus[:2])
+
+
+def run_cli(args: list[str], data_root: Path, *, timeout: float = 60,
+            cmd: list[str] | None = None, **extra_env: str) -> subprocess.CompletedProcess:
+    return subprocess.run((cmd or fullgraph_cmd()) + args, env=clean_env(data_root, **extra_env),
+                          capture_output=True, text=True, timeout=timeout,
+                          preexec_fn=two_cores)
+
+
+def events(path: Path, kind: str) -> list[dict]:
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [r for r in records if r["event"] == kind]
+
+
+def final_accuracy(stdout: str) -> str:
+    found = re.findall(r"final test accuracy ([0-9.]+%)", stdout)
+    assert len(found) == 1, stdout
+    return found[0]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def data_root(tmp_path_factory) -> Path:
+    """A dataset root with the built-in Cora (copied on first use) and a small SBM graph."""
+    root = tmp_path_factory.mktemp("data")
+    out = run_cli(["generate", "sbm", "--vertices", "2000", "--name", "toy"], root)
+    assert out.returncode == 0, out.stderr
+    return root
+
+
+@pytest.fixture(scope="module")
+def launched(data_root, tmp_path_factory):
+    """One ``--strategy data --workers 2`` run on Cora, shared by several tests."""
+    tmp = tmp_path_factory.mktemp("launched")
+    metrics, run_dir = tmp / "metrics.jsonl", tmp / "run"
+    out = run_cli(TRAIN + ["--strategy", "data", "--workers", "2", "--metrics-out", str(metrics),
+                           "--run-dir", str(run_dir)], data_root)
+    return out, metrics, run_dir
+
+
+@pytest.mark.dist
+def test_two_workers_end_to_end(launched):
+    out, metrics, run_dir = launched
+    assert out.returncode == 0, out.stdout + out.stderr
+    stdout = out.stdout
+    for line in ("per-rank medians", "compute max/min", "slowest rank", "final test accuracy"):
+        assert line in stdout, stdout
+    final_accuracy(stdout)
+    # every epoch: one record per rank
+    by_epoch: dict[int, set[int]] = {}
+    for r in events(metrics, "rank_epoch"):
+        by_epoch.setdefault(r["epoch"], set()).add(r["rank"])
+    assert by_epoch == {e: {0, 1} for e in range(1, EPOCHS + 1)}
+    assert [r["epoch"] for r in events(metrics, "epoch")] == list(range(1, EPOCHS + 1))
+    # rank 1 writes to its log; only rank 0 reports on the terminal (each line once)
+    assert (run_dir / "rank1.log").is_file()
+    assert not (run_dir / "rank0.log").exists()
+    assert stdout.count("dataset  cora") == 1 and stdout.count("final test accuracy") == 1
+    assert stdout.count("per-rank medians") == 1
+    assert "rank 1" not in out.stderr
+    assert (run_dir / "status-rank1").read_text() == "done"
+    assert (run_dir / "pid-rank1").read_text().strip().isdigit()
+    assert not list(run_dir.glob("failure-rank*.json"))
+
+
+@pytest.mark.dist
+def test_two_workers_match_single_process_losses(launched, data_root, tmp_path):
+    out, metrics, _ = launched
+    assert out.returncode == 0, out.stderr
+    single = tmp_path / "single.jsonl"
+    ref = run_cli(TRAIN + ["--strategy", "single", "--metrics-out", str(single)], data_root)
+    assert ref.returncode == 0, ref.stderr
+    dist_losses = [r["loss"] for r in events(metrics, "epoch")]
+    single_losses = [r["loss"] for r in events(single, "epoch")]
+    assert len(dist_losses) == len(single_losses) == EPOCHS
+    np.testing.assert_allclose(dist_losses, single_losses, rtol=1e-5, atol=1e-6)
+    assert final_accuracy(out.stdout) == final_accuracy(ref.stdout)
+
+
+@pytest.mark.dist
+def test_thread_budget_in_header(launched, data_root, tmp_path):
+    out, _, _ = launched  # two workers on (at most) two cores: one thread each
+    assert re.search(r"2 worker\(s\), device cpu, 1 threads", out.stdout), out.stdout
+    two = run_cli(["train", "--epochs", "1", "--progress", "off", "--strategy", "data",
+                   "--workers", "2", "--threads", "2", "--run-dir", str(tmp_path / "run")],
+                  data_root)
+    assert two.returncode == 0, two.stderr
+    assert re.search(r"2 worker\(s\), device cpu, 2 threads", two.stdout), two.stdout
+
+
+@pytest.mark.dist
+def test_torchrun_gives_the_same_result(launched, data_root, tmp_path):
+    out, metrics, _ = launched
+    assert out.returncode == 0, out.stderr
+    torch_metrics = tmp_path / "torchrun.jsonl"
+    run = run_cli(["--nproc-per-node", "2", "--master-port", str(free_port()),
+                   "-m", "fullgraph.cli"] + TRAIN +
+                  ["--strategy", "data", "--metrics-out", str(torch_metrics)], data_root,
+                  cmd=[sys.executable, "-m", "torch.distributed.run"])
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert final_accuracy(run.stdout) == final_accuracy(out.stdout)
+    assert "per-rank medians" in run.stdout
+    np.testing.assert_allclose([r["loss"] for r in events(torch_metrics, "epoch")],
+                               [r["loss"] for r in events(metrics, "epoch")],
+                               rtol=1e-5, atol=1e-6)
+
+
+# ---------------------------------------------------------------- failures
+
+LONG_RUN = ["train", "--strategy", "data", "--workers", "2", "--dataset", "toy",
+            "--epochs", "100000", "--progress", "off"]
+
+INJECT = textwrap.dedent('''\
+    """Test-only: make chosen ranks raise or hang when they reach a chosen phase."""
+    import os
+
+    _spec = os.environ.get("FG_TEST_INJECT")  # "rank:phase:raise|hang;..."
+    if _spec and "RANK" in os.environ:
+        import time
+
+        import fullgraph.launch as _launch
+
+        _rules = {}
+        for _item in _spec.split(";"):
+            _rank, _phase, _action = _item.split(":")
+            _rules[int(_rank)] = (_phase, _action)
+        _original = _launch.WorkerStatus.set_phase
+
+        def _set_phase(self, phase):
+            _original(self, phase)
+            rule = _rules.get(self.rank)
+            if rule is not None and phase == rule[0]:
+                if rule[1] == "raise":
+                    raise RuntimeError("injected failure")
+                while True:
+                    time.sleep(0.5)
+
+        _launch.WorkerStatus.set_phase = _set_phase
+''')
+
+
+def _alive(pid: int) -> bool:
+    """True while ``pid`` is a running (not zombie) fullgraph worker."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+    return b"fullgraph" in cmdline and state != "Z"
+
+
+def _epoch_of(run_dir: Path, rank: int) -> int:
+    try:
+        found = re.match(r"epoch (\d+)", (run_dir / f"status-rank{rank}").read_text())
+    except FileNotFoundError:
+        return 0
+    return int(found.group(1)) if found else 0
+
+
+class LongRun:
+    """A launcher running ``LONG_RUN`` in the background; kills what is left on exit."""
+
+    def __init__(self, data_root: Path, tmp_path: Path, timeout_s: float, **env: str) -> None:
+        self.run_dir = tmp_path / "run"
+        self.out, self.err = tmp_path / "stdout", tmp_path / "stderr"
+        with open(self.out, "w") as out, open(self.err, "w") as err:
+            self.proc = subprocess.Popen(
+                fullgraph_cmd() + LONG_RUN + ["--timeout", str(timeout_s),
+                                              "--run-dir", str(self.run_dir)],
+                env=clean_env(data_root, **env), stdout=out, stderr=err, preexec_fn=two_cores)
+        self.pids: dict[int, int] = {}
+
+    def wait_for_epoch(self, epoch: int, limit_s: float = 40) -> None:
+        deadline = time.monotonic() + limit_s
+        while min(_epoch_of(self.run_dir, r) for r in (0, 1)) < epoch:
+            assert self.proc.poll() is None, self.err.read_text()
+            assert time.monotonic() < deadline, "workers never reached epoch %d" % epoch
+            time.sleep(0.05)
+        self.load_pids()
+
+    def load_pids(self) -> None:
+        self.pids = {r: int((self.run_dir / f"pid-rank{r}").read_text()) for r in (0, 1)}
+
+    def wait(self, limit_s: float) -> tuple[int, float, str]:
+        t0 = time.monotonic()
+        code = self.proc.wait(timeout=limit_s)
+        return code, time.monotonic() - t0, self.err.read_text()
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        for pid in self.pids.values():
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+    def assert_no_worker_left(self) -> None:
+        assert self.pids and not [p for p in self.pids.values() if _alive(p)]
+
+
+@pytest.fixture
+def long_run(data_root, tmp_path):
+    runs: list[LongRun] = []
+
+    def start(timeout_s: float, **env: str) -> LongRun:
+        runs.append(LongRun(data_root, tmp_path, timeout_s, **env))
+        return runs[-1]
+
+    yield start
+    for run in runs:
+        run.close()
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize("victim", [1, 0])
+def test_killed_worker_is_named_with_its_phase(long_run, victim):
+    run = long_run(20)
+    run.wait_for_epoch(3)
+    os.kill(run.pids[victim], signal.SIGKILL)
+    code, took, err = run.wait(limit_s=40)
+    assert code != 0 and took < 40
+    first = err.strip().splitlines()[0]
+    assert re.match(rf"fullgraph: worker rank {victim} failed during epoch \d+ [a-z ]+: "
+                    r"worker died \(signal 9\) without a report$", first), err
+    survivor = 1 - victim
+    assert f"ranks [{survivor}] stopped after it" in err
+    # the survivor saw the peer failure and said so in its report
+    report = json.loads((run.run_dir / f"failure-rank{survivor}.json").read_text())
+    assert report["rank"] == survivor and report["peer_failure"] is True, report
+    assert "CommError" in report["error"]
+    assert not (run.run_dir / f"failure-rank{victim}.json").exists()
+    run.assert_no_worker_left()
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize("peer", ["reacts", "hangs"])
+def test_raising_worker_is_named_not_its_peer(long_run, tmp_path, peer):
+    """Rank 1 raises at epoch 3. Its peer either fails in its next collective (a peer
+    failure) or hangs outside any collective and is killed after the timeout; either
+    way the launcher names rank 1 and its exception, never the peer."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(INJECT)
+    rules = "1:epoch 3 training step:raise"
+    if peer == "hangs":
+        rules += ";0:epoch 3 training step:hang"
+    run = long_run(8, PYTHONPATH=str(site), FG_TEST_INJECT=rules)
+    code, took, err = run.wait(limit_s=50)
+    run.load_pids()
+    lines = err.strip().splitlines()
+    assert code != 0, err
+    assert lines[0] == ("fullgraph: worker rank 1 failed during epoch 3 training step: "
+                        "RuntimeError: injected failure"), err
+    assert "Traceback" in err and "ranks [0] stopped after it" in err
+    report = json.loads((run.run_dir / "failure-rank1.json").read_text())
+    assert report["peer_failure"] is False and report["phase"] == "epoch 3 training step"
+    if peer == "reacts":
+        assert json.loads((run.run_dir / "failure-rank0.json").read_text())["peer_failure"]
+    else:  # killed by the launcher after --timeout, without a report of its own
+        assert not (run.run_dir / "failure-rank0.json").exists()
+        assert took >= 8
+    run.assert_no_worker_left()
