@@ -171,6 +171,12 @@ def _data_parallel_options() -> type:
     return DataParallel.Options
 
 
+def _tensor_parallel_options() -> type:
+    from fullgraph.parallel.tensor import TensorParallel
+
+    return TensorParallel.Options
+
+
 def _partition_options() -> type:
     from fullgraph.partition import PartitionOptions
 
@@ -188,6 +194,7 @@ class Config:
     launch: LaunchConfig = field(default_factory=LaunchConfig)
     partition: Any = field(default_factory=lambda: _partition_options()())
     data_parallel: Any = field(default_factory=lambda: _data_parallel_options()())
+    tensor_parallel: Any = field(default_factory=lambda: _tensor_parallel_options()())
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -197,7 +204,8 @@ def sections() -> dict[str, type]:
     """Section name -> its options dataclass (strategy sections included)."""
     return {"data": DataConfig, "model": ModelConfig, "train": TrainConfig,
             "runtime": RuntimeConfig, "launch": LaunchConfig, "partition": _partition_options(),
-            "data_parallel": _data_parallel_options()}
+            "data_parallel": _data_parallel_options(),
+            "tensor_parallel": _tensor_parallel_options()}
 
 
 def config_from_dict(tree: dict[str, Any], source: str = "config") -> Config:

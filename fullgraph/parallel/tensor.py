@@ -38,8 +38,10 @@ from fullgraph.graph.data import Dataset
 from fullgraph.models.stages import (EdgeTransform, LayerInput, Propagate, StageContext,
                                      StageProgram, Transform, propagation_inputs)
 from fullgraph.ops import spmm
+from fullgraph.ops.chunked import Chunk, build_chunks, chunked_spmm
 from fullgraph.parallel.base import DistributedStrategy, LocalResult, Plan, register
 from fullgraph.parallel.rowplan import Block, build_block, in_edges
+from fullgraph.schedule.chunks import MemoryAccount, chunk_ranges, even_ranges, parse_bytes
 
 
 @dataclass
@@ -63,6 +65,8 @@ class TensorPlan(Plan):
     features: Tensor
     edges: EdgePlan | None = None
     layouts: dict[int, RowColLayout] = field(default_factory=dict)
+    chunks: list[Chunk] | None = None
+    account: MemoryAccount | None = None
 
     def layout(self, dim: int) -> RowColLayout:
         if dim not in self.layouts:
@@ -75,6 +79,30 @@ class TensorParallel(DistributedStrategy):
     """Column-split propagation, row-split transforms (NeutronTP)."""
 
     name = "tensor"
+
+    @dataclass(frozen=True, kw_only=True)
+    class Options:
+        """Options of tensor parallelism (NeutronTP §4.2).
+
+        Attributes:
+            device_memory: budget for propagation on the device, e.g. ``"2GB"``; the
+                graph is then cut into chunks that fit it, streamed from host memory
+                (default: None, the whole graph at once).
+            num_chunks: cut into this many equal chunks instead (default: None).
+        """
+
+        device_memory: str | None = None
+        num_chunks: int | None = None
+
+        def __post_init__(self) -> None:
+            if self.device_memory is not None:
+                parse_bytes(self.device_memory)  # raises on a bad size
+            if self.num_chunks is not None and self.num_chunks < 1:
+                raise ValueError(f"num_chunks must be >= 1, got {self.num_chunks}")
+
+    @classmethod
+    def from_config(cls, cfg: Any) -> "TensorParallel":
+        return cls(cfg.tensor_parallel)
 
     def setup(self, dataset: Dataset, program: StageProgram, device: torch.device,
               comm: Any = None, dtype: torch.dtype = torch.float32) -> TensorPlan:
@@ -99,7 +127,25 @@ class TensorParallel(DistributedStrategy):
             features=data.features[gids].to(dtype).to(device))
         if any(isinstance(s, EdgeTransform) for s in program.stages):
             plan.edges = _edge_plan(graph, row_counts, comm)
+        self._chunk(program, plan, dtype)
         return plan
+
+    def _chunk(self, program: StageProgram, plan: TensorPlan, dtype: torch.dtype) -> None:
+        """Cut the graph into destination chunks when a budget or a count is given."""
+        opts = self.options
+        if opts.device_memory is None and opts.num_chunks is None:
+            return
+        n, world = plan.graph.num_dst, plan.comm.world_size
+        widest = max((-(-s.in_dim // world) for s in program.stages
+                      if isinstance(s, Propagate)), default=1)
+        itemsize = torch.empty(0, dtype=dtype).element_size()
+        if opts.device_memory is not None:
+            budget = parse_bytes(opts.device_memory)
+            ranges = chunk_ranges(plan.graph.indptr, budget, widest, itemsize)
+        else:
+            budget, ranges = None, even_ranges(n, opts.num_chunks)
+        plan.chunks = build_chunks(plan.graph.to("cpu"), ranges)
+        plan.account = MemoryAccount(budget)
 
     def forward(self, model: StageProgram, plan: TensorPlan, *, training: bool,
                 seed: int) -> LocalResult:
@@ -132,10 +178,18 @@ def _col_range(plan: TensorPlan, dim: int) -> tuple[int, int]:
     return int(cols.start), int(cols.stop)
 
 
+def _aggregate(plan: TensorPlan, h_cols: Tensor, weight: Tensor) -> Tensor:
+    """One weighted SpMM over the whole graph, or chunk by chunk on the device."""
+    if plan.chunks is None:
+        return spmm(plan.graph, h_cols, weight)
+    return chunked_spmm(plan.chunks, plan.graph.num_dst, h_cols, weight, plan.device,
+                        plan.account)
+
+
 def _propagate_cols(plan: TensorPlan, h_cols: Tensor, weight: Tensor, dim: int) -> Tensor:
     """P on this worker's column slice of all vertices; multi-head weights per head."""
     if weight.dim() == 1 or weight.shape[1] == 1:
-        return spmm(plan.graph, h_cols, weight.reshape(-1))
+        return _aggregate(plan, h_cols, weight.reshape(-1))
     c0, c1 = _col_range(plan, dim)
     if c1 == c0:  # more workers than columns: this slice is empty
         return h_cols
@@ -143,7 +197,7 @@ def _propagate_cols(plan: TensorPlan, h_cols: Tensor, weight: Tensor, dim: int) 
     parts = []
     for head in range(c0 // chans, (c1 - 1) // chans + 1):  # heads the slice overlaps
         lo, hi = max(c0, head * chans), min(c1, (head + 1) * chans)
-        parts.append(spmm(plan.graph, h_cols[:, lo - c0:hi - c0], weight[:, head]))
+        parts.append(_aggregate(plan, h_cols[:, lo - c0:hi - c0], weight[:, head]))
     return torch.cat(parts, dim=1)
 
 

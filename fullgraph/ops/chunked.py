@@ -1,0 +1,157 @@
+"""SpMM over a graph cut into destination chunks, streamed to a compute device.
+
+The graph and the dense rows stay in host memory (pinned when the device is a GPU);
+each chunk's CSR, the source rows it reads and its output rows are copied to the
+device, aggregated there and copied back (NeutronTP §4.2.1). The backward streams
+the same chunks: each chunk's transposed product gives gradients for the chunk's
+source rows, which are summed into the host gradient (copies of a source in
+several chunks add up, by associativity). On the CPU the "device" is the host and
+the same code runs; the ``MemoryAccount`` then enforces the budget.
+
+Shapes: N_dst, N_src vertices, E edges, D columns; chunk k has R_k rows, E_k edges
+and S_k distinct sources.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from fullgraph.graph.csr import Graph
+from fullgraph.ops.spmm import aggregate, edge_dot
+from fullgraph.schedule.chunks import MemoryAccount
+
+
+@dataclass
+class Chunk:
+    """Destinations ``[start, stop)`` with their in-edges ``[edge_start, edge_stop)``.
+
+    Attributes:
+        graph: CSR of the chunk with sources renumbered 0..S_k-1 (host memory).
+        src: (S_k,) global ids of the chunk's distinct sources, ascending.
+    """
+
+    start: int
+    stop: int
+    edge_start: int
+    edge_stop: int
+    graph: Graph
+    src: Tensor
+
+
+def build_chunks(graph: Graph, ranges: list[tuple[int, int]]) -> list[Chunk]:
+    """Cut ``graph`` into the given destination ranges (a logical cut: views + renumbering)."""
+    indptr = graph.indptr.cpu().numpy()
+    indices = graph.indices.cpu().numpy()
+    chunks = []
+    for start, stop in ranges:
+        e0, e1 = int(indptr[start]), int(indptr[stop])
+        src_global = indices[e0:e1]
+        src, local = np.unique(src_global, return_inverse=True)
+        sub = Graph(torch.from_numpy(indptr[start:stop + 1] - e0),
+                    torch.from_numpy(local.astype(np.int64)), num_src=int(src.size),
+                    validate=False)
+        chunks.append(Chunk(start, stop, e0, e1, sub, torch.from_numpy(src.astype(np.int64))))
+    return chunks
+
+
+def chunked_spmm(chunks: list[Chunk], num_dst: int, x: Tensor, weight: Tensor | None,
+                 device: torch.device, account: MemoryAccount | None = None) -> Tensor:
+    """``out[i] = sum_e weight[e] x[src_e]`` computed chunk by chunk on ``device``.
+
+    Args:
+        chunks: from ``build_chunks``; they cover destinations 0..num_dst-1.
+        num_dst: N_dst.
+        x: (N_src, D) source rows (host memory, or already on ``device``).
+        weight: None or (E,) edge weights in the graph's CSR order.
+        device: where each chunk is computed.
+        account: records the device bytes each chunk holds (default: None).
+
+    Returns:
+        (N_dst, D) on ``x``'s device, differentiable in ``x`` and ``weight``.
+    """
+    return _ChunkedSpMM.apply(x, weight, chunks, num_dst, device, account)
+
+
+def _to(t: Tensor | None, device: torch.device) -> Tensor | None:
+    if t is None or t.device == device:
+        return t
+    if t.device.type == "cpu" and device.type == "cuda":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
+
+
+class _ChunkedSpMM(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor | None, chunks: list[Chunk], num_dst: int,
+                device: torch.device, account: MemoryAccount | None) -> Tensor:
+        ctx.chunks, ctx.device, ctx.account, ctx.num_src = chunks, device, account, x.shape[0]
+        ctx.save_for_backward(x if weight is not None and weight.requires_grad else None, weight)
+        out = torch.empty(num_dst, x.shape[1], dtype=x.dtype, device=x.device)
+        for c in chunks:
+            g = c.graph.to(device)
+            w = _to(None if weight is None else weight[c.edge_start:c.edge_stop].detach(), device)
+            xs = _to(x.detach().index_select(0, c.src.to(x.device)), device)
+            held = _hold(account, g.indptr, g.indices, xs, w)
+            res = aggregate(g, xs, w, "sum")
+            held += _hold(account, res)
+            out[c.start:c.stop] = res.to(x.device)
+            _release(account, held)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out: Tensor):
+        x, weight = ctx.saved_tensors
+        need_x, need_w = ctx.needs_input_grad[0], weight is not None and ctx.needs_input_grad[1]
+        grad_x = grad_w = None
+        if need_x:
+            grad_x = torch.zeros(ctx.num_src, grad_out.shape[1], dtype=grad_out.dtype,
+                                 device=grad_out.device)
+        if need_w:
+            grad_w = torch.zeros_like(weight)
+        for c in ctx.chunks:
+            gout = _to(grad_out[c.start:c.stop].contiguous(), ctx.device)
+            held = _hold(ctx.account, gout)
+            if need_x:
+                _source_grads(c, gout, weight, grad_x, ctx.device, ctx.account)
+            if need_w:
+                _weight_grads(c, gout, x, grad_w, ctx.device, ctx.account)
+            _release(ctx.account, held)
+        return grad_x, grad_w, None, None, None, None
+
+
+def _hold(account: MemoryAccount | None, *tensors: Tensor | None) -> int:
+    return account.hold(*(t for t in tensors if t is not None)) if account else 0
+
+
+def _release(account: MemoryAccount | None, nbytes: int) -> None:
+    if account:
+        account.release(nbytes)
+
+
+def _source_grads(c: Chunk, gout: Tensor, weight: Tensor | None, grad_x: Tensor,
+                  device: torch.device, account: MemoryAccount | None) -> None:
+    """grad_x[src] += A_k^T gout through the chunk's transposed CSR."""
+    t = c.graph.transpose()
+    tg = t.graph.to(device)
+    w_t = None if weight is None else _to(weight[c.edge_start:c.edge_stop].detach()[t.perm],
+                                          device)
+    held = _hold(account, tg.indptr, tg.indices, w_t)
+    part = aggregate(tg, gout, w_t, "sum")
+    held += _hold(account, part)
+    grad_x.index_add_(0, c.src.to(grad_x.device), part.to(grad_x.device))
+    _release(account, held)
+
+
+def _weight_grads(c: Chunk, gout: Tensor, x: Tensor, grad_w: Tensor, device: torch.device,
+                  account: MemoryAccount | None) -> None:
+    """grad_w[e] = <gout[dst_e], x[src_e]> for the chunk's edges (SDDMM)."""
+    g = c.graph.to(device)
+    xs = _to(x.detach().index_select(0, c.src.to(x.device)), device)
+    held = _hold(account, g.indptr, g.indices, xs)
+    part = edge_dot(g, gout, xs)[:, 0]
+    held += _hold(account, part)
+    grad_w[c.edge_start:c.edge_stop] = part.to(grad_w.device)
+    _release(account, held)
