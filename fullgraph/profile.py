@@ -43,15 +43,16 @@ class EpochProfile:
     peak_mem: int = 0
     edges_local: int = 0
     edges_redundant: int = 0
+    edge_dims: int = 0
 
 
 class Profiler:
     """Measures epochs of one rank; ``comm`` may be None (one process, no counters)."""
 
-    def __init__(self, comm: Any, device: torch.device, edges: tuple[int, int] = (0, 0)):
+    def __init__(self, comm: Any, device: torch.device, work: Any = None):
         self.comm = comm
         self.device = device
-        self.edges = edges
+        self.work = work
         self._start: tuple[float, float, dict[str, Any]] | None = None
 
     def begin(self) -> None:
@@ -70,7 +71,9 @@ class Profiler:
                             cpu_s=cpu, compute_s=max(0.0, wall - comm - wait), comm_s=comm,
                             wait_s=wait, bytes_sent=sent, bytes_recv=recv,
                             peak_mem=peak_memory_bytes(self.device),
-                            edges_local=self.edges[0], edges_redundant=self.edges[1])
+                            edges_local=getattr(self.work, "edges_local", 0),
+                            edges_redundant=getattr(self.work, "edges_redundant", 0),
+                            edge_dims=getattr(self.work, "edge_dims", 0))
 
     def _counters(self) -> dict[str, Any]:
         if self.comm is None:
@@ -99,7 +102,8 @@ def summary_lines(profiles: list[list[EpochProfile]]) -> list[str]:
                      "recv": sum(sum(p.bytes_recv.values()) for p in per_rank) / len(per_rank),
                      "mem": max(p.peak_mem for p in per_rank),
                      "edges": per_rank[-1].edges_local + per_rank[-1].edges_redundant,
-                     "redundant": per_rank[-1].edges_redundant})
+                     "redundant": per_rank[-1].edges_redundant,
+                     "edge_dims": per_rank[-1].edge_dims})
     lines = ["per-rank medians per epoch:",
              "rank  compute_s   cpu_s  comm_s  wait_s  wall_s   sent_MB   recv_MB  peak_MB"
              "     edges  redundant"]
@@ -109,10 +113,14 @@ def summary_lines(profiles: list[list[EpochProfile]]) -> list[str]:
                      f"{r['recv'] / 1e6:>9.2f} {r['mem'] / 2**20:>8.0f} {r['edges']:>9d} "
                      f"{r['redundant']:>10d}")
     comp = [r["compute"] for r in rows]
+    work = [r["edge_dims"] for r in rows]
     comm = [r["comm"] for r in rows]
     slowest = max(rows, key=lambda r: r["compute"] + r["comm"])
     lines.append(f"compute max/min {max(comp):.3f}/{min(comp):.3f} s "
                  f"({max(comp) / max(min(comp), 1e-9):.2f}x); communication max/min "
                  f"{max(comm):.3f}/{min(comm):.3f} s; bytes sent per epoch, all ranks "
                  f"{sum(r['sent'] for r in rows) / 1e6:.2f} MB; slowest rank {slowest['rank']}")
+    if min(work) > 0:
+        lines.append(f"aggregation work (edges x columns) max/min {max(work)}/{min(work)} "
+                     f"({max(work) / min(work):.3f}x)")
     return lines

@@ -110,7 +110,7 @@ def train(dataset: Dataset, cfg: Config, *, reporter: Reporter | None = None,
                     {"config": cfg.to_dict(), "dataset": dataset.summary(),
                      "program": model.signature(), "device": str(device), "workers": world,
                      "threads": torch.get_num_threads(), "setup_s": setup_s})
-    profiler = Profiler(comm, device, _edges(plan))
+    profiler = Profiler(comm, device, strategy.work(model, plan))
     records, profiles, best = [], [], (-1.0, 0, float("nan"), float("nan"), None)
     start = time.perf_counter()
     for epoch in range(1, cfg.train.epochs + 1):
@@ -156,14 +156,6 @@ def _finish(records: list[EpochRecord], profiles: list[list[EpochProfile]], best
          "total_s": total, "median_epoch_s": times[len(times) // 2]})
     result.extra["profiles"] = per_rank
     return result
-
-
-def _edges(plan: Plan) -> tuple[int, int]:
-    rows = getattr(plan, "rows", None)
-    if rows is not None and hasattr(rows, "edges_computed"):
-        return rows.edges_computed()
-    graph = getattr(plan, "graph", None)
-    return (graph.num_edges if graph is not None else 0, 0)
 
 
 def _accuracy(strategy: Strategy, model: GNN, plan: Plan) -> dict[str, float]:

@@ -46,16 +46,23 @@ class RowColLayout:
     Rows are split into contiguous blocks (``row_counts[p]`` rows on rank p, e.g.
     a partition's part sizes), columns into contiguous slices (``col_counts[p]``).
     Neither N nor D needs to divide by R; counts may be 0.
+
+    ``shared_cols`` more columns (the last ones) may be replicated: every rank holds
+    them for all rows, after its own slice. With D % R of them and D // R columns
+    per rank, every rank does the same propagation work and moves the same bytes
+    (``balanced``), at the price of computing the shared columns on every rank.
     """
 
     row_counts: Sequence[int]
     col_counts: Sequence[int]
+    shared_cols: int = 0
 
     def __post_init__(self) -> None:
         rows, cols = tuple(int(n) for n in self.row_counts), tuple(int(n) for n in self.col_counts)
-        if len(rows) != len(cols) or not rows or min(rows + cols) < 0:
+        if len(rows) != len(cols) or not rows or min(rows + cols) < 0 or self.shared_cols < 0:
             raise ValueError(f"RowColLayout: need one non-negative row and column count per "
-                             f"rank, got row_counts={list(rows)} col_counts={list(cols)}")
+                             f"rank, got row_counts={list(rows)} col_counts={list(cols)} "
+                             f"shared_cols={self.shared_cols}")
         object.__setattr__(self, "row_counts", rows)
         object.__setattr__(self, "col_counts", cols)
 
@@ -73,6 +80,24 @@ class RowColLayout:
         """Given row blocks (e.g. partition sizes) and near-equal column slices."""
         return cls(row_counts, cls._even(num_cols, len(row_counts)))
 
+    @classmethod
+    def balanced(cls, row_counts: Sequence[int], num_cols: int) -> RowColLayout:
+        """D // R columns per rank and the D % R remaining ones shared by all."""
+        world = len(row_counts)
+        return cls(row_counts, [num_cols // world] * world, num_cols % world)
+
+    def local_cols(self, rank: int) -> int:
+        """Columns rank ``rank`` holds in Shard(1): its slice plus the shared ones."""
+        return self.col_counts[rank] + self.shared_cols
+
+    def col_ranges(self, rank: int) -> list[tuple[int, int]]:
+        """Global column intervals of a rank's Shard(1) tensor, in its column order."""
+        own = self.col_slice(rank)
+        out = [(own.start, own.stop)] if own.stop > own.start else []
+        if self.shared_cols:
+            out.append((self.num_cols - self.shared_cols, self.num_cols))
+        return out
+
     @property
     def world_size(self) -> int:
         return len(self.row_counts)
@@ -83,7 +108,7 @@ class RowColLayout:
 
     @property
     def num_cols(self) -> int:
-        return sum(self.col_counts)
+        return sum(self.col_counts) + self.shared_cols
 
     def row_slice(self, rank: int) -> slice:
         start = sum(self.row_counts[:rank])
@@ -106,25 +131,71 @@ def _check_layout(x: Tensor, layout: RowColLayout, comm: Comm, rows: int, cols: 
 
 
 def _rows_to_cols(x_rows: Tensor, layout: RowColLayout, comm: Comm, phase: str) -> Tensor:
-    r = comm.rank
+    """Shard(0) -> Shard(1); shared columns are replicated (all-gathered)."""
+    r, sh = comm.rank, layout.shared_cols
     _check_layout(x_rows, layout, comm, layout.row_counts[r], layout.num_cols, "rows_to_cols")
     if comm.world_size == 1:
         return x_rows
-    send = [x_rows[:, layout.col_slice(p)].reshape(-1) for p in range(comm.world_size)]
-    sizes = [(n, layout.col_counts[r]) for n in layout.row_counts]
+    shared = x_rows[:, layout.num_cols - sh:]
+    send = [torch.cat([x_rows[:, layout.col_slice(p)], shared], dim=1).reshape(-1)
+            for p in range(comm.world_size)]
+    sizes = [(n, layout.local_cols(r)) for n in layout.row_counts]
     recv = all_to_all_v(send, [a * b for a, b in sizes], comm, phase)
     return torch.cat([t.view(size) for t, size in zip(recv, sizes)], dim=0)
 
 
+def _cols_to_rows_summed(g_cols: Tensor, layout: RowColLayout, comm: Comm,
+                         phase: str) -> Tensor:
+    """Backward of ``_rows_to_cols``: own slices gathered back, shared columns summed."""
+    r, ev = comm.rank, layout.col_counts
+    _check_layout(g_cols, layout, comm, layout.num_rows, layout.local_cols(r), "cols_to_rows")
+    if comm.world_size == 1:
+        return g_cols
+    send = [g_cols[layout.row_slice(p)].reshape(-1) for p in range(comm.world_size)]
+    sizes = [(layout.row_counts[r], layout.local_cols(q)) for q in range(comm.world_size)]
+    recv = [t.view(size) for t, size in zip(all_to_all_v(send, [a * b for a, b in sizes],
+                                                         comm, phase), sizes)]
+    parts = [t[:, :ev[q]] for q, t in enumerate(recv)]
+    if layout.shared_cols:
+        total = recv[0][:, ev[0]:].clone()
+        for q in range(1, comm.world_size):  # fixed rank order: deterministic sums
+            total += recv[q][:, ev[q]:]
+        parts.append(total)
+    return torch.cat(parts, dim=1)
+
+
 def _cols_to_rows(x_cols: Tensor, layout: RowColLayout, comm: Comm, phase: str) -> Tensor:
+    """Shard(1) -> Shard(0); the shared columns of own rows are already here."""
     r = comm.rank
-    _check_layout(x_cols, layout, comm, layout.num_rows, layout.col_counts[r], "cols_to_rows")
+    _check_layout(x_cols, layout, comm, layout.num_rows, layout.local_cols(r), "cols_to_rows")
     if comm.world_size == 1:
         return x_cols
-    send = [x_cols[layout.row_slice(p)].reshape(-1) for p in range(comm.world_size)]
+    own = layout.col_counts[r]
+    send = [x_cols[layout.row_slice(p), :own].reshape(-1) for p in range(comm.world_size)]
     sizes = [(layout.row_counts[r], d) for d in layout.col_counts]
     recv = all_to_all_v(send, [a * b for a, b in sizes], comm, phase)
-    return torch.cat([t.view(size) for t, size in zip(recv, sizes)], dim=1)
+    parts = [t.view(size) for t, size in zip(recv, sizes)]
+    if layout.shared_cols:
+        parts.append(x_cols[layout.row_slice(r), own:])
+    return torch.cat(parts, dim=1)
+
+
+def _rows_to_cols_local(g_rows: Tensor, layout: RowColLayout, comm: Comm,
+                        phase: str) -> Tensor:
+    """Backward of ``_cols_to_rows``: slices sent out, shared gradient only on own rows."""
+    r, sh = comm.rank, layout.shared_cols
+    _check_layout(g_rows, layout, comm, layout.row_counts[r], layout.num_cols, "rows_to_cols")
+    if comm.world_size == 1:
+        return g_rows
+    send = [g_rows[:, layout.col_slice(p)].reshape(-1) for p in range(comm.world_size)]
+    sizes = [(n, layout.col_counts[r]) for n in layout.row_counts]
+    recv = all_to_all_v(send, [a * b for a, b in sizes], comm, phase)
+    own = torch.cat([t.view(size) for t, size in zip(recv, sizes)], dim=0)
+    if not sh:
+        return own
+    shared = g_rows.new_zeros(layout.num_rows, sh)
+    shared[layout.row_slice(r)] = g_rows[:, layout.num_cols - sh:]
+    return torch.cat([own, shared], dim=1)
 
 
 def _row_offsets(row_counts: Sequence[int]) -> list[int]:
@@ -189,7 +260,7 @@ class _RowsToCols(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad_cols: Tensor) -> tuple[Tensor, None, None, None]:
-        grad = _cols_to_rows(grad_cols, ctx.layout, ctx.comm, f"{ctx.phase}-grad")
+        grad = _cols_to_rows_summed(grad_cols, ctx.layout, ctx.comm, f"{ctx.phase}-grad")
         return grad, None, None, None
 
 
@@ -202,7 +273,7 @@ class _ColsToRows(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad_rows: Tensor) -> tuple[Tensor, None, None, None]:
-        grad = _rows_to_cols(grad_rows, ctx.layout, ctx.comm, f"{ctx.phase}-grad")
+        grad = _rows_to_cols_local(grad_rows, ctx.layout, ctx.comm, f"{ctx.phase}-grad")
         return grad, None, None, None
 
 
@@ -252,11 +323,13 @@ def rows_to_cols(x_rows: Tensor, layout: RowColLayout, comm: Comm,
     """Re-place a vertex tensor from row blocks to column slices (NeutronTP "split").
 
     Placement: Shard(0) -> Shard(1). Forward: one all-to-all; backward:
-    ``cols_to_rows`` of the gradient (under ``phase + "-grad"``).
+    ``cols_to_rows`` of the gradient (under ``phase + "-grad"``), where the
+    gradients of shared columns are summed over ranks (they were replicated).
 
     Shapes:
         x_rows: (N_r, D), this rank's row block ``layout.row_slice(r)``, all columns.
-        returns: (N, D_r), all rows, this rank's columns ``layout.col_slice(r)``.
+        returns: (N, D_r + S), all rows, this rank's columns ``layout.col_slice(r)``
+        then the S shared ones.
 
     Bytes per rank: sent (N_r D - N_r D_r) s, received (N - N_r) D_r s; the
     backward moves the same volumes the other way.
@@ -271,11 +344,13 @@ def cols_to_rows(x_cols: Tensor, layout: RowColLayout, comm: Comm,
                  phase: str = "cols-to-rows") -> Tensor:
     """Re-place a vertex tensor from column slices to row blocks (NeutronTP "gather").
 
-    Placement: Shard(1) -> Shard(0). Forward: one all-to-all; backward:
-    ``rows_to_cols`` of the gradient (under ``phase + "-grad"``).
+    Placement: Shard(1) -> Shard(0). Forward: one all-to-all (shared columns of own
+    rows are taken locally); backward: ``rows_to_cols`` of the gradient (under
+    ``phase + "-grad"``), the shared columns' gradient kept on own rows only.
 
     Shapes:
-        x_cols: (N, D_r), all rows, this rank's columns ``layout.col_slice(r)``.
+        x_cols: (N, D_r + S), all rows, this rank's columns ``layout.col_slice(r)``
+        then the S shared ones.
         returns: (N_r, D), this rank's row block, all columns.
 
     Bytes per rank: sent (N D_r - N_r D_r) s, received (N_r D - N_r D_r) s; the

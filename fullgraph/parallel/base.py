@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fullgraph.graph.data import Dataset
-from fullgraph.models.stages import StageProgram
+from fullgraph.models.stages import EdgeTransform, Propagate, StageProgram
 
 SPLITS = ("train", "val", "test")
 
@@ -54,6 +54,22 @@ class LocalResult:
 
     logits: Tensor
     gids: Tensor
+
+
+@dataclass
+class Work:
+    """Aggregation work of one forward pass on one worker.
+
+    Attributes:
+        edges_local: edges into vertices this worker owns, summed over P / E stages.
+        edges_redundant: edges into vertices recomputed here for another owner.
+        edge_dims: sum over P / E stages of edges x columns aggregated here (the
+            load measure of NeutronTP Fig. 10a).
+    """
+
+    edges_local: int = 0
+    edges_redundant: int = 0
+    edge_dims: int = 0
 
 
 @dataclass
@@ -103,6 +119,13 @@ class Strategy(ABC):
         mask = plan.masks["train"]
         total = F.cross_entropy(result.logits[mask], plan.labels[mask], reduction="sum")
         return total / plan.num_train_global
+
+    def work(self, model: StageProgram, plan: Plan) -> Work:
+        """This worker's aggregation work per forward pass (all edges, every column)."""
+        graph = plan.graph  # type: ignore[attr-defined]
+        stages = [s for s in model.stages if isinstance(s, (Propagate, EdgeTransform))]
+        return Work(graph.num_edges * len(stages), 0,
+                    sum(graph.num_edges * s.in_dim for s in stages))
 
     def sync_grads(self, model: StageProgram, plan: Plan) -> None:
         """Make parameter gradients global (no-op on one process)."""

@@ -34,7 +34,7 @@ from fullgraph.graph.data import Dataset
 from fullgraph.models.stages import (EdgeTransform, LayerInput, Propagate, StageContext,
                                      StageProgram, Transform, propagation_inputs)
 from fullgraph.ops.spmm import aggregate
-from fullgraph.parallel.base import DistributedStrategy, LocalResult, Plan, register
+from fullgraph.parallel.base import DistributedStrategy, LocalResult, Plan, Work, register
 from fullgraph.parallel.rowplan import RowPlan, plan_rows
 from fullgraph.partition import PartitionBook, PartitionOptions, partition
 
@@ -261,6 +261,12 @@ class DataParallel(DistributedStrategy):
                 continue
             h = stage(block.graph, x_src, self._edge_weights(plan, s, stage, edge_weight))
         return LocalResult(h[: rows.owned.numel()], rows.owned)
+
+    def work(self, model: StageProgram, plan: DataPlan) -> Work:
+        local, redundant = plan.rows.edges_computed()
+        dims = sum(b.graph.num_edges * s.in_dim for s, b in zip(model.stages, plan.rows.blocks)
+                   if b is not None)
+        return Work(local, redundant, dims)
 
     @staticmethod
     def _edge_weights(plan: DataPlan, s: int, stage: Propagate,

@@ -39,7 +39,7 @@ from fullgraph.models.stages import (EdgeTransform, LayerInput, Propagate, Stage
                                      StageProgram, Transform, propagation_inputs)
 from fullgraph.ops import spmm
 from fullgraph.ops.chunked import Chunk, build_chunks, chunked_spmm
-from fullgraph.parallel.base import DistributedStrategy, LocalResult, Plan, register
+from fullgraph.parallel.base import DistributedStrategy, LocalResult, Plan, Work, register
 from fullgraph.parallel.rowplan import Block, build_block, in_edges
 from fullgraph.schedule.chunks import MemoryAccount, chunk_ranges, even_ranges, parse_bytes
 
@@ -68,9 +68,13 @@ class TensorPlan(Plan):
     chunks: list[Chunk] | None = None
     account: MemoryAccount | None = None
 
+    column_split: str = "balanced"
+
     def layout(self, dim: int) -> RowColLayout:
         if dim not in self.layouts:
-            self.layouts[dim] = RowColLayout.for_rows(self.row_counts, dim)
+            make = RowColLayout.balanced if self.column_split == "balanced" else \
+                RowColLayout.for_rows
+            self.layouts[dim] = make(self.row_counts, dim)
         return self.layouts[dim]
 
 
@@ -89,12 +93,19 @@ class TensorParallel(DistributedStrategy):
                 graph is then cut into chunks that fit it, streamed from host memory
                 (default: None, the whole graph at once).
             num_chunks: cut into this many equal chunks instead (default: None).
+            column_split: ``balanced``: D // R columns per worker and the D % R
+                remaining ones propagated by every worker, so work and bytes are equal
+                on every worker; ``even``: near-equal slices, no repeated work, up to
+                one column more on some workers (default: ``balanced``).
         """
 
         device_memory: str | None = None
         num_chunks: int | None = None
+        column_split: str = "balanced"
 
         def __post_init__(self) -> None:
+            if self.column_split not in ("balanced", "even"):
+                raise ValueError(f"column_split {self.column_split!r}; expected balanced or even")
             if self.device_memory is not None:
                 parse_bytes(self.device_memory)  # raises on a bad size
             if self.num_chunks is not None and self.num_chunks < 1:
@@ -124,7 +135,8 @@ class TensorParallel(DistributedStrategy):
             num_train_global=int(data.train_mask.sum()), comm=comm,
             graph=graph.to(device), norms={k: v.to(device) for k, v in norms.items()},
             row_counts=row_counts, gids=gids.to(device),
-            features=data.features[gids].to(dtype).to(device))
+            features=data.features[gids].to(dtype).to(device),
+            column_split=self.options.column_split)
         if any(isinstance(s, EdgeTransform) for s in program.stages):
             plan.edges = _edge_plan(graph, row_counts, comm)
         self._chunk(program, plan, dtype)
@@ -136,8 +148,8 @@ class TensorParallel(DistributedStrategy):
         if opts.device_memory is None and opts.num_chunks is None:
             return
         n, world = plan.graph.num_dst, plan.comm.world_size
-        widest = max((-(-s.in_dim // world) for s in program.stages
-                      if isinstance(s, Propagate)), default=1)
+        widest = max((plan.layout(s.in_dim).local_cols(plan.comm.rank)
+                      for s in program.stages if isinstance(s, Propagate)), default=1)
         itemsize = torch.empty(0, dtype=dtype).element_size()
         if opts.device_memory is not None:
             budget = parse_bytes(opts.device_memory)
@@ -146,6 +158,19 @@ class TensorParallel(DistributedStrategy):
             budget, ranges = None, even_ranges(n, opts.num_chunks)
         plan.chunks = build_chunks(plan.graph.to("cpu"), ranges)
         plan.account = MemoryAccount(budget)
+
+    def work(self, model: StageProgram, plan: TensorPlan) -> Work:
+        """Every edge on this worker's column slice per P; own edges for E stages."""
+        n_edges, world, rank = plan.graph.num_edges, plan.comm.world_size, plan.comm.rank
+        edges = dims = 0
+        for s in model.stages:
+            if isinstance(s, Propagate):
+                cols = plan.layout(s.in_dim).local_cols(rank)
+                edges, dims = edges + n_edges, dims + n_edges * cols
+            elif isinstance(s, EdgeTransform):
+                own = plan.edges.edge_counts[rank] if plan.edges else n_edges
+                edges, dims = edges + own, dims + own * s.in_dim
+        return Work(edges, 0, dims)
 
     def forward(self, model: StageProgram, plan: TensorPlan, *, training: bool,
                 seed: int) -> LocalResult:
@@ -173,11 +198,6 @@ class TensorParallel(DistributedStrategy):
         return LocalResult(h, plan.gids)
 
 
-def _col_range(plan: TensorPlan, dim: int) -> tuple[int, int]:
-    cols = plan.layout(dim).col_slice(plan.comm.rank)
-    return int(cols.start), int(cols.stop)
-
-
 def _aggregate(plan: TensorPlan, h_cols: Tensor, weight: Tensor) -> Tensor:
     """One weighted SpMM over the whole graph, or chunk by chunk on the device."""
     if plan.chunks is None:
@@ -190,15 +210,15 @@ def _propagate_cols(plan: TensorPlan, h_cols: Tensor, weight: Tensor, dim: int) 
     """P on this worker's column slice of all vertices; multi-head weights per head."""
     if weight.dim() == 1 or weight.shape[1] == 1:
         return _aggregate(plan, h_cols, weight.reshape(-1))
-    c0, c1 = _col_range(plan, dim)
-    if c1 == c0:  # more workers than columns: this slice is empty
-        return h_cols
     chans = dim // weight.shape[1]
-    parts = []
-    for head in range(c0 // chans, (c1 - 1) // chans + 1):  # heads the slice overlaps
-        lo, hi = max(c0, head * chans), min(c1, (head + 1) * chans)
-        parts.append(_aggregate(plan, h_cols[:, lo - c0:hi - c0], weight[:, head]))
-    return torch.cat(parts, dim=1)
+    parts, offset = [], 0
+    for c0, c1 in plan.layout(dim).col_ranges(plan.comm.rank):
+        for head in range(c0 // chans, (c1 - 1) // chans + 1):  # heads the range overlaps
+            lo, hi = max(c0, head * chans), min(c1, (head + 1) * chans)
+            parts.append(_aggregate(plan, h_cols[:, offset + lo - c0:offset + hi - c0],
+                                    weight[:, head]))
+        offset += c1 - c0
+    return torch.cat(parts, dim=1) if parts else h_cols
 
 
 def _edge_plan(graph: Graph, row_counts: list[int], comm: Any) -> EdgePlan:

@@ -87,3 +87,5 @@ def partition(graph: Graph, num_parts: int, method: str, *, seed: int = 0,
 __all__ = ["PARTITIONERS", "PartitionBook", "PartitionOptions", "PartitionQuality", "Partitioner",
            "check_num_parts", "chunk_partition", "format_report", "metis_partition",
            "partition", "quality", "random_partition", "register_partitioner"]
+
+from fullgraph.partition import g3  # noqa: E402,F401  registers "g3"; needs register_partitioner

@@ -219,8 +219,38 @@ def _check_gather_rows(comm: Comm) -> None:
                               "share-grad": ((n - n_r) * itemsize, (world - 1) * n_r * itemsize)}
 
 
+def _check_shared_columns(comm: Comm) -> None:
+    """Balanced layout: D // R columns each plus D % R replicated ones; values, gradients."""
+    world, r = comm.world_size, comm.rank
+    n, d = 10, 7
+    layout = RowColLayout.balanced(RowColLayout._even(n, world), d)
+    full = _randn(11, n, d)
+    mine = full[layout.row_slice(r)].clone().requires_grad_(True)
+    cols = rows_to_cols(mine, layout, comm)
+    idx = [c for a, b in layout.col_ranges(r) for c in range(a, b)]
+    torch.testing.assert_close(cols, full[:, idx])
+    torch.testing.assert_close(cols_to_rows(cols, layout, comm), mine)
+    weights = [_randn(20 + q, n, layout.local_cols(q)) for q in range(world)]
+    (cols * weights[r]).sum().backward()
+    expected = torch.zeros(n, d, dtype=torch.float64)
+    for q in range(world):
+        for j, c in enumerate(c for a, b in layout.col_ranges(q) for c in range(a, b)):
+            expected[:, c] += weights[q][:, j]
+    torch.testing.assert_close(mine.grad, expected[layout.row_slice(r)])
+    # gather back: the shared columns' gradient stays on the owner's own rows
+    x_cols = full[:, idx].clone().requires_grad_(True)
+    rows = cols_to_rows(x_cols, layout, comm)
+    rows.sum().backward()
+    want = torch.zeros_like(x_cols)
+    own_cols = layout.col_counts[r]
+    want[:, :own_cols] = 1.0
+    want[layout.row_slice(r), own_cols:] = 1.0
+    torch.testing.assert_close(x_cols.grad, want)
+
+
 def check_placement(comm: Comm) -> None:
     assert comm.world_size > 1 or not dist.is_initialized()
+    _check_shared_columns(comm)
     _check_gather_rows(comm)
     _check_rows_cols(comm)
     _check_halo(comm)
