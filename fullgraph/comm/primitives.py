@@ -243,6 +243,74 @@ def all_to_all_v(send: Sequence[Tensor], recv_rows: Sequence[int], comm: Comm,
             for p, (r, n) in enumerate(zip(received, recv_rows))]
 
 
+class PendingExchange:
+    """An all-to-all in flight; ``wait()`` returns what ``all_to_all_v`` would.
+
+    The bytes are counted, and the seconds spent blocked in ``wait`` timed, when it
+    completes, so time hidden behind computation is not counted as communication.
+    """
+
+    def __init__(self, comm: Comm, phase: str, name: str, sent: int, recv: int,
+                 finish: Any) -> None:
+        self.comm, self.phase, self.name = comm, phase, name
+        self.sent, self.recv, self._finish = sent, recv, finish
+        self._result: list[Tensor] | None = None
+
+    def wait(self) -> list[Tensor]:
+        if self._result is None:
+            with _guarded(self.comm, self.phase, self.name, self.sent, self.recv):
+                self._result = self._finish()
+        return self._result
+
+
+def all_to_all_v_start(send: Sequence[Tensor], recv_rows: Sequence[int], comm: Comm,
+                       phase: str) -> PendingExchange:
+    """Start ``all_to_all_v`` without waiting for it (overlap it with computation)."""
+    trailing = _check_all_to_all(send, recv_rows, comm)
+    mine = send[comm.rank]
+    if comm.world_size == 1:
+        return PendingExchange(comm, phase, "all_to_all_v", 0, 0, lambda: [mine])
+    row_numel = math.prod(trailing)
+    flat = [torch.empty(0, dtype=mine.dtype, device=mine.device) if p == comm.rank
+            else t.contiguous().reshape(-1) for p, t in enumerate(send)]
+    recv_numel = [0 if p == comm.rank else int(n) * row_numel for p, n in enumerate(recv_rows)]
+    itemsize = mine.element_size()
+    sent = sum(t.numel() for t in flat) * itemsize
+    recv = sum(recv_numel) * itemsize
+    with _guarded(comm, phase, "all_to_all_v(start)", 0, 0):
+        if comm.p2p_all_to_all:  # no asynchronous variant: exchange now, hand it out later
+            got = _all_to_all_p2p(flat, recv_numel, comm)
+            finish = lambda: got  # noqa: E731
+        else:
+            finish = _start_collective(flat, recv_numel, comm)
+
+    def done() -> list[Tensor]:
+        received = finish()
+        return [mine if p == comm.rank else r.view(int(n), *trailing)
+                for p, (r, n) in enumerate(zip(received, recv_rows))]
+
+    return PendingExchange(comm, phase, "all_to_all_v", sent, recv, done)
+
+
+def _start_collective(flat: list[Tensor], recv_numel: list[int], comm: Comm) -> Any:
+    """Issue the byte-view all_to_all_single; return a function that waits and splits."""
+    dtype, device = flat[0].dtype, flat[0].device
+    itemsize = flat[0].element_size()
+    as_bytes = [t.view(torch.uint8) if t.numel() else torch.empty(0, dtype=torch.uint8,
+                                                                    device=device) for t in flat]
+    inp = torch.cat(as_bytes)
+    out = torch.empty(sum(recv_numel) * itemsize, dtype=torch.uint8, device=device)
+    work = dist.all_to_all_single(out, inp, output_split_sizes=[n * itemsize for n in recv_numel],
+                                  input_split_sizes=[t.numel() for t in as_bytes],
+                                  group=comm.group, async_op=True)
+
+    def finish() -> list[Tensor]:
+        _wait(work, comm)
+        return [c.view(dtype) for c in torch.split(out, [n * itemsize for n in recv_numel])]
+
+    return finish
+
+
 def _check_all_to_all(send: Sequence[Tensor], recv_rows: Sequence[int],
                       comm: Comm) -> tuple[int, ...]:
     if len(send) != comm.world_size or len(recv_rows) != comm.world_size:
@@ -265,17 +333,7 @@ def _check_all_to_all(send: Sequence[Tensor], recv_rows: Sequence[int],
 def _all_to_all_collective(flat: list[Tensor], recv_numel: list[int],
                            comm: Comm) -> list[Tensor]:
     """One all_to_all_single on byte views (so any dtype, bool included, goes through)."""
-    dtype, device = flat[0].dtype, flat[0].device
-    itemsize = flat[0].element_size()
-    as_bytes = [t.view(torch.uint8) if t.numel() else torch.empty(0, dtype=torch.uint8,
-                                                                    device=device) for t in flat]
-    inp = torch.cat(as_bytes)
-    out = torch.empty(sum(recv_numel) * itemsize, dtype=torch.uint8, device=device)
-    work = dist.all_to_all_single(out, inp, output_split_sizes=[n * itemsize for n in recv_numel],
-                                  input_split_sizes=[t.numel() for t in as_bytes],
-                                  group=comm.group, async_op=True)
-    _wait(work, comm)
-    return [c.view(dtype) for c in torch.split(out, [n * itemsize for n in recv_numel])]
+    return _start_collective(flat, recv_numel, comm)()
 
 
 def _all_to_all_p2p(flat: list[Tensor], recv_numel: list[int], comm: Comm) -> list[Tensor]:

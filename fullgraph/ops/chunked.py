@@ -91,14 +91,7 @@ class _ChunkedSpMM(torch.autograd.Function):
         ctx.save_for_backward(x if weight is not None and weight.requires_grad else None, weight)
         out = torch.empty(num_dst, x.shape[1], dtype=x.dtype, device=x.device)
         for c in chunks:
-            g = c.graph.to(device)
-            w = _to(None if weight is None else weight[c.edge_start:c.edge_stop].detach(), device)
-            xs = _to(x.detach().index_select(0, c.src.to(x.device)), device)
-            held = _hold(account, g.indptr, g.indices, xs, w)
-            res = aggregate(g, xs, w, "sum")
-            held += _hold(account, res)
-            out[c.start:c.stop] = res.to(x.device)
-            _release(account, held)
+            out[c.start:c.stop] = chunk_aggregate(c, x, weight, device, account)
         return out
 
     @staticmethod
@@ -112,14 +105,40 @@ class _ChunkedSpMM(torch.autograd.Function):
         if need_w:
             grad_w = torch.zeros_like(weight)
         for c in ctx.chunks:
-            gout = _to(grad_out[c.start:c.stop].contiguous(), ctx.device)
-            held = _hold(ctx.account, gout)
-            if need_x:
-                _source_grads(c, gout, weight, grad_x, ctx.device, ctx.account)
-            if need_w:
-                _weight_grads(c, gout, x, grad_w, ctx.device, ctx.account)
-            _release(ctx.account, held)
+            chunk_backward(c, grad_out[c.start:c.stop], x, weight, grad_x, grad_w, ctx.device,
+                           ctx.account)
         return grad_x, grad_w, None, None, None, None
+
+
+def chunk_aggregate(c: Chunk, x: Tensor, weight: Tensor | None, device: torch.device,
+                    account: MemoryAccount | None = None) -> Tensor:
+    """(R_k, D) output rows of chunk ``c`` (on ``x``'s device), computed on ``device``.
+
+    ``weight`` is the whole graph's (E,) weights; the chunk takes its edge range.
+    """
+    g = c.graph.to(device)
+    w = _to(None if weight is None else weight[c.edge_start:c.edge_stop].detach(), device)
+    xs = _to(x.detach().index_select(0, c.src.to(x.device)), device)
+    held = _hold(account, g.indptr, g.indices, xs, w)
+    res = aggregate(g, xs, w, "sum")
+    held += _hold(account, res)
+    out = res.to(x.device)
+    _release(account, held)
+    return out
+
+
+def chunk_backward(c: Chunk, grad_rows: Tensor, x: Tensor | None, weight: Tensor | None,
+                   grad_x: Tensor | None, grad_w: Tensor | None, device: torch.device,
+                   account: MemoryAccount | None = None) -> None:
+    """Add chunk ``c``'s share of the gradients: ``grad_x[src] += A_k^T grad_rows`` and
+    ``grad_w[edges] += <grad_rows[dst], x[src]>`` (each only when given)."""
+    gout = _to(grad_rows.contiguous(), device)
+    held = _hold(account, gout)
+    if grad_x is not None:
+        _source_grads(c, gout, weight, grad_x, device, account)
+    if grad_w is not None:
+        _weight_grads(c, gout, x, grad_w, device, account)
+    _release(account, held)
 
 
 def _hold(account: MemoryAccount | None, *tensors: Tensor | None) -> int:
@@ -153,5 +172,5 @@ def _weight_grads(c: Chunk, gout: Tensor, x: Tensor, grad_w: Tensor, device: tor
     held = _hold(account, g.indptr, g.indices, xs)
     part = edge_dot(g, gout, xs)[:, 0]
     held += _hold(account, part)
-    grad_w[c.edge_start:c.edge_stop] = part.to(grad_w.device)
+    grad_w[c.edge_start:c.edge_stop] += part.to(grad_w.device)
     _release(account, held)

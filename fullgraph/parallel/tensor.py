@@ -42,6 +42,7 @@ from fullgraph.ops.chunked import Chunk, build_chunks, chunked_spmm
 from fullgraph.parallel.base import DistributedStrategy, LocalResult, Plan, Work, register
 from fullgraph.parallel.rowplan import Block, build_block, in_edges
 from fullgraph.schedule.chunks import MemoryAccount, chunk_ranges, even_ranges, parse_bytes
+from fullgraph.schedule.pipeline import Segment, first_reads, pipelined_propagation
 
 
 @dataclass
@@ -67,6 +68,7 @@ class TensorPlan(Plan):
     layouts: dict[int, RowColLayout] = field(default_factory=dict)
     chunks: list[Chunk] | None = None
     account: MemoryAccount | None = None
+    first_reads: list[Tensor] | None = None
 
     column_split: str = "balanced"
 
@@ -93,6 +95,9 @@ class TensorParallel(DistributedStrategy):
                 graph is then cut into chunks that fit it, streamed from host memory
                 (default: None, the whole graph at once).
             num_chunks: cut into this many equal chunks instead (default: None).
+            pipeline: cut each split and gather into per-chunk pieces that overlap the
+                neighbouring chunk's aggregation, sending each vertex once (§4.2.2);
+                uses 4 chunks unless a budget or a count is given (default: False).
             column_split: ``balanced``: D // R columns per worker and the D % R
                 remaining ones propagated by every worker, so work and bytes are equal
                 on every worker; ``even``: near-equal slices, no repeated work, up to
@@ -102,6 +107,7 @@ class TensorParallel(DistributedStrategy):
         device_memory: str | None = None
         num_chunks: int | None = None
         column_split: str = "balanced"
+        pipeline: bool = False
 
         def __post_init__(self) -> None:
             if self.column_split not in ("balanced", "even"):
@@ -145,7 +151,7 @@ class TensorParallel(DistributedStrategy):
     def _chunk(self, program: StageProgram, plan: TensorPlan, dtype: torch.dtype) -> None:
         """Cut the graph into destination chunks when a budget or a count is given."""
         opts = self.options
-        if opts.device_memory is None and opts.num_chunks is None:
+        if opts.device_memory is None and opts.num_chunks is None and not opts.pipeline:
             return
         n, world = plan.graph.num_dst, plan.comm.world_size
         widest = max((plan.layout(s.in_dim).local_cols(plan.comm.rank)
@@ -155,9 +161,11 @@ class TensorParallel(DistributedStrategy):
             budget = parse_bytes(opts.device_memory)
             ranges = chunk_ranges(plan.graph.indptr, budget, widest, itemsize)
         else:
-            budget, ranges = None, even_ranges(n, opts.num_chunks)
+            budget, ranges = None, even_ranges(n, opts.num_chunks or 4)
         plan.chunks = build_chunks(plan.graph.to("cpu"), ranges)
         plan.account = MemoryAccount(budget)
+        if opts.pipeline:
+            plan.first_reads = first_reads(plan.chunks)
 
     def work(self, model: StageProgram, plan: TensorPlan) -> Work:
         """Every edge on this worker's column slice per P; own edges for E stages."""
@@ -178,11 +186,23 @@ class TensorParallel(DistributedStrategy):
         h, on_rows, layer_input = plan.features, True, None
         edge_weight: Tensor | None = None
         ctx = StageContext(plan.gids, seed, training)
-        for stage in model.stages:
+        stages, i = list(model.stages), 0
+        while i < len(stages):
+            stage = stages[i]
+            i += 1
             if isinstance(stage, Propagate):
+                weight = edge_weight if stage.norm == "edge" else plan.norms[stage.norm]
+                if on_rows and plan.first_reads is not None:
+                    segment = _segment(stages, i - 1)  # split, P ... P, gather in one pipeline
+                    weights = [edge_weight if s.norm == "edge" else plan.norms[s.norm]
+                               for s in segment]
+                    h = pipelined_propagation(h, weights, Segment(
+                        comm, plan.layout(stage.in_dim), plan.chunks, plan.first_reads,
+                        plan.device, plan.account))
+                    i += len(segment) - 1
+                    continue
                 if on_rows:  # split: Shard(0) -> Shard(1)
                     h, on_rows = rows_to_cols(h, plan.layout(h.shape[1]), comm), False
-                weight = edge_weight if stage.norm == "edge" else plan.norms[stage.norm]
                 h = _propagate_cols(plan, h, weight, stage.in_dim)
                 continue
             if not on_rows:  # gather: Shard(1) -> Shard(0)
@@ -196,6 +216,14 @@ class TensorParallel(DistributedStrategy):
         if not on_rows:
             h = cols_to_rows(h, plan.layout(model.out_dim), comm)
         return LocalResult(h, plan.gids)
+
+
+def _segment(stages: list[Any], start: int) -> list[Propagate]:
+    """The run of consecutive P stages starting at ``start``."""
+    end = start
+    while end < len(stages) and isinstance(stages[end], Propagate):
+        end += 1
+    return stages[start:end]
 
 
 def _aggregate(plan: TensorPlan, h_cols: Tensor, weight: Tensor) -> Tensor:

@@ -91,7 +91,10 @@ def check_chunked(comm, cases):
         ref_losses, (ref_out, _), _ = run_epochs(SingleProcess(), dataset, ref_model, None)
         for opts in (TensorParallel.Options(num_chunks=4),
                      TensorParallel.Options(device_memory=str(budget)),
-                     TensorParallel.Options(column_split="even")):
+                     TensorParallel.Options(column_split="even"),
+                     TensorParallel.Options(pipeline=True),
+                     TensorParallel.Options(pipeline=True, device_memory=str(budget)),
+                     TensorParallel.Options(pipeline=True, column_split="even")):
             model = make_model(name, decoupled, 9, 3)
             losses, (out, gids), plan = run_epochs(TensorParallel(opts), dataset, model, comm)
             where = f"{name} decoupled={decoupled} {opts} rank {comm.rank}"

@@ -77,7 +77,7 @@ def test_num_parts_must_be_between_one_and_n(method: str) -> None:
 
 def test_unknown_method_and_option_are_refused() -> None:
     graph = Graph.from_edges([0], [1], 2)
-    with pytest.raises(ValueError, match="'kahip'; known: chunk, metis, random"):
+    with pytest.raises(ValueError, match="'kahip'; known: chunk, g3, metis, random"):
         partition(graph, 2, "kahip")
     with pytest.raises(TypeError, match="balance"):
         partition(graph, 2, "random", balance="edges")
