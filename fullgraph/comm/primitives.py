@@ -277,12 +277,16 @@ def all_to_all_v_start(send: Sequence[Tensor], recv_rows: Sequence[int], comm: C
     itemsize = mine.element_size()
     sent = sum(t.numel() for t in flat) * itemsize
     recv = sum(recv_numel) * itemsize
-    with _guarded(comm, phase, "all_to_all_v(start)", 0, 0):
+    start = time.perf_counter()
+    try:
         if comm.p2p_all_to_all:  # no asynchronous variant: exchange now, hand it out later
             got = _all_to_all_p2p(flat, recv_numel, comm)
             finish = lambda: got  # noqa: E731
         else:
             finish = _start_collective(flat, recv_numel, comm)
+    except (RuntimeError, TimeoutError) as err:  # counted once, when waited for
+        raise CommError(comm.rank, comm.world_size, phase, "all_to_all_v(start)", err,
+                        time.perf_counter() - start, comm.timeout) from err
 
     def done() -> list[Tensor]:
         received = finish()
