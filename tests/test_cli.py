@@ -16,7 +16,7 @@ TRAIN_FLAGS = sorted("""
 --out-heads --attn-dropout --epochs --lr --weight-decay --seed --device --eval-every
 --metrics-out --progress --strategy --spmm-backend --threads --workers --backend --timeout
 --run-dir --partitioner --partition-file --partition-seed --dep-mode --byte-cost --edge-cost
---device-memory --num-chunks --column-split --pipeline
+--device-memory --num-chunks --column-split --pipeline --nn-device
 """.split())
 
 

@@ -100,6 +100,10 @@ class Strategy(ABC):
         """Build from the run's Config, taking only this strategy's own sections."""
         return cls()
 
+    def model_device(self, device: torch.device) -> torch.device:
+        """Where the model's parameters (the T / E stages) live; ``device`` by default."""
+        return device
+
     @property
     def distributed(self) -> bool:
         """Whether the strategy runs on several workers (False: exactly one)."""

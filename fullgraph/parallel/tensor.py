@@ -69,8 +69,15 @@ class TensorPlan(Plan):
     chunks: list[Chunk] | None = None
     account: MemoryAccount | None = None
     first_reads: list[Tensor] | None = None
+    _device_graph: Graph | None = None
 
     column_split: str = "balanced"
+
+    def device_graph(self) -> Graph:
+        """The graph on the propagation device (cached)."""
+        if self._device_graph is None:
+            self._device_graph = self.graph.to(self.device)
+        return self._device_graph
 
     def layout(self, dim: int) -> RowColLayout:
         if dim not in self.layouts:
@@ -98,6 +105,9 @@ class TensorParallel(DistributedStrategy):
             pipeline: cut each split and gather into per-chunk pieces that overlap the
                 neighbouring chunk's aggregation, sending each vertex once (§4.2.2);
                 uses 4 chunks unless a budget or a count is given (default: False).
+            nn_device: run the T / E stages (and keep vertex rows) on this device, e.g.
+                ``cpu`` while propagation streams chunks to the GPU, as NeutronTP does
+                for graphs beyond device memory (default: None, the training device).
             column_split: ``balanced``: D // R columns per worker and the D % R
                 remaining ones propagated by every worker, so work and bytes are equal
                 on every worker; ``even``: near-equal slices, no repeated work, up to
@@ -108,6 +118,7 @@ class TensorParallel(DistributedStrategy):
         num_chunks: int | None = None
         column_split: str = "balanced"
         pipeline: bool = False
+        nn_device: str | None = None
 
         def __post_init__(self) -> None:
             if self.column_split not in ("balanced", "even"):
@@ -121,6 +132,9 @@ class TensorParallel(DistributedStrategy):
     def from_config(cls, cfg: Any) -> "TensorParallel":
         return cls(cfg.tensor_parallel)
 
+    def model_device(self, device: torch.device) -> torch.device:
+        return torch.device(self.options.nn_device) if self.options.nn_device else device
+
     def setup(self, dataset: Dataset, program: StageProgram, device: torch.device,
               comm: Any = None, dtype: torch.dtype = torch.float32) -> TensorPlan:
         if comm is None:
@@ -129,6 +143,7 @@ class TensorParallel(DistributedStrategy):
             comm = single_comm()
         graph, norms = propagation_inputs(program, dataset.graph, dtype)
         graph.transpose()  # the backward CSR, built once
+        rows_device = self.model_device(device)  # where T stages and vertex rows live
         n, world = graph.num_dst, comm.world_size
         row_counts = [n // world + (1 if r < n % world else 0) for r in range(world)]
         start = sum(row_counts[:comm.rank])
@@ -136,12 +151,12 @@ class TensorParallel(DistributedStrategy):
         data = dataset.data
         masks = {"train": data.train_mask, "val": data.val_mask, "test": data.test_mask}
         plan = TensorPlan(
-            device=device, labels=data.labels[gids].to(device),
-            masks={k: v[gids].to(device) for k, v in masks.items()},
+            device=device, labels=data.labels[gids].to(rows_device),
+            masks={k: v[gids].to(rows_device) for k, v in masks.items()},
             num_train_global=int(data.train_mask.sum()), comm=comm,
-            graph=graph.to(device), norms={k: v.to(device) for k, v in norms.items()},
-            row_counts=row_counts, gids=gids.to(device),
-            features=data.features[gids].to(dtype).to(device),
+            graph=graph.to(rows_device), norms={k: v.to(rows_device) for k, v in norms.items()},
+            row_counts=row_counts, gids=gids.to(rows_device),
+            features=data.features[gids].to(dtype).to(rows_device),
             column_split=self.options.column_split)
         if any(isinstance(s, EdgeTransform) for s in program.stages):
             plan.edges = _edge_plan(graph, row_counts, comm)
@@ -229,6 +244,9 @@ def _segment(stages: list[Any], start: int) -> list[Propagate]:
 def _aggregate(plan: TensorPlan, h_cols: Tensor, weight: Tensor) -> Tensor:
     """One weighted SpMM over the whole graph, or chunk by chunk on the device."""
     if plan.chunks is None:
+        if h_cols.device != plan.device:  # rows live elsewhere (nn_device): go and come back
+            graph = plan.device_graph()
+            return spmm(graph, h_cols.to(plan.device), weight.to(plan.device)).to(h_cols.device)
         return spmm(plan.graph, h_cols, weight)
     return chunked_spmm(plan.chunks, plan.graph.num_dst, h_cols, weight, plan.device,
                         plan.account)
