@@ -178,26 +178,9 @@ class WorkerStatus:
               file=sys.stderr, flush=True)
 
 
-def _import_before_process_group() -> None:
-    """Import ``torch.distributed.nn.functional`` while no process group exists.
-
-    Its functions take ``group=group.WORLD`` as a default argument, evaluated at import.
-    torch imports it lazily (``torch._dynamo``, loaded by the first optimizer step, pulls
-    it in through fsdp), i.e. after ``init_process_group``: the defaults then hold the
-    default group forever, ``destroy_process_group`` cannot free it, and its gloo threads
-    outlive it into interpreter shutdown, where one that drops a finished work object
-    aborts the process ("terminate called without an active exception", SIGABRT) after
-    a successful run. Imported first, the defaults are None and the group is freed.
-    """
-    try:
-        import torch.distributed.nn.functional  # noqa: F401
-    except ImportError:
-        pass
-
 
 def run_worker(body: Callable[[WorkerStatus], int]) -> int:
     """Run ``body`` as a worker: report a failure with rank and phase, exit non-zero."""
-    _import_before_process_group()
     status = WorkerStatus(int(os.environ.get("RANK", "0")), os.environ.get(RUN_DIR_ENV))
     try:
         return body(status)

@@ -310,8 +310,8 @@ def test_raising_worker_is_named_not_its_peer(long_run, tmp_path, peer):
     code, took, err = run.wait(limit_s=50)
     run.load_pids()
     assert code != 0, err
-    assert launcher_verdict(err) == ("fullgraph: worker rank 1 failed during epoch 3 training step: "
-                        "RuntimeError: injected failure"), err
+    assert launcher_verdict(err) == ("fullgraph: worker rank 1 failed during epoch 3 training "
+                                     "step: RuntimeError: injected failure"), err
     assert "Traceback" in err and "ranks [0] stopped after it" in err
     report = json.loads((run.run_dir / "failure-rank1.json").read_text())
     assert report["peer_failure"] is False and report["phase"] == "epoch 3 training step"

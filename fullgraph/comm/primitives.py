@@ -124,6 +124,7 @@ def _require_contiguous(tensor: Tensor, name: str) -> None:
 def init_default_group(backend: str, init_method: str, rank: int, world_size: int,
                        timeout: datetime.timedelta) -> Any:
     """Create the default process group and return it (used by ``group.init_comm``)."""
+    _import_before_process_group()
     if dist.is_initialized():
         raise RuntimeError(f"rank {rank}: the default process group is already initialised; "
                            "call destroy_comm on the old Comm first")
@@ -135,6 +136,23 @@ def init_default_group(backend: str, init_method: str, rank: int, world_size: in
         raise CommError(rank, world_size, "comm-init", "init_process_group", err,
                         time.perf_counter() - start, timeout) from err
     return dist.group.WORLD
+
+
+def _import_before_process_group() -> None:
+    """Import ``torch.distributed.nn.functional`` while no process group exists.
+
+    Its functions take ``group=group.WORLD`` as a default argument, evaluated at import.
+    torch imports it lazily (``torch._dynamo``, loaded by the first optimizer step, pulls
+    it in through fsdp), i.e. after ``init_process_group``: the defaults then hold the
+    default group forever, ``destroy_process_group`` cannot free it, and its gloo threads
+    outlive it into interpreter shutdown, where one that drops a finished work object
+    aborts the process ("terminate called without an active exception", SIGABRT) after
+    a successful run. Imported first, the defaults are None and the group is freed.
+    """
+    try:
+        import torch.distributed.nn.functional  # noqa: F401
+    except ImportError:
+        pass
 
 
 def destroy_group(group: Any) -> None:
