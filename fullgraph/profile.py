@@ -87,17 +87,24 @@ def _delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
     return {k: v - before.get(k, 0) for k, v in after.items() if v - before.get(k, 0)}
 
 
+def _medians(profiles: list[EpochProfile], keys: tuple[str, ...]) -> dict[str, float]:
+    out = {}
+    for key in keys:
+        values = sorted(getattr(p, key) for p in profiles)
+        out[key] = values[len(values) // 2]
+    return out
+
+
 def summary_lines(profiles: list[list[EpochProfile]]) -> list[str]:
     """Table 2-style summary over epochs: per rank medians, then max / min / total."""
     if not profiles or not profiles[0]:
         return []
     rows = []
     for per_rank in profiles:
-        def med(key: str) -> float:
-            values = sorted(getattr(p, key) for p in per_rank)
-            return values[len(values) // 2]
-        rows.append({"rank": per_rank[0].rank, "compute": med("compute_s"), "cpu": med("cpu_s"),
-                     "comm": med("comm_s"), "wait": med("wait_s"), "wall": med("wall_s"),
+        med = _medians(per_rank, ("compute_s", "cpu_s", "comm_s", "wait_s", "wall_s"))
+        rows.append({"rank": per_rank[0].rank, "compute": med["compute_s"],
+                     "cpu": med["cpu_s"], "comm": med["comm_s"], "wait": med["wait_s"],
+                     "wall": med["wall_s"],
                      "sent": sum(sum(p.bytes_sent.values()) for p in per_rank) / len(per_rank),
                      "recv": sum(sum(p.bytes_recv.values()) for p in per_rank) / len(per_rank),
                      "mem": max(p.peak_mem for p in per_rank),

@@ -36,7 +36,7 @@ from fullgraph.comm.placement import (RowColLayout, cols_to_rows, gather_rows, h
 from fullgraph.graph.csr import Graph
 from fullgraph.graph.data import Dataset
 from fullgraph.models.stages import (EdgeTransform, LayerInput, Propagate, StageContext,
-                                     StageProgram, Transform, propagation_inputs)
+                                     StageProgram, propagation_inputs)
 from fullgraph.ops import spmm
 from fullgraph.ops.chunked import Chunk, build_chunks, chunked_spmm
 from fullgraph.parallel.base import DistributedStrategy, LocalResult, Plan, Work, register
@@ -168,7 +168,7 @@ class TensorParallel(DistributedStrategy):
         opts = self.options
         if opts.device_memory is None and opts.num_chunks is None and not opts.pipeline:
             return
-        n, world = plan.graph.num_dst, plan.comm.world_size
+        n = plan.graph.num_dst
         widest = max((plan.layout(s.in_dim).local_cols(plan.comm.rank)
                       for s in program.stages if isinstance(s, Propagate)), default=1)
         itemsize = torch.empty(0, dtype=dtype).element_size()
@@ -184,7 +184,7 @@ class TensorParallel(DistributedStrategy):
 
     def work(self, model: StageProgram, plan: TensorPlan) -> Work:
         """Every edge on this worker's column slice per P; own edges for E stages."""
-        n_edges, world, rank = plan.graph.num_edges, plan.comm.world_size, plan.comm.rank
+        n_edges, rank = plan.graph.num_edges, plan.comm.rank
         edges = dims = 0
         for s in model.stages:
             if isinstance(s, Propagate):

@@ -21,7 +21,6 @@ import re
 from dataclasses import dataclass, field
 
 import numpy as np
-import torch
 from torch import Tensor
 
 _UNITS = {"": 1, "B": 1, "K": 2**10, "KB": 2**10, "KIB": 2**10, "M": 2**20, "MB": 2**20,

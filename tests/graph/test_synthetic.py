@@ -7,7 +7,6 @@ import torch
 
 from fullgraph.errors import ValidationError
 from fullgraph.graph import synthetic
-from fullgraph.graph.csr import Graph
 from fullgraph.graph.synthetic import rmat, rmat_edges, sbm
 
 GRAPH500 = dict(a=0.57, b=0.19, c=0.19, d=0.05)
