@@ -167,6 +167,9 @@ class DataParallel(DistributedStrategy):
         fetch = plan.deps.fetch_mask(plan.graph.num_dst)
         plan.rows = plan_rows(program, plan.graph, plan.book.part_to_gids(plan.comm.rank),
                               fetch, owner=plan.book.part_of)
+        if plan.device.type != "cpu":
+            plan.rows.blocks = [None if b is None else b.to(plan.device)
+                                for b in plan.rows.blocks]
         plan.features = plan.source.features[plan.rows.input_rows].to(plan.dtype).to(plan.device)
         plan.tables = self._tables(program, plan)
         plan.weights, plan.edge_pos = self._weights(program, plan)
@@ -212,7 +215,7 @@ class DataParallel(DistributedStrategy):
                 weights.append(None)
                 edge_pos.append(_positions_in(block.eids, last_edge_eids))
             else:
-                weights.append(plan.norms[stage.norm][block.eids].to(plan.device))
+                weights.append(plan.norms[stage.norm][block.eids.cpu()].to(plan.device))
                 edge_pos.append(None)
         return weights, edge_pos
 

@@ -48,6 +48,10 @@ class Block:
     eids: Tensor
     dst_pos: Tensor
 
+    def to(self, device: torch.device) -> "Block":
+        """The block on ``device`` (the graph's backward CSR is rebuilt there)."""
+        return Block(self.graph.to(device), self.eids.to(device), self.dst_pos.to(device))
+
 
 @dataclass
 class RowPlan:

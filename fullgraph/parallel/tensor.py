@@ -160,6 +160,7 @@ class TensorParallel(DistributedStrategy):
             column_split=self.options.column_split)
         if any(isinstance(s, EdgeTransform) for s in program.stages):
             plan.edges = _edge_plan(graph, row_counts, comm)
+            plan.edges.block = plan.edges.block.to(rows_device)
         self._chunk(program, plan, dtype)
         return plan
 
