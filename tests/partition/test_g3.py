@@ -218,7 +218,9 @@ def test_bad_options_are_refused(skewed: Graph, monkeypatch) -> None:
             g3_partition(skewed, 2, **kwargs)
     with pytest.raises(ValueError, match="num_parts"):
         g3_partition(skewed, 0)
-    monkeypatch.setattr(g3, "JIT_KERNELS", None)
+    from fullgraph.partition import g3_tracking
+
+    monkeypatch.setattr(g3_tracking, "JIT_KERNELS", None)
     with pytest.raises(ValueError, match="numba is not installed"):
         select_kernels(True)
     assert select_kernels(None) is PY_KERNELS
