@@ -165,18 +165,21 @@ class WorkerStatus:
 
     def report_failure(self, exc: BaseException) -> None:
         from fullgraph.comm.primitives import CommError
+        from fullgraph.errors import FullgraphError
 
+        # a user's mistake (bad option, bad file) is one line; a bug keeps its traceback
+        user_error = isinstance(exc, (FullgraphError, ValueError)) and \
+            not isinstance(exc, CommError) and not os.environ.get("FULLGRAPH_DEBUG")
         record = {"rank": self.rank, "phase": self.phase, "time": time.time(),
                   "peer_failure": isinstance(exc, CommError),
                   "error": f"{type(exc).__name__}: {exc}",
-                  "traceback": "".join(traceback.format_exception(exc))}
+                  "traceback": "" if user_error else "".join(traceback.format_exception(exc))}
         if self.dir is not None:
             tmp = self.dir / f".failure-rank{self.rank}.json"
             tmp.write_text(json.dumps(record))
             tmp.replace(self.dir / f"failure-rank{self.rank}.json")
         print(f"fullgraph: rank {self.rank} failed during {self.phase}: {record['error']}",
               file=sys.stderr, flush=True)
-
 
 
 def run_worker(body: Callable[[WorkerStatus], int]) -> int:
