@@ -12,6 +12,7 @@ import json
 import os
 import types
 import typing
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -87,6 +88,14 @@ class ModelConfig:
         for name in ("dropout", "input_dropout", "attn_dropout"):
             p = getattr(self, name)
             _require(p is None or 0.0 <= p < 1.0, "model", name, p, "0 <= p < 1")
+        gat_only = [n for n, default in (("heads", 8), ("out_heads", 1), ("attn_dropout", None))
+                    if getattr(self, n) != default]
+        if gat_only and self.name != "gat":
+            warnings.warn(f"model options {', '.join(gat_only)} have no effect on model "
+                          f"{self.name!r} (they apply to gat)", stacklevel=3)
+        if self.num_props != 2 and not self.decoupled:
+            warnings.warn("model option num_props has no effect without decoupled=True",
+                          stacklevel=3)
 
     def build_options(self) -> dict[str, Any]:
         """Keyword options for ``fullgraph.models.build_model``."""

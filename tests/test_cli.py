@@ -138,3 +138,13 @@ def test_datasets_describe(root, shared_datasets, capsys):
     shutil.copy(shared_datasets / "amazon_photo" / "amazon_photo.npz", raw)
     assert main(["datasets", "amazon_photo"]) == 0
     assert "7650" in capsys.readouterr().out
+
+
+def test_options_of_another_strategy_warn(root, capsys):
+    with pytest.warns(UserWarning, match="tensor_parallel options pipeline have no effect"):
+        assert main(["train", "--epochs", "1", "--progress", "off", "--pipeline"]) == 0
+
+
+def test_model_options_without_effect_warn(root):
+    with pytest.warns(UserWarning, match="heads have no effect on model 'gcn'"):
+        assert main(["train", "--epochs", "1", "--progress", "off", "--heads", "4"]) == 0

@@ -11,7 +11,9 @@ reproduce the single-process result exactly.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
+import warnings
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -207,9 +209,26 @@ def register(cls: type[Strategy]) -> type[Strategy]:
     return cls
 
 
+# which strategies read each strategy-specific config section
+SECTION_USERS = {"partition": ("data",), "data_parallel": ("data",),
+                 "tensor_parallel": ("tensor",)}
+
+
 def build_strategy(cfg: Any) -> Strategy:
-    """The strategy ``cfg.runtime.strategy`` names, with its options from ``cfg``."""
-    return get_strategy(cfg.runtime.strategy).from_config(cfg)
+    """The strategy ``cfg.runtime.strategy`` names, with its options from ``cfg``.
+
+    Options of a section the chosen strategy does not read are not ignored silently:
+    a warning names them.
+    """
+    name = cfg.runtime.strategy
+    for section, users in SECTION_USERS.items():
+        given = getattr(cfg, section)
+        changed = [f.name for f in dataclasses.fields(given)
+                   if getattr(given, f.name) != f.default]
+        if changed and name not in users:
+            warnings.warn(f"{section} options {', '.join(changed)} have no effect with "
+                          f"strategy {name!r} (they apply to {', '.join(users)})", stacklevel=2)
+    return get_strategy(name).from_config(cfg)
 
 
 def get_strategy(name: str) -> type[Strategy]:

@@ -14,7 +14,8 @@ from fullgraph.graph.synthetic import sbm
 from fullgraph.train import train
 ds = sbm(200, 3, num_features=8, seed=1)
 for model in ("gcn", "gat"):
-    res = train(ds, Config(model=ModelConfig(name=model, heads=2),
+    extra = {"heads": 2} if model == "gat" else {}
+    res = train(ds, Config(model=ModelConfig(name=model, **extra),
                            train=TrainConfig(epochs=3)))
     assert res.epochs[-1].loss == res.epochs[-1].loss
 try:
