@@ -242,23 +242,7 @@ def all_to_all_v(send: Sequence[Tensor], recv_rows: Sequence[int], comm: Comm,
     Returns:
         ``world_size`` tensors; entry p has shape (recv_rows[p], *F).
     """
-    trailing = _check_all_to_all(send, recv_rows, comm)
-    if comm.world_size == 1:
-        return [send[0]]
-    mine = send[comm.rank]
-    row_numel = math.prod(trailing)
-    flat = [torch.empty(0, dtype=mine.dtype, device=mine.device) if p == comm.rank
-            else t.contiguous().reshape(-1) for p, t in enumerate(send)]
-    recv_numel = [0 if p == comm.rank else int(n) * row_numel for p, n in enumerate(recv_rows)]
-    itemsize = mine.element_size()
-    sent = sum(t.numel() for t in flat) * itemsize
-    recv = sum(recv_numel) * itemsize
-    exchange = _all_to_all_p2p if comm.p2p_all_to_all else _all_to_all_collective
-    name = "all_to_all_v(p2p)" if comm.p2p_all_to_all else "all_to_all_v"
-    with _guarded(comm, phase, name, sent, recv):
-        received = exchange(flat, recv_numel, comm)
-    return [mine if p == comm.rank else r.view(int(n), *trailing)
-            for p, (r, n) in enumerate(zip(received, recv_rows))]
+    return all_to_all_v_start(send, recv_rows, comm, phase).wait()
 
 
 class PendingExchange:
@@ -276,8 +260,11 @@ class PendingExchange:
 
     def wait(self) -> list[Tensor]:
         if self._result is None:
-            with _guarded(self.comm, self.phase, self.name, self.sent, self.recv):
+            if self.comm.world_size == 1:  # nothing crossed: nothing to count
                 self._result = self._finish()
+            else:
+                with _guarded(self.comm, self.phase, self.name, self.sent, self.recv):
+                    self._result = self._finish()
         return self._result
 
 
@@ -295,23 +282,24 @@ def all_to_all_v_start(send: Sequence[Tensor], recv_rows: Sequence[int], comm: C
     itemsize = mine.element_size()
     sent = sum(t.numel() for t in flat) * itemsize
     recv = sum(recv_numel) * itemsize
-    start = time.perf_counter()
-    try:
-        if comm.p2p_all_to_all:  # no asynchronous variant: exchange now, hand it out later
-            got = _all_to_all_p2p(flat, recv_numel, comm)
-            finish = lambda: got  # noqa: E731
-        else:
+    if comm.p2p_all_to_all:  # no asynchronous variant: the whole exchange runs in wait()
+        name = "all_to_all_v(p2p)"
+        finish = lambda: _all_to_all_p2p(flat, recv_numel, comm)  # noqa: E731
+    else:
+        name = "all_to_all_v"
+        start = time.perf_counter()
+        try:
             finish = _start_collective(flat, recv_numel, comm)
-    except (RuntimeError, TimeoutError) as err:  # counted once, when waited for
-        raise CommError(comm.rank, comm.world_size, phase, "all_to_all_v(start)", err,
-                        time.perf_counter() - start, comm.timeout) from err
+        except (RuntimeError, TimeoutError) as err:  # counted once, when waited for
+            raise CommError(comm.rank, comm.world_size, phase, "all_to_all_v(start)", err,
+                            time.perf_counter() - start, comm.timeout) from err
 
     def done() -> list[Tensor]:
         received = finish()
         return [mine if p == comm.rank else r.view(int(n), *trailing)
                 for p, (r, n) in enumerate(zip(received, recv_rows))]
 
-    return PendingExchange(comm, phase, "all_to_all_v", sent, recv, done)
+    return PendingExchange(comm, phase, name, sent, recv, done)
 
 
 def _start_collective(flat: list[Tensor], recv_numel: list[int], comm: Comm) -> Any:
