@@ -21,7 +21,8 @@ from fullgraph.errors import FullgraphError
 # section field -> flag name, where the plain ``--field`` would be unclear
 FLAG_NAMES = {("model", "name"): "model", ("partition", "method"): "partitioner",
               ("partition", "file"): "partition-file", ("partition", "seed"): "partition-seed",
-              ("data_parallel", "mode"): "dep-mode", ("launch", "timeout_s"): "timeout"}
+              ("data_parallel", "mode"): "dep-mode", ("launch", "timeout_s"): "timeout",
+              ("p2p", "schedule"): "p2p-schedule"}
 
 
 def _flag(section: str, name: str) -> str:

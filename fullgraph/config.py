@@ -186,6 +186,12 @@ def _tensor_parallel_options() -> type:
     return TensorParallel.Options
 
 
+def _p2p_options() -> type:
+    from fullgraph.parallel.p2p import P2PParallel
+
+    return P2PParallel.Options
+
+
 def _partition_options() -> type:
     from fullgraph.partition import PartitionOptions
 
@@ -204,6 +210,7 @@ class Config:
     partition: Any = field(default_factory=lambda: _partition_options()())
     data_parallel: Any = field(default_factory=lambda: _data_parallel_options()())
     tensor_parallel: Any = field(default_factory=lambda: _tensor_parallel_options()())
+    p2p: Any = field(default_factory=lambda: _p2p_options()())
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -214,7 +221,7 @@ def sections() -> dict[str, type]:
     return {"data": DataConfig, "model": ModelConfig, "train": TrainConfig,
             "runtime": RuntimeConfig, "launch": LaunchConfig, "partition": _partition_options(),
             "data_parallel": _data_parallel_options(),
-            "tensor_parallel": _tensor_parallel_options()}
+            "tensor_parallel": _tensor_parallel_options(), "p2p": _p2p_options()}
 
 
 def config_from_dict(tree: dict[str, Any], source: str = "config") -> Config:

@@ -16,7 +16,8 @@ TRAIN_FLAGS = sorted("""
 --out-heads --attn-dropout --epochs --lr --weight-decay --seed --device --eval-every
 --metrics-out --progress --strategy --spmm-backend --threads --workers --backend --timeout
 --run-dir --partitioner --partition-file --partition-seed --dep-mode --byte-cost --edge-cost
---device-memory --num-chunks --column-split --pipeline --nn-device
+--device-memory --num-chunks --column-split --pipeline --nn-device --p2p-schedule --bin-memory
+--bin-size
 """.split())
 
 

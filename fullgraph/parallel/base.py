@@ -210,8 +210,8 @@ def register(cls: type[Strategy]) -> type[Strategy]:
 
 
 # which strategies read each strategy-specific config section
-SECTION_USERS = {"partition": ("data",), "data_parallel": ("data",),
-                 "tensor_parallel": ("tensor",)}
+SECTION_USERS = {"partition": ("data", "p2p"), "data_parallel": ("data",),
+                 "tensor_parallel": ("tensor",), "p2p": ("p2p",)}
 
 
 def build_strategy(cfg: Any) -> Strategy:

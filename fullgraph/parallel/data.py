@@ -31,10 +31,23 @@ from fullgraph.comm.exchange import ExchangeTable
 from fullgraph.comm.placement import halo_fetch
 from fullgraph.graph.csr import Graph
 from fullgraph.graph.data import Dataset
-from fullgraph.models.stages import (EdgeTransform, LayerInput, Propagate, StageContext,
-                                     StageProgram, Transform, propagation_inputs)
+from fullgraph.models.stages import (
+    EdgeTransform,
+    LayerInput,
+    Propagate,
+    StageContext,
+    StageProgram,
+    Transform,
+    propagation_inputs,
+)
 from fullgraph.ops.spmm import aggregate
-from fullgraph.parallel.base import DistributedStrategy, LocalResult, Plan, Work, register
+from fullgraph.parallel.base import (
+    DistributedStrategy,
+    LocalResult,
+    Plan,
+    Work,
+    register,
+)
 from fullgraph.parallel.rowplan import RowPlan, plan_rows
 from fullgraph.partition import PartitionBook, PartitionOptions, partition
 
@@ -107,13 +120,13 @@ class DataParallel(DistributedStrategy):
                 raise ValueError(f"data parallel mode {self.mode!r}; expected one of "
                                  f"{', '.join(MODES)}")
 
-    def __init__(self, options: "DataParallel.Options | None" = None,
+    def __init__(self, options: DataParallel.Options | None = None,
                  partition: PartitionOptions | None = None) -> None:
         super().__init__(options)
         self.partition = partition or PartitionOptions()
 
     @classmethod
-    def from_config(cls, cfg: Any) -> "DataParallel":
+    def from_config(cls, cfg: Any) -> DataParallel:
         return cls(cfg.data_parallel, cfg.partition)
 
     # ------------------------------------------------------------------ setup
@@ -124,7 +137,7 @@ class DataParallel(DistributedStrategy):
 
             comm = single_comm()
         graph, norms = propagation_inputs(program, dataset.graph, dtype)
-        book = self._partition(dataset, comm)
+        book = partition_book(dataset, comm, self.partition)
         owned = book.part_to_gids(comm.rank)
         direct = _remote_in_neighbours(graph, owned, book.part_of, comm.rank)
         deps = DependencyPlan(direct, torch.zeros(direct.numel(), dtype=torch.bool))
@@ -143,21 +156,6 @@ class DataParallel(DistributedStrategy):
         self.replan(program, plan, deps.cached)
         return plan
 
-    def _partition(self, dataset: Dataset, comm: Any) -> PartitionBook:
-        opts = self.partition
-        if opts.file:
-            book = PartitionBook.load(opts.file, num_nodes=dataset.graph.num_nodes)
-            if book.num_parts != comm.world_size:
-                raise ValueError(f"partition file {opts.file} has {book.num_parts} "
-                                 f"parts but there are {comm.world_size} workers")
-            return book
-        part_of = torch.zeros(dataset.graph.num_nodes, dtype=torch.int64)
-        if comm.rank == 0:
-            part_of = partition(dataset.graph, comm.world_size, opts.method,
-                                seed=opts.seed).part_of.to(torch.int64)
-        prim.broadcast_(part_of, 0, comm, "setup")  # every worker uses rank 0's partition
-        return PartitionBook.from_assignment(part_of, comm.world_size)
-
     def replan(self, program: StageProgram, plan: DataPlan, cached: Tensor) -> None:
         """Switch the dependency plan to ``cached`` (collective: every worker calls it).
 
@@ -172,7 +170,7 @@ class DataParallel(DistributedStrategy):
                                 for b in plan.rows.blocks]
         plan.features = plan.source.features[plan.rows.input_rows].to(plan.dtype).to(plan.device)
         plan.tables = self._tables(program, plan)
-        plan.weights, plan.edge_pos = self._weights(program, plan)
+        plan.weights, plan.edge_pos = stage_weights(program, plan.rows, plan.norms, plan.device)
 
     def _tables(self, program: StageProgram, plan: DataPlan) -> list[ExchangeTable | None]:
         """One exchange table per P / E stage that fetches anything on any worker."""
@@ -197,27 +195,6 @@ class DataParallel(DistributedStrategy):
             tables.append(ExchangeTable(send_idx=send_idx,
                                         recv_rows=[t.numel() for t in needed_from]))
         return tables
-
-    def _weights(self, program: StageProgram,
-                 plan: DataPlan) -> tuple[list[Tensor | None], list[Tensor | None]]:
-        weights: list[Tensor | None] = []
-        edge_pos: list[Tensor | None] = []
-        last_edge_eids: Tensor | None = None
-        for s, stage in enumerate(program.stages):
-            block = plan.rows.blocks[s]
-            if isinstance(stage, EdgeTransform):
-                last_edge_eids = block.eids
-            if not isinstance(stage, Propagate):
-                weights.append(None)
-                edge_pos.append(None)
-                continue
-            if stage.norm == "edge":
-                weights.append(None)
-                edge_pos.append(_positions_in(block.eids, last_edge_eids))
-            else:
-                weights.append(plan.norms[stage.norm][block.eids.cpu()].to(plan.device))
-                edge_pos.append(None)
-        return weights, edge_pos
 
     def _cost_model(self, program: StageProgram, plan: DataPlan) -> Tensor:
         """Cache a dependency when recomputing it is cheaper than moving it.
@@ -284,6 +261,48 @@ class DataParallel(DistributedStrategy):
         if table is None:
             return None
         return halo_fetch(h, table, plan.comm, "halo")
+
+
+def partition_book(dataset: Dataset, comm: Any, opts: PartitionOptions) -> PartitionBook:
+    """The partition every worker uses: loaded from ``opts.file`` or computed on rank 0
+    with ``opts.method`` and broadcast (collective)."""
+    if opts.file:
+        book = PartitionBook.load(opts.file, num_nodes=dataset.graph.num_nodes)
+        if book.num_parts != comm.world_size:
+            raise ValueError(f"partition file {opts.file} has {book.num_parts} "
+                             f"parts but there are {comm.world_size} workers")
+        return book
+    part_of = torch.zeros(dataset.graph.num_nodes, dtype=torch.int64)
+    if comm.rank == 0:
+        part_of = partition(dataset.graph, comm.world_size, opts.method,
+                            seed=opts.seed).part_of.to(torch.int64)
+    prim.broadcast_(part_of, 0, comm, "setup")  # every worker uses rank 0's partition
+    return PartitionBook.from_assignment(part_of, comm.world_size)
+
+
+def stage_weights(program: StageProgram, rows: RowPlan, norms: dict[str, Tensor],
+                  device: torch.device) -> tuple[list[Tensor | None], list[Tensor | None]]:
+    """Per P stage, its fixed edge weights on the block's edges; for ``norm='edge'``
+    stages, the positions of the block's edges in the last E stage's block (None when
+    they are the same edges in the same order)."""
+    weights: list[Tensor | None] = []
+    edge_pos: list[Tensor | None] = []
+    last_edge_eids: Tensor | None = None
+    for s, stage in enumerate(program.stages):
+        block = rows.blocks[s]
+        if isinstance(stage, EdgeTransform):
+            last_edge_eids = block.eids
+        if not isinstance(stage, Propagate):
+            weights.append(None)
+            edge_pos.append(None)
+            continue
+        if stage.norm == "edge":
+            weights.append(None)
+            edge_pos.append(_positions_in(block.eids, last_edge_eids))
+        else:
+            weights.append(norms[stage.norm][block.eids.cpu()].to(device))
+            edge_pos.append(None)
+    return weights, edge_pos
 
 
 def _remote_in_neighbours(graph: Graph, owned: Tensor, part_of: Tensor, rank: int) -> Tensor:

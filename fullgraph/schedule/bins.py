@@ -12,6 +12,8 @@ Pure functions of the graph and the partition: tested without processes.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import scipy.sparse as sp
 import torch
@@ -94,3 +96,159 @@ def pack_bins(order: Tensor, limit: int) -> list[Tensor]:
     if limit < 1:
         raise ValueError(f"a bin holds at least one vertex, got limit {limit}")
     return list(torch.split(order, limit)) if order.numel() else []
+
+
+# ---------------------------------------------------------------- multi-level schedule
+@dataclass(frozen=True)
+class ScheduleMode:
+    """What a P2P schedule overlaps (G3 §5.2, the variants of Fig. 17).
+
+    Attributes:
+        priority: bins follow the priority list (BFS, boundary first); else vertex ids.
+        eager: a worker computes a bin as soon as the rows it reads from peers have
+            arrived (inter-layer pipeline); else it waits for all of them first.
+        per_bin: each bin's rows are pushed as soon as the bin is computed, one
+            exchange round per bin; else once per layer, after the last bin.
+        prefetch: the next bin's input rows are loaded while the current one is
+            computed (intra-layer pipeline).
+    """
+
+    priority: bool
+    eager: bool
+    per_bin: bool
+    prefetch: bool
+
+
+SCHEDULES = {
+    "sequential": ScheduleMode(priority=False, eager=False, per_bin=False, prefetch=False),
+    "inter-layer": ScheduleMode(priority=False, eager=True, per_bin=True, prefetch=False),
+    "intra-layer": ScheduleMode(priority=True, eager=False, per_bin=True, prefetch=True),
+    "multi-level": ScheduleMode(priority=True, eager=True, per_bin=True, prefetch=True),
+}
+
+
+@dataclass
+class PhaseBins:
+    """The bins of one phase (the stages between two exchanges) on every part.
+
+    Exchange rounds: during phase k every worker issues ``rounds`` forward rounds
+    (round j carries the rows of its bin j; bins it lacks send nothing), and during
+    the backward of phase k the same number of gradient rounds (round t carries the
+    gradients completed by its t-th backward bin). Every worker issues the same
+    rounds in the same order, so they match as collectives.
+
+    Attributes:
+        bins: per part, the bins (int64 gid arrays) in forward order.
+        fwd_wait: per part, (B_p,) the last round of the previous phase's pushes that
+            bin b reads from (-1: none).
+        bwd_order: per part, bin indices in backward order.
+        bwd_wait: per part, (B_p,) by bin index, the last gradient round of the next
+            phase that bin b's output gradients need (-1: none).
+        rounds: exchange rounds per direction of this phase.
+        round_of: (N,) the forward round that pushes each vertex's output row.
+        step_of: (N,) the backward step (position in ``bwd_order``) of each vertex's bin.
+    """
+
+    bins: list[list[np.ndarray]]
+    fwd_wait: list[np.ndarray]
+    bwd_order: list[np.ndarray]
+    bwd_wait: list[np.ndarray]
+    rounds: int
+    round_of: np.ndarray
+    step_of: np.ndarray
+
+
+def _segment_max(indptr: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """Per CSR row, the max of ``values`` over its entries (-1 for an empty row)."""
+    rows = indptr.size - 1
+    out = np.full(rows, -1, dtype=np.int64)
+    nonempty = indptr[1:] > indptr[:-1]
+    if values.size:
+        red = np.maximum.reduceat(values, indptr[:-1][nonempty]) if nonempty.any() else values[:0]
+        out[nonempty] = red
+    return out
+
+
+def remote_in_max(graph: Graph, part_of: np.ndarray, value: np.ndarray) -> np.ndarray:
+    """Per vertex v, max of ``value[u]`` over in-edges u -> v from other parts (-1: none)."""
+    indptr = graph.indptr.numpy()
+    src = graph.indices.numpy().astype(np.int64)
+    dst = np.repeat(np.arange(graph.num_dst), np.diff(indptr))
+    vals = np.where(part_of[src] != part_of[dst], value[src], -1)
+    return _segment_max(indptr, vals)
+
+
+def remote_out_max(graph: Graph, part_of: np.ndarray, value: np.ndarray) -> np.ndarray:
+    """Per vertex u, max of ``value[v]`` over out-edges u -> v into other parts (-1: none)."""
+    t = graph.transpose().graph
+    return remote_in_max(t, part_of, value)
+
+
+def _bin_max(bins: list[np.ndarray], value: np.ndarray) -> np.ndarray:
+    return np.array([int(value[b].max()) if b.size else -1 for b in bins], dtype=np.int64)
+
+
+def build_schedule(graph: Graph, part_of: Tensor, num_parts: int, limits: list[int],
+                   mode: ScheduleMode) -> list[PhaseBins]:
+    """Bins, rounds and waits of every phase on every part (G3 §5.3 steps 1-3).
+
+    Phase 0 reads only local rows; phase k >= 1 starts with a stage that reads the
+    rows of remote in-neighbours pushed during phase k-1. A vertex of phase k is
+    ready once every remote in-neighbour's round has arrived; with ``mode.eager`` the
+    vertices are ordered by readiness first (stable, so the base order breaks ties),
+    then packed into runs of ``limits[k]`` vertices. The backward visits the bins in
+    reverse, the ones whose output gradients are all local (or arrive first) first.
+
+    A pure function of its arguments: every worker computes the same schedule.
+
+    Args:
+        graph: the propagation graph (CSR by destination).
+        part_of: (N,) part of each vertex.
+        num_parts: number of parts.
+        limits: per phase, the most vertices in a bin.
+        mode: what overlaps (see ``SCHEDULES``).
+
+    Returns:
+        One ``PhaseBins`` per phase.
+    """
+    part_np = part_of.numpy().astype(np.int64)
+    n = graph.num_dst
+    base = []
+    for p in range(num_parts):
+        owned = torch.from_numpy(np.flatnonzero(part_np == p))
+        base.append((priority_order(graph, owned, part_of) if mode.priority else owned).numpy())
+    phases: list[PhaseBins] = []
+    ready = np.full(n, -1, dtype=np.int64)
+    for k, limit in enumerate(limits):
+        if limit < 1:
+            raise ValueError(f"phase {k}: a bin holds at least one vertex, got limit {limit}")
+        if k:
+            ready = remote_in_max(graph, part_np, phases[-1].round_of)
+        bins, waits = [], []
+        round_of = np.zeros(n, dtype=np.int64)
+        for p in range(num_parts):
+            order = base[p]
+            if mode.eager and k:
+                order = order[np.argsort(ready[order], kind="stable")]
+            part_bins = [order[i:i + limit] for i in range(0, order.size, limit)]
+            for j, b in enumerate(part_bins):
+                round_of[b] = j if mode.per_bin else 0
+            bins.append(part_bins)
+            waits.append(_bin_max(part_bins, ready))
+        rounds = max(1, max(len(b) for b in bins)) if mode.per_bin else 1
+        phases.append(PhaseBins(bins, waits, [], [], rounds, round_of,
+                                np.zeros(n, dtype=np.int64)))
+    for k in range(len(phases) - 1, -1, -1):
+        ph = phases[k]
+        need = (remote_out_max(graph, part_np, phases[k + 1].step_of)
+                if k + 1 < len(phases) else np.full(n, -1, dtype=np.int64))
+        for p in range(num_parts):
+            wait = _bin_max(ph.bins[p], need)
+            order = np.arange(len(ph.bins[p]))[::-1].copy()
+            if mode.eager:
+                order = order[np.argsort(wait[order], kind="stable")]
+            ph.bwd_wait.append(wait)
+            ph.bwd_order.append(order)
+            for t, b in enumerate(order):
+                ph.step_of[ph.bins[p][b]] = t if mode.per_bin else 0
+    return phases
