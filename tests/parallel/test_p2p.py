@@ -1,0 +1,167 @@
+"""P2P (G3) execution reproduces the single-process executor and moves each row once.
+
+Exactness (float64, dropout on): the loss of 3 epochs, the owned output rows and the
+parameters after 3 Adam steps equal the single-process run for GCN, GraphSAGE, GAT
+and GIN, coupled and decoupled, every partitioner and every schedule, on 1-4 workers,
+with bins small enough that every phase has several rounds.
+"""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+
+from fullgraph.models import build_model
+from fullgraph.parallel.p2p import P2PParallel, link_tables
+from fullgraph.parallel.single import SingleProcess
+from fullgraph.partition import PartitionOptions
+from fullgraph.schedule.bins import SCHEDULES, bin_limit, build_schedule
+
+from harness import run_ranks
+from test_data import make_dataset, make_model, run_epochs
+
+MODELS = ["gcn", "sage", "gat", "gin"]
+PARTITIONERS = ["chunk", "random", "metis", "g3"]
+SCHEDULE_NAMES = list(SCHEDULES)
+BIN_SIZES = [2, 5, 1000]  # 1000: one bin per phase
+
+
+def check_all(comm, cases):
+    dataset = make_dataset()
+    refs = {}
+    for name, decoupled, part, schedule, bin_size in cases:
+        if (name, decoupled) not in refs:
+            ref_model = make_model(name, decoupled, 9, 3)
+            refs[name, decoupled] = ref_model, run_epochs(SingleProcess(), dataset, ref_model, None)
+        ref_model, (ref_losses, (ref_out, _), _) = refs[name, decoupled]
+        model = make_model(name, decoupled, 9, 3)
+        strategy = P2PParallel(P2PParallel.Options(schedule=schedule, bin_size=bin_size),
+                               PartitionOptions(method=part))
+        losses, (out, gids), _ = run_epochs(strategy, dataset, model, comm)
+        where = (f"{name} decoupled={decoupled} {part} {schedule} bins of {bin_size} "
+                 f"rank {comm.rank}/{comm.world_size}")
+        torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), msg=where)
+        torch.testing.assert_close(out, ref_out[gids], msg=where)
+        for (k, p), (_, q) in zip(model.named_parameters(), ref_model.named_parameters()):
+            torch.testing.assert_close(p, q, msg=f"{where} parameter {k}")
+
+
+# Every model and form on every world size; the partitioner, schedule and bin size
+# rotate so that each world size sees all four of each (3 workers: two schedules per
+# model and form), keeping the suite's time in bounds.
+PAIRS = list(itertools.product(MODELS, [False, True]))
+
+
+def rotated(shift: int, schedules_each: int = 1) -> list[tuple]:
+    return [(m, d, PARTITIONERS[(i + shift + j) % 4], SCHEDULE_NAMES[(i + shift + 2 * j) % 4],
+             BIN_SIZES[(i + j) % 3])
+            for i, (m, d) in enumerate(PAIRS) for j in range(schedules_each)]
+
+
+CASES = {1: rotated(0), 2: rotated(1), 3: rotated(2, schedules_each=2), 4: rotated(3)}
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+def test_p2p_matches_single(tmp_path, world_size):
+    run_ranks(check_all, world_size, tmp_path, CASES[world_size])
+
+
+def check_bytes(comm, schedule):
+    """Each link moves |V_i^remote| x dims x itemsize bytes per direction, no more."""
+    dataset = make_dataset()
+    torch.manual_seed(0)
+    hidden, classes = 6, 3
+    model = build_model("gcn", 9, hidden, classes, aggregate_first=False, dropout=0.0)
+    strategy = P2PParallel(P2PParallel.Options(schedule=schedule, bin_size=5),
+                           PartitionOptions(method="random"))
+    plan = strategy.setup(dataset, model, torch.device("cpu"), comm)
+    assert max(ph.rounds for ph in plan.phases) > 1 or schedule == "sequential"
+    owned = plan.book.part_to_gids(comm.rank)
+    src, dst = plan.graph.edges()
+    mine = torch.zeros(plan.graph.num_dst, dtype=torch.bool)
+    mine[owned] = True
+    remote = torch.unique(src[mine[dst] & ~mine[src]])
+    needed_by_peers = torch.unique(src[~mine[dst] & mine[src]])  # a row may go to 2 peers
+    comm.counter.reset()
+    result = strategy.forward(model, plan, training=True, seed=1)
+    strategy.loss(result, plan).backward()
+    snap = comm.counter.snapshot()
+    # GCN, weight before propagation: the links carry hidden and classes columns
+    expected = remote.numel() * (hidden + classes) * 4
+    assert snap["push"]["recv"] == expected, (comm.rank, snap["push"], expected)
+    assert snap["push-grad"]["sent"] == expected, (comm.rank, snap["push-grad"], expected)
+    assert snap["push"]["sent"] == snap["push-grad"]["recv"] >= needed_by_peers.numel() * 36
+    from fullgraph.comm.primitives import all_reduce_
+
+    totals = torch.tensor([snap["push"]["sent"], snap["push"]["recv"]], dtype=torch.int64)
+    all_reduce_(totals, comm, "test")
+    assert int(totals[0]) == int(totals[1])
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize("schedule", ["sequential", "multi-level"])
+def test_p2p_moves_each_remote_row_once_per_link(tmp_path, schedule):
+    run_ranks(check_bytes, 3, tmp_path, schedule)
+
+
+def test_link_tables_agree_between_ranks():
+    """What rank p sends to q in round j is, in order, what q expects from p then."""
+    dataset = make_dataset()
+    graph = dataset.graph.with_self_loops(True)
+    world = 3
+    part_of = torch.from_numpy(np.random.default_rng(0).integers(0, world, graph.num_dst))
+    part = part_of.numpy()
+    phases = build_schedule(graph, part_of, world, [4, 6], SCHEDULES["multi-level"])
+    owned = [np.flatnonzero(part == p) for p in range(world)]
+    lid = np.zeros(graph.num_dst, dtype=np.int64)
+    for p in range(world):
+        lid[owned[p]] = np.arange(owned[p].size)
+    src, dst = (t.numpy() for t in graph.edges())
+    links = []
+    for r in range(world):
+        reads = np.unique(src[(part[dst] == r) & (part[src] != r)])
+        halo = reads[np.lexsort((reads, part[reads]))]
+        links.append((halo, link_tables(graph, part, r, world, halo, lid, phases[0].round_of,
+                                        phases[1].step_of, phases[0].rounds, phases[1].rounds)))
+    for p, q in itertools.permutations(range(world), 2):
+        halo_q, link_q = links[q]
+        _, link_p = links[p]
+        for j in range(phases[0].rounds):
+            sent = owned[p][link_p.fwd_send[j][q].numpy()]
+            expected = halo_q[link_q.fwd_recv[j][p].numpy()]
+            assert sent.tolist() == expected.tolist()
+            assert (phases[0].round_of[sent] == j).all()
+        for t in range(phases[1].rounds):
+            back = halo_q[link_q.bwd_send[t][p].numpy()]
+            got = owned[p][link_p.bwd_recv[t][q].numpy()]
+            assert back.tolist() == got.tolist()
+    for r in range(world):  # every halo row arrives exactly once, and goes back once
+        halo, link = links[r]
+        fwd = np.concatenate([t.numpy() for rnd in link.fwd_recv for t in rnd])
+        bwd = np.concatenate([t.numpy() for rnd in link.bwd_send for t in rnd])
+        assert sorted(fwd.tolist()) == list(range(halo.size)) == sorted(bwd.tolist())
+
+
+def test_bin_memory_sets_each_phase_limit():
+    dataset = make_dataset()
+    model = make_model("sage", False, 9, 3)
+    strategy = P2PParallel(P2PParallel.Options(bin_memory="2KB"))
+    plan = strategy.setup(dataset, model, torch.device("cpu"), dtype=torch.float64)
+    dims = [(ph.start, model.stages[ph.start].in_dim, ph.out_dim) for ph in plan.phases]
+    assert plan.limits == [bin_limit(2048, i, o, 8) for _, i, o in dims]
+    assert len(set(plan.limits)) > 1  # recomputed per phase: the widths differ
+    for ph, limit in zip(plan.phases, plan.limits):
+        assert all(b.rows.numel() <= limit for b in ph.bins)
+
+
+@pytest.mark.parametrize("bad, match", [
+    ({"schedule": "pipelined"}, "p2p schedule 'pipelined'"),
+    ({"bin_size": 0}, "bin_size must be >= 1"),
+    ({"bin_memory": "lots"}, "lots"),
+])
+def test_bad_options_are_refused(bad, match):
+    with pytest.raises(ValueError, match=match):
+        P2PParallel.Options(**bad)
