@@ -106,7 +106,8 @@ def train(dataset: Dataset, cfg: Config, *, reporter: Reporter | None = None,
     optimizer = torch.optim.Adam(model.parameters(), lr=cfg.train.lr,
                                  weight_decay=cfg.train.weight_decay)
     world = comm.world_size if comm is not None else 1
-    reporter.header(_header_lines(dataset, model, cfg, device, setup_s, world) + (header or []),
+    reporter.header(_header_lines(dataset, model, cfg, device, setup_s, world)
+                    + strategy.describe(model, plan) + (header or []),
                     {"config": cfg.to_dict(), "dataset": dataset.summary(),
                      "program": model.signature(), "device": str(device), "workers": world,
                      "threads": torch.get_num_threads(), "setup_s": setup_s})

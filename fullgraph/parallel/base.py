@@ -133,6 +133,10 @@ class Strategy(ABC):
         return Work(graph.num_edges * len(stages), 0,
                     sum(graph.num_edges * s.in_dim for s in stages))
 
+    def describe(self, model: StageProgram, plan: Plan) -> list[str]:
+        """Report lines on how the plan splits the work (none by default)."""
+        return []
+
     def sync_grads(self, model: StageProgram, plan: Plan) -> None:
         """Make parameter gradients global (no-op on one process)."""
 

@@ -433,6 +433,16 @@ class P2PParallel(DistributedStrategy):
             logits = run.forward(keep=False)
         return LocalResult(logits, plan.rows.owned)
 
+    def describe(self, model: StageProgram, plan: P2PPlan) -> list[str]:
+        spans = " | ".join(f"{ph.start}-{ph.stop - 1}" for ph in plan.phases)
+        limits = "/".join(str(n) for n in plan.limits)
+        rounds = "/".join(str(ph.rounds) for ph in plan.phases)
+        source = (f"partition file {self.partition.file}" if self.partition.file
+                  else f"partitioner {self.partition.method}")
+        return [f"p2p      schedule {plan.schedule}, {source}; "
+                f"phases (stages) {spans}; vertices per bin at most {limits}; "
+                f"exchange rounds per phase {rounds}"]
+
     def work(self, model: StageProgram, plan: P2PPlan) -> Work:
         edges = dims = 0
         for s, block in enumerate(plan.rows.blocks):

@@ -1,0 +1,536 @@
+"""G3 Fig. 16 and Fig. 17 at this machine's scale (a script, not a test).
+
+In one run on one machine, for each world size in ``--workers`` (gloo ranks of one
+thread each), on one cached R-MAT graph with Reddit-like widths (602 features, 256
+hidden, 41 classes, coupled 2-layer GCN; ``--features`` and ``--hidden`` shrink them),
+it runs P2P (G3 hybrid) parallelism, ``fullgraph.parallel.p2p.P2PParallel``, for
+warm-up + timed epochs in these configurations:
+
+- Fig. 16 (G3 section 7.4, partitioning): schedule ``multi-level`` with the
+  partitioners ``random``, ``chunk``, ``metis`` and ``g3``;
+- Fig. 17 (G3 section 7.5, scheduling): partitioner ``g3`` with the schedules
+  ``sequential``, ``inter-layer``, ``intra-layer`` and ``multi-level`` (g3 +
+  multi-level is run once and appears in both figures).
+
+Every configuration builds its model from the same seed; ``setup`` (where rank 0
+partitions the graph and every rank builds its bins and push tables) is timed on its
+own, and the partitioner call inside it separately (``partition s``), never as part
+of an epoch. Per epoch (after a barrier, with ``comm.counter`` reset):
+
+- wall time: the slowest rank's ``perf_counter`` around ``train_step``; the table
+  shows the median over the timed epochs;
+- CPU time per rank: ``time.process_time`` around the same call (includes gloo's and
+  the prefetch loader's threads); the median over epochs, then max/min over ranks;
+- bytes: ``comm.counter`` per phase. Vertex data is ``push`` (forward rows) +
+  ``push-grad`` (their gradients), summed over ranks counting each byte once (sent);
+  the balance column is max/min over ranks of vertex bytes sent + received;
+- blocked communication: the ``seconds`` of the ``push`` / ``push-grad`` phases, i.e.
+  the time spent blocked in ``wait()`` of the per-bin exchanges (time hidden behind
+  computation is not counted); ``barrier wait`` is the ``wait`` phase (the barrier
+  before the gradient all-reduce: waiting for slower ranks);
+- aggregation work per rank (``Strategy.work``: edges x columns), max/min over ranks.
+
+Every schedule of one partition pushes the same rows, only in other rounds, so the
+p2p bytes of a partitioner must be identical across schedules (checked and printed),
+and every configuration computes the same sums, so the losses must agree.
+
+Bins: ``--bin-size`` vertices per bin (``bin_memory`` is not used); by default
+``ceil(vertices / (workers * --bins-per-worker))``, i.e. about 12 bins per worker and
+phase whatever the world size.
+
+Prints one JSON object per configuration, then a markdown summary per world size
+and the ratios of the world sizes side by side.
+
+    python -m fullgraph.bench.p2p --workers 2 4
+    python -m fullgraph.bench.p2p --vertices 5000 --edges 100000 --epochs 2 --warmup 1 \
+        --workers 2
+
+The defaults (60,000 vertices, 2M edges, 1 warm-up + 5 timed epochs, 2 and 4 workers)
+take about 10-20 minutes on 2 shared cores.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import json
+import math
+import os
+import platform
+import shlex
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fullgraph.bench.tensor import CLASSES, HIDDEN, IN_DIM, _mb, _ratio, _rss_mib
+
+PARTITIONERS = ("random", "chunk", "metis", "g3")
+SCHEDULES = ("sequential", "inter-layer", "intra-layer", "multi-level")
+FIG16_SCHEDULE = "multi-level"  # Fig. 16 varies the partitioner under this schedule
+FIG17_PARTITIONER = "g3"  # Fig. 17 varies the schedule on this partition
+VERTEX_PHASES = ("push", "push-grad")  # the p2p strategy's vertex data
+LOSS_TOL = 1e-4
+
+
+# ------------------------------------------------------------------ data
+def load_graph(args: argparse.Namespace) -> Path:
+    """Generate the R-MAT dataset once and cache it; returns the cache directory.
+
+    ``bench.tensor.load_graph`` with ``--features`` instead of its fixed 602 (same
+    cache name, so the two scripts share a cache at the default width).
+    """
+    from fullgraph.graph import store, synthetic
+
+    cache = Path(args.cache) / f"rmat-sym-{args.vertices}-{args.edges}-{args.features}-" \
+                               f"{CLASSES}-{args.seed}"
+    if not store.is_cached(cache):
+        ds = synthetic.rmat(args.vertices, args.edges // 2, seed=args.seed,
+                            num_features=args.features, num_classes=CLASSES, symmetrize=True)
+        store.save_dataset(ds, cache)
+    return cache
+
+
+def configurations(args: argparse.Namespace) -> list[tuple[str, str]]:
+    """(partitioner, schedule) pairs to run, each once: Fig. 16's, then Fig. 17's."""
+    out = [(p, FIG16_SCHEDULE) for p in args.partitioners]
+    out += [(FIG17_PARTITIONER, s) for s in args.schedules]
+    return list(dict.fromkeys(out))
+
+
+def config_name(partitioner: str, schedule: str) -> str:
+    return f"{partitioner}/{schedule}"
+
+
+def bin_size(args: argparse.Namespace, world: int) -> int:
+    if args.bin_size:
+        return args.bin_size
+    return max(1, math.ceil(args.vertices / (world * args.bins_per_worker)))
+
+
+# --------------------------------------------------------------- per rank
+@contextlib.contextmanager
+def timed_partitioner() -> Iterator[dict[str, float]]:
+    """Times the partitioner that ``partition_book`` calls (rank 0, inside setup).
+
+    Wraps ``fullgraph.parallel.data.partition`` in this process only, for the block;
+    yields a dict that gets ``"seconds"``. If that name is gone it stays empty (the
+    setup time still covers the partitioning).
+    """
+    from fullgraph.parallel import data
+
+    timing: dict[str, float] = {}
+    original = getattr(data, "partition", None)
+    if original is None:
+        yield timing
+        return
+
+    def timed(*a: Any, **kw: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return original(*a, **kw)
+        finally:
+            timing["seconds"] = timing.get("seconds", 0.0) + time.perf_counter() - t0
+
+    data.partition = timed
+    try:
+        yield timing
+    finally:
+        data.partition = original
+
+
+def plan_info(plan: Any, rank: int) -> dict[str, Any]:
+    """Bins and rounds per phase and rows pushed per forward, from the P2P plan."""
+    phases = getattr(plan, "phases", [])
+    rows_sent = rows_recv = 0
+    for ph in phases:
+        link = getattr(ph, "link", None)
+        if link is not None:
+            s, r = link.rows_moved(rank)
+            rows_sent, rows_recv = rows_sent + s, rows_recv + r
+    return {"bins": [len(ph.bins) for ph in phases], "rounds": [ph.rounds for ph in phases],
+            "limits": list(getattr(plan, "limits", [])), "owned": int(plan.rows.owned.numel()),
+            "rows_sent": rows_sent, "rows_recv": rows_recv}
+
+
+def run_config(comm: Any, dataset: Any, partitioner: str, schedule: str,
+               args: argparse.Namespace, world: int) -> dict[str, Any]:
+    """Set up one configuration on this rank and time its epochs."""
+    from fullgraph.comm import primitives as prim
+    from fullgraph.models import build_model
+    from fullgraph.parallel.p2p import P2PParallel
+    from fullgraph.partition import PartitionOptions
+    from fullgraph.train import step_seed
+
+    strategy = P2PParallel(
+        P2PParallel.Options(schedule=schedule, bin_memory=None, bin_size=bin_size(args, world)),
+        PartitionOptions(method=partitioner, seed=args.seed))
+    torch.manual_seed(args.seed)  # the same initial parameters on every rank and config
+    model = build_model("gcn", args.features, args.hidden, CLASSES, num_layers=2, dropout=0.5)
+    prim.barrier(comm, "bench")
+    comm.counter.reset()
+    t0 = time.perf_counter()
+    with timed_partitioner() as timing:
+        plan = strategy.setup(dataset, model, torch.device("cpu"), comm)
+    setup_s = time.perf_counter() - t0
+    setup_phases = comm.counter.snapshot()
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    work = strategy.work(model, plan)
+    epochs = []
+    for epoch in range(1, args.warmup + args.epochs + 1):
+        prim.barrier(comm, "bench")  # every rank starts the epoch together
+        comm.counter.reset()
+        w0, c0 = time.perf_counter(), time.process_time()
+        stats = strategy.train_step(model, plan, opt, seed=step_seed(args.seed, epoch))
+        wall, cpu = time.perf_counter() - w0, time.process_time() - c0
+        if epoch > args.warmup:
+            epochs.append({"wall_s": wall, "cpu_s": cpu, "loss": stats.loss,
+                           "forward_s": stats.forward_s, "backward_s": stats.backward_s,
+                           "phases": comm.counter.snapshot()})
+    return {"setup_s": setup_s, "partition_s": timing.get("seconds"),
+            "setup_bytes": sum(v["sent"] + v["recv"] for v in setup_phases.values()),
+            "edge_dims": work.edge_dims, "edges_local": work.edges_local,
+            "plan": plan_info(plan, comm.rank), "epochs": epochs, "rss_mib": _rss_mib()}
+
+
+def rank_main(rank: int, args: argparse.Namespace, world: int, store: str, result: str) -> None:
+    """One worker: one thread, gloo, every configuration, results gathered on rank 0."""
+    from fullgraph.comm import destroy_comm, init_comm
+    from fullgraph.comm.primitives import all_gather_object
+    from fullgraph.graph import store as dstore
+    from fullgraph.ops import kernels
+
+    kernels.set_threads(1)  # numba first: its pool resets the OpenMP thread count
+    torch.set_num_threads(1)
+    comm = init_comm(backend="gloo", init_method=f"file://{store}", rank=rank,
+                     world_size=world, timeout_s=args.timeout)
+    try:
+        dataset = dstore.load_dataset(args.cache_dir, mmap=False, verify=False)
+        results: dict[str, Any] = {}
+        for partitioner, schedule in configurations(args):
+            name = config_name(partitioner, schedule)
+            try:
+                results[name] = run_config(comm, dataset, partitioner, schedule, args, world)
+            except (ValueError, TypeError, NotImplementedError) as exc:  # same on every rank
+                results[name] = {"error": f"rank {rank}: {type(exc).__name__}: {exc}"}
+            if args.verbose and rank == 0:
+                print(f"[{world} workers] {name} done", file=sys.stderr, flush=True)
+        gathered = all_gather_object(results, comm, "bench")
+        if rank == 0:
+            Path(result).write_text(json.dumps(gathered))
+    finally:
+        destroy_comm(comm)
+
+
+def spawn(args: argparse.Namespace, world: int) -> list[dict[str, Any]]:
+    """Run ``rank_main`` on ``world`` processes; per-rank results in rank order."""
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory(prefix="fullgraph-bench-p2p-") as tmp:
+        store, result = os.path.join(tmp, "store"), os.path.join(tmp, "result.json")
+        mp.spawn(rank_main, args=(args, world, store, result), nprocs=world, join=True)
+        return json.loads(Path(result).read_text())
+
+
+# -------------------------------------------------------------- reduction
+def _phase_sum(phases: dict[str, Any], names: tuple[str, ...], key: str) -> float:
+    return sum(phases.get(n, {}).get(key, 0) for n in names)
+
+
+def summarise(partitioner: str, schedule: str, world: int,
+              ranks: list[dict[str, Any]]) -> dict[str, Any]:
+    """One configuration's record from its per-rank results."""
+    head = {"config": config_name(partitioner, schedule), "workers": world,
+            "partitioner": partitioner, "schedule": schedule}
+    if any("error" in r for r in ranks):
+        return {**head, "error": next(r["error"] for r in ranks if "error" in r)}
+    med = statistics.median
+    num_epochs = len(ranks[0]["epochs"])
+    cpu = [med(e["cpu_s"] for e in r["epochs"]) for r in ranks]
+    wall = med(max(r["epochs"][i]["wall_s"] for r in ranks) for i in range(num_epochs))
+
+    def per_rank(fn: Any) -> list[float]:
+        return [med(fn(e["phases"]) for e in r["epochs"]) for r in ranks]
+
+    vertex_moved = per_rank(lambda ph: _phase_sum(ph, VERTEX_PHASES, "sent")
+                            + _phase_sum(ph, VERTEX_PHASES, "recv"))
+    all_moved = per_rank(lambda ph: sum(v["sent"] + v["recv"] for v in ph.values()))
+    blocked = per_rank(lambda ph: _phase_sum(ph, VERTEX_PHASES, "seconds"))
+    barrier = per_rank(lambda ph: _phase_sum(ph, ("wait",), "seconds"))
+    push_sent = [int(med(e["phases"].get("push", {}).get("sent", 0) for e in r["epochs"]))
+                 for r in ranks]
+    grad_sent = [int(med(e["phases"].get("push-grad", {}).get("sent", 0) for e in r["epochs"]))
+                 for r in ranks]
+    edge_dims = [r["edge_dims"] for r in ranks]
+    partition_s = [r["partition_s"] for r in ranks if r["partition_s"] is not None]
+    limits = ranks[0]["plan"]["limits"]
+    return {**head, "bin_size": limits[0] if limits else None,
+            "bins_per_rank": [r["plan"]["bins"] for r in ranks],
+            "rounds": ranks[0]["plan"]["rounds"],
+            "owned_per_rank": [r["plan"]["owned"] for r in ranks],
+            "rows_sent_per_rank": [r["plan"]["rows_sent"] for r in ranks],
+            "wall_s": wall, "wall_s_epochs": [max(r["epochs"][i]["wall_s"] for r in ranks)
+                                              for i in range(num_epochs)],
+            "cpu_s_per_rank": cpu, "cpu_s_median": med(cpu), "cpu_s_max": max(cpu),
+            "cpu_s_min": min(cpu), "cpu_max_min": _ratio(cpu),
+            "edge_dims_per_rank": edge_dims, "edge_dims_max_min": _ratio(edge_dims),
+            "bytes_vertex_per_rank": vertex_moved, "bytes_vertex_max_min": _ratio(vertex_moved),
+            "bytes_all_per_rank": all_moved, "bytes_all_max_min": _ratio(all_moved),
+            "push_sent_per_rank": push_sent, "push_grad_sent_per_rank": grad_sent,
+            "bytes_push_total": sum(push_sent), "bytes_push_grad_total": sum(grad_sent),
+            "bytes_vertex_total": sum(push_sent) + sum(grad_sent),
+            "blocked_s_per_rank": blocked, "blocked_s_median": med(blocked),
+            "blocked_s_max": max(blocked), "barrier_s_per_rank": barrier,
+            "barrier_s_max": max(barrier),
+            "partition_s": max(partition_s) if partition_s else None,
+            "setup_s_max": max(r["setup_s"] for r in ranks),
+            "losses": [e["loss"] for e in ranks[0]["epochs"]],
+            "rss_mib_max": max(r["rss_mib"] for r in ranks)}
+
+
+# ---------------------------------------------------------------- report
+def machine_info() -> dict[str, Any]:
+    model = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cores": len(os.sched_getaffinity(0)), "cpu_model": model,
+            "torch": torch.__version__, "python": platform.python_version(),
+            "host_cpus": os.cpu_count()}
+
+
+def _find(rows: list[dict[str, Any]], partitioner: str, schedule: str) -> dict[str, Any] | None:
+    return next((r for r in rows if r["partitioner"] == partitioner
+                 and r["schedule"] == schedule), None)
+
+
+def _s(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.2f}"
+
+
+def print_fig16(rows: list[dict[str, Any]], args: argparse.Namespace, world: int) -> None:
+    print(f"\n### Fig. 16, {world} workers: partitioners under the {FIG16_SCHEDULE} schedule\n")
+    print("| partitioner | epoch wall s | CPU s/rank, median | max | CPU max/min "
+          "| edges x cols max/min | vertex bytes/rank max/min | vertex MB/epoch, all ranks "
+          "| push MB | push-grad MB | partition s | setup s |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for p in args.partitioners:
+        r = _find(rows, p, FIG16_SCHEDULE)
+        if r is None:
+            continue
+        if "error" in r:
+            print(f"| {p} | error: {r['error']} |||||||||||")
+            continue
+        print(f"| {p} | {r['wall_s']:.2f} | {r['cpu_s_median']:.2f} | {r['cpu_s_max']:.2f} "
+              f"| {r['cpu_max_min']:.2f} | {r['edge_dims_max_min']:.2f} "
+              f"| {r['bytes_vertex_max_min']:.2f} | {_mb(r['bytes_vertex_total'])} "
+              f"| {_mb(r['bytes_push_total'])} | {_mb(r['bytes_push_grad_total'])} "
+              f"| {_s(r['partition_s'])} | {r['setup_s_max']:.2f} |")
+    ok = [r for r in rows if r["schedule"] == FIG16_SCHEDULE and "error" not in r]
+    if ok:
+        print("\nPer rank (CPU s; vertex MB sent+received; vertices owned):")
+        for r in ok:
+            print(f"- {r['partitioner']}: CPU {[round(c, 2) for c in r['cpu_s_per_rank']]}, "
+                  f"MB {[_mb(b) for b in r['bytes_vertex_per_rank']]}, "
+                  f"owned {r['owned_per_rank']}")
+
+
+def print_fig17(rows: list[dict[str, Any]], args: argparse.Namespace, world: int) -> None:
+    print(f"\n### Fig. 17, {world} workers: schedules on the {FIG17_PARTITIONER} partition\n")
+    print("| schedule | bins/worker per phase (rank 0) | epoch wall s | CPU s/rank, median "
+          "| max | blocked in push waits s/rank, median | max | barrier wait s max "
+          "| vertex MB/epoch | wall / sequential | CPU max / sequential |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    seq = _find(rows, FIG17_PARTITIONER, "sequential")
+    seq = None if seq is None or "error" in seq else seq
+    for s in args.schedules:
+        r = _find(rows, FIG17_PARTITIONER, s)
+        if r is None:
+            continue
+        if "error" in r:
+            print(f"| {s} | error: {r['error']} ||||||||||")
+            continue
+        ratio = f"{r['wall_s'] / seq['wall_s']:.2f}" if seq else "n/a"
+        cpu_ratio = f"{r['cpu_s_max'] / seq['cpu_s_max']:.2f}" if seq else "n/a"
+        print(f"| {s} | {r['bins_per_rank'][0]} | {r['wall_s']:.2f} | {r['cpu_s_median']:.2f} "
+              f"| {r['cpu_s_max']:.2f} | {r['blocked_s_median']:.2f} | {r['blocked_s_max']:.2f} "
+              f"| {r['barrier_s_max']:.2f} | {_mb(r['bytes_vertex_total'])} | {ratio} "
+              f"| {cpu_ratio} |")
+
+
+def check_bytes(rows: list[dict[str, Any]]) -> bool:
+    """Print whether each partitioner's p2p bytes per rank are equal across schedules."""
+    ok = True
+    for p in dict.fromkeys(r["partitioner"] for r in rows):
+        same = [r for r in rows if r["partitioner"] == p and "error" not in r]
+        if len(same) < 2:
+            continue
+        keys = {r["schedule"]: (tuple(r["push_sent_per_rank"]),
+                                tuple(r["push_grad_sent_per_rank"])) for r in same}
+        equal = len(set(keys.values())) == 1
+        ok &= equal
+        push, grad = next(iter(keys.values()))
+        print(f"\nCheck: {p} partition, p2p bytes identical across schedules "
+              f"({', '.join(keys)}): {'yes' if equal else 'NO'}"
+              f" (push sent per rank {list(push)}, push-grad {list(grad)})"
+              + ("" if equal else f"; per schedule {keys}"))
+    return ok
+
+
+def check_losses(rows: list[dict[str, Any]]) -> bool:
+    ok_rows = [r for r in rows if "error" not in r]
+    if len(ok_rows) < 2:
+        return True
+    ref = ok_rows[0]["losses"]
+    diff = max(abs(a - b) for r in ok_rows for a, b in zip(ref, r["losses"]))
+    same = diff < LOSS_TOL
+    print(f"Check: losses agree across all configurations (max |diff| {diff:.2e} < {LOSS_TOL}):"
+          f" {'yes' if same else 'NO'} {[round(x, 5) for x in ref]}")
+    return same
+
+
+def print_header(args: argparse.Namespace, info: dict[str, Any], machine: dict[str, Any]) -> None:
+    print(f"\n## G3 Fig. 16 / Fig. 17 at small scale (P2P hybrid parallelism)\n\n"
+          f"Command: `{info['command']}`  \n"
+          f"Date: {info['date']}  \n"
+          f"Machine: {machine['cores']} cores available ({machine['host_cpus']} on the host), "
+          f"{machine['cpu_model']}; torch {machine['torch']}, Python {machine['python']}\n\n"
+          f"R-MAT {info['vertices']} vertices, {info['edges']} edges (symmetrised, "
+          f"deduplicated; +self-loops for GCN), coupled GCN {args.features}-{args.hidden}-"
+          f"{CLASSES}, dropout 0.5, Adam; gloo workers x 1 thread; {args.warmup} warm-up + "
+          f"{args.epochs} timed epochs, medians; bins of "
+          + (f"{args.bin_size} vertices" if args.bin_size else
+             f"ceil(vertices / (workers x {args.bins_per_worker})) vertices")
+          + f"; partitioner seed {args.seed}.")
+
+
+def print_world(rows: list[dict[str, Any]], args: argparse.Namespace, world: int,
+                cores: int, load: tuple[float, float]) -> None:
+    print(f"\n## {world} workers\n")
+    print(f"Bin size {bin_size(args, world)} vertices; 1-minute load average {load[0]:.1f} before, "
+          f"{load[1]:.1f} after (shared machine: load above {cores} means other jobs ran).")
+    if world > cores:
+        print(f"\nNOTE: {world} workers x 1 thread > {cores} cores: workers time-share the "
+              "cores, so wall time and blocked seconds are inflated and noisy; per-rank CPU "
+              "time (process_time, includes gloo's and the loader's threads) is the compute "
+              "measure.")
+    print_fig16(rows, args, world)
+    print_fig17(rows, args, world)
+    check_bytes(rows)
+    check_losses(rows)
+
+
+def print_side_by_side(by_world: dict[int, list[dict[str, Any]]], args: argparse.Namespace) -> None:
+    if len(by_world) < 2:
+        return
+    worlds = list(by_world)
+    cols = " | ".join(f"{w} workers" for w in worlds)
+    sep = "|---|" + "---:|" * len(worlds)
+    print("\n## World sizes side by side\n")
+    print(f"Fig. 16, epoch wall s / CPU s max per rank ({FIG16_SCHEDULE}):\n")
+    print(f"| partitioner | {cols} |\n{sep}")
+    for p in args.partitioners:
+        cells = []
+        for w in worlds:
+            r = _find(by_world[w], p, FIG16_SCHEDULE)
+            cells.append("n/a" if r is None or "error" in r
+                         else f"{r['wall_s']:.2f} / {r['cpu_s_max']:.2f}")
+        print(f"| {p} | {' | '.join(cells)} |")
+    print(f"\nFig. 17, epoch wall time / sequential's ({FIG17_PARTITIONER}):\n")
+    print(f"| schedule | {cols} |\n{sep}")
+    for s in args.schedules:
+        cells = []
+        for w in worlds:
+            r, seq = _find(by_world[w], FIG17_PARTITIONER, s), \
+                _find(by_world[w], FIG17_PARTITIONER, "sequential")
+            bad = r is None or seq is None or "error" in r or "error" in seq
+            cells.append("n/a" if bad else f"{r['wall_s'] / seq['wall_s']:.2f}")
+        print(f"| {s} | {' | '.join(cells)} |")
+
+
+def _choices(p: argparse.ArgumentParser, value: str, allowed: tuple[str, ...],
+             what: str) -> list[str]:
+    items = [c for c in value.split(",") if c]
+    unknown = set(items) - set(allowed)
+    if unknown:
+        p.error(f"unknown {what} {sorted(unknown)}; expected some of {', '.join(allowed)}")
+    return items
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--vertices", type=int, default=60_000)
+    p.add_argument("--edges", type=int, default=2_000_000,
+                   help="edges after symmetrisation, at most (edges // 2 drawn)")
+    p.add_argument("--features", type=int, default=IN_DIM)
+    p.add_argument("--hidden", type=int, default=HIDDEN)
+    p.add_argument("--workers", type=int, nargs="+", default=[2, 4],
+                   help="world sizes, each run in turn (default: 2 4)")
+    p.add_argument("--bin-size", type=int, default=None,
+                   help="vertices per bin (default: ceil(vertices / (workers x "
+                        "--bins-per-worker)))")
+    p.add_argument("--bins-per-worker", type=int, default=12,
+                   help="bins per worker and phase when --bin-size is not given")
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--epochs", type=int, default=5, help="timed epochs (median)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--timeout", type=float, default=600.0, help="per-collective limit (s)")
+    p.add_argument("--partitioners", default=",".join(PARTITIONERS),
+                   help="Fig. 16: comma list of " + ", ".join(PARTITIONERS))
+    p.add_argument("--schedules", default=",".join(SCHEDULES),
+                   help="Fig. 17: comma list of " + ", ".join(SCHEDULES))
+    p.add_argument("--cache", default="/tmp/fullgraph-bench")
+    p.add_argument("--verbose", action="store_true", help="progress on stderr")
+    args = p.parse_args(argv)
+    args.partitioners = _choices(p, args.partitioners, PARTITIONERS, "partitioners")
+    args.schedules = _choices(p, args.schedules, SCHEDULES, "schedules")
+    if args.bin_size is not None and args.bin_size < 1:
+        p.error("--bin-size must be >= 1")
+    if min(args.workers) < 2:
+        p.error("--workers: P2P needs at least 2 workers to push anything")
+    t0 = time.perf_counter()
+    args.cache_dir = str(load_graph(args))
+    from fullgraph.graph import store
+
+    meta = store.read_meta(Path(args.cache_dir))
+    machine = machine_info()
+    info = {"vertices": meta["num_nodes"], "edges": meta["num_edges"],
+            "graph_s": time.perf_counter() - t0,
+            "command": "python -m fullgraph.bench.p2p "
+                       + shlex.join(sys.argv[1:] if argv is None else argv),
+            "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds")}
+    by_world: dict[int, list[dict[str, Any]]] = {}
+    loads: dict[int, tuple[float, float]] = {}
+    world_s: dict[int, float] = {}
+    for world in dict.fromkeys(args.workers):
+        w0, load0 = time.perf_counter(), os.getloadavg()[0]
+        per_rank = spawn(args, world)
+        loads[world], world_s[world] = (load0, os.getloadavg()[0]), time.perf_counter() - w0
+        rows = [summarise(part, sched, world,
+                          [r[config_name(part, sched)] for r in per_rank])
+                for part, sched in configurations(args)]
+        for row in rows:
+            print(json.dumps({**info, **machine, **row}), flush=True)
+        by_world[world] = rows
+    print_header(args, info, machine)
+    for world, rows in by_world.items():
+        print_world(rows, args, world, machine["cores"], loads[world])
+    print_side_by_side(by_world, args)
+    peak = max((r.get("rss_mib_max", 0) for rows in by_world.values() for r in rows), default=0)
+    times = ", ".join(f"{w} workers {s:.0f} s" for w, s in world_s.items())
+    print(f"\ntotal {time.perf_counter() - t0:.0f} s (graph {info['graph_s']:.0f} s; {times}); "
+          f"peak RSS of one worker {peak:.0f} MiB")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
