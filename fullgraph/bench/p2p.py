@@ -45,7 +45,7 @@ and the ratios of the world sizes side by side.
     python -m fullgraph.bench.p2p --vertices 5000 --edges 100000 --epochs 2 --warmup 1 \
         --workers 2
 
-The defaults (60,000 vertices, 2M edges, 1 warm-up + 5 timed epochs, 2 and 4 workers)
+The defaults (60,000 vertices, 2M edges, 1 warm-up + 10 timed epochs, 2 and 4 workers)
 take about 10-20 minutes on 2 shared cores.
 """
 from __future__ import annotations
@@ -481,7 +481,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--bins-per-worker", type=int, default=12,
                    help="bins per worker and phase when --bin-size is not given")
     p.add_argument("--warmup", type=int, default=1)
-    p.add_argument("--epochs", type=int, default=5, help="timed epochs (median)")
+    p.add_argument("--epochs", type=int, default=10, help="timed epochs (median)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=600.0, help="per-collective limit (s)")
     p.add_argument("--partitioners", default=",".join(PARTITIONERS),

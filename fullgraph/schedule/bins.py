@@ -8,6 +8,10 @@ device budget divided by a vertex's memory in the layer (input and output rows).
 Step 3 (index-based packing): consecutive runs of the priority list, each at most
 the limit. BFS order keeps neighbours close, so a bin's in-edges mostly stay inside.
 
+``build_schedule`` turns these into the whole multi-level schedule of the P2P
+executor: per phase and part the bins, the exchange round of every row, and how
+long each bin waits for its peers' rows (forward) and gradients (backward).
+
 Pure functions of the graph and the partition: tested without processes.
 """
 from __future__ import annotations
@@ -68,20 +72,28 @@ def bfs_order(graph: Graph, owned: Tensor) -> Tensor:
     return torch.from_numpy(own[order])
 
 
-def boundary_mask(graph: Graph, vertices: Tensor, part_of: Tensor) -> Tensor:
-    """True for the ``vertices`` with an in- or out-neighbour in another part."""
+def boundary_mask(graph: Graph, vertices: Tensor, part_of: Tensor, direction: str = "both") -> Tensor:
+    """True for the ``vertices`` with a neighbour in another part.
+
+    ``direction``: ``"out"`` counts only out-neighbours (the vertices whose rows other
+    parts read), ``"both"`` in- and out-neighbours (default).
+    """
+    if direction not in ("out", "both"):
+        raise ValueError(f"direction must be 'out' or 'both', got {direction!r}")
     src, dst = graph.edges()
     cross = part_of[src] != part_of[dst]
     touched = torch.zeros(graph.num_dst, dtype=torch.bool)
     touched[src[cross]] = True
-    touched[dst[cross]] = True
+    if direction == "both":
+        touched[dst[cross]] = True
     return touched[vertices]
 
 
 def priority_order(graph: Graph, owned: Tensor, part_of: Tensor) -> Tensor:
-    """G3 Step 1: BFS order with the boundary vertices moved to the front."""
+    """G3 Step 1: BFS order with the vertices other parts read (remote out-neighbours)
+    moved to the front."""
     order = bfs_order(graph, owned)
-    boundary = boundary_mask(graph, order, part_of)
+    boundary = boundary_mask(graph, order, part_of, "out")
     return torch.cat([order[boundary], order[~boundary]])
 
 

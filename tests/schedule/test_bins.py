@@ -135,3 +135,13 @@ def test_schedule_refuses_an_empty_bin_limit():
     g, part_of, parts = random_case()
     with pytest.raises(ValueError, match="phase 1"):
         build_schedule(g, part_of, parts, [3, 0], SCHEDULES["multi-level"])
+
+
+def test_priority_counts_only_vertices_that_other_parts_read():
+    # directed 0 -> 3 and 4 -> 1: 0 is read by part 1, 1 only reads from part 1
+    g = Graph.from_edges(np.array([0, 4, 0, 1]), np.array([3, 1, 1, 2]), 6)
+    part_of = torch.tensor([0, 0, 0, 1, 1, 1])
+    owned = torch.tensor([0, 1, 2])
+    assert boundary_mask(g, owned, part_of).tolist() == [True, True, False]
+    assert boundary_mask(g, owned, part_of, "out").tolist() == [True, False, False]
+    assert priority_order(g, owned, part_of)[0].item() == 0
