@@ -317,8 +317,9 @@ class P2PParallel(DistributedStrategy):
             bin_memory: device memory for bins, e.g. ``"2GB"``: a bin of phase k holds
                 half of it over a vertex's input + output bytes (G3 §5.3 step 2)
                 (default: None, then ``bin_size``).
-            bin_size: vertices per bin when no ``bin_memory`` is given (default: None,
-                5000, G3's initial bin size).
+            bin_size: vertices per bin when no ``bin_memory`` is given (default: None:
+                on a CUDA device from its free memory as ``bin_memory``, else 5000,
+                G3's initial bin size).
         """
 
         schedule: str = "multi-level"
@@ -357,8 +358,8 @@ class P2PParallel(DistributedStrategy):
         rows = plan_rows(program, graph, owned, fetch, owner=book.part_of)
         bounds = phase_bounds(program, rows.shares_halo)
         mode = SCHEDULES[self.options.schedule]
-        limits = [self._limit(program, a, b, itemsize=torch.empty(0, dtype=dtype).element_size())
-                  for a, b in bounds]
+        itemsize = torch.empty(0, dtype=dtype).element_size()
+        limits = [self._limit(program, a, b, itemsize, device) for a, b in bounds]
         schedule = build_schedule(graph, book.part_of, comm.world_size, limits, mode)
         phases = self._phases(program, graph, book, rows, bounds, schedule, comm)
         weights, _ = stage_weights(program, rows, norms, torch.device("cpu"))
@@ -375,13 +376,21 @@ class P2PParallel(DistributedStrategy):
             _to_device(plan, device)
         return plan
 
-    def _limit(self, program: StageProgram, start: int, stop: int, itemsize: int) -> int:
+    def _limit(self, program: StageProgram, start: int, stop: int, itemsize: int,
+               device: torch.device) -> int:
+        """Vertices per bin of phase [start, stop): from ``bin_memory``, else
+        ``bin_size``, else the free memory of a CUDA device, else 5000."""
         opts = self.options
         in_dim = program.stages[start].in_dim
         out_dim = _out_dim(program, start, stop)
         if opts.bin_memory is not None:
             return bin_limit(parse_bytes(opts.bin_memory), in_dim, out_dim, itemsize)
-        return opts.bin_size or DEFAULT_BIN_SIZE
+        if opts.bin_size is not None:
+            return opts.bin_size
+        if device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(device)
+            return bin_limit(free, in_dim, out_dim, itemsize)
+        return DEFAULT_BIN_SIZE
 
     def _phases(self, program: StageProgram, graph: Graph, book: PartitionBook, rows: RowPlan,
                 bounds: list[tuple[int, int]], schedule: list[PhaseBins], comm: Any) -> list[Phase]:
@@ -439,9 +448,9 @@ class P2PParallel(DistributedStrategy):
         rounds = "/".join(str(ph.rounds) for ph in plan.phases)
         source = (f"partition file {self.partition.file}" if self.partition.file
                   else f"partitioner {self.partition.method}")
-        return [f"p2p      schedule {plan.schedule}, {source}; "
-                f"phases (stages) {spans}; vertices per bin at most {limits}; "
-                f"exchange rounds per phase {rounds}"]
+        line = (f"p2p      schedule {plan.schedule}, {source}; phases (stages) {spans}; "
+                f"vertices per bin at most {limits}; exchange rounds per phase {rounds}")
+        return [line]
 
     def work(self, model: StageProgram, plan: P2PPlan) -> Work:
         edges = dims = 0
