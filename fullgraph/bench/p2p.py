@@ -46,7 +46,8 @@ and the ratios of the world sizes side by side.
         --workers 2
 
 The defaults (60,000 vertices, 2M edges, 1 warm-up + 10 timed epochs, 2 and 4 workers)
-take about 10-20 minutes on 2 shared cores.
+take about 2.5 minutes on 2 idle cores (longer when the machine is shared) and about
+2 GB per worker.
 """
 from __future__ import annotations
 
