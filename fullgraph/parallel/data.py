@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -31,23 +31,10 @@ from fullgraph.comm.exchange import ExchangeTable
 from fullgraph.comm.placement import halo_fetch
 from fullgraph.graph.csr import Graph
 from fullgraph.graph.data import Dataset
-from fullgraph.models.stages import (
-    EdgeTransform,
-    LayerInput,
-    Propagate,
-    StageContext,
-    StageProgram,
-    Transform,
-    propagation_inputs,
-)
+from fullgraph.models.stages import (EdgeTransform, LayerInput, Propagate, StageContext,
+                                     StageProgram, Transform, propagation_inputs)
 from fullgraph.ops.spmm import aggregate
-from fullgraph.parallel.base import (
-    DistributedStrategy,
-    LocalResult,
-    Plan,
-    Work,
-    register,
-)
+from fullgraph.parallel.base import DistributedStrategy, LocalResult, Plan, Work, register
 from fullgraph.parallel.rowplan import RowPlan, plan_rows
 from fullgraph.partition import PartitionBook, PartitionOptions, partition
 
@@ -94,11 +81,39 @@ class DataPlan(Plan):
     edge_pos: list[Tensor | None] = field(default_factory=list)
 
 
+class RowPartitioned(DistributedStrategy):
+    """A strategy over a vertex partition: its own options plus the partition section.
+
+    Attributes:
+        section: the name of the strategy's own section of the run's Config.
+    """
+
+    section: ClassVar[str]
+
+    def __init__(self, options: Any = None, partition: PartitionOptions | None = None) -> None:
+        super().__init__(options)
+        self.partition = partition or PartitionOptions()
+
+    @classmethod
+    def from_config(cls, cfg: Any) -> RowPartitioned:
+        return cls(getattr(cfg, cls.section), cfg.partition)
+
+    @staticmethod
+    def owned_targets(dataset: Dataset, owned: Tensor, device: torch.device) -> dict[str, Any]:
+        """Plan fields for the rows ``owned``: labels, split masks, global train count."""
+        data = dataset.data
+        masks = {"train": data.train_mask, "val": data.val_mask, "test": data.test_mask}
+        return {"device": device, "labels": data.labels[owned].to(device),
+                "masks": {k: v[owned].to(device) for k, v in masks.items()},
+                "num_train_global": int(data.train_mask.sum())}
+
+
 @register
-class DataParallel(DistributedStrategy):
+class DataParallel(RowPartitioned):
     """Row-partitioned execution with DepComm / DepCache / hybrid dependencies."""
 
     name = "data"
+    section = "data_parallel"
 
     @dataclass(frozen=True, kw_only=True)
     class Options:
@@ -120,15 +135,6 @@ class DataParallel(DistributedStrategy):
                 raise ValueError(f"data parallel mode {self.mode!r}; expected one of "
                                  f"{', '.join(MODES)}")
 
-    def __init__(self, options: DataParallel.Options | None = None,
-                 partition: PartitionOptions | None = None) -> None:
-        super().__init__(options)
-        self.partition = partition or PartitionOptions()
-
-    @classmethod
-    def from_config(cls, cfg: Any) -> DataParallel:
-        return cls(cfg.data_parallel, cfg.partition)
-
     # ------------------------------------------------------------------ setup
     def setup(self, dataset: Dataset, program: StageProgram, device: torch.device,
               comm: Any = None, dtype: torch.dtype = torch.float32) -> DataPlan:
@@ -141,14 +147,10 @@ class DataParallel(DistributedStrategy):
         owned = book.part_to_gids(comm.rank)
         direct = _remote_in_neighbours(graph, owned, book.part_of, comm.rank)
         deps = DependencyPlan(direct, torch.zeros(direct.numel(), dtype=torch.bool))
-        data = dataset.data
-        masks = {"train": data.train_mask, "val": data.val_mask, "test": data.test_mask}
         plan = DataPlan(
-            device=device, labels=data.labels[owned].to(device),
-            masks={k: v[owned].to(device) for k, v in masks.items()},
-            num_train_global=int(data.train_mask.sum()), comm=comm, graph=graph,
+            **self.owned_targets(dataset, owned, device), comm=comm, graph=graph,
             norms=norms, book=book, deps=deps, rows=None, features=None,  # type: ignore[arg-type]
-            source=data, dtype=dtype)
+            source=dataset.data, dtype=dtype)
         if self.options.mode == "depcache":
             deps.cached[:] = True
         elif self.options.mode == "hybrid":

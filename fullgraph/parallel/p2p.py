@@ -50,32 +50,13 @@ from fullgraph.comm import primitives as prim
 from fullgraph.comm.primitives import PendingExchange
 from fullgraph.graph.csr import Graph
 from fullgraph.graph.data import Dataset
-from fullgraph.models.stages import (
-    EdgeTransform,
-    LayerInput,
-    Propagate,
-    StageContext,
-    StageProgram,
-    Transform,
-    propagation_inputs,
-)
-from fullgraph.parallel.base import (
-    DistributedStrategy,
-    LocalResult,
-    Plan,
-    Work,
-    register,
-)
-from fullgraph.parallel.data import partition_book, stage_weights
+from fullgraph.models.stages import (EdgeTransform, LayerInput, Propagate, StageContext,
+                                     StageProgram, Transform, propagation_inputs)
+from fullgraph.parallel.base import LocalResult, Plan, Work, register
+from fullgraph.parallel.data import RowPartitioned, partition_book, stage_weights
 from fullgraph.parallel.rowplan import RowPlan, in_edges, plan_rows
-from fullgraph.partition import PartitionBook, PartitionOptions
-from fullgraph.schedule.bins import (
-    SCHEDULES,
-    PhaseBins,
-    ScheduleMode,
-    bin_limit,
-    build_schedule,
-)
+from fullgraph.partition import PartitionBook
+from fullgraph.schedule.bins import SCHEDULES, PhaseBins, ScheduleMode, bin_limit, build_schedule
 from fullgraph.schedule.chunks import parse_bytes
 
 DEFAULT_BIN_SIZE = 5000  # G3's initial bin size for graphs that fit (§7 setup)
@@ -301,10 +282,11 @@ def bin_block(block_graph: Graph, block_eids: Tensor, rows: np.ndarray, num_loca
 
 # ---------------------------------------------------------------- the strategy
 @register
-class P2PParallel(DistributedStrategy):
+class P2PParallel(RowPartitioned):
     """G3 hybrid parallelism: row partitions, peer-to-peer pushes, bins, pipelines."""
 
     name = "p2p"
+    section = "p2p"
 
     @dataclass(frozen=True, kw_only=True)
     class Options:
@@ -335,15 +317,6 @@ class P2PParallel(DistributedStrategy):
             if self.bin_size is not None and self.bin_size < 1:
                 raise ValueError(f"bin_size must be >= 1, got {self.bin_size}")
 
-    def __init__(self, options: P2PParallel.Options | None = None,
-                 partition: PartitionOptions | None = None) -> None:
-        super().__init__(options)
-        self.partition = partition or PartitionOptions()
-
-    @classmethod
-    def from_config(cls, cfg: Any) -> P2PParallel:
-        return cls(cfg.p2p, cfg.partition)
-
     # ------------------------------------------------------------------ setup
     def setup(self, dataset: Dataset, program: StageProgram, device: torch.device,
               comm: Any = None, dtype: torch.dtype = torch.float32) -> P2PPlan:
@@ -363,13 +336,9 @@ class P2PParallel(DistributedStrategy):
         schedule = build_schedule(graph, book.part_of, comm.world_size, limits, mode)
         phases = self._phases(program, graph, book, rows, bounds, schedule, comm)
         weights, _ = stage_weights(program, rows, norms, torch.device("cpu"))
-        data = dataset.data
-        masks = {"train": data.train_mask, "val": data.val_mask, "test": data.test_mask}
         plan = P2PPlan(
-            device=device, labels=data.labels[owned].to(device),
-            masks={k: v[owned].to(device) for k, v in masks.items()},
-            num_train_global=int(data.train_mask.sum()), comm=comm, graph=graph, book=book,
-            rows=rows, features=data.features[owned].to(dtype).to(device), phases=phases,
+            **self.owned_targets(dataset, owned, device), comm=comm, graph=graph, book=book,
+            rows=rows, features=dataset.data.features[owned].to(dtype).to(device), phases=phases,
             weights=[None if w is None else w.to(device) for w in weights], mode=mode,
             schedule=self.options.schedule, limits=limits)
         if device.type != "cpu":
