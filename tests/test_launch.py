@@ -132,6 +132,23 @@ def test_two_workers_match_single_process_losses(launched, data_root, tmp_path):
 
 
 @pytest.mark.dist
+def test_p2p_from_the_command_line_matches_single(data_root, tmp_path):
+    """``--strategy p2p`` with its own flags and the partition flags, through the launcher."""
+    runs = {}
+    for name, extra in (("p2p", ["--strategy", "p2p", "--workers", "3", "--partitioner", "g3",
+                                 "--p2p-schedule", "inter-layer", "--bin-size", "300"]),
+                        ("single", ["--strategy", "single"])):
+        metrics = tmp_path / f"{name}.jsonl"
+        out = run_cli(TRAIN + extra + ["--metrics-out", str(metrics)], data_root)
+        assert out.returncode == 0, out.stdout + out.stderr
+        runs[name] = (out.stdout, [r["loss"] for r in events(metrics, "epoch")])
+    stdout, losses = runs["p2p"]
+    assert "p2p      schedule inter-layer, partitioner g3" in stdout
+    assert "vertices per bin at most 300/300/300" in stdout
+    np.testing.assert_allclose(losses, runs["single"][1], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.dist
 def test_thread_budget_in_header(launched, data_root, tmp_path):
     out, _, _ = launched  # two workers on (at most) two cores: one thread each
     assert re.search(r"2 worker\(s\), device cpu, 1 threads", out.stdout), out.stdout
