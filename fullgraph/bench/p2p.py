@@ -38,10 +38,23 @@ Bins: ``--bin-size`` vertices per bin (``bin_memory`` is not used); by default
 ``ceil(vertices / (workers * --bins-per-worker))``, i.e. about 12 bins per worker and
 phase whatever the world size.
 
+Emulated network (``--link-rate``): by default every rank runs on this host and the
+ranks exchange rows through gloo over the loopback (``host``), where communication is
+cheap. ``--link-rate 1gbit`` instead runs each world size on two Linux network
+namespaces joined by a veth pair whose two ends are limited by ``tc tbf`` to that rate
+(``fullgraph.bench.netlink``; needs root and iproute2): rank r runs in namespace
+r % 2 (started with ``ip netns exec``, gloo bound to the veth), so with 2 workers all
+vertex traffic crosses the link and with 4 the pairs of ranks of different parity do;
+ranks in one namespace talk unshaped. ``veth`` is the same namespaces and veth without
+shaping. Several values run in turn (``--link-rate veth 1gbit``). The link is probed
+with TCP streams before use (measured rate printed) and removed afterwards, also on
+errors and Ctrl-C. It is an emulation: both "hosts" share this machine's cores.
+
 Prints one JSON object per configuration, then a markdown summary per world size
-and the ratios of the world sizes side by side.
+(and link) and the ratios of the world sizes (and links) side by side.
 
     python -m fullgraph.bench.p2p --workers 2 4
+    python -m fullgraph.bench.p2p --workers 2 4 --link-rate veth 1gbit   # as root
     python -m fullgraph.bench.p2p --vertices 5000 --edges 100000 --epochs 2 --warmup 1 \
         --workers 2
 
@@ -69,7 +82,7 @@ from typing import Any
 
 import torch
 
-from fullgraph.bench.tensor import CLASSES, HIDDEN, IN_DIM, _mb, _ratio, _rss_mib
+from fullgraph.bench.tensor import CLASSES, HIDDEN, IN_DIM, _mb, _ratio, _rss_mib, timed_epochs
 
 PARTITIONERS = ("random", "chunk", "metis", "g3")
 SCHEDULES = ("sequential", "inter-layer", "intra-layer", "multi-level")
@@ -77,6 +90,16 @@ FIG16_SCHEDULE = "multi-level"  # Fig. 16 varies the partitioner under this sche
 FIG17_PARTITIONER = "g3"  # Fig. 17 varies the schedule on this partition
 VERTEX_PHASES = ("push", "push-grad")  # the p2p strategy's vertex data
 LOSS_TOL = 1e-4
+HOST = "host"  # --link-rate: every rank on this host, gloo over the loopback (mp.spawn)
+VETH = "veth"  # --link-rate: two namespaces joined by a veth pair, not shaped
+
+
+def link_label(link: str) -> str:
+    if link == HOST:
+        return "one host (loopback)"
+    if link == VETH:
+        return "2 namespaces, veth not shaped"
+    return f"2 namespaces, veth shaped to {link}"
 
 
 # ------------------------------------------------------------------ data
@@ -166,7 +189,6 @@ def run_config(comm: Any, dataset: Any, partitioner: str, schedule: str,
     from fullgraph.models import build_model
     from fullgraph.parallel.p2p import P2PParallel
     from fullgraph.partition import PartitionOptions
-    from fullgraph.train import step_seed
 
     strategy = P2PParallel(
         P2PParallel.Options(schedule=schedule, bin_memory=None, bin_size=bin_size(args, world)),
@@ -180,19 +202,8 @@ def run_config(comm: Any, dataset: Any, partitioner: str, schedule: str,
         plan = strategy.setup(dataset, model, torch.device("cpu"), comm)
     setup_s = time.perf_counter() - t0
     setup_phases = comm.counter.snapshot()
-    opt = torch.optim.Adam(model.parameters(), lr=0.01)
     work = strategy.work(model, plan)
-    epochs = []
-    for epoch in range(1, args.warmup + args.epochs + 1):
-        prim.barrier(comm, "bench")  # every rank starts the epoch together
-        comm.counter.reset()
-        w0, c0 = time.perf_counter(), time.process_time()
-        stats = strategy.train_step(model, plan, opt, seed=step_seed(args.seed, epoch))
-        wall, cpu = time.perf_counter() - w0, time.process_time() - c0
-        if epoch > args.warmup:
-            epochs.append({"wall_s": wall, "cpu_s": cpu, "loss": stats.loss,
-                           "forward_s": stats.forward_s, "backward_s": stats.backward_s,
-                           "phases": comm.counter.snapshot()})
+    epochs = timed_epochs(strategy, model, plan, comm, args)
     return {"setup_s": setup_s, "partition_s": timing.get("seconds"),
             "setup_bytes": sum(v["sent"] + v["recv"] for v in setup_phases.values()),
             "edge_dims": work.edge_dims, "edges_local": work.edges_local,
@@ -236,6 +247,39 @@ def spawn(args: argparse.Namespace, world: int) -> list[dict[str, Any]]:
         store, result = os.path.join(tmp, "store"), os.path.join(tmp, "result.json")
         mp.spawn(rank_main, args=(args, world, store, result), nprocs=world, join=True)
         return json.loads(Path(result).read_text())
+
+
+def spawn_netns(args: argparse.Namespace, world: int, link: Any) -> list[dict[str, Any]]:
+    """``spawn`` over an emulated link: rank r in namespace r % 2 (``bench.netlink``).
+
+    Each rank is ``python -m fullgraph.bench.p2p --rank-worker SPEC`` started with
+    ``ip netns exec``; SPEC (JSON) holds the arguments, rank, world size and the file
+    store and result paths in a temporary directory (the file system is shared).
+    """
+    from fullgraph.bench import netlink
+
+    with tempfile.TemporaryDirectory(prefix="fullgraph-bench-p2p-") as tmp:
+        store, result = os.path.join(tmp, "store"), os.path.join(tmp, "result.json")
+        worker_args = {k: v for k, v in vars(args).items() if k != "rank_worker"}
+        for r in range(world):
+            Path(tmp, f"rank{r}.json").write_text(json.dumps(
+                {"args": worker_args, "rank": r, "world": world, "store": store,
+                 "result": result}))
+        codes = netlink.run_ranks(
+            link, world, lambda r: [sys.executable, "-m", "fullgraph.bench.p2p",
+                                    "--rank-worker", os.path.join(tmp, f"rank{r}.json")])
+        if any(codes):
+            raise RuntimeError(f"{world} workers over {link.rate or 'veth'}: rank exit codes "
+                               f"{codes}")
+        return json.loads(Path(result).read_text())
+
+
+def rank_worker(spec_path: str) -> int:
+    """The entry of one rank started by ``spawn_netns``."""
+    spec = json.loads(Path(spec_path).read_text())
+    rank_main(spec["rank"], argparse.Namespace(**spec["args"]), spec["world"], spec["store"],
+              spec["result"])
+    return 0
 
 
 # -------------------------------------------------------------- reduction
@@ -318,8 +362,10 @@ def _s(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.2f}"
 
 
-def print_fig16(rows: list[dict[str, Any]], args: argparse.Namespace, world: int) -> None:
-    print(f"\n### Fig. 16, {world} workers: partitioners under the {FIG16_SCHEDULE} schedule\n")
+def print_fig16(rows: list[dict[str, Any]], args: argparse.Namespace, world: int,
+                where: str = "") -> None:
+    print(f"\n### Fig. 16, {world} workers{where}: partitioners under the {FIG16_SCHEDULE} "
+          "schedule\n")
     print("| partitioner | epoch wall s | CPU s/rank, median | max | CPU max/min "
           "| edges x cols max/min | vertex bytes/rank max/min | vertex MB/epoch, all ranks "
           "| push MB | push-grad MB | partition s | setup s |")
@@ -345,8 +391,10 @@ def print_fig16(rows: list[dict[str, Any]], args: argparse.Namespace, world: int
                   f"owned {r['owned_per_rank']}")
 
 
-def print_fig17(rows: list[dict[str, Any]], args: argparse.Namespace, world: int) -> None:
-    print(f"\n### Fig. 17, {world} workers: schedules on the {FIG17_PARTITIONER} partition\n")
+def print_fig17(rows: list[dict[str, Any]], args: argparse.Namespace, world: int,
+                where: str = "") -> None:
+    print(f"\n### Fig. 17, {world} workers{where}: schedules on the {FIG17_PARTITIONER} "
+          "partition\n")
     print("| schedule | bins/worker per phase (rank 0) | epoch wall s | CPU s/rank, median "
           "| max | blocked in push waits s/rank, median | max | barrier wait s max "
           "| vertex MB/epoch | wall / sequential | CPU max / sequential |")
@@ -399,7 +447,8 @@ def check_losses(rows: list[dict[str, Any]]) -> bool:
     return same
 
 
-def print_header(args: argparse.Namespace, info: dict[str, Any], machine: dict[str, Any]) -> None:
+def print_header(args: argparse.Namespace, info: dict[str, Any], machine: dict[str, Any],
+                 links: dict[str, dict[str, Any]]) -> None:
     print(f"\n## G3 Fig. 16 / Fig. 17 at small scale (P2P hybrid parallelism)\n\n"
           f"Command: `{info['command']}`  \n"
           f"Date: {info['date']}  \n"
@@ -412,37 +461,63 @@ def print_header(args: argparse.Namespace, info: dict[str, Any], machine: dict[s
           + (f"{args.bin_size} vertices" if args.bin_size else
              f"ceil(vertices / (workers x {args.bins_per_worker})) vertices")
           + f"; partitioner seed {args.seed}.")
+    for name, link in links.items():
+        print(f"\nLink `{name}`: {link['description']}.", end="")
+        if link.get("probe"):
+            pr = link["probe"]
+            both = " and ".join(f"{x:.3f}" for x in pr.get("both_ways_gbit_s", []))
+            print(f" Measured TCP payload rate (bench.netlink.probe, "
+                  f"{pr['bytes_per_stream'] / 1e6:.0f} MB per stream): one way "
+                  f"{pr['one_way_gbit_s']:.3f} Gbit/s" + (f"; both ways at once {both} Gbit/s"
+                                                          if both else "") + ".", end="")
+        print()
 
 
 def print_world(rows: list[dict[str, Any]], args: argparse.Namespace, world: int,
-                cores: int, load: tuple[float, float]) -> None:
-    print(f"\n## {world} workers\n")
+                cores: int, load: tuple[float, float], link: str = HOST,
+                link_info: dict[str, Any] | None = None) -> None:
+    where = f", {link_label(link)}"
+    print(f"\n## {world} workers{where}\n")
     print(f"Bin size {bin_size(args, world)} vertices; 1-minute load average {load[0]:.1f} before, "
           f"{load[1]:.1f} after (shared machine: load above {cores} means other jobs ran).")
+    if link != HOST:
+        cross = sum(1 for i in range(world) for j in range(i + 1, world) if i % 2 != j % 2)
+        print(f"\nRanks {list(range(0, world, 2))} in namespace A, {list(range(1, world, 2))} "
+              f"in B: {cross} of {world * (world - 1) // 2} rank pairs cross the link.", end="")
+        tx = (link_info or {}).get("tx_bytes")
+        if tx:
+            print(f" Bytes sent over the veth during this world size's whole run (setup, "
+                  f"warm-up and timed epochs of every configuration, frame headers "
+                  f"included): A->B {tx[0] / 1e6:.0f} MB, B->A {tx[1] / 1e6:.0f} MB.", end="")
+        print()
     if world > cores:
         print(f"\nNOTE: {world} workers x 1 thread > {cores} cores: workers time-share the "
               "cores, so wall time and blocked seconds are inflated and noisy; per-rank CPU "
               "time (process_time, includes gloo's and the loader's threads) is the compute "
               "measure.")
-    print_fig16(rows, args, world)
-    print_fig17(rows, args, world)
+    print_fig16(rows, args, world, where)
+    print_fig17(rows, args, world, where)
     check_bytes(rows)
     check_losses(rows)
 
 
-def print_side_by_side(by_world: dict[int, list[dict[str, Any]]], args: argparse.Namespace) -> None:
-    if len(by_world) < 2:
+def print_side_by_side(by_run: dict[tuple[str, int], list[dict[str, Any]]],
+                       args: argparse.Namespace) -> None:
+    if len(by_run) < 2:
         return
-    worlds = list(by_world)
-    cols = " | ".join(f"{w} workers" for w in worlds)
-    sep = "|---|" + "---:|" * len(worlds)
-    print("\n## World sizes side by side\n")
+    runs = list(by_run)
+    only_host = all(link == HOST for link, _ in runs)
+    cols = " | ".join(f"{w} workers" if only_host else f"{w} workers, {link_label(link)}"
+                      for link, w in runs)
+    sep = "|---|" + "---:|" * len(runs)
+    print("\n## World sizes side by side\n" if only_host else
+          "\n## World sizes and links side by side\n")
     print(f"Fig. 16, epoch wall s / CPU s max per rank ({FIG16_SCHEDULE}):\n")
     print(f"| partitioner | {cols} |\n{sep}")
     for p in args.partitioners:
         cells = []
-        for w in worlds:
-            r = _find(by_world[w], p, FIG16_SCHEDULE)
+        for w in runs:
+            r = _find(by_run[w], p, FIG16_SCHEDULE)
             cells.append("n/a" if r is None or "error" in r
                          else f"{r['wall_s']:.2f} / {r['cpu_s_max']:.2f}")
         print(f"| {p} | {' | '.join(cells)} |")
@@ -450,12 +525,35 @@ def print_side_by_side(by_world: dict[int, list[dict[str, Any]]], args: argparse
     print(f"| schedule | {cols} |\n{sep}")
     for s in args.schedules:
         cells = []
-        for w in worlds:
-            r, seq = _find(by_world[w], FIG17_PARTITIONER, s), \
-                _find(by_world[w], FIG17_PARTITIONER, "sequential")
+        for w in runs:
+            r, seq = _find(by_run[w], FIG17_PARTITIONER, s), \
+                _find(by_run[w], FIG17_PARTITIONER, "sequential")
             bad = r is None or seq is None or "error" in r or "error" in seq
             cells.append("n/a" if bad else f"{r['wall_s'] / seq['wall_s']:.2f}")
         print(f"| {s} | {' | '.join(cells)} |")
+    print(f"\nFig. 17, epoch wall s / blocked in push waits s, max over ranks "
+          f"({FIG17_PARTITIONER}):\n")
+    print(f"| schedule | {cols} |\n{sep}")
+    for s in args.schedules:
+        cells = []
+        for w in runs:
+            r = _find(by_run[w], FIG17_PARTITIONER, s)
+            cells.append("n/a" if r is None or "error" in r
+                         else f"{r['wall_s']:.2f} / {r['blocked_s_max']:.2f}")
+        print(f"| {s} | {' | '.join(cells)} |")
+
+
+@contextlib.contextmanager
+def link_context(args: argparse.Namespace, link: str) -> Iterator[Any]:
+    """None for ``host``; else the emulated link (``netlink.Link``), removed on exit."""
+    if link == HOST:
+        yield None
+        return
+    from fullgraph.bench import netlink
+
+    with netlink.two_hosts(None if link == VETH else link, burst=args.link_burst,
+                           latency=args.link_latency) as net:
+        yield net
 
 
 def _choices(p: argparse.ArgumentParser, value: str, allowed: tuple[str, ...],
@@ -490,14 +588,34 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--schedules", default=",".join(SCHEDULES),
                    help="Fig. 17: comma list of " + ", ".join(SCHEDULES))
     p.add_argument("--cache", default="/tmp/fullgraph-bench")
+    p.add_argument("--link-rate", nargs="+", default=[HOST], metavar="LINK",
+                   help=f"where the ranks talk, each run in turn: '{HOST}' (default: one "
+                        f"host, loopback), '{VETH}' (two network namespaces joined by a veth "
+                        "pair, rank r in namespace r %% 2) or a tc rate such as 1gbit or "
+                        "500mbit (that veth, each direction shaped with tc tbf); needs root")
+    p.add_argument("--link-burst", default="256kb", help="tc tbf burst of a shaped link")
+    p.add_argument("--link-latency", default="50ms", help="tc tbf latency of a shaped link")
     p.add_argument("--verbose", action="store_true", help="progress on stderr")
+    p.add_argument("--rank-worker", default=None, help=argparse.SUPPRESS)  # spawn_netns
     args = p.parse_args(argv)
+    if args.rank_worker:
+        return rank_worker(args.rank_worker)
     args.partitioners = _choices(p, args.partitioners, PARTITIONERS, "partitioners")
     args.schedules = _choices(p, args.schedules, SCHEDULES, "schedules")
     if args.bin_size is not None and args.bin_size < 1:
         p.error("--bin-size must be >= 1")
     if min(args.workers) < 2:
         p.error("--workers: P2P needs at least 2 workers to push anything")
+    args.link_rate = list(dict.fromkeys(args.link_rate))
+    if any(link != HOST for link in args.link_rate):
+        from fullgraph.bench import netlink
+
+        bad = [x for x in args.link_rate if x not in (HOST, VETH) and netlink.rate_bits(x) is None]
+        if bad:
+            p.error(f"--link-rate: not '{HOST}', '{VETH}' or a tc rate (e.g. 1gbit): {bad}")
+        why = netlink.available()
+        if why:
+            p.error(f"--link-rate {' '.join(args.link_rate)}: {why}")
     t0 = time.perf_counter()
     args.cache_dir = str(load_graph(args))
     from fullgraph.graph import store
@@ -509,25 +627,46 @@ def main(argv: list[str] | None = None) -> int:
             "command": "python -m fullgraph.bench.p2p "
                        + shlex.join(sys.argv[1:] if argv is None else argv),
             "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds")}
-    by_world: dict[int, list[dict[str, Any]]] = {}
-    loads: dict[int, tuple[float, float]] = {}
-    world_s: dict[int, float] = {}
-    for world in dict.fromkeys(args.workers):
-        w0, load0 = time.perf_counter(), os.getloadavg()[0]
-        per_rank = spawn(args, world)
-        loads[world], world_s[world] = (load0, os.getloadavg()[0]), time.perf_counter() - w0
-        rows = [summarise(part, sched, world,
-                          [r[config_name(part, sched)] for r in per_rank])
-                for part, sched in configurations(args)]
-        for row in rows:
-            print(json.dumps({**info, **machine, **row}), flush=True)
-        by_world[world] = rows
-    print_header(args, info, machine)
-    for world, rows in by_world.items():
-        print_world(rows, args, world, machine["cores"], loads[world])
-    print_side_by_side(by_world, args)
-    peak = max((r.get("rss_mib_max", 0) for rows in by_world.values() for r in rows), default=0)
-    times = ", ".join(f"{w} workers {s:.0f} s" for w, s in world_s.items())
+    by_run: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    loads: dict[tuple[str, int], tuple[float, float]] = {}
+    run_s: dict[tuple[str, int], float] = {}
+    links: dict[str, dict[str, Any]] = {}
+    run_info: dict[tuple[str, int], dict[str, Any]] = {}
+    for link in args.link_rate:
+        with link_context(args, link) as net:
+            links[link] = {"description": "every rank on this host, gloo over the loopback"}
+            if net is not None:
+                from fullgraph.bench import netlink
+
+                links[link] = {"description": net.describe(), "probe": netlink.probe(net)}
+                if args.verbose:
+                    print(f"[{link}] {links[link]}", file=sys.stderr, flush=True)
+            for world in dict.fromkeys(args.workers):
+                key = (link, world)
+                w0, load0 = time.perf_counter(), os.getloadavg()[0]
+                if net is None:
+                    per_rank = spawn(args, world)
+                else:
+                    tx0 = netlink.tx_bytes(net)
+                    per_rank = spawn_netns(args, world, net)
+                    run_info[key] = {"tx_bytes": [b - a for a, b in
+                                                  zip(tx0, netlink.tx_bytes(net))]}
+                loads[key], run_s[key] = (load0, os.getloadavg()[0]), time.perf_counter() - w0
+                rows = [summarise(part, sched, world,
+                                  [r[config_name(part, sched)] for r in per_rank])
+                        for part, sched in configurations(args)]
+                for row in rows:
+                    print(json.dumps({**info, **machine, "link": link, **links[link],
+                                      **run_info.get(key, {}), **row}), flush=True)
+                by_run[key] = rows
+    print_header(args, info, machine, links)
+    for (link, world), rows in by_run.items():
+        print_world(rows, args, world, machine["cores"], loads[(link, world)], link,
+                    run_info.get((link, world)))
+    print_side_by_side(by_run, args)
+    peak = max((r.get("rss_mib_max", 0) for rows in by_run.values() for r in rows), default=0)
+    times = ", ".join(f"{w} workers" + ("" if link == HOST else f" over {link}") + f" {s:.0f} s"
+                      for (link, w), s in run_s.items())
     print(f"\ntotal {time.perf_counter() - t0:.0f} s (graph {info['graph_s']:.0f} s; {times}); "
           f"peak RSS of one worker {peak:.0f} MiB")
     return 0

@@ -96,9 +96,7 @@ def make_config(name: str) -> tuple[Any, bool]:
 # --------------------------------------------------------------- per rank
 def run_config(comm: Any, dataset: Any, name: str, args: argparse.Namespace) -> dict[str, Any]:
     """Set up one configuration on this rank and time its epochs."""
-    from fullgraph.comm import primitives as prim
     from fullgraph.models import build_model
-    from fullgraph.train import step_seed
 
     strategy, decoupled = make_config(name)
     torch.manual_seed(args.seed)  # the same initial parameters on every rank
@@ -107,11 +105,25 @@ def run_config(comm: Any, dataset: Any, name: str, args: argparse.Namespace) -> 
     t0 = time.perf_counter()
     plan = strategy.setup(dataset, model, torch.device("cpu"), comm)
     setup_s = time.perf_counter() - t0
-    opt = torch.optim.Adam(model.parameters(), lr=0.01)
     work = strategy.work(model, plan)
+    epochs = timed_epochs(strategy, model, plan, comm, args)
+    return {"setup_s": setup_s, "edge_dims": work.edge_dims, "edges_local": work.edges_local,
+            "edges_redundant": work.edges_redundant, "epochs": epochs,
+            "rss_mib": _rss_mib()}
+
+
+def timed_epochs(strategy: Any, model: Any, plan: Any, comm: Any,
+                 args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Train ``args.warmup + args.epochs`` epochs (Adam, lr 0.01); per timed epoch the
+    wall and CPU seconds of ``train_step``, its loss and timings and the bytes per phase.
+    Every rank starts each epoch together (a barrier) with the byte counter reset."""
+    from fullgraph.comm import primitives as prim
+    from fullgraph.train import step_seed
+
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
     epochs = []
     for epoch in range(1, args.warmup + args.epochs + 1):
-        prim.barrier(comm, "bench")  # every rank starts the epoch together
+        prim.barrier(comm, "bench")
         comm.counter.reset()
         w0, c0 = time.perf_counter(), time.process_time()
         stats = strategy.train_step(model, plan, opt, seed=step_seed(args.seed, epoch))
@@ -120,9 +132,7 @@ def run_config(comm: Any, dataset: Any, name: str, args: argparse.Namespace) -> 
             epochs.append({"wall_s": wall, "cpu_s": cpu, "loss": stats.loss,
                            "forward_s": stats.forward_s, "backward_s": stats.backward_s,
                            "phases": comm.counter.snapshot()})
-    return {"setup_s": setup_s, "edge_dims": work.edge_dims, "edges_local": work.edges_local,
-            "edges_redundant": work.edges_redundant, "epochs": epochs,
-            "rss_mib": _rss_mib()}
+    return epochs
 
 
 def _rss_mib() -> float:
