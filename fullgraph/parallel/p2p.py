@@ -95,13 +95,46 @@ def _split_by_round(positions: np.ndarray, rounds: np.ndarray, num_rounds: int) 
     return [torch.from_numpy(c.copy()) for c in np.split(positions[order], np.cumsum(counts)[:-1])]
 
 
-def link_tables(graph: Graph, part_of: np.ndarray, rank: int, world: int, halo: np.ndarray,
-                lid: np.ndarray, send_round: np.ndarray, recv_step: np.ndarray,
-                fwd_rounds: int, bwd_rounds: int) -> Link:
+@dataclass
+class CrossReads:
+    """Every (reader part, remote vertex it reads) pair of a partition, with the
+    destinations of the edges behind each pair: grouped once, used by every link.
+
+    Attributes:
+        reader, vertex: (P,) the pairs, sorted by (reader, vertex).
+        start: (P,) offset of each pair's edges in ``dst``.
+        dst: destinations of the cross-part edges, grouped by pair.
+    """
+
+    reader: np.ndarray
+    vertex: np.ndarray
+    start: np.ndarray
+    dst: np.ndarray
+
+    @classmethod
+    def build(cls, graph: Graph, part_of: np.ndarray) -> CrossReads:
+        src, dst = (t.numpy() for t in graph.edges())
+        cross = part_of[src] != part_of[dst]
+        s, d = src[cross], dst[cross]
+        n = graph.num_dst
+        key = part_of[d] * n + s
+        order = np.argsort(key, kind="stable")
+        uniq, start = np.unique(key[order], return_index=True)
+        return cls(uniq // n, uniq % n, start, d[order])
+
+    def latest(self, step: np.ndarray) -> np.ndarray:
+        """Per pair, the max of ``step`` over the reader's vertices reading the vertex."""
+        return np.maximum.reduceat(step[self.dst], self.start) if self.start.size \
+            else self.start.copy()
+
+
+def link_tables(reads: CrossReads, part_of: np.ndarray, rank: int, world: int,
+                halo: np.ndarray, lid: np.ndarray, send_round: np.ndarray,
+                recv_step: np.ndarray, fwd_rounds: int, bwd_rounds: int) -> Link:
     """The push tables of one link on worker ``rank`` (a pure function).
 
     Args:
-        graph: the propagation graph.
+        reads: the partition's cross-part reads (``CrossReads.build``).
         part_of: (N,) part of each vertex.
         rank, world: this worker and the number of workers.
         halo: gids of this worker's remote in-neighbours, ordered by (owner, gid).
@@ -111,18 +144,7 @@ def link_tables(graph: Graph, part_of: np.ndarray, rank: int, world: int, halo: 
             a row's gradient in the round of the latest step among its bins reading it.
         fwd_rounds, bwd_rounds: rounds of each direction.
     """
-    n = graph.num_dst
-    indptr = graph.indptr.numpy()
-    src = graph.indices.numpy().astype(np.int64)
-    dst = np.repeat(np.arange(n, dtype=np.int64), np.diff(indptr))
-    cross = part_of[src] != part_of[dst]
-    s, d = src[cross], dst[cross]
-    key = part_of[d] * n + s  # (reader, vertex read)
-    order = np.argsort(key, kind="stable")
-    key, val = key[order], recv_step[d[order]]
-    uniq, start = np.unique(key, return_index=True)
-    last_step = np.maximum.reduceat(val, start) if uniq.size else uniq
-    reader, vertex = uniq // n, uniq % n
+    reader, vertex, last_step = reads.reader, reads.vertex, reads.latest(recv_step)
     empty = torch.empty(0, dtype=torch.int64)
     fwd_send = [[empty] * world for _ in range(fwd_rounds)]
     bwd_recv = [[empty] * world for _ in range(bwd_rounds)]
@@ -218,15 +240,12 @@ class P2PPlan(Plan):
     mode: ScheduleMode
     schedule: str
     limits: list[int]
-    edge_rows: int = 0
 
 
 def phase_bounds(program: StageProgram, shares: list[bool]) -> list[tuple[int, int]]:
     """[start, stop) of each phase: a new phase at every P / E stage with its own input."""
     starts = [0] + [s for s, st in enumerate(program.stages)
                     if isinstance(st, (Propagate, EdgeTransform)) and not shares[s]]
-    if starts[1:2] == [0]:
-        raise ValueError("a stage program must start with a T stage")
     return list(zip(starts, starts[1:] + [len(program.stages)]))
 
 
@@ -368,7 +387,9 @@ class P2PParallel(RowPartitioned):
         owned = rows.owned.numpy()
         lid = np.zeros(graph.num_dst, dtype=np.int64)
         for p in range(world):
-            lid[book.part_to_gids(p).numpy()] = np.arange(book.part_to_gids(p).numel())
+            gids = book.part_to_gids(p).numpy()
+            lid[gids] = np.arange(gids.size)
+        reads = CrossReads.build(graph, part_np)
         num_local = owned.size
         phases: list[Phase] = []
         exported: set[tuple[str, int]] = set()
@@ -386,7 +407,7 @@ class P2PParallel(RowPartitioned):
             link = None
             if k:
                 prev = schedule[k - 1]
-                link = link_tables(graph, part_np, rank, world, rows.fetched[start].numpy(),
+                link = link_tables(reads, part_np, rank, world, rows.fetched[start].numpy(),
                                    lid, prev.round_of, sched.step_of, prev.rounds, sched.rounds)
             imports = _imports(program, start, stop)
             exported.update(imports)

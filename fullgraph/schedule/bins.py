@@ -103,11 +103,11 @@ def bin_limit(budget_bytes: int, in_dim: int, out_dim: int, itemsize: int = 4) -
     return max(1, (budget_bytes // 2) // max(1, per_vertex))
 
 
-def pack_bins(order: Tensor, limit: int) -> list[Tensor]:
+def pack_bins(order: Tensor | np.ndarray, limit: int) -> list:
     """G3 Step 3: consecutive runs of the priority list, ``limit`` vertices at most."""
     if limit < 1:
         raise ValueError(f"a bin holds at least one vertex, got limit {limit}")
-    return list(torch.split(order, limit)) if order.numel() else []
+    return [order[i:i + limit] for i in range(0, len(order), limit)]
 
 
 # ---------------------------------------------------------------- multi-level schedule
@@ -183,11 +183,9 @@ def _segment_max(indptr: np.ndarray, values: np.ndarray) -> np.ndarray:
 
 def remote_in_max(graph: Graph, part_of: np.ndarray, value: np.ndarray) -> np.ndarray:
     """Per vertex v, max of ``value[u]`` over in-edges u -> v from other parts (-1: none)."""
-    indptr = graph.indptr.numpy()
-    src = graph.indices.numpy().astype(np.int64)
-    dst = np.repeat(np.arange(graph.num_dst), np.diff(indptr))
+    src, dst = (t.numpy() for t in graph.edges())
     vals = np.where(part_of[src] != part_of[dst], value[src], -1)
-    return _segment_max(indptr, vals)
+    return _segment_max(graph.indptr.numpy(), vals)
 
 
 def remote_out_max(graph: Graph, part_of: np.ndarray, value: np.ndarray) -> np.ndarray:
@@ -242,7 +240,7 @@ def build_schedule(graph: Graph, part_of: Tensor, num_parts: int, limits: list[i
             order = base[p]
             if mode.eager and k:
                 order = order[np.argsort(ready[order], kind="stable")]
-            part_bins = [order[i:i + limit] for i in range(0, order.size, limit)]
+            part_bins = pack_bins(order, limit)
             for j, b in enumerate(part_bins):
                 round_of[b] = j if mode.per_bin else 0
             bins.append(part_bins)

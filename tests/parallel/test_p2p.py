@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from fullgraph.models import build_model
-from fullgraph.parallel.p2p import P2PParallel, link_tables
+from fullgraph.parallel.p2p import CrossReads, P2PParallel, link_tables
 from fullgraph.parallel.single import SingleProcess
 from fullgraph.partition import PartitionOptions
 from fullgraph.schedule.bins import SCHEDULES, bin_limit, build_schedule
@@ -121,11 +121,12 @@ def test_link_tables_agree_between_ranks():
     for p in range(world):
         lid[owned[p]] = np.arange(owned[p].size)
     src, dst = (t.numpy() for t in graph.edges())
+    cross = CrossReads.build(graph, part)
     links = []
     for r in range(world):
         reads = np.unique(src[(part[dst] == r) & (part[src] != r)])
         halo = reads[np.lexsort((reads, part[reads]))]
-        links.append((halo, link_tables(graph, part, r, world, halo, lid, phases[0].round_of,
+        links.append((halo, link_tables(cross, part, r, world, halo, lid, phases[0].round_of,
                                         phases[1].step_of, phases[0].rounds, phases[1].rounds)))
     for p, q in itertools.permutations(range(world), 2):
         halo_q, link_q = links[q]

@@ -7,31 +7,16 @@ import numpy as np
 import pytest
 import torch
 
-import fullgraph.graph
 from fullgraph.graph.csr import Graph
 from fullgraph.graph.formats.npz import load_npz
-from fullgraph.graph.formats.planetoid import load_planetoid
 from fullgraph.graph.synthetic import rmat_edges
 from fullgraph.partition import PARTITIONERS, PartitionBook, metis_partition, partition, quality
 from fullgraph.partition import g3
 from fullgraph.partition.g3 import (PY_KERNELS, STOP_REASONS, adjacency, build_tracker,
                                     g3_partition, g3_refine, recount, select_kernels)
 
-BUILTIN_CORA = Path(fullgraph.graph.__file__).resolve().parent / "builtin" / "cora"
 BACKENDS = [False, pytest.param(True, marks=pytest.mark.skipif(
     g3.JIT_KERNELS is None, reason="numba not installed"))]
-
-
-@pytest.fixture(scope="module")
-def skewed() -> Graph:
-    """A power-law graph (R-MAT, a = 0.57): METIS leaves its remote counts unbalanced."""
-    src, dst = rmat_edges(3000, 30000, seed=1)
-    return Graph.from_edges(src, dst, 3000)
-
-
-@pytest.fixture(scope="module")
-def cora() -> Graph:
-    return load_planetoid(BUILTIN_CORA, "cora").graph
 
 
 @pytest.fixture(scope="module")

@@ -3,37 +3,20 @@ from __future__ import annotations
 
 import sys
 import warnings
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-import fullgraph.graph
 import fullgraph.partition as partition_pkg
 from fullgraph.graph.csr import Graph
-from fullgraph.graph.formats.planetoid import load_planetoid
-from fullgraph.graph.synthetic import rmat_edges
 from fullgraph.partition import (PARTITIONERS, PartitionBook, chunk_partition,
                                  metis_partition, partition, quality, random_partition,
                                  register_partitioner)
 from fullgraph.partition.chunk import weighted_bounds
 from fullgraph.partition.metis import symmetric_adjacency, vertex_weights, water_fill
 
-BUILTIN_CORA = Path(fullgraph.graph.__file__).resolve().parent / "builtin" / "cora"
 METHODS = ("chunk", "random", "metis")
-
-
-@pytest.fixture(scope="module")
-def cora() -> Graph:
-    return load_planetoid(BUILTIN_CORA, "cora").graph
-
-
-@pytest.fixture(scope="module")
-def skewed() -> Graph:
-    """A power-law graph whose low ids hold most in-edges (R-MAT with a = 0.57)."""
-    src, dst = rmat_edges(3000, 30000, seed=1)
-    return Graph.from_edges(src, dst, 3000)
 
 
 def _max_over_mean(values) -> float:
