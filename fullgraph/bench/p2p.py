@@ -515,32 +515,35 @@ def print_side_by_side(by_run: dict[tuple[str, int], list[dict[str, Any]]],
     print(f"Fig. 16, epoch wall s / CPU s max per rank ({FIG16_SCHEDULE}):\n")
     print(f"| partitioner | {cols} |\n{sep}")
     for p in args.partitioners:
-        cells = []
-        for w in runs:
-            r = _find(by_run[w], p, FIG16_SCHEDULE)
-            cells.append("n/a" if r is None or "error" in r
-                         else f"{r['wall_s']:.2f} / {r['cpu_s_max']:.2f}")
+        cells = [_cell(_find(by_run[w], p, FIG16_SCHEDULE),
+                       lambda r: f"{r['wall_s']:.2f} / {r['cpu_s_max']:.2f}") for w in runs]
         print(f"| {p} | {' | '.join(cells)} |")
     print(f"\nFig. 17, epoch wall time / sequential's ({FIG17_PARTITIONER}):\n")
     print(f"| schedule | {cols} |\n{sep}")
     for s in args.schedules:
         cells = []
         for w in runs:
-            r, seq = _find(by_run[w], FIG17_PARTITIONER, s), \
-                _find(by_run[w], FIG17_PARTITIONER, "sequential")
-            bad = r is None or seq is None or "error" in r or "error" in seq
-            cells.append("n/a" if bad else f"{r['wall_s'] / seq['wall_s']:.2f}")
+            seq = _find(by_run[w], FIG17_PARTITIONER, "sequential")
+            r = _find(by_run[w], FIG17_PARTITIONER, s)
+            cells.append(f"{r['wall_s'] / seq['wall_s']:.2f}" if _ok(r) and _ok(seq) else "n/a")
         print(f"| {s} | {' | '.join(cells)} |")
     print(f"\nFig. 17, epoch wall s / blocked in push waits s, max over ranks "
           f"({FIG17_PARTITIONER}):\n")
     print(f"| schedule | {cols} |\n{sep}")
     for s in args.schedules:
-        cells = []
-        for w in runs:
-            r = _find(by_run[w], FIG17_PARTITIONER, s)
-            cells.append("n/a" if r is None or "error" in r
-                         else f"{r['wall_s']:.2f} / {r['blocked_s_max']:.2f}")
+        cells = [_cell(_find(by_run[w], FIG17_PARTITIONER, s),
+                       lambda r: f"{r['wall_s']:.2f} / {r['blocked_s_max']:.2f}") for w in runs]
         print(f"| {s} | {' | '.join(cells)} |")
+
+
+def _ok(record: dict[str, Any] | None) -> bool:
+    """Whether a configuration ran (it is neither missing nor failed)."""
+    return record is not None and "error" not in record
+
+
+def _cell(record: dict[str, Any] | None, fmt: Any) -> str:
+    """``fmt(record)``, or n/a for a configuration that is missing or failed."""
+    return fmt(record) if _ok(record) else "n/a"
 
 
 @contextlib.contextmanager
