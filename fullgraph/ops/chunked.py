@@ -8,12 +8,17 @@ source rows, which are summed into the host gradient (copies of a source in
 several chunks add up, by associativity). On the CPU the "device" is the host and
 the same code runs; the ``MemoryAccount`` then enforces the budget.
 
+A chunk is a set of destinations given as one or more contiguous ranges. Tensor
+parallelism gives every chunk a slice of every worker's row block (NeutronTP
+Algorithm 1, line 2), so each chunk's exchange is a balanced all-to-all rather than
+a transfer to the one worker that owns a contiguous chunk.
+
 Shapes: N_dst, N_src vertices, E edges, D columns; chunk k has R_k rows, E_k edges
 and S_k distinct sources.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -23,38 +28,108 @@ from fullgraph.graph.csr import Graph
 from fullgraph.ops.spmm import aggregate, edge_dot
 from fullgraph.schedule.chunks import MemoryAccount
 
+Ranges = list[tuple[int, int]]
+
 
 @dataclass
 class Chunk:
-    """Destinations ``[start, stop)`` with their in-edges ``[edge_start, edge_stop)``.
+    """Destinations in ``ranges`` (ascending, disjoint) with all their in-edges.
 
     Attributes:
+        ranges: destination ranges ``[start, stop)``; the chunk's rows are their
+            concatenation, in this order.
+        edge_ranges: the matching ranges of edge positions in the graph's CSR.
         graph: CSR of the chunk with sources renumbered 0..S_k-1 (host memory).
         src: (S_k,) global ids of the chunk's distinct sources, ascending.
     """
 
-    start: int
-    stop: int
-    edge_start: int
-    edge_stop: int
+    ranges: Ranges
+    edge_ranges: Ranges
     graph: Graph
     src: Tensor
+    _offsets: list[int] = field(default_factory=list, repr=False)
+
+    def __post_init__(self) -> None:
+        self._offsets = [0]
+        for a, b in self.ranges:
+            self._offsets.append(self._offsets[-1] + b - a)
+
+    @property
+    def num_rows(self) -> int:
+        return self._offsets[-1]
+
+    def rows(self) -> Tensor:
+        """(R_k,) the chunk's destination ids."""
+        return torch.cat([torch.arange(a, b) for a, b in self.ranges]) if self.ranges \
+            else torch.zeros(0, dtype=torch.int64)
+
+    def take(self, t: Tensor) -> Tensor:
+        """The chunk's rows of a destination-indexed tensor (a view for one range)."""
+        return take_ranges(t, self.ranges)
+
+    def put(self, t: Tensor, values: Tensor) -> None:
+        """``t[rows] = values`` for the chunk's (R_k, ...) ``values``."""
+        put_ranges(t, self.ranges, values)
+
+    def take_edges(self, w: Tensor) -> Tensor:
+        """The chunk's entries of a CSR-ordered (E, ...) edge tensor."""
+        return take_ranges(w, self.edge_ranges)
+
+    def add_edges(self, t: Tensor, values: Tensor) -> None:
+        """``t[chunk edges] += values``."""
+        o = 0
+        for a, b in self.edge_ranges:
+            t[a:b] += values[o:o + b - a]
+            o += b - a
+
+    def parts_in(self, lo: int, hi: int) -> Ranges:
+        """The chunk's destination ranges clipped to ``[lo, hi)`` (empty ones dropped)."""
+        out = [(max(a, lo), min(b, hi)) for a, b in self.ranges]
+        return [(a, b) for a, b in out if b > a]
 
 
-def build_chunks(graph: Graph, ranges: list[tuple[int, int]]) -> list[Chunk]:
-    """Cut ``graph`` into the given destination ranges (a logical cut: views + renumbering)."""
-    indptr = graph.indptr.cpu().numpy()
+def take_ranges(t: Tensor, ranges: Ranges, shift: int = 0) -> Tensor:
+    """Rows ``[a - shift, b - shift)`` of ``t`` for each range, concatenated."""
+    if len(ranges) == 1:
+        a, b = ranges[0]
+        return t[a - shift:b - shift]
+    return torch.cat([t[a - shift:b - shift] for a, b in ranges]) if ranges else t[:0]
+
+
+def put_ranges(t: Tensor, ranges: Ranges, values: Tensor, shift: int = 0) -> None:
+    """The inverse of ``take_ranges``: write ``values`` into those rows of ``t``."""
+    o = 0
+    for a, b in ranges:
+        t[a - shift:b - shift] = values[o:o + b - a]
+        o += b - a
+
+
+def build_chunks(graph: Graph, chunks: list[Ranges] | Ranges) -> list[Chunk]:
+    """Cut ``graph`` into chunks of destination ranges (views + renumbering).
+
+    Args:
+        graph: the whole graph (CSR by destination).
+        chunks: per chunk, a list of ``(start, stop)`` ranges, or one ``(start, stop)``
+            pair per chunk for contiguous chunks.
+    """
+    indptr = graph.indptr.cpu().numpy().astype(np.int64)
     indices = graph.indices.cpu().numpy()
-    chunks = []
-    for start, stop in ranges:
-        e0, e1 = int(indptr[start]), int(indptr[stop])
-        src_global = indices[e0:e1]
+    out = []
+    for spec in chunks:
+        ranges = [spec] if isinstance(spec[0], (int, np.integer)) else list(spec)
+        ranges = [(int(a), int(b)) for a, b in ranges if b > a]
+        edge_ranges = [(int(indptr[a]), int(indptr[b])) for a, b in ranges]
+        ptr = [np.zeros(1, dtype=np.int64)]
+        for a, b in ranges:
+            ptr.append(indptr[a + 1:b + 1] - indptr[a] + ptr[-1][-1])
+        src_global = np.concatenate([indices[e0:e1] for e0, e1 in edge_ranges]) \
+            if ranges else indices[:0]
         src, local = np.unique(src_global, return_inverse=True)
-        sub = Graph(torch.from_numpy(indptr[start:stop + 1] - e0),
+        sub = Graph(torch.from_numpy(np.concatenate(ptr)),
                     torch.from_numpy(local.astype(np.int64)), num_src=int(src.size),
                     validate=False)
-        chunks.append(Chunk(start, stop, e0, e1, sub, torch.from_numpy(src.astype(np.int64))))
-    return chunks
+        out.append(Chunk(ranges, edge_ranges, sub, torch.from_numpy(src.astype(np.int64))))
+    return out
 
 
 def chunked_spmm(chunks: list[Chunk], num_dst: int, x: Tensor, weight: Tensor | None,
@@ -91,7 +166,7 @@ class _ChunkedSpMM(torch.autograd.Function):
         ctx.save_for_backward(x if weight is not None and weight.requires_grad else None, weight)
         out = torch.empty(num_dst, x.shape[1], dtype=x.dtype, device=x.device)
         for c in chunks:
-            out[c.start:c.stop] = chunk_aggregate(c, x, weight, device, account)
+            c.put(out, chunk_aggregate(c, x, weight, device, account))
         return out
 
     @staticmethod
@@ -105,7 +180,7 @@ class _ChunkedSpMM(torch.autograd.Function):
         if need_w:
             grad_w = torch.zeros_like(weight)
         for c in ctx.chunks:
-            chunk_backward(c, grad_out[c.start:c.stop], x, weight, grad_x, grad_w, ctx.device,
+            chunk_backward(c, c.take(grad_out), x, weight, grad_x, grad_w, ctx.device,
                            ctx.account)
         return grad_x, grad_w, None, None, None, None
 
@@ -117,7 +192,7 @@ def chunk_aggregate(c: Chunk, x: Tensor, weight: Tensor | None, device: torch.de
     ``weight`` is the whole graph's (E,) weights; the chunk takes its edge range.
     """
     g = c.graph.to(device)
-    w = _to(None if weight is None else weight[c.edge_start:c.edge_stop].detach(), device)
+    w = _to(None if weight is None else c.take_edges(weight.detach()), device)
     xs = _to(x.detach().index_select(0, c.src.to(x.device)), device)
     held = _hold(account, g.indptr, g.indices, xs, w)
     res = aggregate(g, xs, w, "sum")
@@ -155,7 +230,7 @@ def _source_grads(c: Chunk, gout: Tensor, weight: Tensor | None, grad_x: Tensor,
     """grad_x[src] += A_k^T gout through the chunk's transposed CSR."""
     t = c.graph.transpose()
     tg = t.graph.to(device)
-    w_t = None if weight is None else _to(weight[c.edge_start:c.edge_stop].detach()[t.perm],
+    w_t = None if weight is None else _to(c.take_edges(weight.detach())[t.perm],
                                           device)
     held = _hold(account, tg.indptr, tg.indices, w_t)
     part = aggregate(tg, gout, w_t, "sum")
@@ -172,5 +247,5 @@ def _weight_grads(c: Chunk, gout: Tensor, x: Tensor, grad_w: Tensor, device: tor
     held = _hold(account, g.indptr, g.indices, xs)
     part = edge_dot(g, gout, xs)[:, 0]
     held += _hold(account, part)
-    grad_w[c.edge_start:c.edge_stop] += part.to(grad_w.device)
+    c.add_edges(grad_w, part.to(grad_w.device))
     _release(account, held)

@@ -41,7 +41,7 @@ from fullgraph.ops import spmm
 from fullgraph.ops.chunked import Chunk, build_chunks, chunked_spmm
 from fullgraph.parallel.base import DistributedStrategy, LocalResult, Plan, Work, register
 from fullgraph.parallel.rowplan import Block, build_block, in_edges
-from fullgraph.schedule.chunks import MemoryAccount, chunk_ranges, even_ranges, parse_bytes
+from fullgraph.schedule.chunks import MemoryAccount, parse_bytes, spread_chunks
 from fullgraph.schedule.pipeline import Segment, first_reads, pipelined_propagation
 
 
@@ -169,15 +169,13 @@ class TensorParallel(DistributedStrategy):
         opts = self.options
         if opts.device_memory is None and opts.num_chunks is None and not opts.pipeline:
             return
-        n = plan.graph.num_dst
         widest = max((plan.layout(s.in_dim).local_cols(plan.comm.rank)
                       for s in program.stages if isinstance(s, Propagate)), default=1)
         itemsize = torch.empty(0, dtype=dtype).element_size()
-        if opts.device_memory is not None:
-            budget = parse_bytes(opts.device_memory)
-            ranges = chunk_ranges(plan.graph.indptr, budget, widest, itemsize)
-        else:
-            budget, ranges = None, even_ranges(n, opts.num_chunks or 4)
+        budget = parse_bytes(opts.device_memory) if opts.device_memory is not None else None
+        count = None if budget is not None else (opts.num_chunks or 4)
+        ranges = spread_chunks(plan.graph.indptr, plan.row_counts, widest, itemsize,
+                               budget=budget, num_chunks=count)
         plan.chunks = build_chunks(plan.graph.to("cpu"), ranges)
         plan.account = MemoryAccount(budget)
         if opts.pipeline:

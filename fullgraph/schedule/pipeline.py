@@ -28,7 +28,8 @@ from torch import Tensor
 
 from fullgraph.comm.placement import RowColLayout
 from fullgraph.comm.primitives import all_to_all_v_start
-from fullgraph.ops.chunked import Chunk, chunk_aggregate, chunk_backward
+from fullgraph.ops.chunked import (Chunk, Ranges, chunk_aggregate, chunk_backward, put_ranges,
+                                   take_ranges)
 from fullgraph.schedule.chunks import MemoryAccount
 
 
@@ -146,11 +147,13 @@ class Segment:
         lo, hi = np.searchsorted(rows.numpy(), [off[rank], off[rank + 1]])
         return rows[int(lo):int(hi)]
 
-    def range_of(self, start: int, stop: int, rank: int) -> tuple[int, int]:
-        """Rows ``[start, stop)`` intersected with rank ``rank``'s block."""
+    def chunk_rows(self, c: Chunk, rank: int) -> Ranges:
+        """Chunk ``c``'s destination ranges inside rank ``rank``'s block."""
         off = self.offsets
-        return max(start, int(off[rank])), max(min(stop, int(off[rank + 1])),
-                                               max(start, int(off[rank])))
+        return c.parts_in(int(off[rank]), int(off[rank + 1]))
+
+    def num_chunk_rows(self, c: Chunk, rank: int) -> int:
+        return sum(b - a for a, b in self.chunk_rows(c, rank))
 
 
 def pipelined_propagation(h_rows: Tensor, weights: list[Tensor], segment: Segment) -> Tensor:
@@ -215,7 +218,7 @@ class _Run:
             elif step.op == "aggregate":
                 src = x if step.stage == 0 else outs[step.stage - 1]
                 c = seg.chunks[k]
-                outs[step.stage][c.start:c.stop] = self._aggregate(c, src, step.stage)
+                c.put(outs[step.stage], self._aggregate(c, src, step.stage))
             elif step.op == "gather":
                 pending["gather", k] = self._gather(outs[-1], seg.chunks[k])
             else:
@@ -237,21 +240,19 @@ class _Run:
             x[self.seg.rows_of(rows, q)] = part
 
     def _gather(self, out: Tensor, c: Chunk) -> _Blocks:
-        send = []
-        for p in range(self.world):
-            a, b = self.seg.range_of(c.start, c.stop, p)
-            send.append(out[a:b, :self.own_cols])
-        a, b = self.seg.range_of(c.start, c.stop, self.rank)
-        recv = [(b - a, n) for n in self.seg.layout.col_counts]
+        send = [take_ranges(out, self.seg.chunk_rows(c, p))[:, :self.own_cols]
+                for p in range(self.world)]
+        mine = self.seg.num_chunk_rows(c, self.rank)
+        recv = [(mine, n) for n in self.seg.layout.col_counts]
         return _Blocks(send, recv, self.seg.comm, "cols-to-rows")
 
     def _place_gather(self, y: Tensor, out: Tensor, c: Chunk, parts: list[Tensor]) -> None:
-        a, b = self.seg.range_of(c.start, c.stop, self.rank)
+        own = self.seg.chunk_rows(c, self.rank)
         for q, part in enumerate(parts):
-            cols = self.seg.layout.col_slice(q)
-            y[a - self.lo:b - self.lo, cols] = part
+            put_ranges(y[:, self.seg.layout.col_slice(q)], own, part, self.lo)
         if self.shared:
-            y[a - self.lo:b - self.lo, self.dim - self.shared:] = out[a:b, self.own_cols:]
+            put_ranges(y[:, self.dim - self.shared:], own,
+                       take_ranges(out, own)[:, self.own_cols:], self.lo)
 
     # ----------------------------------------------------------- aggregation
     def _segments(self, weight: Tensor) -> list[tuple[slice, int | None]]:
@@ -291,7 +292,7 @@ class _Run:
                 self._place_split_grad(g_out[-1], grad_y, c, pending.pop(("split", k)).wait())
             elif step.op == "aggregate":
                 target = g_in0 if step.stage == 0 else g_out[step.stage - 1]
-                self._transpose(c, g_out[step.stage][c.start:c.stop], step.stage, target,
+                self._transpose(c, c.take(g_out[step.stage]), step.stage, target,
                                 grad_w[step.stage])
             elif step.op == "gather":
                 pending["gather", k] = self._gather_grad(g_in0, seg.new_rows[k])
@@ -300,22 +301,18 @@ class _Run:
         return grad_h, grad_w
 
     def _split_grad(self, grad_y: Tensor, c: Chunk) -> _Blocks:
-        a, b = self.seg.range_of(c.start, c.stop, self.rank)
-        mine = grad_y[a - self.lo:b - self.lo]
+        mine = take_ranges(grad_y, self.seg.chunk_rows(c, self.rank), self.lo)
         send = [mine[:, self.seg.layout.col_slice(p)] for p in range(self.world)]
-        recv = []
-        for q in range(self.world):
-            qa, qb = self.seg.range_of(c.start, c.stop, q)
-            recv.append((qb - qa, self.own_cols))
+        recv = [(self.seg.num_chunk_rows(c, q), self.own_cols) for q in range(self.world)]
         return _Blocks(send, recv, self.seg.comm, "cols-to-rows-grad")
 
     def _place_split_grad(self, g: Tensor, grad_y: Tensor, c: Chunk, parts: list[Tensor]) -> None:
         for q, part in enumerate(parts):
-            a, b = self.seg.range_of(c.start, c.stop, q)
-            g[a:b, :self.own_cols] = part
+            put_ranges(g[:, :self.own_cols], self.seg.chunk_rows(c, q), part)
         if self.shared:  # the shared columns' gradient exists on own rows only
-            a, b = self.seg.range_of(c.start, c.stop, self.rank)
-            g[a:b, self.own_cols:] = grad_y[a - self.lo:b - self.lo, self.dim - self.shared:]
+            own = self.seg.chunk_rows(c, self.rank)
+            put_ranges(g[:, self.own_cols:], own,
+                       take_ranges(grad_y, own, self.lo)[:, self.dim - self.shared:])
 
     def _transpose(self, c: Chunk, g_rows: Tensor, stage: int, target: Tensor,
                    grad_w: Tensor | None) -> None:

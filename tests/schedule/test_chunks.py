@@ -9,7 +9,7 @@ from fullgraph.graph.csr import Graph
 from fullgraph.ops import spmm
 from fullgraph.ops.chunked import build_chunks, chunked_spmm
 from fullgraph.schedule.chunks import (MemoryAccount, chunk_footprint, chunk_ranges, even_ranges,
-                                       parse_bytes)
+                                       parse_bytes, spread_chunks)
 
 
 def graph(n=50, e=400, seed=0) -> Graph:
@@ -35,6 +35,36 @@ def test_ranges_cover_rows_and_respect_the_budget():
     for a, b in ranges:
         assert chunk_footprint(b - a, int(deg[a:b].sum()), 4) <= budget
     assert len(chunk_ranges(g.indptr, 10**9, dim=4)) == 1
+
+
+@pytest.mark.parametrize("spec", [{"num_chunks": 4}, {"budget": 4000}])
+def test_spread_chunks_take_equal_rows_of_every_block(spec):
+    """Every chunk holds the same rows (within one) of every worker's block, so each
+    chunk's exchange is a balanced all-to-all; together they cover each row once."""
+    g = graph(n=61, e=500)
+    row_counts = [21, 20, 20]
+    chunks = spread_chunks(g.indptr, row_counts, dim=4, **spec)
+    assert len(chunks) > 1
+    offsets = np.concatenate([[0], np.cumsum(row_counts)])
+    covered = sorted(r for c in chunks for a, b in c for r in range(a, b))
+    assert covered == list(range(61))
+    deg = g.in_degrees()
+    for c in chunks:
+        per_block = [sum(max(0, min(b, hi) - max(a, lo)) for a, b in c)
+                     for lo, hi in zip(offsets[:-1], offsets[1:])]
+        assert max(per_block) - min(per_block) <= 1, (c, per_block)
+        if "budget" in spec:
+            rows, edges = sum(b - a for a, b in c), sum(int(deg[a:b].sum()) for a, b in c)
+            assert chunk_footprint(rows, edges, 4) <= spec["budget"]
+
+
+def test_multi_range_chunks_match_spmm():
+    g = graph(seed=9)
+    chunks = build_chunks(g, spread_chunks(g.indptr, [17, 17, 16], dim=3, num_chunks=3))
+    x = torch.randn(g.num_src, 3, dtype=torch.float64, requires_grad=True)
+    w = torch.rand(g.num_edges, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(
+        lambda x, w: chunked_spmm(chunks, g.num_dst, x, w, torch.device("cpu")), (x, w))
 
 
 def test_budget_too_small_for_one_vertex_is_refused():
