@@ -58,15 +58,17 @@ def load_edgelist(edges: PathLike, features: PathLike, labels: PathLike, *,
         seed: seed of the fraction split (default: 0).
         split: train and validation fractions of the labelled vertices (default:
             ``(0.6, 0.2)``; the rest is test).
-        num_classes: C (default: ``max(label) + 1``).
+        num_classes: C (default: ``max(label) + 1``, refused when implausible).
         name: dataset name (default: ``"custom"``).
 
     Raises:
         DatasetNotFoundError: a file does not exist.
-        FormatError: a token is not a number, a binary file is truncated, an array has
-            the wrong dtype or shape, or an ``.npy`` needs pickle.
+        FormatError: a token is not a number, a binary file is truncated or reads as
+            valid pairs only at the other width, an array has the wrong dtype or
+            shape, or an ``.npy`` needs pickle.
         ValidationError: ids out of range, wrong row counts, non-finite features,
-            labels out of range, empty or overlapping masks, no edges.
+            labels out of range, an implausible inferred class count (see
+            ``check_class_count``), empty or overlapping masks, no edges.
     """
     x = as_features(load_npy(features), source=features)
     n = x.shape[0] if num_nodes is None else int(num_nodes)
@@ -99,7 +101,7 @@ def read_edges(path: PathLike, num_nodes: int, *,
     """Read and range-check an edge file; return ``(src, dst)`` int64 arrays.
 
     Raises:
-        FormatError: bad token (text) or truncated file (binary).
+        FormatError: bad token (text), truncated file or the other width (binary).
         ValidationError: no edges, or an id outside ``[0, num_nodes)``.
     """
     if binary_dtype is None:
