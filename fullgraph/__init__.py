@@ -1,8 +1,8 @@
 """fullgraph: full-graph GNN training across many workers.
 
 One model definition (a stage program of transform / edge / propagate stages) and
-several executors of it: single-process (the reference), data, tensor, task and
-hybrid parallelism. See DESIGN.md in the shared notes for the architecture.
+several executors of it: single-process (the reference), data, tensor and hybrid
+(peer-to-peer) parallelism. See README.md for what is planned beyond these.
 """
 from __future__ import annotations
 

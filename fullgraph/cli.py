@@ -25,6 +25,20 @@ FLAG_NAMES = {("model", "name"): "model", ("partition", "method"): "partitioner"
               ("p2p", "schedule"): "p2p-schedule"}
 
 
+CONVERT_EPILOG = """\
+edge files of `convert edgelist`:
+  text             one edge per line, "src dst" (whitespace separated); lines
+                   starting with # and blank lines are skipped
+  --binary uint32  no header; per edge src then dst, each a little-endian
+                   unsigned 32-bit integer: 8 bytes per edge
+  --binary int64   no header; per edge src then dst, each a little-endian
+                   signed 64-bit integer: 16 bytes per edge
+  Vertex ids are 0 .. N-1, N = rows of --features. A binary file that reads as
+  valid pairs only at the other width (e.g. int64 pairs given as --binary uint32)
+  is refused with a message naming that width.
+"""
+
+
 def _flag(section: str, name: str) -> str:
     return "--" + FLAG_NAMES.get((section, name), name.replace("_", "-"))
 
@@ -104,13 +118,19 @@ def build_parser() -> argparse.ArgumentParser:
     p_part.add_argument("--report", action="store_true",
                         help="print |V_i|, |E(V_i)|, remote vertices, edge cut, replication")
 
-    p_conv = sub.add_parser("convert", help="turn your own files into a processed dataset")
+    p_conv = sub.add_parser("convert", help="turn your own files into a processed dataset",
+                            epilog=CONVERT_EPILOG,
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
     p_conv.add_argument("format", choices=("edgelist", "neutronstar", "ogb"))
     p_conv.add_argument("--name", required=True, help="name to train it under (--dataset NAME)")
     p_conv.add_argument("--root", help="dataset root (default: $FULLGRAPH_DATA or user cache)")
     p_conv.add_argument("--edges", help="edgelist/neutronstar: edge file")
     p_conv.add_argument("--binary", choices=("uint32", "int64"),
-                        help="edgelist: binary pairs of this type (default: text)")
+                        help="edgelist: binary (src, dst) records of this type, see below "
+                        "(default: text)")
+    p_conv.add_argument("--num-classes", type=int, metavar="N",
+                        help="number of classes (default: max label + 1, refused when the "
+                        "labels use far fewer distinct classes)")
     p_conv.add_argument("--features", help="features (.npy for edgelist; text for neutronstar)")
     p_conv.add_argument("--labels", help="labels (.npy for edgelist; text for neutronstar)")
     p_conv.add_argument("--masks", help="masks (.npy (3, N) bool for edgelist; text for neutronstar)")
@@ -222,6 +242,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from fullgraph.graph import datasets, synthetic
 
     root = DataConfig(root=args.root).resolved_root()
+    if args.name is not None:
+        datasets.check_name(args.name)  # before the work of generating
     if args.kind == "rmat":
         a, b, c, d = args.rmat
         ds = synthetic.rmat(args.vertices, args.edges, a=a, b=b, c=c, d=d, seed=args.seed,

@@ -9,18 +9,21 @@ from the canonical upstream location when the machine is online, and otherwise
 says exactly which files to place where.
 
 ``name`` may also be the path of a processed dataset directory, or the name of one
-written into the root by ``fullgraph generate`` / ``fullgraph convert``.
+written into the root by ``fullgraph generate`` / ``fullgraph convert``. A name is a
+single directory name inside the root (``check_name``): no path separators, no
+leading dot (so neither ``.`` nor ``..``), not empty.
 """
 from __future__ import annotations
 
 import importlib
+import os
 import shutil
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fullgraph.errors import CacheError, DatasetNotFoundError
+from fullgraph.errors import CacheError, ConfigError, DatasetNotFoundError
 from fullgraph.graph import store
 from fullgraph.graph.data import Dataset
 
@@ -84,8 +87,9 @@ def load(name: str, root: Path, *, feature_dtype: str = "float32", split_seed: i
             files missing and not downloadable (the message says what to put where).
     """
     direct = Path(name).expanduser()
-    if (direct / store.META_FILE).is_file():
+    if name and (direct / store.META_FILE).is_file():
         return _finish(store.load_dataset(direct, verify=verify), feature_dtype)
+    check_name(name, path_ok=True)
     processed = processed_dir(root, name, split_seed)
     if (processed / store.META_FILE).exists():
         try:
@@ -124,8 +128,35 @@ def processed_dir(root: Path, name: str, split_seed: int = 0) -> Path:
     return root / name / "processed"
 
 
+def check_name(name: str, *, path_ok: bool = False) -> str:
+    """Return ``name`` if it is a dataset name: one directory name inside the root.
+
+    Args:
+        name: the name to check.
+        path_ok: the caller also accepts a processed dataset directory (the message
+            says so) (default: False).
+
+    Raises:
+        ConfigError: empty, a path separator (``/`` or ``\\``), a leading dot (``.``,
+            ``..``, hidden names) or a NUL character.
+    """
+    seps = {"/", "\\", os.sep, os.altsep} - {None}
+    if name.strip() and not name.startswith(".") and not any(c in name for c in seps | {"\0"}):
+        return name
+    msg = (f"dataset name {name!r} is not a name: a dataset name must be non-empty, "
+           "must not start with a dot and must hold no '/' or '\\'")
+    if path_ok:
+        msg += f"; nor is it a processed dataset directory (one holding {store.META_FILE})"
+    raise ConfigError(msg)
+
+
 def save_processed(dataset: Dataset, root: Path, name: str) -> Path:
-    """Write ``dataset`` as the processed dataset ``name`` under ``root``."""
+    """Write ``dataset`` as the processed dataset ``name`` under ``root``.
+
+    Raises:
+        ConfigError: ``name`` is not a dataset name (see ``check_name``).
+    """
+    check_name(name)
     dataset.name = name
     path = processed_dir(root, name)
     store.save_dataset(dataset, path)
@@ -169,6 +200,7 @@ def convert(fmt: str, args: Any) -> Dataset:
     """Read the user's own files (CLI ``convert``) into a Dataset."""
     from fullgraph.graph.formats import edgelist, neutronstar, ogb
 
+    check_name(args.name)
     def need(*names: str) -> None:
         absent = [n for n in names if not getattr(args, n)]
         if absent:
@@ -179,13 +211,14 @@ def convert(fmt: str, args: Any) -> Dataset:
         need("edges", "features", "labels")
         return edgelist.load_edgelist(args.edges, args.features, args.labels,
                                       binary_dtype=args.binary, symmetrize=args.symmetrize,
-                                      masks=args.masks, seed=args.seed, name=args.name)
+                                      masks=args.masks, seed=args.seed, name=args.name,
+                                      num_classes=args.num_classes)
     if fmt == "neutronstar":
         need("edges", "features", "labels", "masks")
         return neutronstar.load_neutronstar(args.edges, args.features, args.labels, args.masks,
-                                            name=args.name)
+                                            name=args.name, num_classes=args.num_classes)
     need("input")
-    return ogb.load_ogb(Path(args.input), args.name)
+    return ogb.load_ogb(Path(args.input), args.name, num_classes=args.num_classes)
 
 
 def list_datasets(root: Path) -> list[dict[str, str]]:

@@ -193,7 +193,24 @@ def load_dataset(path: Path | str, *, mmap: bool = True, verify: bool = True) ->
         raise CacheError("feature rows do not match the number of vertices",
                          source=path / "features.npy", found=data.num_nodes,
                          expected=graph.num_nodes, hint=REBUILD_HINT)
+    _check_label_range(path, str(meta["name"]), data)
     return Dataset(str(meta["name"]), graph, data, dict(meta["info"]))
+
+
+def _check_label_range(path: Path, name: str, data: VertexData) -> None:
+    """Refuse labels outside ``[-1, num_classes)`` (one O(N) pass over the labels)."""
+    labels, num_classes = data.labels, data.num_classes
+    if labels.numel() == 0:
+        return
+    low, high = int(labels.min()), int(labels.max())
+    if num_classes >= 1 and low >= -1 and high < num_classes:
+        return
+    found = f"labels from {low} to {high}" if low < -1 else f"max label {high}"
+    raise CacheError(f"dataset {name!r}: labels do not fit its class count", source=path,
+                     field="num_classes", found=f"{found}, num_classes {num_classes}",
+                     expected=f"labels in -1 (unlabelled) .. {num_classes - 1}",
+                     hint="num_classes in meta.json is wrong or the labels were changed; "
+                     "convert the dataset again (fullgraph convert ... --num-classes C)")
 
 
 def is_cached(path: Path | str) -> bool:

@@ -199,6 +199,16 @@ def test_missing_array_and_shape_mismatch_raise(tmp_path: Path) -> None:
         load_dataset(tmp_path / "ds")
 
 
+@pytest.mark.parametrize("num_classes", [2, 0])
+def test_labels_beyond_the_stated_class_count_raise(tmp_path: Path, num_classes: int) -> None:
+    save_dataset(make_dataset(name="toy"), tmp_path / "ds")  # labels 0..2 (and -1)
+    _edit_meta(tmp_path / "ds", num_classes=num_classes)
+    with pytest.raises(CacheError, match="'toy': labels do not fit its class count") as err:
+        load_dataset(tmp_path / "ds", verify=False)
+    assert err.value.found == f"max label 2, num_classes {num_classes}"
+    assert err.value.source == str(tmp_path / "ds")
+
+
 def _only_entry(parent: Path) -> list[str]:
     return sorted(p.name for p in parent.iterdir())
 

@@ -109,14 +109,30 @@ def check_finite(x: np.ndarray, *, source: PathLike, locate: Locator,
                                   **where)
 
 
+#: An inferred class count above this, or above ``SPARSE_CLASS_RATIO`` times the number
+#: of distinct labels, is refused unless ``num_classes`` is given explicitly: a model's
+#: output layer and every per-class buffer is that wide.
+MAX_INFERRED_CLASSES = 1_000_000
+SPARSE_CLASS_RATIO = 10
+
+
 def check_labels(labels: np.ndarray, num_classes: int | None, *, source: PathLike,
                  locate: Locator) -> int:
     """Check labels are in ``[-1, num_classes)``; return ``num_classes`` (inferred if None).
 
-    -1 marks an unlabelled vertex. An inferred ``num_classes`` is ``max(label) + 1``.
+    -1 marks an unlabelled vertex. An inferred ``num_classes`` is ``max(label) + 1``
+    and must be plausible (see :func:`check_class_count`).
+
+    Raises:
+        ValidationError: a label out of range, ``num_classes < 1``, or an implausible
+            inferred class count.
     """
     if num_classes is None:
         num_classes = max(int(labels.max(initial=0)) + 1, 1)
+        check_class_count(labels, num_classes, source=source)
+    elif int(num_classes) < 1:
+        raise ValidationError("there must be at least one class", source=source,
+                              field="num_classes", found=num_classes, expected="an integer >= 1")
     bad = (labels < -1) | (labels >= num_classes)
     if bad.any():
         k = int(np.argmax(bad))
@@ -124,6 +140,31 @@ def check_labels(labels: np.ndarray, num_classes: int | None, *, source: PathLik
                               expected=f"-1 (unlabelled) or 0 <= label < {num_classes}",
                               **locate(k))
     return num_classes
+
+
+def check_class_count(labels: np.ndarray, num_classes: int, *, source: PathLike) -> None:
+    """Refuse a class count far beyond the distinct labels it would hold.
+
+    ``max(label) + 1`` classes are plausible when at most ``MAX_INFERRED_CLASSES``
+    and at most ``SPARSE_CLASS_RATIO`` times the number of distinct labels used.
+
+    Raises:
+        ValidationError: naming the largest label, the class count and the number
+            of distinct labels, with the ``num_classes`` / ``--num-classes`` way out.
+    """
+    if num_classes <= SPARSE_CLASS_RATIO:
+        return
+    distinct = int(np.unique(labels[labels >= 0]).size)
+    if num_classes <= MAX_INFERRED_CLASSES and num_classes <= SPARSE_CLASS_RATIO * distinct:
+        return
+    raise ValidationError(
+        "implausible class count", source=source, field="labels",
+        found=f"largest label {num_classes - 1}, so {num_classes} classes, but only "
+        f"{distinct} distinct labels",
+        expected=f"at most {MAX_INFERRED_CLASSES:,} classes and at most "
+        f"{SPARSE_CLASS_RATIO}x the distinct labels",
+        hint="renumber the labels 0..C-1, or state the count with --num-classes C "
+        "(num_classes=C) if it is right")
 
 
 def as_features(x: np.ndarray, *, source: PathLike, field: str = "features") -> np.ndarray:

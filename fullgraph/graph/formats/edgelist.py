@@ -1,8 +1,11 @@
 """Plain edge lists with features, labels and optional masks in ``.npy`` files.
 
 Edges are either text (``src dst`` per line, whitespace separated, ``#`` comments and
-blank lines allowed) or binary (little-endian pairs of a fixed integer dtype such
-as uint32 or int64, no header). Features are an (N, F) ``.npy`` array, labels an
+blank lines allowed) or binary: no header, one record per edge, ``src`` then ``dst``,
+each a little-endian integer of the stated dtype (uint32: 8 bytes per edge, as
+``np.array(pairs, dtype="<u4").tofile``; int64: 16 bytes per edge). A binary file
+that reads as valid pairs only at the other of these two widths is refused with a
+message naming that width. Features are an (N, F) ``.npy`` array, labels an
 (N,) integer ``.npy`` array (-1 = unlabelled). Masks are either one (3, N) bool
 ``.npy`` (rows train, val, test) or three (N,) bool ``.npy`` files; without masks a
 seeded fraction split of the labelled vertices is drawn. ``.npy`` files are read
@@ -55,15 +58,17 @@ def load_edgelist(edges: PathLike, features: PathLike, labels: PathLike, *,
         seed: seed of the fraction split (default: 0).
         split: train and validation fractions of the labelled vertices (default:
             ``(0.6, 0.2)``; the rest is test).
-        num_classes: C (default: ``max(label) + 1``).
+        num_classes: C (default: ``max(label) + 1``, refused when implausible).
         name: dataset name (default: ``"custom"``).
 
     Raises:
         DatasetNotFoundError: a file does not exist.
-        FormatError: a token is not a number, a binary file is truncated, an array has
-            the wrong dtype or shape, or an ``.npy`` needs pickle.
+        FormatError: a token is not a number, a binary file is truncated or reads as
+            valid pairs only at the other width, an array has the wrong dtype or
+            shape, or an ``.npy`` needs pickle.
         ValidationError: ids out of range, wrong row counts, non-finite features,
-            labels out of range, empty or overlapping masks, no edges.
+            labels out of range, an implausible inferred class count (see
+            ``check_class_count``), empty or overlapping masks, no edges.
     """
     x = as_features(load_npy(features), source=features)
     n = x.shape[0] if num_nodes is None else int(num_nodes)
@@ -96,7 +101,7 @@ def read_edges(path: PathLike, num_nodes: int, *,
     """Read and range-check an edge file; return ``(src, dst)`` int64 arrays.
 
     Raises:
-        FormatError: bad token (text) or truncated file (binary).
+        FormatError: bad token (text), truncated file or the other width (binary).
         ValidationError: no edges, or an id outside ``[0, num_nodes)``.
     """
     if binary_dtype is None:
@@ -106,6 +111,7 @@ def read_edges(path: PathLike, num_nodes: int, *,
         locate_dst: Locator = text_locator(path, comments=True, column="dst")
     else:
         pairs = read_binary_pairs(path, binary_dtype)
+        check_binary_width(path, pairs, num_nodes)
         locate_src = field_locator("edge {k} (src)")
         locate_dst = field_locator("edge {k} (dst)")
     if pairs.shape[0] == 0:
@@ -134,9 +140,58 @@ def read_binary_pairs(path: PathLike, dtype: str | np.dtype | type) -> np.ndarra
     record = 2 * dt.itemsize
     size = os.path.getsize(path)
     if size % record:
+        other = _other_width(dt)
+        fits = other is not None and size % (2 * other.itemsize) == 0
         raise FormatError("binary edge file is truncated", source=path, found=f"{size} bytes",
-                          expected=f"a multiple of {record} bytes ({dt} src, dst pairs)")
+                          expected=f"a multiple of {record} bytes ({dt} src, dst pairs)",
+                          hint=f"the size fits {other} pairs: is the file {other} "
+                          f"(--binary {other})?" if fits else None)
     return np.fromfile(path, dtype=dt).reshape(-1, 2)
+
+
+def check_binary_width(path: PathLike, pairs: np.ndarray, num_nodes: int) -> None:
+    """Refuse a binary edge file that reads right only at the other integer width.
+
+    Little-endian int64 pairs of ids below 2**32 read as uint32 give a zero high word
+    in every second 32-bit word, i.e. every edge points to vertex 0; uint32 pairs
+    read as int64 give ids of ``src + dst * 2**32``, far beyond ``num_nodes``. Either
+    way the file also reads as valid pairs of the other width, which names it.
+
+    Args:
+        path: the edge file (for the message).
+        pairs: (E, 2) records as read with the given width.
+        num_nodes: N; valid ids are ``[0, N)``.
+
+    Raises:
+        FormatError: the records fit the other width and not the given one.
+    """
+    other = _other_width(pairs.dtype)
+    if other is None or pairs.size == 0 or pairs.nbytes % (2 * other.itemsize):
+        return
+    as_other = pairs.reshape(-1).view(other).reshape(-1, 2)
+    if not _ids_in_range(as_other, num_nodes):
+        return
+    if pairs.dtype.itemsize < other.itemsize:
+        if (pairs[:, 1] != 0).any():
+            return
+        found = f"every destination id (every second {pairs.dtype} word) is 0"
+    else:
+        if _ids_in_range(pairs, num_nodes):
+            return
+        found = f"ids up to {int(pairs.max())} for {num_nodes} vertices"
+    raise FormatError(f"binary edge file does not look like {pairs.dtype} pairs", source=path,
+                      found=found, expected=f"{pairs.dtype} src, dst pairs",
+                      hint=f"it reads as valid {other} pairs: convert with --binary {other} "
+                      f"(binary_dtype={str(other)!r})")
+
+
+def _other_width(dt: np.dtype) -> np.dtype | None:
+    """The width a 32-bit/64-bit binary edge file is most likely confused with."""
+    return {4: np.dtype(np.int64), 8: np.dtype(np.uint32)}.get(np.dtype(dt).itemsize)
+
+
+def _ids_in_range(pairs: np.ndarray, num_nodes: int) -> bool:
+    return bool((pairs >= 0).all() and (pairs < num_nodes).all())
 
 
 def load_npy(path: PathLike) -> np.ndarray:

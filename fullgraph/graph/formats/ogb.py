@@ -42,7 +42,7 @@ SPLITS = ("train", "valid", "test")
 
 
 def load_ogb(root_dir: PathLike, name: str, *, split_scheme: str | None = None,
-             symmetrize: bool = True) -> Dataset:
+             symmetrize: bool = True, num_classes: int | None = None) -> Dataset:
     """Load an OGB node dataset from ``root_dir/raw`` and ``root_dir/split``.
 
     Args:
@@ -50,6 +50,7 @@ def load_ogb(root_dir: PathLike, name: str, *, split_scheme: str | None = None,
         name: dataset name, e.g. ``"ogbn-arxiv"``.
         split_scheme: sub-directory of ``split/`` (default: None, the only one there).
         symmetrize: add the reverse of every edge (default: True).
+        num_classes: C (default: ``max(label) + 1``).
 
     Raises:
         DatasetNotFoundError: required files or the split scheme are missing.
@@ -72,7 +73,7 @@ def load_ogb(root_dir: PathLike, name: str, *, split_scheme: str | None = None,
     n = features.shape[0] if num_nodes is None else num_nodes
     _check_rows(features.shape[0], n, feat_path)
     check_finite(features, source=feat_path, locate=text_locator(feat_path, delimiter=COMMA))
-    labels, num_classes = _read_labels(files["node-label"], n)
+    labels, num_classes = _read_labels(files["node-label"], n, num_classes)
     graph = _read_graph(files["edge"], n, symmetrize)
     scheme_dir = _split_dir(root, split_scheme)
     masks, sources = _read_splits(scheme_dir, n)
@@ -121,7 +122,8 @@ def _check_rows(rows: int, num_nodes: int, path: Path) -> None:
                               found=rows, expected=num_nodes)
 
 
-def _read_labels(path: Path, num_nodes: int) -> tuple[np.ndarray, int]:
+def _read_labels(path: Path, num_nodes: int,
+                 num_classes: int | None = None) -> tuple[np.ndarray, int]:
     table = read_table(path, dtype=np.float64, num_cols=None, delimiter=COMMA,
                        expected="one class id per line")
     if table.shape[0] and table.shape[1] != 1:
@@ -136,7 +138,7 @@ def _read_labels(path: Path, num_nodes: int) -> tuple[np.ndarray, int]:
         raise FormatError("label is not a class id", source=path, found=float(values[k]),
                           expected="an integer or nan", **text_locator(path)(k))
     labels = np.where(labelled, values, -1).astype(np.int64)
-    num_classes = check_labels(labels, None, source=path, locate=text_locator(path))
+    num_classes = check_labels(labels, num_classes, source=path, locate=text_locator(path))
     return labels, num_classes
 
 

@@ -128,8 +128,29 @@ def test_extract_zip_corrupt_archive(tmp_path: Path) -> None:
         dl.extract_zip(archive, tmp_path)
 
 
+def _contents(directory: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(directory.iterdir())}
+
+
 def test_fetch_keeps_files_already_present(tmp_path: Path) -> None:
     raw = tmp_path / "raw"
     shutil.copytree(BUILTIN_CORA, raw)
-    # An unreachable mirror is fine when nothing is missing.
-    dl.fetch_planetoid(raw, "cora", base_url=(tmp_path / "nowhere").as_uri())
+    before = _contents(raw)
+    # An unreachable mirror is fine when nothing is missing: no download is tried.
+    assert dl.fetch_planetoid(raw, "cora", base_url=(tmp_path / "nowhere").as_uri()) == raw
+    assert _contents(raw) == before  # nothing replaced, added or removed
+
+
+def test_fetch_downloads_only_the_missing_files(tmp_path: Path) -> None:
+    raw = tmp_path / "raw"
+    shutil.copytree(BUILTIN_CORA, raw)
+    mirror = tmp_path / "mirror"
+    mirror.mkdir()
+    for p in raw.iterdir():  # the mirror's copies differ, so a re-download shows
+        (mirror / p.name).write_bytes(b"mirror " + p.name.encode())
+    (raw / "ind.cora.tx").unlink()
+    before = _contents(raw)
+    dl.fetch_planetoid(raw, "cora", base_url=mirror.as_uri())
+    after = _contents(raw)
+    assert after.pop("ind.cora.tx") == b"mirror ind.cora.tx"
+    assert after == before

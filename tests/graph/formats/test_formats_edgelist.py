@@ -140,6 +140,46 @@ def test_truncated_binary_file(tmp_path: Path, dtype: str, size: int) -> None:
     assert "multiple of" in err.value.expected
 
 
+def test_int64_file_read_as_uint32_is_refused(tmp_path: Path) -> None:
+    x, y = _files(tmp_path)
+    path = tmp_path / "edges.bin"
+    np.stack([SRC, DST], axis=1).astype("<i8").tofile(path)
+    with pytest.raises(FormatError, match="does not look like uint32") as err:
+        load_edgelist(path, x, y, binary_dtype="uint32")
+    assert err.value.source == str(path)
+    assert "--binary int64" in str(err.value)
+    assert "every destination id" in err.value.found
+
+
+def test_uint32_file_read_as_int64_is_refused(tmp_path: Path) -> None:
+    x, y = _files(tmp_path)
+    path = tmp_path / "edges.bin"
+    np.stack([SRC, DST], axis=1).astype("<u4").tofile(path)  # 40 edges: 320 bytes
+    with pytest.raises(FormatError, match="does not look like int64") as err:
+        load_edgelist(path, x, y, binary_dtype="int64")
+    assert err.value.source == str(path)
+    assert "--binary uint32" in str(err.value)
+    assert f"for {N} vertices" in err.value.found
+
+
+def test_size_that_fits_only_uint32_names_it(tmp_path: Path) -> None:
+    x, y = _files(tmp_path)
+    path = tmp_path / "edges.bin"
+    np.array([[0, 1], [2, 3], [4, 5]], dtype="<u4").tofile(path)  # 24 bytes
+    with pytest.raises(FormatError, match="truncated") as err:
+        load_edgelist(path, x, y, binary_dtype="int64")
+    assert "--binary uint32" in str(err.value)
+
+
+def test_uint32_edges_into_vertex_0_of_odd_count_are_kept(tmp_path: Path) -> None:
+    # 3 records (24 bytes) cannot be int64 pairs, so a star into vertex 0 is taken as is.
+    x, y = _files(tmp_path)
+    path = tmp_path / "edges.bin"
+    np.array([[1, 0], [2, 0], [3, 0]], dtype="<u4").tofile(path)
+    ds = load_edgelist(path, x, y, binary_dtype="uint32")
+    assert _edge_set(ds) == {(1, 0), (2, 0), (3, 0)}
+
+
 @pytest.mark.parametrize("body", ["", "# only a comment\n\n"])
 def test_empty_text_edge_file(tmp_path: Path, body: str) -> None:
     x, y = _files(tmp_path)
@@ -176,6 +216,27 @@ def test_label_out_of_range(tmp_path: Path) -> None:
     with pytest.raises(ValidationError, match="label out of range") as err:
         load_edgelist(_text_edges(tmp_path), x, y, num_classes=2)
     assert (err.value.source, err.value.field, err.value.found) == (str(y), "labels[2]", 2)
+
+
+@pytest.mark.parametrize("top", [10_000_000_000, 40])
+def test_implausible_class_count_is_refused(tmp_path: Path, top: int) -> None:
+    # 3 distinct labels in use; one vertex says there are top + 1 classes.
+    x, y = _files(tmp_path, y=np.array([0, 1, 2] * 3 + [0, 1, top]))
+    with pytest.raises(ValidationError, match="implausible class count") as err:
+        load_edgelist(_text_edges(tmp_path), x, y)
+    assert err.value.source == str(y)
+    assert err.value.found == f"largest label {top}, so {top + 1} classes, but only 4 " \
+        "distinct labels"
+    assert "--num-classes" in err.value.hint
+
+
+def test_stated_class_count_allows_sparse_labels(tmp_path: Path) -> None:
+    x, y = _files(tmp_path, y=np.array([0, 1, 2] * 3 + [0, 1, 40]))
+    ds = load_edgelist(_text_edges(tmp_path), x, y, num_classes=41)
+    assert ds.data.num_classes == 41
+    # Up to 10x the distinct labels is inferred without complaint (4 used, 40 classes).
+    x, y = _files(tmp_path, y=np.array([0, 1, 2] * 3 + [0, 1, 39]))
+    assert load_edgelist(_text_edges(tmp_path), x, y).data.num_classes == 40
 
 
 def test_label_below_minus_one(tmp_path: Path) -> None:

@@ -1,0 +1,54 @@
+"""Dataset names stay inside the root; opening a dataset checks labels against its classes."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from fullgraph.errors import CacheError, ConfigError
+from fullgraph.graph import datasets, store
+from fullgraph.graph.synthetic import sbm
+
+BAD_NAMES = ["", "  ", "../../escape", "..", ".", ".hidden", "a/b", "/abs", "a\\b", "x\0y"]
+
+
+@pytest.mark.parametrize("name", ["cora", "my-graph_2", "rmat.v1", "a..b"])
+def test_good_names_pass(name: str) -> None:
+    assert datasets.check_name(name) == name
+
+
+@pytest.mark.parametrize("name", BAD_NAMES)
+def test_bad_names_are_refused(name: str) -> None:
+    with pytest.raises(ConfigError, match="is not a name"):
+        datasets.check_name(name)
+
+
+@pytest.mark.parametrize("name", ["../../escape", "..", "sub/dir", ".hidden"])
+def test_save_processed_stays_inside_the_root(tmp_path: Path, name: str) -> None:
+    root = tmp_path / "a" / "b" / "root"
+    with pytest.raises(ConfigError, match="is not a name"):
+        datasets.save_processed(sbm(40, 2, num_features=3, seed=0), root, name)
+    assert sorted(p.name for p in tmp_path.rglob("*")) == []  # nothing written anywhere
+
+
+def test_load_refuses_a_name_that_escapes(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    outside = tmp_path / "outside"
+    store.save_dataset(sbm(40, 2, num_features=3, seed=0), outside / "processed")
+    with pytest.raises(ConfigError, match="nor is it a processed dataset directory"):
+        datasets.load("../outside", root)
+    # A path to the processed directory itself is still accepted, as documented.
+    assert datasets.load(str(outside / "processed"), root).graph.num_nodes == 40
+
+
+def test_open_checks_labels_against_classes(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    ds = sbm(60, 4, num_features=3, seed=0)
+    path = datasets.save_processed(ds, root, "mine")
+    meta = json.loads((path / store.META_FILE).read_text())
+    meta["num_classes"] = 2
+    (path / store.META_FILE).write_text(json.dumps(meta))
+    with pytest.raises(CacheError, match="'mine': labels do not fit its class count") as err:
+        datasets.load("mine", root)
+    assert err.value.found == "max label 3, num_classes 2"

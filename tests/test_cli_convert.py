@@ -1,0 +1,120 @@
+"""The CLI's convert/generate commands: bad input ends in one line, never a wrong dataset."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fullgraph.cli import main
+
+N = 50
+
+
+@pytest.fixture
+def root(tmp_path, monkeypatch):
+    monkeypatch.setenv("FULLGRAPH_DATA", str(tmp_path / "data"))
+    return tmp_path / "data"
+
+
+def _arrays(tmp_path: Path, labels: np.ndarray | None = None) -> list[str]:
+    rng = np.random.default_rng(0)
+    np.save(tmp_path / "x.npy", rng.standard_normal((N, 4)).astype(np.float32))
+    np.save(tmp_path / "y.npy", np.arange(N) % 3 if labels is None else labels)
+    return ["--features", str(tmp_path / "x.npy"), "--labels", str(tmp_path / "y.npy")]
+
+
+def _binary_edges(tmp_path: Path, dtype: str) -> Path:
+    rng = np.random.default_rng(1)
+    pairs = rng.integers(0, N, (300, 2))
+    path = tmp_path / f"edges.{dtype}"
+    pairs.astype(dtype).tofile(path)
+    return path
+
+
+def _one_line_error(capsys) -> str:
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    return err
+
+
+def test_int64_edges_given_as_uint32_are_refused(root, tmp_path, capsys):
+    edges = _binary_edges(tmp_path, "<i8")
+    rc = main(["convert", "edgelist", "--name", "g", "--edges", str(edges), "--binary",
+               "uint32", *_arrays(tmp_path)])
+    err = _one_line_error(capsys)
+    assert rc == 2 and str(edges) in err and "--binary int64" in err
+    assert not (root / "g").exists()
+    assert main(["convert", "edgelist", "--name", "g", "--edges", str(edges), "--binary",
+                 "int64", *_arrays(tmp_path)]) == 0
+
+
+def test_uint32_edges_given_as_int64_are_refused(root, tmp_path, capsys):
+    edges = _binary_edges(tmp_path, "<u4")
+    rc = main(["convert", "edgelist", "--name", "g", "--edges", str(edges), "--binary",
+               "int64", *_arrays(tmp_path)])
+    err = _one_line_error(capsys)
+    assert rc == 2 and str(edges) in err and "--binary uint32" in err
+
+
+def test_help_documents_the_binary_layouts(capsys):
+    with pytest.raises(SystemExit):
+        main(["convert", "--help"])
+    out = capsys.readouterr().out
+    assert "little-endian" in out and "8 bytes per edge" in out and "16 bytes per edge" in out
+
+
+def test_huge_label_is_refused_at_convert(root, tmp_path, capsys):
+    edges = _binary_edges(tmp_path, "<i8")
+    labels = np.arange(N) % 3
+    labels[7] = 10_000_000_000
+    rc = main(["convert", "edgelist", "--name", "g", "--edges", str(edges), "--binary",
+               "int64", *_arrays(tmp_path, labels)])
+    err = _one_line_error(capsys)
+    assert rc == 2 and "implausible class count" in err and "--num-classes" in err
+    assert not (root / "g").exists()
+
+
+def test_num_classes_flag_is_used(root, tmp_path, capsys):
+    edges = _binary_edges(tmp_path, "<i8")
+    labels = np.arange(N) % 3
+    labels[7] = 40  # 4 distinct labels, 41 classes: refused unless stated
+    args = ["convert", "edgelist", "--name", "g", "--edges", str(edges), "--binary", "int64",
+            *_arrays(tmp_path, labels)]
+    assert main(args) == 2
+    assert main([*args, "--num-classes", "41"]) == 0
+    assert json.loads((root / "g" / "processed" / "meta.json").read_text())["num_classes"] == 41
+    assert main([*args, "--num-classes", "40"]) == 2  # below the largest label
+    assert "label out of range" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_labels_beyond_stated_classes_stop_training(root, tmp_path, capsys, workers):
+    edges = _binary_edges(tmp_path, "<i8")
+    assert main(["convert", "edgelist", "--name", "g", "--edges", str(edges), "--binary",
+                 "int64", *_arrays(tmp_path, np.arange(N) % 8)]) == 0
+    meta_file = root / "g" / "processed" / "meta.json"
+    meta = json.loads(meta_file.read_text())
+    meta["num_classes"] = 3
+    meta_file.write_text(json.dumps(meta))
+    capsys.readouterr()
+    rc = main(["train", "--dataset", "g", "--epochs", "1", "--progress", "off",
+               "--workers", str(workers), "--strategy", "data" if workers > 1 else "single"])
+    err = _one_line_error(capsys)
+    assert rc == 2 and "'g'" in err and "max label 7, num_classes 3" in err
+
+
+@pytest.mark.parametrize("name", ["../../escape", "..", "a/b", ".hidden", ""])
+def test_names_that_are_paths_are_refused(root, tmp_path, capsys, name):
+    edges = _binary_edges(tmp_path, "<i8")
+    rc = main(["convert", "edgelist", "--name", name, "--edges", str(edges), "--binary",
+               "int64", *_arrays(tmp_path)])
+    assert rc == 2 and "is not a name" in _one_line_error(capsys)
+    rc = main(["generate", "sbm", "--vertices", "60", "--features", "4", "--classes", "2",
+               "--name", name])
+    assert rc == 2 and "is not a name" in _one_line_error(capsys)
+    rc = main(["train", "--dataset", name or " ", "--epochs", "1", "--progress", "off"])
+    assert rc == 2 and "is not a name" in _one_line_error(capsys)
+    written = [p for p in tmp_path.rglob("*") if p.suffix not in (".npy", ".<i8")]
+    assert written == [], written
