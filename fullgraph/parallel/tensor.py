@@ -99,7 +99,10 @@ class TensorParallel(DistributedStrategy):
 
         Attributes:
             device_memory: budget for propagation on the device, e.g. ``"2GB"``; the
-                graph is then cut into chunks that fit it, streamed from host memory
+                graph is then cut into chunks that fit it, its topology and edge
+                weights kept in host memory and streamed chunk by chunk. The budget
+                bounds the streamed working set only; the rows of transform stages
+                that run on the device stay there (``MemoryAccount.resident``)
                 (default: None, the whole graph at once).
             num_chunks: cut into this many equal chunks instead (default: None).
             pipeline: cut each split and gather into per-chunk pieces that overlap the
@@ -144,6 +147,8 @@ class TensorParallel(DistributedStrategy):
         graph, norms = propagation_inputs(program, dataset.graph, dtype)
         graph.transpose()  # the backward CSR, built once
         rows_device = self.model_device(device)  # where T stages and vertex rows live
+        # chunked propagation streams the topology and edge weights from host memory
+        graph_device = torch.device("cpu") if self._chunked else rows_device
         n, world = graph.num_dst, comm.world_size
         row_counts = [n // world + (1 if r < n % world else 0) for r in range(world)]
         start = sum(row_counts[:comm.rank])
@@ -154,7 +159,8 @@ class TensorParallel(DistributedStrategy):
             device=device, labels=data.labels[gids].to(rows_device),
             masks={k: v[gids].to(rows_device) for k, v in masks.items()},
             num_train_global=int(data.train_mask.sum()), comm=comm,
-            graph=graph.to(rows_device), norms={k: v.to(rows_device) for k, v in norms.items()},
+            graph=graph.to(graph_device),
+            norms={k: v.to(graph_device) for k, v in norms.items()},
             row_counts=row_counts, gids=gids.to(rows_device),
             features=data.features[gids].to(dtype).to(rows_device),
             column_split=self.options.column_split)
@@ -162,12 +168,19 @@ class TensorParallel(DistributedStrategy):
             plan.edges = _edge_plan(graph, row_counts, comm)
             plan.edges.block = plan.edges.block.to(rows_device)
         self._chunk(program, plan, dtype)
+        if plan.account is not None and rows_device == device:
+            _count_resident(program, plan, dtype)
         return plan
+
+    @property
+    def _chunked(self) -> bool:
+        opts = self.options
+        return opts.device_memory is not None or opts.num_chunks is not None or opts.pipeline
 
     def _chunk(self, program: StageProgram, plan: TensorPlan, dtype: torch.dtype) -> None:
         """Cut the graph into destination chunks when a budget or a count is given."""
         opts = self.options
-        if opts.device_memory is None and opts.num_chunks is None and not opts.pipeline:
+        if not self._chunked:
             return
         widest = max((plan.layout(s.in_dim).local_cols(plan.comm.rank)
                       for s in program.stages if isinstance(s, Propagate)), default=1)
@@ -180,6 +193,19 @@ class TensorParallel(DistributedStrategy):
         plan.account = MemoryAccount(budget)
         if opts.pipeline:
             plan.first_reads = first_reads(plan.chunks)
+
+    def describe(self, model: StageProgram, plan: TensorPlan) -> list[str]:
+        if plan.chunks is None:
+            return []
+        account = plan.account
+        assert account is not None
+        budget = "no budget" if account.budget is None else f"budget {account.budget} B"
+        line = (f"tensor   {len(plan.chunks)} chunks ({budget}) streamed from host memory"
+                f"{', pipelined' if plan.first_reads is not None else ''}")
+        if account.resident:
+            kept = ", ".join(f"{k} {v} B" for k, v in account.resident.items())
+            line += f"; resident on {plan.device} beside them: {kept}"
+        return [line]
 
     def work(self, model: StageProgram, plan: TensorPlan) -> Work:
         """Every edge on this worker's column slice per P; own edges for E stages."""
@@ -230,6 +256,30 @@ class TensorParallel(DistributedStrategy):
         if not on_rows:
             h = cols_to_rows(h, plan.layout(model.out_dim), comm)
         return LocalResult(h, plan.gids)
+
+
+def _count_resident(program: StageProgram, plan: TensorPlan, dtype: torch.dtype) -> None:
+    """What stays on the compute device beside the streamed chunks when the transform
+    stages run there too: their parameters (and gradients), this worker's feature rows,
+    the activations autograd keeps (an estimate: every stage's output, rows for T / E,
+    the column slice of all vertices for P) and the E stages' edge block."""
+    account, itemsize = plan.account, torch.empty(0, dtype=dtype).element_size()
+    assert account is not None
+    rows, n = int(plan.gids.numel()), plan.graph.num_dst
+    account.reside("feature rows", plan.features.numel() * itemsize)
+    params = sum(p.numel() * p.element_size() for p in program.parameters())
+    account.reside("parameters and gradients", 2 * params)
+    acts = 0
+    for s in program.stages:
+        if isinstance(s, Propagate):
+            acts += n * plan.layout(s.in_dim).local_cols(plan.comm.rank) * itemsize
+        elif not isinstance(s, EdgeTransform):
+            acts += rows * s.out_dim * itemsize
+    account.reside("activations (estimate)", acts)
+    if plan.edges is not None:
+        g = plan.edges.block.graph
+        account.reside("edge block", g.indptr.numel() * g.indptr.element_size()
+                       + g.indices.numel() * g.indices.element_size())
 
 
 def _segment(stages: list[Any], start: int) -> list[Propagate]:

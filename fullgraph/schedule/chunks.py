@@ -140,12 +140,26 @@ def _cut(summed: np.ndarray, offsets: np.ndarray, count: int) -> list[list[tuple
 
 @dataclass
 class MemoryAccount:
-    """Bytes resident on the compute device during chunked propagation."""
+    """Bytes on the compute device during chunked propagation.
+
+    ``current`` / ``peak`` count what the chunks stream through the device, which
+    ``budget`` bounds; ``resident`` names what stays on the device beside them for
+    the whole run (e.g. the vertex rows of transform stages that run there), in bytes.
+    """
 
     budget: int | None = None
     current: int = 0
     peak: int = 0
-    events: list[int] = field(default_factory=list)
+    resident: dict[str, int] = field(default_factory=dict)
+
+    def reside(self, name: str, nbytes: int) -> None:
+        """Record ``nbytes`` that stay on the device for the run under ``name``."""
+        self.resident[name] = self.resident.get(name, 0) + int(nbytes)
+
+    @property
+    def device_peak(self) -> int:
+        """Peak of the streamed working set plus everything resident."""
+        return self.peak + sum(self.resident.values())
 
     def hold(self, *tensors: Tensor) -> int:
         nbytes = sum(int(t.numel() * t.element_size()) for t in tensors)
