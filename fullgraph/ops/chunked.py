@@ -26,7 +26,7 @@ from torch import Tensor
 
 from fullgraph.graph.csr import Graph
 from fullgraph.ops.spmm import aggregate, edge_dot
-from fullgraph.schedule.chunks import MemoryAccount
+from fullgraph.memory import MemoryAccount
 
 Ranges = list[tuple[int, int]]
 

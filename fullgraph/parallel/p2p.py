@@ -57,7 +57,7 @@ from fullgraph.parallel.data import RowPartitioned, partition_book, stage_weight
 from fullgraph.parallel.rowplan import RowPlan, in_edges, plan_rows
 from fullgraph.partition import PartitionBook
 from fullgraph.schedule.bins import SCHEDULES, PhaseBins, ScheduleMode, bin_limit, build_schedule
-from fullgraph.schedule.chunks import parse_bytes
+from fullgraph.memory import parse_bytes
 
 DEFAULT_BIN_SIZE = 5000  # G3's initial bin size for graphs that fit (§7 setup)
 

@@ -41,7 +41,8 @@ from fullgraph.ops import spmm
 from fullgraph.ops.chunked import Chunk, build_chunks, chunked_spmm
 from fullgraph.parallel.base import DistributedStrategy, LocalResult, Plan, Work, register
 from fullgraph.parallel.rowplan import Block, build_block, in_edges
-from fullgraph.schedule.chunks import MemoryAccount, parse_bytes, spread_chunks
+from fullgraph.memory import MemoryAccount, parse_bytes
+from fullgraph.schedule.chunks import spread_chunks
 from fullgraph.schedule.pipeline import Segment, first_reads, pipelined_propagation
 
 

@@ -1,4 +1,4 @@
-"""Chunks of contiguous destination ids sized to fit a device-memory budget.
+"""Chunks of destination vertices sized to fit a device-memory budget.
 
 NeutronTP §4.2.1 schedules propagation chunk by chunk: a chunk is a range of
 destination vertices with all their in-edges, so every chunk aggregates
@@ -12,29 +12,14 @@ S <= E distinct sources, itemsize s and 8-byte offsets, every step holds at most
                                     source rows / source gradients (at most one per edge)
 
 so chunks built under that bound fit the budget whatever the sources' overlap.
-``MemoryAccount`` records what is resident, so the peak can be checked against the
-budget on any device (on the CPU the budget is enforced by this accounting alone).
+``fullgraph.memory.MemoryAccount`` records what is resident, so the peak can be
+checked against the budget on any device (on the CPU the budget is enforced by this
+accounting alone).
 """
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass, field
-
 import numpy as np
 from torch import Tensor
-
-_UNITS = {"": 1, "B": 1, "K": 2**10, "KB": 2**10, "KIB": 2**10, "M": 2**20, "MB": 2**20,
-          "MIB": 2**20, "G": 2**30, "GB": 2**30, "GIB": 2**30, "T": 2**40, "TB": 2**40}
-
-
-def parse_bytes(text: str | int) -> int:
-    """``"512MB"``, ``"2GiB"``, ``"1.5G"`` or an integer -> bytes (binary units)."""
-    if isinstance(text, int):
-        return text
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", str(text))
-    if not m or m.group(2).upper() not in _UNITS:
-        raise ValueError(f"cannot read {text!r} as a size; expected e.g. 512MB, 2GiB, 1.5G")
-    return int(float(m.group(1)) * _UNITS[m.group(2).upper()])
 
 
 def chunk_footprint(rows: int, edges: int, dim: int, itemsize: int = 4) -> int:
@@ -136,36 +121,3 @@ def _cut(summed: np.ndarray, offsets: np.ndarray, count: int) -> list[list[tuple
         ranges = [(int(s + min(a, n)), int(s + min(b, n))) for s, n in zip(lo, sizes)]
         chunks.append([(x, y) for x, y in ranges if y > x])
     return [c for c in chunks if c]
-
-
-@dataclass
-class MemoryAccount:
-    """Bytes on the compute device during chunked propagation.
-
-    ``current`` / ``peak`` count what the chunks stream through the device, which
-    ``budget`` bounds; ``resident`` names what stays on the device beside them for
-    the whole run (e.g. the vertex rows of transform stages that run there), in bytes.
-    """
-
-    budget: int | None = None
-    current: int = 0
-    peak: int = 0
-    resident: dict[str, int] = field(default_factory=dict)
-
-    def reside(self, name: str, nbytes: int) -> None:
-        """Record ``nbytes`` that stay on the device for the run under ``name``."""
-        self.resident[name] = self.resident.get(name, 0) + int(nbytes)
-
-    @property
-    def device_peak(self) -> int:
-        """Peak of the streamed working set plus everything resident."""
-        return self.peak + sum(self.resident.values())
-
-    def hold(self, *tensors: Tensor) -> int:
-        nbytes = sum(int(t.numel() * t.element_size()) for t in tensors)
-        self.current += nbytes
-        self.peak = max(self.peak, self.current)
-        return nbytes
-
-    def release(self, nbytes: int) -> None:
-        self.current -= nbytes

@@ -30,7 +30,7 @@ from fullgraph.comm.placement import RowColLayout
 from fullgraph.comm.primitives import all_to_all_v_start
 from fullgraph.ops.chunked import (Chunk, Ranges, chunk_aggregate, chunk_backward, put_ranges,
                                    take_ranges)
-from fullgraph.schedule.chunks import MemoryAccount
+from fullgraph.memory import MemoryAccount
 
 
 @dataclass(frozen=True)

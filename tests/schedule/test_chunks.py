@@ -8,8 +8,9 @@ import torch
 from fullgraph.graph.csr import Graph
 from fullgraph.ops import spmm
 from fullgraph.ops.chunked import build_chunks, chunked_spmm
-from fullgraph.schedule.chunks import (MemoryAccount, chunk_footprint, chunk_ranges, even_ranges,
-                                       parse_bytes, spread_chunks)
+from fullgraph.memory import MemoryAccount, parse_bytes
+from fullgraph.schedule.chunks import (chunk_footprint, chunk_ranges, even_ranges,
+                                       spread_chunks)
 
 
 def graph(n=50, e=400, seed=0) -> Graph:
