@@ -1,0 +1,72 @@
+"""The user documentation (README.md, docs/*.md) stays inside the repository and current.
+
+Users get the repository, nothing beside it: a link or path that leaves it (such as
+``../shared/DESIGN.md``) is dead for them. Markdown links and backticked ``.md``
+names must resolve to files in the repository, backticked ``fullgraph/...`` and
+``tests/...`` paths must exist (a rename that forgets the docs fails here), and the
+text is ASCII like the code.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+CODE = re.compile(r"`([^`\n]+)`")
+OUTSIDE = re.compile(r"(?<![\w.])\.\./")  # "../" at the start of a path
+
+
+def _ids(paths: list[Path]) -> list[str]:
+    return [str(p.relative_to(REPO)) for p in paths]
+
+
+def _inside(target: str, doc: Path) -> bool:
+    """Whether ``target`` (relative to ``doc`` or to the repository) names a file in it."""
+    for base in (doc.parent, REPO):
+        path = (base / target).resolve()
+        if path.is_relative_to(REPO) and path.exists():
+            return True
+    return False
+
+
+def test_architecture_and_contributing_pages_exist_and_readme_links_them() -> None:
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    for page in ("docs/architecture.md", "docs/contributing.md"):
+        assert (REPO / page).is_file(), f"{page} is missing"
+        assert f"]({page})" in readme, f"README.md does not link {page}"
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=_ids(DOCS))
+def test_no_path_leaves_the_repository(doc: Path) -> None:
+    bad = [f"{doc.name}:{n}: {line.strip()}"
+           for n, line in enumerate(doc.read_text(encoding="utf-8").splitlines(), 1)
+           if OUTSIDE.search(line)]
+    assert not bad, "paths outside the repository:\n" + "\n".join(bad)
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=_ids(DOCS))
+def test_links_and_named_files_resolve(doc: Path) -> None:
+    text = doc.read_text(encoding="utf-8")
+    targets = [t.split("#")[0] for t in LINK.findall(text)
+               if not re.match(r"[a-z]+:", t) and not t.startswith("#")]
+    for code in CODE.findall(text):
+        token = code.split("::")[0].split()[0] if code.split() else ""
+        if "<" in token or "*" in token:
+            continue  # a pattern such as fullgraph/models/<name>.py
+        if token.endswith(".md") or token.startswith(("fullgraph/", "tests/")):
+            targets.append(token)
+    dead = sorted({t for t in targets if t and not _inside(t, doc)})
+    assert not dead, f"{doc.name} names files that are not in the repository: {dead}"
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=_ids(DOCS))
+def test_docs_are_ascii(doc: Path) -> None:
+    bad = [f"{doc.name}:{n}: {line.strip()}"
+           for n, line in enumerate(doc.read_text(encoding="utf-8").splitlines(), 1)
+           if not line.isascii()]
+    assert not bad, "non-ASCII characters:\n" + "\n".join(bad)
