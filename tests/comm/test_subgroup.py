@@ -4,7 +4,8 @@ One spawn of 4 ranks loops over splits 1+3, 2+2, an unsorted 2+2 and 3+none; on
 each sub-group it reruns the value and byte checks of ``test_primitives`` and
 ``test_placement`` (both compare with hand-computed results for the group's size),
 checks the world-counter prefixes, and hands tensors from one group to the other on
-the world Comm. A one-rank group runs with torch.distributed removed from
+the world Comm, and checks that ranks passing different groups all get the same
+ValueError. A one-rank group runs with torch.distributed removed from
 ``primitives``. A second spawn keeps one member of a sub-group away and checks the
 timeout's CommError while the other sub-group carries on.
 """
@@ -148,6 +149,9 @@ def check_splits(world: Comm) -> None:
         assert t.item() == 4.0
         if sub is not None:
             destroy_comm(sub)
+    odd = [[0, 1, 2], [3]] if world.rank == 3 else [[0, 1], [2, 3]]
+    with pytest.raises(ValueError, match=r"same groups and names; .* \(differing ranks: \[3\]\)"):
+        world.split(odd)  # refused on every rank, before any group is made
     assert set(world.counter.snapshot()) == {"comm-init", "world"}
 
 
