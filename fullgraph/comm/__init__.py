@@ -1,9 +1,10 @@
 """Communication layer: the only part of fullgraph that calls torch.distributed.
 
 ``group`` holds the explicit ``Comm`` handle and the process-group lifecycle,
-``primitives`` the timed, byte-counted collectives, ``placement`` the conjugate
-autograd pairs that change a tensor's placement, and ``exchange`` the P2P tables
-of halo exchanges. See DESIGN.md ("Placements") and STYLE.md section 3.
+``subgroup`` the sub-group communicators made by ``Comm.split``, ``primitives``
+the timed, byte-counted collectives, ``placement`` the conjugate autograd pairs
+that change a tensor's placement, and ``exchange`` the P2P tables of halo
+exchanges. See DESIGN.md ("Placements") and STYLE.md section 3.
 """
 from __future__ import annotations
 
@@ -14,11 +15,11 @@ from fullgraph.comm.placement import (RowColLayout, all_reduce_grads, cols_to_ro
                                       halo_fetch, halo_scatter_add, rows_to_cols)
 from fullgraph.comm.primitives import (CommError, ReduceOp, all_gather_object, all_gather_rows,
                                        all_reduce_, all_to_all_v, barrier, broadcast_)
+from fullgraph.comm.subgroup import GroupCounter
 
 __all__ = [
-    "DEFAULT_TIMEOUT_S", "ByteCounter", "Comm", "CommError", "ExchangeTable", "ReduceOp",
-    "RowColLayout", "all_gather_object", "all_gather_rows", "all_reduce_", "all_reduce_grads",
-    "all_to_all_v", "barrier", "broadcast_", "cols_to_rows", "destroy_comm", "gather_rows",
-    "halo_fetch",
-    "halo_scatter_add", "init_comm", "rows_to_cols", "single_comm",
+    "DEFAULT_TIMEOUT_S", "ByteCounter", "Comm", "CommError", "ExchangeTable", "GroupCounter",
+    "ReduceOp", "RowColLayout", "all_gather_object", "all_gather_rows", "all_reduce_",
+    "all_reduce_grads", "all_to_all_v", "barrier", "broadcast_", "cols_to_rows", "destroy_comm",
+    "gather_rows", "halo_fetch", "halo_scatter_add", "init_comm", "rows_to_cols", "single_comm",
 ]

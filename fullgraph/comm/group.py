@@ -5,6 +5,9 @@ module-level group, rank or counter (STYLE.md section 3). A ``Comm`` of world si
 has ``group=None`` and never touches ``torch.distributed``: every primitive is then an
 identity or a no-op, so single-process runs need no process group at all.
 
+``Comm.split`` / ``Comm.subgroup`` make child handles for disjoint sub-groups of
+the world (``subgroup.py`` documents them); ``global_ranks`` and ``name`` say which.
+
 The process-group lifecycle (``init_comm`` / ``destroy_comm``) lives here; the actual
 ``torch.distributed`` calls are made in ``primitives.py``, the one module that calls it.
 This module must not import ``parallel``, ``models`` or anything above ``comm``.
@@ -14,6 +17,7 @@ from __future__ import annotations
 import datetime
 import os
 from dataclasses import dataclass, field
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -80,6 +84,11 @@ class ByteCounter:
     def __repr__(self) -> str:
         return f"ByteCounter({self.snapshot()!r})"
 
+    def discard_prefix(self, prefix: str) -> None:
+        """Forget the phases whose names start with ``prefix`` (one sub-group's)."""
+        for phase in [p for p in self._phases if p.startswith(prefix)]:
+            del self._phases[phase]
+
 
 @dataclass
 class Comm:
@@ -90,11 +99,16 @@ class Comm:
         world_size: number of workers in ``group``.
         group: the ``torch.distributed`` ProcessGroup, or None when ``world_size == 1``.
         timeout: limit on every blocking call made through ``primitives``.
-        counter: bytes / calls / seconds per phase on this rank.
+        counter: bytes / calls / seconds per phase on this rank (a sub-group's is a
+            ``subgroup.GroupCounter`` that records into the world's counter).
         device: where collective buffers live (cpu for gloo, cuda for nccl).
         p2p_all_to_all: run all-to-all as isend/irecv pairs instead of the
             backend's all_to_all_single (default: False; ``init_comm`` sets it when
             the backend lacks all-to-all).
+        global_ranks: the world rank of each rank of ``group``, in group-rank order
+            (default: ``0 .. world_size - 1``, the world itself).
+        name: "" for the world; a sub-group's name (see ``split``), which prefixes
+            its phases in the world's counter and appears in its CommErrors.
     """
 
     rank: int
@@ -105,6 +119,8 @@ class Comm:
     counter: ByteCounter = field(default_factory=ByteCounter)
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     p2p_all_to_all: bool = False
+    global_ranks: tuple[int, ...] = ()
+    name: str = ""
 
     def __post_init__(self) -> None:
         if self.world_size < 1 or not 0 <= self.rank < self.world_size:
@@ -112,6 +128,31 @@ class Comm:
         if self.world_size > 1 and self.group is None:
             raise ValueError(f"Comm: world_size {self.world_size} needs a process group, got None")
         self.device = torch.device(self.device)
+        self.global_ranks = tuple(int(g) for g in self.global_ranks) or tuple(
+            range(self.world_size))
+        if len(self.global_ranks) != self.world_size \
+                or len(set(self.global_ranks)) != self.world_size:
+            raise ValueError(f"Comm: global_ranks {list(self.global_ranks)} must be "
+                             f"world_size={self.world_size} distinct ranks")
+
+    @property
+    def global_rank(self) -> int:
+        """This worker's rank in the world (equals ``rank`` on the world Comm)."""
+        return self.global_ranks[self.rank]
+
+    def split(self, groups: Sequence[Sequence[int]],
+              names: Sequence[str] | None = None) -> Comm | None:
+        """This worker's Comm among disjoint sub-groups of world ranks, or None.
+
+        Every rank of this (world) Comm must call it with the same arguments;
+        see ``fullgraph.comm.subgroup`` for the semantics.
+        """
+        from fullgraph.comm.subgroup import split_comm  # subgroup imports this module
+        return split_comm(self, groups, names)
+
+    def subgroup(self, ranks: Sequence[int], name: str | None = None) -> Comm | None:
+        """``split([ranks])``: the Comm of one sub-group, None on ranks outside it."""
+        return self.split([ranks], None if name is None else [name])
 
 
 def single_comm(device: str | torch.device = "cpu") -> Comm:

@@ -21,6 +21,10 @@ gloo in torch 2.13 supports ``all_to_all_single`` with uneven splits (its list f
 ``all_to_all`` needs equal sizes, so it is not used); ``Comm.p2p_all_to_all``
 switches ``all_to_all_v`` to isend/irecv pairs for backends that lack it.
 
+Sub-groups (``fullgraph.comm.subgroup``) use the same primitives: ``comm.rank``,
+``src`` and block indices are ranks in ``comm.group``; the p2p paths translate them
+to the world ranks torch.distributed's isend/irecv/broadcast take (``_peer``).
+
 This module imports nothing from fullgraph at run time.
 """
 from __future__ import annotations
@@ -48,21 +52,25 @@ class CommError(RuntimeError):
     """A collective failed or timed out on this rank.
 
     Attributes:
-        rank: this worker's rank.
+        rank: this worker's rank in the failing call's group.
         phase: the phase name the call was made under.
         collective: the primitive that failed, e.g. "all_reduce".
         cause: the backend's original exception.
+
+    On a sub-group the message says which one and this worker's world rank:
+    "rank 0 of 3 in group 'P' (global rank 1): ...".
     """
 
     def __init__(self, rank: int, world_size: int, phase: str, collective: str,
-                 cause: BaseException, seconds: float, timeout: datetime.timedelta) -> None:
+                 cause: BaseException, seconds: float, timeout: datetime.timedelta,
+                 where: str = "") -> None:
         self.rank = rank
         self.phase = phase
         self.collective = collective
         self.cause = cause
-        self._args = (rank, world_size, phase, collective, cause, seconds, timeout)
+        self._args = (rank, world_size, phase, collective, cause, seconds, timeout, where)
         super().__init__(
-            f"rank {rank} of {world_size}: {collective} in phase {phase!r} failed after "
+            f"rank {rank} of {world_size}{where}: {collective} in phase {phase!r} failed after "
             f"{seconds:.1f}s (timeout {timeout.total_seconds():g}s): "
             f"{type(cause).__name__}: {cause}")
 
@@ -99,8 +107,15 @@ def _guarded(comm: Comm, phase: str, collective: str, sent: int, recv: int) -> I
         raise
     except (RuntimeError, TimeoutError) as err:
         raise CommError(comm.rank, comm.world_size, phase, collective, err,
-                        time.perf_counter() - start, comm.timeout) from err
+                        time.perf_counter() - start, comm.timeout, _where(comm)) from err
     comm.counter.add(phase, sent, recv, time.perf_counter() - start)
+
+
+def _where(comm: Comm) -> str:
+    """The sub-group part of a CommError message ("" on the world Comm)."""
+    if not getattr(comm, "name", ""):
+        return ""
+    return f" in group {comm.name!r} (global rank {comm.global_rank})"
 
 
 def _wait(work: Any, comm: Comm) -> None:
@@ -153,6 +168,28 @@ def _import_before_process_group() -> None:
         import torch.distributed.nn.functional  # noqa: F401
     except ImportError:
         pass
+
+
+def new_group(ranks: Sequence[int], comm: Comm) -> Any:
+    """Create the process group of world ranks ``ranks``; group rank i is ``ranks[i]``.
+
+    Every rank of the world ``comm`` must call it, in the same order, members or not
+    (``torch.distributed.new_group`` requires it). The group has ``comm``'s backend and
+    timeout. Returns the group on its members, None on the other ranks.
+    """
+    start = time.perf_counter()
+    try:
+        group = dist.new_group(list(ranks), timeout=comm.timeout, sort_ranks=False)
+    except (RuntimeError, TimeoutError, ValueError) as err:
+        raise CommError(comm.rank, comm.world_size, "comm-init", f"new_group({list(ranks)})",
+                        err, time.perf_counter() - start, comm.timeout) from err
+    if group is dist.GroupMember.NON_GROUP_MEMBER or group is None:
+        return None
+    actual = dist.get_process_group_ranks(group)
+    if actual != list(ranks):  # group ranks must index ``ranks`` (p2p translates through it)
+        raise RuntimeError(f"new_group: torch ordered the group as {actual}, asked for "
+                           f"{list(ranks)}")
+    return group
 
 
 def destroy_group(group: Any) -> None:
@@ -292,7 +329,7 @@ def all_to_all_v_start(send: Sequence[Tensor], recv_rows: Sequence[int], comm: C
             finish = _start_collective(flat, recv_numel, comm)
         except (RuntimeError, TimeoutError) as err:  # counted once, when waited for
             raise CommError(comm.rank, comm.world_size, phase, "all_to_all_v(start)", err,
-                            time.perf_counter() - start, comm.timeout) from err
+                            time.perf_counter() - start, comm.timeout, _where(comm)) from err
 
     def done() -> list[Tensor]:
         received = finish()
