@@ -223,18 +223,9 @@ class StageProgram(nn.Module):
         Returns:
             (N, out_dim) output rows (logits).
         """
-        h, layer_input, edge_weight = x, None, None
-        for stage in self.stages:
-            if isinstance(stage, Transform):
-                h = stage(h, ctx, layer_input)
-                if isinstance(stage, LayerInput):
-                    layer_input = h
-            elif isinstance(stage, EdgeTransform):
-                edge_weight = stage(graph, h, h, ctx)
-            else:
-                weight = edge_weight if stage.norm == "edge" else norms[stage.norm]
-                h = stage(graph, h, weight)
-        return h
+        from fullgraph.models.walk import GraphRunner, walk  # walk builds on this module
+
+        return walk(self, GraphRunner(graph, norms, ctx), x)
 
 
 def propagation_inputs(program: StageProgram, graph: Graph,

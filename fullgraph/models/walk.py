@@ -1,0 +1,211 @@
+"""The one program walker: how a stage program runs, whoever runs it.
+
+Every executor runs the same rules; they live here once:
+- a ``LayerInput`` stage opens a layer, and its output is the layer input that later
+  T stages of the same layer read (SAGE / GIN root terms, residuals);
+- an E stage produces edge weights, which the P stages with ``norm='edge'`` after it
+  read (the most recent E stage before them);
+- P and E stages read in-neighbour rows (the ones a row partition may not hold); T
+  stages read only their own rows.
+
+``describe(program)`` states those rules per stage as data (``StageInfo``), for the
+analyses that walk a program backwards (which rows each stage needs, which values a
+later phase imports). ``walk`` runs stages forward and asks a ``Runner`` only how a
+stage obtains its inputs and where it runs: the default ``Runner`` is the
+single-device semantics; executors override its hooks.
+
+This module must not import ``fullgraph.comm`` or ``fullgraph.parallel``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from torch import Tensor
+
+from fullgraph.graph.csr import Graph
+from fullgraph.models.stages import (EdgeTransform, LayerInput, Propagate, Stage, StageContext,
+                                     StageKind, StageProgram, Transform)
+
+
+@dataclass(frozen=True)
+class StageInfo:
+    """What the walker knows about one stage of a program.
+
+    Attributes:
+        index: the stage's position in the program.
+        kind: T, E or P.
+        layer: the layer the stage belongs to.
+        opens_layer: the stage is its layer's ``LayerInput`` (its output is the layer
+            input).
+        layer_input_from: for a T stage that reads the layer input, the index of the
+            ``LayerInput`` stage that produced it (None otherwise).
+        edge_weights_from: for a P stage with ``norm='edge'``, the index of the E
+            stage whose weights it reads (None otherwise).
+    """
+
+    index: int
+    kind: StageKind
+    layer: int
+    opens_layer: bool = False
+    layer_input_from: int | None = None
+    edge_weights_from: int | None = None
+
+    @property
+    def reads_neighbours(self) -> bool:
+        """P and E stages read the rows of in-neighbours; T stages only their own."""
+        return self.kind is not StageKind.TRANSFORM
+
+    @property
+    def is_transform(self) -> bool:
+        return self.kind is StageKind.TRANSFORM
+
+    @property
+    def is_edge(self) -> bool:
+        return self.kind is StageKind.EDGE
+
+    @property
+    def is_propagate(self) -> bool:
+        return self.kind is StageKind.PROPAGATE
+
+
+def describe(program: StageProgram) -> tuple[StageInfo, ...]:
+    """One ``StageInfo`` per stage of ``program`` (computed once per program)."""
+    infos = program.__dict__.get("_stage_infos")
+    if infos is None or len(infos) != len(program.stages):
+        infos = _describe(program)
+        program.__dict__["_stage_infos"] = infos
+    return infos
+
+
+def _describe(program: StageProgram) -> tuple[StageInfo, ...]:
+    infos: list[StageInfo] = []
+    layer_input: int | None = None
+    edge: int | None = None
+    for s, stage in enumerate(program.stages):
+        opens = isinstance(stage, LayerInput)
+        if opens:
+            layer_input = s
+        if isinstance(stage, EdgeTransform):
+            edge = s
+        reads_li = isinstance(stage, Transform) and stage.uses_layer_input and not opens
+        reads_edge = isinstance(stage, Propagate) and stage.norm == "edge"
+        infos.append(StageInfo(s, stage.kind, program.layer_of[s], opens,
+                               layer_input if reads_li else None,
+                               edge if reads_edge else None))
+    return tuple(infos)
+
+
+def has_edge_stage(program: StageProgram) -> bool:
+    """Whether the program has an E stage (attention)."""
+    return any(i.is_edge for i in describe(program))
+
+
+def out_dim(program: StageProgram, start: int, stop: int) -> int:
+    """Columns of the rows the stages ``[start, stop)`` output (E stages output none)."""
+    infos = describe(program)
+    return [program.stages[s] for s in range(start, stop)
+            if not infos[s].is_edge][-1].out_dim
+
+
+@dataclass
+class Carry:
+    """Values a walk hands from one stage to later ones.
+
+    Attributes:
+        layer_inputs: LayerInput stage index -> its output rows.
+        edge_weights: E stage index -> its edge weights.
+    """
+
+    layer_inputs: dict[int, Tensor] = field(default_factory=dict)
+    edge_weights: dict[int, Tensor] = field(default_factory=dict)
+
+
+class Runner:
+    """How each stage obtains its inputs and where it runs; the defaults run a stage
+    on the rows given, which is the single-device semantics when the rows are all
+    vertices. Executors override the hooks they need."""
+
+    def transform(self, s: int, stage: Stage, h: Tensor, layer_input: Tensor | None) -> Tensor:
+        """Run T stage ``s`` on rows ``h`` (``layer_input``: its layer's input rows)."""
+        raise NotImplementedError
+
+    def edge(self, s: int, stage: Stage, h: Tensor) -> Tensor:
+        """Run E stage ``s`` on rows ``h``; return the weights of its block's edges."""
+        raise NotImplementedError
+
+    def propagate(self, s: int, stage: Stage, h: Tensor, edge_weights: Tensor | None) -> Tensor:
+        """Run P stage ``s`` on rows ``h`` (``edge_weights``: from an E stage, or None
+        for a fixed normalisation)."""
+        raise NotImplementedError
+
+    def propagate_run(self, stages: list[int], program: StageProgram, h: Tensor,
+                      carry: Carry) -> Tensor:
+        """Run consecutive P stages ``stages``; by default one after another."""
+        infos = describe(program)
+        for s in stages:
+            src = infos[s].edge_weights_from
+            h = self.propagate(s, program.stages[s], h,
+                               None if src is None else carry.edge_weights[src])
+        return h
+
+
+def walk(program: StageProgram, runner: Runner, h: Tensor, *, start: int = 0,
+         stop: int | None = None, carry: Carry | None = None) -> Tensor:
+    """Run stages ``[start, stop)`` of ``program`` on ``h`` through ``runner``.
+
+    Args:
+        program: the stage program.
+        runner: the executor's hooks.
+        h: the rows the first stage reads.
+        start, stop: the stages to run (default: all).
+        carry: layer inputs and edge weights from earlier stages; updated in place
+            with the ones these stages produce (default: a fresh one).
+
+    Returns:
+        The rows the last stage outputs.
+    """
+    infos = describe(program)
+    stop = len(infos) if stop is None else stop
+    carry = Carry() if carry is None else carry
+    s = start
+    while s < stop:
+        info, stage = infos[s], program.stages[s]
+        if info.is_propagate:
+            run = [s]
+            while run[-1] + 1 < stop and infos[run[-1] + 1].is_propagate:
+                run.append(run[-1] + 1)
+            h = runner.propagate_run(run, program, h, carry)
+            s = run[-1] + 1
+            continue
+        if info.is_edge:
+            carry.edge_weights[s] = runner.edge(s, stage, h)
+        else:
+            src = info.layer_input_from
+            h = runner.transform(s, stage, h, None if src is None else carry.layer_inputs[src])
+            if info.opens_layer:
+                carry.layer_inputs[s] = h
+        s += 1
+    return h
+
+
+class GraphRunner(Runner):
+    """Every vertex of one graph on one device: the reference semantics.
+
+    Args:
+        graph: the propagation graph.
+        norms: its fixed edge weights per normalisation name.
+        ctx: the context of all rows (``gids = arange(N)``, ``eids = arange(E)``).
+    """
+
+    def __init__(self, graph: Graph, norms: dict[str, Tensor], ctx: StageContext) -> None:
+        self.graph, self.norms, self.ctx = graph, norms, ctx
+
+    def transform(self, s: int, stage: Stage, h: Tensor, layer_input: Tensor | None) -> Tensor:
+        return stage(h, self.ctx, layer_input)
+
+    def edge(self, s: int, stage: Stage, h: Tensor) -> Tensor:
+        return stage(self.graph, h, h, self.ctx)
+
+    def propagate(self, s: int, stage: Stage, h: Tensor, edge_weights: Tensor | None) -> Tensor:
+        weight = self.norms[stage.norm] if edge_weights is None else edge_weights
+        return stage(self.graph, h, weight)
