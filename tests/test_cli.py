@@ -17,7 +17,7 @@ TRAIN_FLAGS = sorted("""
 --metrics-out --progress --strategy --spmm-backend --threads --workers --backend --timeout
 --run-dir --partitioner --partition-file --partition-seed --dep-mode --byte-cost --edge-cost
 --device-memory --num-chunks --column-split --pipeline --nn-device --p2p-schedule --bin-memory
---bin-size
+--bin-size --vertex-cost
 """.split())
 
 
