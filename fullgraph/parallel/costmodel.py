@@ -1,6 +1,6 @@
 """The DepComm / DepCache cost model: unit costs measured at start, and pure decisions.
 
-NeutronCloud §4.1 prices each remote dependency ``v`` of worker i two ways:
+NeutronCloud section 4.1 prices each remote dependency ``v`` of worker i two ways:
 - DepComm (formula 7): every P / E stage that fetches ``v`` moves its row forward and
   its gradient backward: ``sum_s d_s x itemsize x 2 x byte_cost``;
 - DepCache (formulas 5 and 12): ``v``'s row is recomputed locally, recursively through

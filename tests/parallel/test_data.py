@@ -93,8 +93,9 @@ def check_mixed(plan, where: str) -> None:
 def strategy_for(dataset, model, comm, part: str, mode: str) -> DataParallel:
     opts = DataParallel.Options(mode=mode)
     if mode == "hybrid":
-        opts = DataParallel.Options(mode=mode, byte_cost=mixed_byte_cost(dataset, model, comm, part),
-                                    edge_cost=EDGE_COST, vertex_cost=VERTEX_COST)
+        byte_cost = mixed_byte_cost(dataset, model, comm, part)
+        opts = DataParallel.Options(mode=mode, byte_cost=byte_cost, edge_cost=EDGE_COST,
+                                    vertex_cost=VERTEX_COST)
     return DataParallel(opts, PartitionOptions(method=part))
 
 
