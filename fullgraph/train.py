@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -24,7 +25,7 @@ from fullgraph.ops import kernels
 from fullgraph.ops.spmm import resolve_backend, set_backend
 from fullgraph.comm.primitives import all_gather_object
 from fullgraph.parallel import build_strategy
-from fullgraph.parallel.base import Plan, Strategy
+from fullgraph.parallel.base import EpochHook, Plan, Strategy
 from fullgraph.profile import EpochProfile, Profiler, summary_lines
 from fullgraph.report import EpochRecord, Reporter
 
@@ -80,7 +81,8 @@ def build(dataset: Dataset, cfg: Config) -> GNN:
 def train(dataset: Dataset, cfg: Config, *, reporter: Reporter | None = None,
           comm: Any = None, header: list[str] | None = None,
           strategy: Strategy | None = None, local_rank: int = 0,
-          status: Any = None) -> TrainResult:
+          status: Any = None, adapters: Sequence[EpochHook] = (),
+          dtype: torch.dtype = torch.float32) -> TrainResult:
     """Train ``cfg.model`` on ``dataset`` with ``cfg.runtime.strategy``.
 
     Args:
@@ -92,16 +94,19 @@ def train(dataset: Dataset, cfg: Config, *, reporter: Reporter | None = None,
         strategy: an already built strategy (default: from the registry).
         local_rank: GPU index on this host for ``device=cuda`` (default: 0).
         status: a worker status to which phases are reported (default: None).
+        adapters: runtime adapters called between epochs after the strategy, in order,
+            with the epoch's profile (default: none).
+        dtype: of the parameters and vertex rows (default: float32).
     """
     configure_runtime(cfg)
     device = resolve_device(cfg.train.device, local_rank)
     reporter = reporter or Reporter(cfg.train.epochs, enabled=False)
     phase = status.set_phase if status is not None else (lambda _: None)
     strategy = strategy or build_strategy(cfg)
-    model = build(dataset, cfg).to(strategy.model_device(device))
+    model = build(dataset, cfg).to(strategy.model_device(device), dtype)
     phase("setup")
     t_setup = time.perf_counter()
-    plan = strategy.setup(dataset, model, device, comm)
+    plan = strategy.setup(dataset, model, device, comm, dtype=dtype)
     setup_s = time.perf_counter() - t_setup
     optimizer = torch.optim.Adam(model.parameters(), lr=cfg.train.lr,
                                  weight_decay=cfg.train.weight_decay)
@@ -135,6 +140,11 @@ def train(dataset: Dataset, cfg: Config, *, reporter: Reporter | None = None,
             gathered = all_gather_object(prof, comm, "metrics")
             profiles.append(gathered)
             reporter.ranks([asdict(p) for p in gathered])
+        if epoch < cfg.train.epochs:
+            phase(f"epoch {epoch} adjustment")
+            for hook in (strategy, *adapters):
+                hook.between_epochs(model, plan, epoch, prof)
+            profiler.work = strategy.work(model, plan)  # the plan may have changed
     phase("done")
     return _finish(records, profiles, best, time.perf_counter() - start, model, reporter)
 

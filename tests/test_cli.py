@@ -17,7 +17,7 @@ TRAIN_FLAGS = sorted("""
 --metrics-out --progress --strategy --spmm-backend --threads --workers --backend --timeout
 --run-dir --partitioner --partition-file --partition-seed --dep-mode --byte-cost --edge-cost
 --device-memory --num-chunks --column-split --pipeline --nn-device --p2p-schedule --bin-memory
---bin-size
+--bin-size --vertex-cost
 """.split())
 
 
@@ -149,3 +149,153 @@ def test_options_of_another_strategy_warn(root, capsys):
 def test_model_options_without_effect_warn(root):
     with pytest.warns(UserWarning, match="heads have no effect on model 'gcn'"):
         assert main(["train", "--epochs", "1", "--progress", "off", "--heads", "4"]) == 0
+
+
+# ------------------------------------------------- partition, partition files, nn-device
+
+def test_partition_writes_a_book_and_reports(root, tmp_path, capsys):
+    from fullgraph.partition import PartitionBook
+
+    book = tmp_path / "book.npz"
+    assert main(["partition", "--parts", "3", "--partitioner", "random", "--seed", "4",
+                 "--out", str(book), "--report"]) == 0
+    out = capsys.readouterr().out
+    assert "random partition of cora into 3 parts" in out and f"wrote {book}" in out
+    loaded = PartitionBook.load(str(book), num_nodes=2708)
+    sizes = [loaded.part_to_gids(p).numel() for p in range(3)]
+    assert loaded.num_parts == 3 and sum(sizes) == 2708
+    # the report's per-part vertex counts are those of the written book
+    rows = [line.split() for line in out.splitlines() if line.strip()[:1].isdigit()
+            and len(line.split()) == 4]
+    assert [int(r[1].replace(",", "")) for r in rows] == sizes
+    assert "edge cut" in out and "replication factor" in out
+    # only the report, nothing written; and nothing at all is refused
+    assert main(["partition", "--parts", "2", "--report"]) == 0
+    assert "edge cut" in capsys.readouterr().out
+    assert main(["partition", "--parts", "2"]) == 2
+    assert "nothing to do: give --out FILE, --report" in capsys.readouterr().err
+
+
+def test_train_reads_the_partition_file(root, tmp_path, capsys):
+    """A book with 2 parts for 1 worker is refused by name: the file is really read."""
+    book = tmp_path / "two.npz"
+    assert main(["partition", "--parts", "2", "--partitioner", "chunk", "--out", str(book)]) == 0
+    capsys.readouterr()
+    assert main(["train", "--strategy", "data", "--epochs", "1", "--progress", "off",
+                 "--partition-file", str(book)]) == 2
+    err = capsys.readouterr().err
+    assert f"partition file {book} has 2 parts but there are 1 workers" in err
+    assert main(["train", "--strategy", "data", "--epochs", "1", "--progress", "off",
+                 "--partition-file", str(tmp_path / "missing.npz")]) == 2
+    assert "missing.npz" in capsys.readouterr().err
+
+
+def test_nn_device_flag_places_the_dense_stages():
+    """--nn-device reaches the tensor strategy: its model device is the given one, not
+    the training device (train() puts the parameters there, see the CUDA test below)."""
+    import torch
+
+    from fullgraph.cli import config_from_args
+    from fullgraph.parallel import build_strategy
+
+    def strategy(*flags: str):
+        args = build_parser().parse_args(["train", "--strategy", "tensor", *flags])
+        return build_strategy(config_from_args(args))
+
+    gpu = torch.device("cuda", 0)
+    assert strategy("--nn-device", "cpu").model_device(gpu) == torch.device("cpu")
+    assert strategy().model_device(gpu) == gpu
+
+
+def test_nn_device_cpu_with_cuda_training():
+    """On a GPU: parameters and vertex rows on the CPU, propagation on the GPU, and the
+    same losses as the run with everything on the GPU."""
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA: on a CPU-only host both devices are the CPU")
+    from fullgraph.config import Config, ModelConfig, RuntimeConfig, TrainConfig
+    from fullgraph.graph.synthetic import sbm
+    from fullgraph.parallel import build_strategy
+    from fullgraph.parallel.tensor import TensorParallel
+    from fullgraph.train import train
+
+    class Where:
+        def between_epochs(self, model, plan, epoch, profile):
+            self.params = {p.device.type for p in model.parameters()}
+            self.plan = (plan.device.type, plan.features.device.type)
+
+    toy = sbm(300, 3, avg_degree=6.0, num_features=8, seed=0)
+    losses = {}
+    for nn_device in ("cpu", None):
+        cfg = Config(model=ModelConfig(name="gcn", hidden=8), runtime=RuntimeConfig(
+            strategy="tensor"), train=TrainConfig(epochs=3, device="cuda"),
+            tensor_parallel=TensorParallel.Options(nn_device=nn_device))
+        where = Where()
+        res = train(toy, cfg, strategy=build_strategy(cfg), adapters=[where])
+        expect = nn_device or "cuda"
+        assert where.params == {expect} and where.plan == ("cuda", expect)
+        losses[nn_device] = [r.loss for r in res.epochs]
+    np.testing.assert_allclose(losses["cpu"], losses[None], rtol=1e-5, atol=1e-6)
+
+
+@pytest.fixture(scope="module")
+def launch_root(tmp_path_factory):
+    """A dataset root for the subprocess runs below, and the single-process reference."""
+    from test_launch import TRAIN, events, run_cli
+
+    root = tmp_path_factory.mktemp("data")
+    metrics = root.parent / "single.jsonl"
+    out = run_cli(TRAIN + ["--strategy", "single", "--metrics-out", str(metrics)], root,
+                  timeout=120)
+    assert out.returncode == 0, out.stderr
+    return root, [r["loss"] for r in events(metrics, "epoch")]
+
+
+def _launched_losses(args: list[str], root, metrics, cmd=None) -> str:
+    """Run ``TRAIN + args`` (through ``cmd`` when given), writing ``metrics``; stdout."""
+    from test_launch import TRAIN, run_cli
+
+    out = run_cli(TRAIN + args + ["--metrics-out", str(metrics)], root, timeout=180, cmd=cmd)
+    assert out.returncode == 0, out.stdout + out.stderr
+    return out.stdout
+
+
+@pytest.mark.dist
+def test_partition_file_through_the_launcher(launch_root, tmp_path):
+    """`fullgraph partition --out` then `train --partition-file` on 2 workers, hybrid
+    dependencies with given costs: the header names the file and the split, and the
+    losses are the single-process ones."""
+    from test_launch import events, run_cli
+
+    root, single = launch_root
+    book = tmp_path / "book.npz"
+    made = run_cli(["partition", "--parts", "2", "--partitioner", "random", "--out", str(book)],
+                   root)
+    assert made.returncode == 0, made.stderr
+    metrics = tmp_path / "m.jsonl"
+    stdout = _launched_losses(["--strategy", "data", "--workers", "2", "--partition-file",
+                               str(book), "--dep-mode", "hybrid", "--byte-cost", "1e-9",
+                               "--edge-cost", "1e-9", "--vertex-cost", "1e-9",
+                               "--run-dir", str(tmp_path / "run")], root, metrics)
+    assert f"deps     hybrid, partition file {book}; remote dependencies" in stdout
+    np.testing.assert_allclose([r["loss"] for r in events(metrics, "epoch")], single,
+                               rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.dist
+def test_tensor_through_the_launcher_and_torchrun(launch_root, tmp_path):
+    import sys
+
+    from test_launch import events, free_port
+
+    root, single = launch_root
+    runs = {"launcher": (["--workers", "2", "--run-dir", str(tmp_path / "run")], None),
+            "torchrun": ([], [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node",
+                              "2", "--master-port", str(free_port()), "-m", "fullgraph.cli"])}
+    for name, (extra, cmd) in runs.items():
+        metrics = tmp_path / f"{name}.jsonl"
+        stdout = _launched_losses(["--strategy", "tensor", *extra], root, metrics, cmd)
+        assert "strategy tensor, 2 worker(s)" in stdout, (name, stdout)
+        np.testing.assert_allclose([r["loss"] for r in events(metrics, "epoch")], single,
+                                   rtol=1e-5, atol=1e-6, err_msg=name)

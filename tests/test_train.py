@@ -9,6 +9,7 @@ import torch
 from fullgraph.config import Config, ModelConfig, TrainConfig
 from fullgraph.graph.formats.planetoid import load_planetoid
 from fullgraph.graph.synthetic import sbm
+from fullgraph.parallel.single import SingleProcess
 from fullgraph.train import train
 
 
@@ -35,6 +36,33 @@ def test_best_validation_epoch_is_kept(toy):
     best = max(evaluated, key=lambda r: r.val_acc)
     assert (res.best_epoch, res.best_val, res.test_at_best) == (best.epoch, best.val_acc,
                                                                 best.test_acc)
+
+
+class Recording(SingleProcess):
+    """A strategy and an adapter that log their between-epoch calls into one list."""
+
+    def __init__(self, log: list, tag: str) -> None:
+        super().__init__()
+        self.log, self.tag = log, tag
+
+    def between_epochs(self, model, plan, epoch, profile) -> None:
+        self.log.append((self.tag, epoch, profile.epoch, profile.wall_s > 0))
+
+
+def test_between_epochs_calls_strategy_then_adapters_with_the_profile(toy):
+    log: list = []
+    res = train(toy, Config(train=TrainConfig(epochs=4)), strategy=Recording(log, "strategy"),
+                adapters=[Recording(log, "a"), Recording(log, "b")])
+    assert len(res.epochs) == 4
+    # after epochs 1-3 (not after the last): the strategy first, then the adapters in order
+    assert log == [(tag, e, e, True) for e in (1, 2, 3) for tag in ("strategy", "a", "b")]
+
+
+def test_float64_run(toy):
+    res = train(toy, Config(train=TrainConfig(epochs=2)), dtype=torch.float64)
+    assert all(p.dtype == torch.float64 for p in res.model.parameters())
+    ref = train(toy, Config(train=TrainConfig(epochs=2)))
+    assert abs(res.epochs[0].loss - ref.epochs[0].loss) < 1e-5
 
 
 @pytest.mark.parametrize("model", ["gcn", "sage", "gat", "gin"])

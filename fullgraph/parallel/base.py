@@ -16,7 +16,7 @@ import time
 import warnings
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -85,6 +85,15 @@ class StepStats:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+class EpochHook(Protocol):
+    """Anything ``train`` calls between two epochs: a strategy, or a runtime adapter."""
+
+    def between_epochs(self, model: StageProgram, plan: Plan, epoch: int, profile: Any) -> None:
+        """Called on every worker after epoch ``epoch`` (not after the last) with this
+        worker's ``EpochProfile`` of it; may change ``plan`` for the next epoch
+        (collectively: every worker is called)."""
+
+
 class Strategy(ABC):
     """Base class of the executors; see the module docstring."""
 
@@ -136,6 +145,10 @@ class Strategy(ABC):
     def describe(self, model: StageProgram, plan: Plan) -> list[str]:
         """Report lines on how the plan splits the work (none by default)."""
         return []
+
+    def between_epochs(self, model: StageProgram, plan: Plan, epoch: int, profile: Any) -> None:
+        """Adjust ``plan`` after epoch ``epoch`` given this worker's measured profile of
+        it (see ``EpochHook``); nothing by default."""
 
     def sync_grads(self, model: StageProgram, plan: Plan) -> None:
         """Make parameter gradients global (no-op on one process)."""

@@ -8,17 +8,17 @@ Algorithm 1):
   forward, scatter-add of its gradient to the owner backward);
 - DepCache: computed locally from replicated inputs, recursively through its
   L-hop in-neighbourhood: no communication, redundant computation;
-- hybrid: a per-vertex choice, initialised by a cost model (edges x dims to
-  recompute against bytes to move, with per-edge and per-byte costs measured at
-  start) and held in a ``DependencyPlan`` that ``replan`` swaps between epochs
-  without moving any vertex data (every worker holds the replicated inputs).
+- hybrid: a per-vertex choice, initialised by the cost model of
+  ``fullgraph.parallel.costmodel`` (the L-hop neighbourhood to recompute against the
+  bytes to move, with unit costs given or measured at start) and held in a
+  ``DependencyPlan`` that ``replan`` swaps between epochs without moving any vertex
+  data (every worker holds the replicated inputs).
 
 Parameter gradients are all-reduced once per step; the loss is normalised by the
 global training count, so N workers reproduce the single-process executor.
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -33,7 +33,7 @@ from fullgraph.graph.csr import Graph
 from fullgraph.graph.data import Dataset
 from fullgraph.models.stages import (EdgeTransform, LayerInput, Propagate, StageContext,
                                      StageProgram, Transform, propagation_inputs)
-from fullgraph.ops.spmm import aggregate
+from fullgraph.parallel import costmodel
 from fullgraph.parallel.base import DistributedStrategy, LocalResult, Plan, Work, register
 from fullgraph.parallel.rowplan import RowPlan, plan_rows
 from fullgraph.partition import PartitionBook, PartitionOptions, partition
@@ -48,10 +48,15 @@ class DependencyPlan:
     Attributes:
         direct: (R,) gids of the remote in-neighbours of V_i, ascending.
         cached: (R,) bool; True = DepCache (recompute), False = DepComm (fetch).
+        rates: the unit costs the hybrid cost model used (None for the other modes).
+        per_rank: ``summary()`` of every worker's plan, in rank order (set by
+            ``replan``, for the run header).
     """
 
     direct: Tensor
     cached: Tensor
+    rates: costmodel.Rates | None = None
+    per_rank: list[dict[str, int]] = field(default_factory=list)
 
     def fetch_mask(self, num_nodes: int) -> Tensor:
         mask = torch.zeros(num_nodes, dtype=torch.bool)
@@ -124,16 +129,23 @@ class DataParallel(RowPartitioned):
             byte_cost: seconds per byte moved, for the hybrid cost model (default:
                 None, measured at start).
             edge_cost: seconds per edge x column aggregated (default: None, measured).
+            vertex_cost: seconds per vertex x column computed (default: None, measured).
         """
 
         mode: str = "depcomm"
         byte_cost: float | None = None
         edge_cost: float | None = None
+        vertex_cost: float | None = None
 
         def __post_init__(self) -> None:
             if self.mode not in MODES:
                 raise ValueError(f"data parallel mode {self.mode!r}; expected one of "
                                  f"{', '.join(MODES)}")
+            for name in ("byte_cost", "edge_cost", "vertex_cost"):
+                value = getattr(self, name)
+                if value is not None and not 0 <= value < float("inf"):
+                    raise ValueError(f"data parallel {name} must be a finite number >= 0, "
+                                     f"got {value}")
 
     # ------------------------------------------------------------------ setup
     def setup(self, dataset: Dataset, program: StageProgram, device: torch.device,
@@ -154,7 +166,7 @@ class DataParallel(RowPartitioned):
         if self.options.mode == "depcache":
             deps.cached[:] = True
         elif self.options.mode == "hybrid":
-            deps.cached = self._cost_model(program, plan)
+            deps.cached = self._cost_model(program, plan, owned)
         self.replan(program, plan, deps.cached)
         return plan
 
@@ -163,7 +175,15 @@ class DataParallel(RowPartitioned):
 
         Only index tables change: every worker holds the inputs it may need.
         """
+        if cached.shape != plan.deps.direct.shape or cached.dtype != torch.bool:
+            raise ValueError(f"replan: cached must be a bool tensor of shape "
+                             f"{tuple(plan.deps.direct.shape)}, got {cached.dtype} "
+                             f"{tuple(cached.shape)}")
         plan.deps.cached = cached
+        if plan.comm.world_size > 1:
+            plan.deps.per_rank = prim.all_gather_object(plan.deps.summary(), plan.comm, "setup")
+        else:
+            plan.deps.per_rank = [plan.deps.summary()]
         fetch = plan.deps.fetch_mask(plan.graph.num_dst)
         plan.rows = plan_rows(program, plan.graph, plan.book.part_to_gids(plan.comm.rank),
                               fetch, owner=plan.book.part_of)
@@ -198,22 +218,30 @@ class DataParallel(RowPartitioned):
                                         recv_rows=[t.numel() for t in needed_from]))
         return tables
 
-    def _cost_model(self, program: StageProgram, plan: DataPlan) -> Tensor:
-        """Cache a dependency when recomputing it is cheaper than moving it.
+    def _cost_model(self, program: StageProgram, plan: DataPlan, owned: Tensor) -> Tensor:
+        """Cache a dependency when recomputing its L-hop neighbourhood is cheaper than
+        moving it (``fullgraph.parallel.costmodel``); rates given or measured here."""
+        opts = self.options
+        plan.deps.rates = costmodel.resolve_rates(plan.comm, plan.graph, opts.byte_cost,
+                                                  opts.edge_cost, opts.vertex_cost)
+        itemsize = torch.empty(0, dtype=plan.dtype).element_size()
+        cache, comm = costmodel.dependency_costs(program, plan.graph, owned, plan.deps.direct,
+                                                 plan.deps.rates, itemsize)
+        return costmodel.choose_cached(cache, comm)
 
-        comm(u) = sum over the P / E stages that would fetch u of dims x itemsize x 2
-        (forward rows, backward gradients) x byte_cost; cache(u) = sum over the P
-        stages before the last one of in_degree(u) x dims x edge_cost (the first hop of
-        its recomputation; deeper hops are not counted).
-        """
-        byte_cost = self.options.byte_cost or _measure_byte_cost(plan.comm)
-        edge_cost = self.options.edge_cost or _measure_edge_cost(plan.graph)
-        props = [s for s in program.stages if isinstance(s, (Propagate, EdgeTransform))]
-        dims = [s.in_dim for s in props]
-        comm_cost = sum(dims) * 4 * 2 * byte_cost
-        deg = plan.graph.in_degrees()[plan.deps.direct].to(torch.float64)
-        cache_cost = deg * float(sum(dims[:-1]) if len(dims) > 1 else 0) * edge_cost
-        return cache_cost < comm_cost
+    def describe(self, model: StageProgram, plan: DataPlan) -> list[str]:
+        """The partition and the dependency split over all workers (from ``replan``)."""
+        source = (f"partition file {self.partition.file}" if self.partition.file
+                  else f"partitioner {self.partition.method}")
+        ranks = plan.deps.per_rank
+        total = {k: sum(r[k] for r in ranks) for k in ("remote", "cached", "fetched")}
+        split = "/".join(f"{r['cached']}:{r['fetched']}" for r in ranks)
+        line = (f"deps     {self.options.mode}, {source}; remote dependencies {total['remote']}: "
+                f"{total['cached']} cached (DepCache), {total['fetched']} fetched (DepComm); "
+                f"cached:fetched per rank {split}")
+        if plan.deps.rates is not None:
+            line += f"; costs {plan.deps.rates.describe()}"
+        return [line]
 
     # ---------------------------------------------------------------- execute
     def forward(self, model: StageProgram, plan: DataPlan, *, training: bool,
@@ -322,27 +350,3 @@ def _positions_in(eids: Tensor, within: Tensor | None) -> Tensor | None:
         return None
     order = torch.argsort(within)
     return order[torch.searchsorted(within[order], eids)]
-
-
-def _measure_edge_cost(graph: Graph, dim: int = 32) -> float:
-    """Seconds per edge x column of an SpMM on a slice of this graph."""
-    rows = min(graph.num_dst, 20_000)
-    sub = Graph(graph.indptr[: rows + 1].clone(), graph.indices[: int(graph.indptr[rows])],
-                num_src=graph.num_src, validate=False)
-    x = torch.randn(graph.num_src, dim)
-    aggregate(sub, x, None, "sum")
-    t0 = time.perf_counter()
-    aggregate(sub, x, None, "sum")
-    return (time.perf_counter() - t0) / max(1, sub.num_edges * dim)
-
-
-def _measure_byte_cost(comm: Any, rows: int = 4096, dim: int = 64) -> float:
-    """Seconds per byte of an all-to-all between the workers (1e-9 on one worker)."""
-    if comm.world_size == 1:
-        return 1e-9
-    send = [torch.zeros(rows, dim) for _ in range(comm.world_size)]
-    t0 = time.perf_counter()
-    prim.all_to_all_v(send, [rows] * comm.world_size, comm, "setup")
-    elapsed = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
-    prim.all_reduce_(elapsed, comm, "setup", op="max")  # one shared figure
-    return float(elapsed) / (rows * dim * 4 * (comm.world_size - 1))

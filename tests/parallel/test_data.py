@@ -4,6 +4,8 @@ For every model (coupled and decoupled), partitioner and dependency mode, on wor
 sizes 1-4: the loss of each of 3 epochs, the output rows each worker owns, and the
 parameters after the 3 Adam steps equal the single-process run, with dropout on
 (masks are keyed by vertex / edge id, so every executor draws the same ones).
+``hybrid`` cases are given unit costs that put the cost model's threshold at the
+median dependency of each worker, so every worker really mixes DepCache and DepComm.
 """
 from __future__ import annotations
 
@@ -13,8 +15,10 @@ import pytest
 import torch
 
 from fullgraph.graph.synthetic import sbm
-from fullgraph.models import build_model
-from fullgraph.parallel.data import DataParallel
+from fullgraph.comm.primitives import all_gather_object
+from fullgraph.models import build_model, propagation_inputs
+from fullgraph.parallel import costmodel
+from fullgraph.parallel.data import DataParallel, partition_book
 from fullgraph.parallel.single import SingleProcess
 from fullgraph.partition import PartitionOptions
 from fullgraph.train import step_seed
@@ -56,16 +60,60 @@ def run_epochs(strategy, dataset, model, comm, epochs=3, dtype=torch.float64):
     return losses, outputs, plan
 
 
+EDGE_COST = VERTEX_COST = 1e-9
+
+
+def mixed_byte_cost(dataset, model, comm, part: str) -> float:
+    """A byte cost that makes this worker cache about half of its remote dependencies
+    (the cheapest to recompute) and fetch the others."""
+    graph, _ = propagation_inputs(model, dataset.graph, torch.float64)
+    owned = partition_book(dataset, comm, PartitionOptions(method=part)).part_to_gids(comm.rank)
+    src, dst = graph.edges()
+    mine = torch.zeros(graph.num_dst, dtype=torch.bool)
+    mine[owned] = True
+    direct = torch.unique(src[mine[dst] & ~mine[src]])
+    rates = costmodel.Rates(1.0, EDGE_COST, VERTEX_COST)
+    cache, comm_per_byte = costmodel.dependency_costs(model, graph, owned, direct, rates, 8)
+    c = torch.sort(cache).values
+    # the split nearest the middle between two different costs
+    splits = [k for k in range(1, c.numel()) if c[k - 1] < c[k]]
+    assert splits, f"rank {comm.rank}: no two dependencies differ in cost: {c.tolist()}"
+    k = min(splits, key=lambda k: abs(k - c.numel() / 2))
+    return float(c[k - 1] + c[k]) / 2 / float(comm_per_byte[0])
+
+
+def check_mixed(plan, where: str) -> None:
+    """Both DepCache and DepComm, about half each, and both show in the row plan."""
+    summary = plan.deps.summary()
+    assert 0.25 <= summary["cached"] / summary["remote"] <= 0.75, (where, summary)
+    assert plan.rows.edges_computed()[1] > 0, where  # cached rows are recomputed
+    assert sum(f.numel() for f in plan.rows.fetched) > 0, where  # the others fetched
+
+
+def strategy_for(dataset, model, comm, part: str, mode: str) -> DataParallel:
+    opts = DataParallel.Options(mode=mode)
+    if mode == "hybrid":
+        byte_cost = mixed_byte_cost(dataset, model, comm, part)
+        opts = DataParallel.Options(mode=mode, byte_cost=byte_cost, edge_cost=EDGE_COST,
+                                    vertex_cost=VERTEX_COST)
+    return DataParallel(opts, PartitionOptions(method=part))
+
+
 def check_all(comm, cases):
     dataset = make_dataset()
+    refs: dict[tuple, tuple] = {}  # one single-process run per (model, form)
     for name, decoupled, part, mode in cases:
-        ref_model = make_model(name, decoupled, 9, 3)
-        ref_losses, (ref_out, _), _ = run_epochs(SingleProcess(), dataset, ref_model, None)
+        if (name, decoupled) not in refs:
+            ref_model = make_model(name, decoupled, 9, 3)
+            ref_losses, (ref_out, _), _ = run_epochs(SingleProcess(), dataset, ref_model, None)
+            refs[name, decoupled] = ref_model, ref_losses, ref_out
+        ref_model, ref_losses, ref_out = refs[name, decoupled]
         model = make_model(name, decoupled, 9, 3)
-        strategy = DataParallel(DataParallel.Options(mode=mode, byte_cost=1e-9, edge_cost=1e-9),
-                                PartitionOptions(method=part))
-        losses, (out, gids), _ = run_epochs(strategy, dataset, model, comm)
+        strategy = strategy_for(dataset, model, comm, part, mode)
+        losses, (out, gids), plan = run_epochs(strategy, dataset, model, comm)
         where = f"{name} decoupled={decoupled} {part} {mode} rank {comm.rank}/{comm.world_size}"
+        if mode == "hybrid" and comm.world_size > 1:
+            check_mixed(plan, where)
         torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), msg=where)
         torch.testing.assert_close(out, ref_out[gids], msg=where)
         for (k, p), (_, q) in zip(model.named_parameters(), ref_model.named_parameters()):
@@ -78,6 +126,8 @@ ALL = list(itertools.product(MODELS, [False, True], PARTITIONERS, MODES))
 ROTATED = [(m, d, PARTITIONERS[i % 3], mode)
            for i, (m, d, mode) in enumerate(itertools.product(MODELS, [False, True], MODES))]
 CASES = {1: [c for c in ROTATED if c[3] == "depcomm"], 2: ROTATED, 3: ALL, 4: ROTATED}
+assert all({(m, d, "hybrid") for m in MODELS for d in (False, True)} <=
+           {(c[0], c[1], c[3]) for c in CASES[w]} for w in (2, 3, 4))
 
 
 @pytest.mark.dist
@@ -143,3 +193,39 @@ def check_depcomm_bytes(comm):
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_depcomm_byte_counts(tmp_path, world_size):
     run_ranks(check_depcomm_bytes, world_size, tmp_path)
+
+
+def check_measured_costs(comm):
+    """No unit cost given: all three are measured, the byte cost is the same on every
+    worker, the run header says so, and the run is exact whatever the split."""
+    dataset = make_dataset()
+    ref_model = make_model("gat", False, 9, 3)
+    ref_losses, (ref_out, _), _ = run_epochs(SingleProcess(), dataset, ref_model, None)
+    model = make_model("gat", False, 9, 3)
+    strategy = DataParallel(DataParallel.Options(mode="hybrid"), PartitionOptions(method="metis"))
+    losses, (out, gids), plan = run_epochs(strategy, dataset, model, comm)
+    rates = plan.deps.rates
+    assert rates.measured == ("byte", "edge", "vertex")
+    assert all(0 < r < 1e-2 for r in (rates.byte, rates.edge, rates.vertex)), rates
+    assert len(set(all_gather_object(rates.byte, comm, "test"))) == 1
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses))
+    torch.testing.assert_close(out, ref_out[gids])
+    # the header line: the totals over all workers and each worker's split
+    (line,) = strategy.describe(model, plan)
+    per_rank = all_gather_object(plan.deps.summary(), comm, "test")
+    cached = sum(r["cached"] for r in per_rank)
+    fetched = sum(r["fetched"] for r in per_rank)
+    assert line.startswith("deps     hybrid, partitioner metis; remote dependencies "
+                           f"{cached + fetched}: {cached} cached (DepCache), {fetched} fetched")
+    assert "/".join(f"{r['cached']}:{r['fetched']}" for r in per_rank) in line
+    assert "(measured byte, edge, vertex)" in line
+
+
+@pytest.mark.dist
+def test_measured_cost_path(tmp_path):
+    run_ranks(check_measured_costs, 2, tmp_path)
+
+
+def test_bad_unit_cost_is_refused():
+    with pytest.raises(ValueError, match="data parallel edge_cost must be a finite number"):
+        DataParallel.Options(mode="hybrid", edge_cost=-1.0)

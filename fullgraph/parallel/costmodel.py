@@ -1,0 +1,239 @@
+"""The DepComm / DepCache cost model: unit costs measured at start, and pure decisions.
+
+NeutronCloud section 4.1 prices each remote dependency ``v`` of worker i two ways:
+- DepComm (formula 7): every P / E stage that fetches ``v`` moves its row forward and
+  its gradient backward: ``sum_s d_s x itemsize x 2 x byte_cost``;
+- DepCache (formulas 5 and 12): ``v``'s row is recomputed locally, recursively through
+  its multi-hop in-neighbourhood. A stage ``s`` with ``m`` propagations after its own
+  must then compute the ball ``B_{m-1}(v)`` (``v`` and every vertex within ``m - 1``
+  in-hops of it): ``sum_s (|B(v)| x vertex_cost + |E(B(v))| x edge_cost) x d_s``,
+  where ``E(B)`` are the in-edges of the ball (a P / E stage aggregates them all).
+  The ball grows only through vertices ``v`` introduces: rows the worker owns are
+  computed anyway, and other direct dependencies are fetched or cached on their own
+  account, so both stop the walk.
+
+The unit costs (seconds per byte moved, per edge x column aggregated, per vertex x
+column transformed) are given or measured on this machine at start (``measure_*``);
+everything else here is a pure function of (program, graph, partition), tested
+without processes. Any strategy or planner may use it.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from fullgraph.comm import primitives as prim
+from fullgraph.graph.csr import Graph
+from fullgraph.models.stages import EdgeTransform, Propagate, StageProgram
+from fullgraph.ops.spmm import aggregate
+
+SEED_CHUNK = 2048
+"""Dependencies whose neighbourhoods are walked together (bounds the walk's memory)."""
+
+
+@dataclass(frozen=True)
+class Rates:
+    """Unit costs in seconds.
+
+    Attributes:
+        byte: per byte moved between two workers.
+        edge: per edge x column aggregated.
+        vertex: per vertex x column computed.
+        measured: names of the rates measured on this machine (the others were given).
+    """
+
+    byte: float
+    edge: float
+    vertex: float
+    measured: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        for name in ("byte", "edge", "vertex"):
+            value = getattr(self, name)
+            if not value >= 0 or value == float("inf"):
+                raise ValueError(f"{name} cost must be a finite number >= 0, got {value}")
+
+    def describe(self) -> str:
+        given = [n for n in ("byte", "edge", "vertex") if n not in self.measured]
+        how = f"measured {', '.join(self.measured)}" if self.measured else "all given"
+        if self.measured and given:
+            how += f"; given {', '.join(given)}"
+        return (f"byte {self.byte:.3g} s/B, edge {self.edge:.3g} s, vertex {self.vertex:.3g} s "
+                f"({how})")
+
+
+@dataclass(frozen=True)
+class StageCost:
+    """What one P / E stage costs a dependency.
+
+    Attributes:
+        stage: index in the program.
+        dim: columns the stage aggregates (its input width).
+        radius: DepCache computes the ball of this radius around the dependency at
+            this stage (-1: nothing, the last propagation reads only owned rows).
+        fetches: whether DepComm fetches the dependency here (False when the stage
+            reuses the rows fetched for the E stage just before it).
+    """
+
+    stage: int
+    dim: int
+    radius: int
+    fetches: bool
+
+
+def stage_costs(program: StageProgram) -> list[StageCost]:
+    """One StageCost per P / E stage of ``program``, in program order."""
+    stages = list(program.stages)
+    props = [s for s, st in enumerate(stages) if isinstance(st, Propagate)]
+    out = []
+    for s, stage in enumerate(stages):
+        if not isinstance(stage, (Propagate, EdgeTransform)):
+            continue
+        # an E stage computes weights for the destinations of the next P stage
+        p = next((q for q in props if q >= s), None)
+        after = sum(1 for q in props if p is not None and q > p)
+        shares = isinstance(stage, Propagate) and s > 0 and isinstance(stages[s - 1],
+                                                                        EdgeTransform)
+        out.append(StageCost(s, int(stage.in_dim), after - 1, not shares))
+    return out
+
+
+def neighbourhood_sizes(graph: Graph, seeds: np.ndarray, radius: int,
+                        stop: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Sizes of the in-hop balls around each seed, walking only through non-stop vertices.
+
+    Args:
+        graph: CSR by destination (in-edges).
+        seeds: (R,) vertex ids.
+        radius: largest ball radius wanted (>= 0).
+        stop: (N,) bool; these vertices are neither counted nor walked through (a
+            seed itself is always in its ball).
+
+    Returns:
+        (R, radius + 1) int64 arrays: vertices in ``B_r(seed)`` and the sum of their
+        in-degrees (the in-edges of the ball), for r = 0..radius.
+    """
+    indptr = graph.indptr.numpy().astype(np.int64)
+    indices = graph.indices.numpy()
+    deg = np.diff(indptr)
+    n = graph.num_dst
+    verts = np.zeros((seeds.size, radius + 1), dtype=np.int64)
+    edges = np.zeros_like(verts)
+    for lo in range(0, seeds.size, SEED_CHUNK):
+        chunk = seeds[lo: lo + SEED_CHUNK].astype(np.int64)
+        count = chunk.size
+        owner, vertex = np.arange(count, dtype=np.int64), chunk
+        visited = owner * n + vertex  # (seed position, vertex) pairs as one sorted key
+        verts[lo: lo + count, 0], edges[lo: lo + count, 0] = 1, deg[chunk]
+        for r in range(1, radius + 1):
+            counts = deg[vertex]
+            starts = np.repeat(indptr[vertex] - np.cumsum(counts) + counts, counts)
+            src = indices[starts + np.arange(int(counts.sum()), dtype=np.int64)]
+            owner = np.repeat(owner, counts)
+            keep = ~stop[src]
+            keys = np.unique(owner[keep] * n + src[keep])
+            keys = keys[~np.isin(keys, visited, assume_unique=True)]
+            visited = np.union1d(visited, keys)
+            owner, vertex = keys // n, keys % n
+            verts[lo: lo + count, r] = verts[lo: lo + count, r - 1] + np.bincount(
+                owner, minlength=count)
+            edges[lo: lo + count, r] = edges[lo: lo + count, r - 1] + np.bincount(
+                owner, weights=deg[vertex], minlength=count).astype(np.int64)
+    return verts, edges
+
+
+def dependency_costs(program: StageProgram, graph: Graph, owned: Tensor, direct: Tensor,
+                     rates: Rates, itemsize: int) -> tuple[Tensor, Tensor]:
+    """Per direct remote dependency: (DepCache cost, DepComm cost) in seconds.
+
+    Args:
+        program: the stage program.
+        graph: the propagation graph (self-loops as the program wants).
+        owned: (|V_i|,) gids this worker owns.
+        direct: (R,) gids of its direct remote dependencies (in-neighbours of ``owned``
+            owned elsewhere).
+        rates: unit costs.
+        itemsize: bytes per element of the vertex rows.
+
+    Returns:
+        Two (R,) float64 tensors, see the module docstring.
+    """
+    stages = stage_costs(program)
+    comm_dims = sum(c.dim for c in stages if c.fetches)
+    comm = torch.full((direct.numel(),), comm_dims * itemsize * 2 * rates.byte,
+                      dtype=torch.float64)
+    radius = max((c.radius for c in stages), default=-1)
+    cache = torch.zeros(direct.numel(), dtype=torch.float64)
+    if radius < 0 or direct.numel() == 0:
+        return cache, comm
+    stop = np.zeros(graph.num_dst, dtype=bool)
+    stop[owned.numpy()] = True
+    stop[direct.numpy()] = True
+    verts, edges = neighbourhood_sizes(graph, direct.numpy(), radius, stop)
+    total = np.zeros(direct.numel(), dtype=np.float64)
+    for c in stages:
+        if c.radius >= 0:
+            total += (verts[:, c.radius] * rates.vertex + edges[:, c.radius] * rates.edge) * c.dim
+    return torch.from_numpy(total), comm
+
+
+def choose_cached(cache_cost: Tensor, comm_cost: Tensor) -> Tensor:
+    """DepCache where recomputing is strictly cheaper than moving (bool, per dependency)."""
+    if cache_cost.shape != comm_cost.shape:
+        raise ValueError(f"cost shapes differ: {tuple(cache_cost.shape)} and "
+                         f"{tuple(comm_cost.shape)}")
+    return cache_cost < comm_cost
+
+
+# ------------------------------------------------------------------ measuring
+
+def measure_edge_cost(graph: Graph, dim: int = 32) -> float:
+    """Seconds per edge x column of an aggregation over a slice of ``graph``."""
+    rows = min(graph.num_dst, 20_000)
+    sub = Graph(graph.indptr[: rows + 1].clone(), graph.indices[: int(graph.indptr[rows])],
+                num_src=graph.num_src, validate=False)
+    x = torch.randn(graph.num_src, dim)
+    aggregate(sub, x, None, "sum")  # warm-up
+    t0 = time.perf_counter()
+    aggregate(sub, x, None, "sum")
+    return (time.perf_counter() - t0) / max(1, sub.num_edges * dim)
+
+
+def measure_vertex_cost(rows: int = 4096, dim: int = 32) -> float:
+    """Seconds per vertex x column of a dense ``dim x dim`` transform."""
+    x, w = torch.randn(rows, dim), torch.randn(dim, dim)
+    x @ w  # warm-up
+    t0 = time.perf_counter()
+    x @ w
+    return (time.perf_counter() - t0) / (rows * dim)
+
+
+def measure_byte_cost(comm: Any, rows: int = 4096, dim: int = 64) -> float:
+    """Seconds per byte of an all-to-all between the workers, the same on every worker
+    (the slowest's; collective). 1e-9 on one worker, where nothing is ever moved."""
+    if comm.world_size == 1:
+        return 1e-9
+    send = [torch.zeros(rows, dim) for _ in range(comm.world_size)]
+    t0 = time.perf_counter()
+    prim.all_to_all_v(send, [rows] * comm.world_size, comm, "setup")
+    elapsed = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+    prim.all_reduce_(elapsed, comm, "setup", op="max")
+    return float(elapsed) / (rows * dim * 4 * (comm.world_size - 1))
+
+
+def resolve_rates(comm: Any, graph: Graph, byte: float | None, edge: float | None,
+                  vertex: float | None) -> Rates:
+    """The given rates, the missing ones measured here (collective when ``byte`` is None)."""
+    measured = []
+    if byte is None:
+        byte, measured = measure_byte_cost(comm), measured + ["byte"]
+    if edge is None:
+        edge, measured = measure_edge_cost(graph), measured + ["edge"]
+    if vertex is None:
+        vertex, measured = measure_vertex_cost(), measured + ["vertex"]
+    return Rates(byte, edge, vertex, tuple(measured))
