@@ -139,8 +139,11 @@ def gin_pairs(model, pyg: PygStack) -> list:
         upd = one(layer_stages(model, layer), lambda s: isinstance(s, GINUpdate))
         pair(upd.lin1.weight, conv.nn[0].weight, pairs)
         pair(upd.lin1.bias, conv.nn[0].bias, pairs)
-        pair(upd.lin2.weight, conv.nn[2].weight, pairs)
-        pair(upd.lin2.bias, conv.nn[2].bias, pairs)
+        if upd.norm is not None:  # Linear, BatchNorm1d, ReLU, Linear
+            pair(upd.norm.weight, conv.nn[1].weight, pairs)
+            pair(upd.norm.bias, conv.nn[1].bias, pairs)
+        pair(upd.lin2.weight, conv.nn[-1].weight, pairs)
+        pair(upd.lin2.bias, conv.nn[-1].bias, pairs)
     assert len(pairs) == len(list(pyg.parameters()))
     return pairs
 
@@ -167,12 +170,14 @@ def build_pair(case: str, dtype: torch.dtype, seed: int = 0):
         ])
         ours, pyg = ours.to(dtype), pyg.to(dtype)
         pairs = gat_pairs(ours, pyg)
-    elif name == "gin":
-        eps = float(variant)
-        ours = build_model("gin", IN_DIM, HIDDEN, OUT_DIM, num_layers=2, dropout=0.0, eps=eps)
+    elif name in ("gin", "gin_bn"):
+        eps, bn = float(variant), name == "gin_bn"
+        ours = build_model("gin", IN_DIM, HIDDEN, OUT_DIM, num_layers=2, dropout=0.0, eps=eps,
+                           batch_norm=bn)
 
         def mlp(i, o):
-            return torch.nn.Sequential(torch.nn.Linear(i, HIDDEN), torch.nn.ReLU(),
+            norm = [torch.nn.BatchNorm1d(HIDDEN)] if bn else []
+            return torch.nn.Sequential(torch.nn.Linear(i, HIDDEN), *norm, torch.nn.ReLU(),
                                        torch.nn.Linear(HIDDEN, o))
 
         pyg = PygStack([pyg_nn.GINConv(mlp(IN_DIM, HIDDEN), eps=eps, train_eps=False),
@@ -214,7 +219,7 @@ def run_both(case: str, dtype: torch.dtype):
 
 
 CASES = ["gcn:agg_first", "gcn:agg_last", "sage:agg_first", "sage:agg_last",
-         "gat:concat_1", "gat:concat_avg3", "gin:0.0", "gin:0.3"]
+         "gat:concat_1", "gat:concat_avg3", "gin:0.0", "gin:0.3", "gin_bn:0.3"]
 
 
 @pytest.mark.parametrize("case", CASES)
