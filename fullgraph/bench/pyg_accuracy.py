@@ -93,7 +93,8 @@ def train_pyg(ds: Dataset, adj_t: Tensor, model: str, hidden: int, dropout: floa
 def train_ours(ds: Dataset, model: str, options: dict, lr: float, epochs: int,
                seed: int) -> tuple[float, float]:
     name = "gin" if model == "gin-bn" else model
-    cfg = Config(model=ModelConfig(name=name, batch_norm=model == "gin-bn", **options),
+    options = dict(options, batch_norm=model == "gin-bn")
+    cfg = Config(model=ModelConfig(name=name, **options),
                  train=TrainConfig(epochs=epochs, lr=lr, seed=seed))
     result = train(ds, cfg)
     return result.best_val, result.test_at_best
