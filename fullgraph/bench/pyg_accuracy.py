@@ -105,6 +105,30 @@ def cell(values: list[float]) -> str:
     return f"{100 * statistics.mean(values):.1f} +- {100 * std:.1f}"
 
 
+def row(ds: Dataset, adj_t: Tensor, name: str, model: str, seeds: int, epochs: int,
+        per_seed: bool) -> str:
+    """One table row: both systems over ``seeds`` seeds."""
+    options, lr = SETTINGS["gin" if model == "gin-bn" else model]
+    ours, theirs, secs = [], [], [0.0, 0.0]
+    for seed in range(seeds):
+        t0 = time.perf_counter()
+        ours.append(train_ours(ds, model, options, lr, epochs, seed))
+        t1 = time.perf_counter()
+        theirs.append(train_pyg(ds, adj_t, model, options["hidden"], options["dropout"], lr,
+                                5e-4, epochs, seed))
+        secs[0] += t1 - t0
+        secs[1] += time.perf_counter() - t1
+        if per_seed:
+            print(f"<!-- {name} {model} seed {seed}: fullgraph val/test {ours[-1][0]:.4f}/"
+                  f"{ours[-1][1]:.4f}, PyG {theirs[-1][0]:.4f}/{theirs[-1][1]:.4f} -->",
+                  flush=True)
+    diff = statistics.mean(t for _, t in ours) - statistics.mean(t for _, t in theirs)
+    return (f"| {name} | {model} | {cell([t for _, t in ours])} | "
+            f"{cell([t for _, t in theirs])} | {100 * diff:+.1f} | "
+            f"{cell([v for v, _ in ours])} | {cell([v for v, _ in theirs])} | "
+            f"{seeds} | {secs[0]:.0f} / {secs[1]:.0f} |")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--root", default="../shared/datasets", help="the shared datasets folder")
@@ -125,25 +149,8 @@ def main(argv: list[str] | None = None) -> int:
         ds = load(Path(args.root), name)
         adj_t = adjacency(ds)
         for model in models:
-            options, lr = SETTINGS["gin" if model == "gin-bn" else model]
-            ours, theirs, secs = [], [], [0.0, 0.0]
-            for seed in range(args.seeds):
-                t0 = time.perf_counter()
-                ours.append(train_ours(ds, model, options, lr, args.epochs, seed))
-                t1 = time.perf_counter()
-                theirs.append(train_pyg(ds, adj_t, model, options["hidden"], options["dropout"],
-                                        lr, 5e-4, args.epochs, seed))
-                secs[0] += t1 - t0
-                secs[1] += time.perf_counter() - t1
-                if args.per_seed:
-                    print(f"<!-- {name} {model} seed {seed}: fullgraph val/test "
-                          f"{ours[-1][0]:.4f}/{ours[-1][1]:.4f}, PyG {theirs[-1][0]:.4f}/"
-                          f"{theirs[-1][1]:.4f} -->", flush=True)
-            diff = statistics.mean(t for _, t in ours) - statistics.mean(t for _, t in theirs)
-            print(f"| {name} | {model} | {cell([t for _, t in ours])} | "
-                  f"{cell([t for _, t in theirs])} | {100 * diff:+.1f} | "
-                  f"{cell([v for v, _ in ours])} | {cell([v for v, _ in theirs])} | "
-                  f"{args.seeds} | {secs[0]:.0f} / {secs[1]:.0f} |", flush=True)
+            print(row(ds, adj_t, name, model, args.seeds, args.epochs, args.per_seed),
+                  flush=True)
     return 0
 
 
