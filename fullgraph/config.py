@@ -61,7 +61,8 @@ class DataConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class ModelConfig:
-    """Model architecture; ``heads``/``out_heads``/``attn_dropout`` are GAT's only."""
+    """Model architecture; ``heads``/``out_heads``/``attn_dropout`` are GAT's only,
+    ``batch_norm`` (inside the MLP, statistics over all vertices) GIN's only."""
 
     name: str = "gcn"
     hidden: int = 16
@@ -75,6 +76,7 @@ class ModelConfig:
     heads: int = 8
     out_heads: int = 1
     attn_dropout: float | None = None
+    batch_norm: bool = False
 
     def __post_init__(self) -> None:
         _require(self.name in MODEL_NAMES, "model", "name", self.name, " | ".join(MODEL_NAMES))
@@ -93,6 +95,10 @@ class ModelConfig:
         if gat_only and self.name != "gat":
             warnings.warn(f"model options {', '.join(gat_only)} have no effect on model "
                           f"{self.name!r} (they apply to gat)", stacklevel=3)
+        _require(not self.batch_norm or self.name == "gin", "model", "batch_norm",
+                 self.batch_norm, f"False for model {self.name!r} (batch_norm is GIN's)")
+        _require(not (self.batch_norm and self.decoupled), "model", "batch_norm",
+                 self.batch_norm, "False with decoupled=True (the coupled GIN has it)")
         if self.num_props != 2 and not self.decoupled:
             warnings.warn("model option num_props has no effect without decoupled=True",
                           stacklevel=3)
@@ -106,6 +112,8 @@ class ModelConfig:
         if self.name == "gat":
             opts.update(heads=self.heads, out_heads=self.out_heads,
                         attn_dropout=self.attn_dropout)
+        if self.name == "gin":
+            opts.update(batch_norm=self.batch_norm)
         return opts
 
 

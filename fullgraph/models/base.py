@@ -36,6 +36,9 @@ class GNN(StageProgram):
 
     model_name = "gnn"
     coupled_self_loops = True
+    # the decoupled form's MLP layers: "glorot" or "linear" (see layers.init_linear),
+    # as the coupled layers of the model's reference implementation
+    mlp_init = "glorot"
 
     def __init__(self, in_dim: int, hidden: int, out_dim: int, num_layers: int = 2, *,
                  dropout: float = 0.5, input_dropout: float | None = None,
@@ -57,7 +60,8 @@ class GNN(StageProgram):
             act = None if last else activation
             res = residual and dims[layer] == dims[layer + 1]
             if decoupled:
-                stages.append(Dense(dims[layer], dims[layer + 1], act=act, residual=res))
+                stages.append(Dense(dims[layer], dims[layer + 1], act=act, residual=res,
+                                    init=self.mlp_init))
             else:
                 stages.extend(self.conv(layer, dims[layer], dims[layer + 1], act=act, residual=res))
         if decoupled:

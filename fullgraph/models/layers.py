@@ -4,6 +4,8 @@ Shapes: R rows, D_in / D_out columns.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -29,11 +31,39 @@ def activation(name: str | None):
     return ACTIVATIONS[name]
 
 
+INITS = ("glorot", "linear")
+
+
 def glorot_linear(in_dim: int, out_dim: int) -> nn.Linear:
     """A bias-free linear map with Glorot-uniform weights (as GCN and GAT use)."""
-    lin = nn.Linear(in_dim, out_dim, bias=False)
-    nn.init.xavier_uniform_(lin.weight)
+    return init_linear(in_dim, out_dim, "glorot")
+
+
+def init_linear(in_dim: int, out_dim: int, init: str) -> nn.Linear:
+    """A bias-free linear map initialised by ``init``.
+
+    ``"glorot"``: Glorot-uniform, as PyG's ``GCNConv`` and ``GATConv``. ``"linear"``:
+    ``torch.nn.Linear``'s default, uniform in +-1/sqrt(in_dim), as PyG's ``Linear``
+    with no initialiser named (``SAGEConv``'s ``lin_l`` / ``lin_r``).
+    """
+    if init not in INITS:
+        raise ValueError(f"unknown init {init!r}; expected one of {', '.join(INITS)}")
+    lin = nn.Linear(in_dim, out_dim, bias=False)  # torch's default is the "linear" init
+    if init == "glorot":
+        nn.init.xavier_uniform_(lin.weight)
     return lin
+
+
+def init_bias(out_dim: int, fan_in: int, init: str) -> nn.Parameter:
+    """A bias: zeros for ``"glorot"`` (as GCN / GAT), uniform in +-1/sqrt(fan_in) for
+    ``"linear"`` (``torch.nn.Linear``'s default for a layer reading fan_in columns)."""
+    if init not in INITS:
+        raise ValueError(f"unknown init {init!r}; expected one of {', '.join(INITS)}")
+    bias = torch.zeros(out_dim)
+    if init == "linear":
+        bound = 1.0 / math.sqrt(fan_in) if fan_in > 0 else 0.0
+        nn.init.uniform_(bias, -bound, bound)
+    return nn.Parameter(bias)
 
 
 class Dense(Transform):
@@ -52,17 +82,23 @@ class Dense(Transform):
         residual: add the layer input itself; needs its width to equal out_dim
             (default: False).
         act: activation name (default: None).
+        init: ``"glorot"`` (Glorot weights, zero bias; default) or ``"linear"``
+            (``torch.nn.Linear``'s default for weights and bias); see ``init_linear``.
+        fan_in: the columns the layer's bias belongs to for the ``"linear"`` init
+            (default: in_dim; a bias added after a propagation that follows the
+            weight belongs to the weight's input width).
     """
 
     def __init__(self, in_dim: int, out_dim: int, *, linear: bool = True, bias: bool = True,
                  root_dim: int | None = None, residual: bool = False,
-                 act: str | None = None) -> None:
+                 act: str | None = None, init: str = "glorot",
+                 fan_in: int | None = None) -> None:
         super().__init__(in_dim, out_dim)
         if not linear and in_dim != out_dim:
             raise ValueError(f"Dense without a weight keeps the width: {in_dim} != {out_dim}")
-        self.lin = glorot_linear(in_dim, out_dim) if linear else None
-        self.bias = nn.Parameter(nn.init.zeros_(Tensor(out_dim))) if bias else None
-        self.root = glorot_linear(root_dim, out_dim) if root_dim else None
+        self.lin = init_linear(in_dim, out_dim, init) if linear else None
+        self.bias = init_bias(out_dim, fan_in or in_dim, init) if bias else None
+        self.root = init_linear(root_dim, out_dim, init) if root_dim else None
         self.residual = residual
         self.act_name = act
         self.act = activation(act)

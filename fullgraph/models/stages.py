@@ -1,7 +1,9 @@
 """Stage types and the StageProgram: a GNN written once as a list of T / E / P stages.
 
 - ``Transform`` (T): a vertex-wise neural network. Row r of its output depends only on
-  row r of its input (and of the layer input), so it runs on any set of whole rows.
+  row r of its input (and of the layer input), so it runs on any set of whole rows;
+  a stage that also reads column statistics over all vertices (batch normalisation)
+  gets them through ``StageContext.sum_rows``, which each executor supplies.
 - ``EdgeTransform`` (E): edge weights from both endpoints' rows (GAT attention). It
   runs on a block holding every in-edge of its destinations.
 - ``Propagate`` (P): a weighted sum over in-edges; linear and parameter-free, so it
@@ -21,7 +23,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Callable, ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -47,16 +49,25 @@ class StageContext:
         seed: the step seed; with ``gids`` it fixes every dropout mask.
         training: whether dropout is active.
         eids: (E,) int64 global edge ids of the block's edges (attention dropout).
+        row_sum: the executor's column sum over every vertex of the graph, each
+            counted once, of a stage's (R, D) rows: differentiable, the same (D,)
+            result on every worker (an all-reduce where rows are spread over
+            workers). None: the rows are every vertex once, summed locally.
     """
 
     gids: Tensor
     seed: int
     training: bool
     eids: Tensor | None = None
+    row_sum: Callable[[Tensor], Tensor] | None = None
 
     def rows(self, gids: Tensor) -> "StageContext":
         """The same context for another set of rows."""
-        return StageContext(gids, self.seed, self.training, self.eids)
+        return StageContext(gids, self.seed, self.training, self.eids, self.row_sum)
+
+    def sum_rows(self, x: Tensor) -> Tensor:
+        """(D,) column sums of ``x`` over all vertices (see ``row_sum``)."""
+        return x.sum(0) if self.row_sum is None else self.row_sum(x)
 
 
 def check_probability(p: float, name: str) -> float:
@@ -87,10 +98,13 @@ class Transform(Stage):
     Attributes:
         in_dim, out_dim: input and output columns.
         uses_layer_input: the stage reads the layer input (must be given the same rows).
+        reduces_rows: the stage also reads statistics over all rows (``ctx.sum_rows``,
+            e.g. batch normalisation), so its executor must supply ``ctx.row_sum``.
     """
 
     kind = StageKind.TRANSFORM
     uses_layer_input: bool = False
+    reduces_rows: bool = False
 
     def __init__(self, in_dim: int, out_dim: int) -> None:
         super().__init__()
@@ -191,6 +205,11 @@ class StageProgram(nn.Module):
     def norms(self) -> set[str]:
         """The fixed edge normalisations the P stages need (``edge`` excluded)."""
         return {s.norm for s in self.stages if isinstance(s, Propagate) and s.norm != "edge"}
+
+    @property
+    def reduces_rows(self) -> bool:
+        """Whether some T stage reads statistics over all rows (``ctx.row_sum``)."""
+        return any(getattr(s, "reduces_rows", False) for s in self.stages)
 
     def signature(self) -> str:
         """The program as a string of stage kinds, e.g. ``"TTPT TTPT"``."""

@@ -20,6 +20,7 @@ global training count, so N workers reproduce the single-process executor.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, ClassVar
 
 import numpy as np
@@ -29,6 +30,7 @@ from torch import Tensor
 from fullgraph.comm import primitives as prim
 from fullgraph.comm.exchange import ExchangeTable
 from fullgraph.comm.placement import halo_fetch
+from fullgraph.comm.reduce import row_sum
 from fullgraph.graph.csr import Graph
 from fullgraph.graph.data import Dataset
 from fullgraph.models.stages import (EdgeTransform, LayerInput, Propagate, StageContext,
@@ -250,8 +252,9 @@ class DataParallel(RowPartitioned):
         h, layer_input = plan.features, None
         halo: Tensor | None = None
         edge_weight: Tensor | None = None
+        owned_sum = partial(row_sum, comm=plan.comm, rows=rows.owned.numel(), phase="row-sum")
         for s, stage in enumerate(model.stages):
-            ctx = StageContext(rows.rows[s], seed, training)
+            ctx = StageContext(rows.rows[s], seed, training, row_sum=owned_sum)
             if isinstance(stage, Transform):
                 x = h if rows.in_pos[s] is None else h[rows.in_pos[s]]
                 li = layer_input

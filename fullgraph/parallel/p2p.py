@@ -339,6 +339,11 @@ class P2PParallel(RowPartitioned):
     # ------------------------------------------------------------------ setup
     def setup(self, dataset: Dataset, program: StageProgram, device: torch.device,
               comm: Any = None, dtype: torch.dtype = torch.float32) -> P2PPlan:
+        if program.reduces_rows:
+            raise ValueError(f"strategy p2p cannot run model {program.name!r} with batch "
+                             "normalisation (batch_norm=True): p2p computes T stages in bins "
+                             "of rows, and the statistics need all rows at once; use strategy "
+                             "single, data or tensor")
         if comm is None:
             from fullgraph.comm.group import single_comm
 

@@ -24,6 +24,7 @@ gradients flow through the shared coefficients).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -33,6 +34,7 @@ from torch import Tensor
 from fullgraph.comm.exchange import ExchangeTable
 from fullgraph.comm.placement import (RowColLayout, cols_to_rows, gather_rows, halo_fetch,
                                       rows_to_cols)
+from fullgraph.comm.reduce import row_sum
 from fullgraph.graph.csr import Graph
 from fullgraph.graph.data import Dataset
 from fullgraph.models.stages import (EdgeTransform, LayerInput, Propagate, StageContext,
@@ -226,7 +228,8 @@ class TensorParallel(DistributedStrategy):
         comm = plan.comm
         h, on_rows, layer_input = plan.features, True, None
         edge_weight: Tensor | None = None
-        ctx = StageContext(plan.gids, seed, training)
+        ctx = StageContext(plan.gids, seed, training,
+                           row_sum=partial(row_sum, comm=comm, phase="row-sum"))
         stages, i = list(model.stages), 0
         while i < len(stages):
             stage = stages[i]

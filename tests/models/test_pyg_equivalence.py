@@ -139,8 +139,11 @@ def gin_pairs(model, pyg: PygStack) -> list:
         upd = one(layer_stages(model, layer), lambda s: isinstance(s, GINUpdate))
         pair(upd.lin1.weight, conv.nn[0].weight, pairs)
         pair(upd.lin1.bias, conv.nn[0].bias, pairs)
-        pair(upd.lin2.weight, conv.nn[2].weight, pairs)
-        pair(upd.lin2.bias, conv.nn[2].bias, pairs)
+        if upd.norm is not None:  # Linear, BatchNorm1d, ReLU, Linear
+            pair(upd.norm.weight, conv.nn[1].weight, pairs)
+            pair(upd.norm.bias, conv.nn[1].bias, pairs)
+        pair(upd.lin2.weight, conv.nn[-1].weight, pairs)
+        pair(upd.lin2.bias, conv.nn[-1].bias, pairs)
     assert len(pairs) == len(list(pyg.parameters()))
     return pairs
 
@@ -167,12 +170,14 @@ def build_pair(case: str, dtype: torch.dtype, seed: int = 0):
         ])
         ours, pyg = ours.to(dtype), pyg.to(dtype)
         pairs = gat_pairs(ours, pyg)
-    elif name == "gin":
-        eps = float(variant)
-        ours = build_model("gin", IN_DIM, HIDDEN, OUT_DIM, num_layers=2, dropout=0.0, eps=eps)
+    elif name in ("gin", "gin_bn"):
+        eps, bn = float(variant), name == "gin_bn"
+        ours = build_model("gin", IN_DIM, HIDDEN, OUT_DIM, num_layers=2, dropout=0.0, eps=eps,
+                           batch_norm=bn)
 
         def mlp(i, o):
-            return torch.nn.Sequential(torch.nn.Linear(i, HIDDEN), torch.nn.ReLU(),
+            norm = [torch.nn.BatchNorm1d(HIDDEN)] if bn else []
+            return torch.nn.Sequential(torch.nn.Linear(i, HIDDEN), *norm, torch.nn.ReLU(),
                                        torch.nn.Linear(HIDDEN, o))
 
         pyg = PygStack([pyg_nn.GINConv(mlp(IN_DIM, HIDDEN), eps=eps, train_eps=False),
@@ -214,7 +219,7 @@ def run_both(case: str, dtype: torch.dtype):
 
 
 CASES = ["gcn:agg_first", "gcn:agg_last", "sage:agg_first", "sage:agg_last",
-         "gat:concat_1", "gat:concat_avg3", "gin:0.0", "gin:0.3"]
+         "gat:concat_1", "gat:concat_avg3", "gin:0.0", "gin:0.3", "gin_bn:0.3"]
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -265,3 +270,61 @@ def test_gcn_and_sage_aggregation_orders_agree_with_each_other():
             outs.append((m, m(pg, norms, x, ctx)))
         for _, o in outs[1:]:
             torch.testing.assert_close(o, outs[0][1], **F64)
+
+
+# ------------------------------------------------------------ initialisation
+# Amazon Photo's shapes: the bounds differ most where fan-in and fan-out differ.
+INIT_IN, INIT_HIDDEN, INIT_OUT = 745, 64, 8
+
+
+def init_pairs(name: str, first: bool | None = None) -> list:
+    """(ours, PyG's) parameter pairs of freshly initialised 2-layer models (no copy)."""
+    torch.manual_seed(11)
+    dims = [(INIT_IN, INIT_HIDDEN), (INIT_HIDDEN, INIT_OUT)]
+    if name == "gin":
+        ours = build_model("gin", INIT_IN, INIT_HIDDEN, INIT_OUT, dropout=0.0)
+        pyg = PygStack([pyg_nn.GINConv(torch.nn.Sequential(
+            torch.nn.Linear(i, INIT_HIDDEN), torch.nn.ReLU(), torch.nn.Linear(INIT_HIDDEN, o)))
+            for i, o in dims])
+        pairs: list = []
+        for layer, conv in enumerate(pyg.convs):
+            upd = one(layer_stages(ours, layer), lambda s: isinstance(s, GINUpdate))
+            pairs += [(upd.lin1.weight, conv.nn[0].weight), (upd.lin1.bias, conv.nn[0].bias),
+                      (upd.lin2.weight, conv.nn[2].weight), (upd.lin2.bias, conv.nn[2].bias)]
+        return pairs
+    ours = build_model(name, INIT_IN, INIT_HIDDEN, INIT_OUT, dropout=0.0, aggregate_first=first)
+    Conv = pyg_nn.GCNConv if name == "gcn" else pyg_nn.SAGEConv
+    pyg = PygStack([Conv(i, o) for i, o in dims])
+    pairs = []
+    for layer, conv in enumerate(pyg.convs):
+        dense = [s for s in layer_stages(ours, layer) if isinstance(s, Dense)]
+        lin = one(dense, lambda s: s.lin is not None).lin.weight
+        bias = one(dense, lambda s: s.bias is not None).bias
+        if name == "gcn":
+            pairs += [(lin, conv.lin.weight), (bias, conv.bias)]
+        else:
+            root = one(dense, lambda s: s.root is not None).root.weight
+            pairs += [(lin, conv.lin_l.weight), (bias, conv.lin_l.bias),
+                      (root, conv.lin_r.weight)]
+    return pairs
+
+
+@pytest.mark.parametrize("case", ["gcn:True", "gcn:False", "sage:True", "sage:False", "gin"])
+def test_initialisation_matches_pyg_layers(case):
+    """Each parameter is drawn from the distribution of its PyG peer: same support
+    (max |w| within 2% of the largest entry of PyG's for weights), same spread (std within
+    5% for weights, 30% for the 64- or 8-entry biases), zero where PyG's is zero."""
+    name, _, first = case.partition(":")
+    for ours, theirs in init_pairs(name, {"True": True, "False": False}.get(first)):
+        ours, theirs = ours.detach(), theirs.detach()
+        assert ours.shape == theirs.reshape(ours.shape).shape
+        bound = float(theirs.abs().max())
+        if bound == 0.0:  # GCNConv's bias
+            assert float(ours.abs().max()) == 0.0, case
+            continue
+        fan_in = theirs.shape[-1] if theirs.dim() == 2 else None
+        big = theirs.numel() > 200
+        assert float(ours.abs().max()) <= bound * (1.02 if big else 2.0), (case, fan_in)
+        assert float(ours.abs().max()) >= bound * (0.9 if big else 0.5), (case, fan_in)
+        rel = float(ours.std()) / float(theirs.std())
+        assert abs(rel - 1.0) <= (0.05 if big else 0.3), (case, ours.shape, rel)
