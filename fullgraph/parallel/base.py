@@ -23,7 +23,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fullgraph.graph.data import Dataset
-from fullgraph.models.stages import EdgeTransform, Propagate, StageProgram
+from fullgraph.models.stages import StageProgram
+from fullgraph.models.walk import describe
 
 SPLITS = ("train", "val", "test")
 
@@ -138,7 +139,7 @@ class Strategy(ABC):
     def work(self, model: StageProgram, plan: Plan) -> Work:
         """This worker's aggregation work per forward pass (all edges, every column)."""
         graph = plan.graph  # type: ignore[attr-defined]
-        stages = [s for s in model.stages if isinstance(s, (Propagate, EdgeTransform))]
+        stages = [model.stages[i.index] for i in describe(model) if i.reads_neighbours]
         return Work(graph.num_edges * len(stages), 0,
                     sum(graph.num_edges * s.in_dim for s in stages))
 

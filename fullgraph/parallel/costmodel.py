@@ -29,7 +29,8 @@ from torch import Tensor
 
 from fullgraph.comm import primitives as prim
 from fullgraph.graph.csr import Graph
-from fullgraph.models.stages import EdgeTransform, Propagate, StageProgram
+from fullgraph.models.stages import StageProgram
+from fullgraph.models.walk import describe
 from fullgraph.ops.spmm import aggregate
 
 SEED_CHUNK = 2048
@@ -88,17 +89,17 @@ class StageCost:
 
 def stage_costs(program: StageProgram) -> list[StageCost]:
     """One StageCost per P / E stage of ``program``, in program order."""
-    stages = list(program.stages)
-    props = [s for s, st in enumerate(stages) if isinstance(st, Propagate)]
+    infos = describe(program)
+    props = [i.index for i in infos if i.is_propagate]
     out = []
-    for s, stage in enumerate(stages):
-        if not isinstance(stage, (Propagate, EdgeTransform)):
+    for info, stage in zip(infos, program.stages):
+        if not info.reads_neighbours:
             continue
+        s = info.index
         # an E stage computes weights for the destinations of the next P stage
         p = next((q for q in props if q >= s), None)
         after = sum(1 for q in props if p is not None and q > p)
-        shares = isinstance(stage, Propagate) and s > 0 and isinstance(stages[s - 1],
-                                                                        EdgeTransform)
+        shares = info.is_propagate and s > 0 and infos[s - 1].is_edge
         out.append(StageCost(s, int(stage.in_dim), after - 1, not shares))
     return out
 

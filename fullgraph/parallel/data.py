@@ -33,8 +33,8 @@ from fullgraph.comm.placement import halo_fetch
 from fullgraph.comm.reduce import row_sum
 from fullgraph.graph.csr import Graph
 from fullgraph.graph.data import Dataset
-from fullgraph.models.stages import (EdgeTransform, LayerInput, Propagate, StageContext,
-                                     StageProgram, Transform, propagation_inputs)
+from fullgraph.models.stages import StageContext, StageProgram, propagation_inputs
+from fullgraph.models.walk import Runner, describe, walk
 from fullgraph.parallel import costmodel
 from fullgraph.parallel.base import DistributedStrategy, LocalResult, Plan, Work, register
 from fullgraph.parallel.rowplan import RowPlan, plan_rows
@@ -200,8 +200,8 @@ class DataParallel(RowPartitioned):
         """One exchange table per P / E stage that fetches anything on any worker."""
         comm, book = plan.comm, plan.book
         tables: list[ExchangeTable | None] = []
-        for s, stage in enumerate(program.stages):
-            if isinstance(stage, Transform) or plan.rows.shares_halo[s] or comm.world_size == 1:
+        for s, info in enumerate(describe(program)):
+            if info.is_transform or plan.rows.shares_halo[s] or comm.world_size == 1:
                 tables.append(None)
                 continue
             fetched = plan.rows.fetched[s]
@@ -248,32 +248,8 @@ class DataParallel(RowPartitioned):
     # ---------------------------------------------------------------- execute
     def forward(self, model: StageProgram, plan: DataPlan, *, training: bool,
                 seed: int) -> LocalResult:
-        rows = plan.rows
-        h, layer_input = plan.features, None
-        halo: Tensor | None = None
-        edge_weight: Tensor | None = None
-        owned_sum = partial(row_sum, comm=plan.comm, rows=rows.owned.numel(), phase="row-sum")
-        for s, stage in enumerate(model.stages):
-            ctx = StageContext(rows.rows[s], seed, training, row_sum=owned_sum)
-            if isinstance(stage, Transform):
-                x = h if rows.in_pos[s] is None else h[rows.in_pos[s]]
-                li = layer_input
-                if stage.uses_layer_input and rows.layer_pos[s] is not None:
-                    li = layer_input[rows.layer_pos[s]]
-                h = stage(x, ctx, li)
-                if isinstance(stage, LayerInput):
-                    layer_input = h
-                continue
-            block = rows.blocks[s]
-            if not rows.shares_halo[s]:
-                halo = self._fetch(h, plan, s)
-            x_src = h if halo is None else torch.cat([h, halo])
-            if isinstance(stage, EdgeTransform):
-                ctx.eids = block.eids
-                edge_weight = stage(block.graph, h[block.dst_pos], x_src, ctx)
-                continue
-            h = stage(block.graph, x_src, self._edge_weights(plan, s, stage, edge_weight))
-        return LocalResult(h[: rows.owned.numel()], rows.owned)
+        h = walk(model, _RowRunner(plan, seed, training), plan.features)
+        return LocalResult(h[: plan.rows.owned.numel()], plan.rows.owned)
 
     def work(self, model: StageProgram, plan: DataPlan) -> Work:
         local, redundant = plan.rows.edges_computed()
@@ -281,19 +257,49 @@ class DataParallel(RowPartitioned):
                    if b is not None)
         return Work(local, redundant, dims)
 
-    @staticmethod
-    def _edge_weights(plan: DataPlan, s: int, stage: Propagate,
-                      edge_weight: Tensor | None) -> Tensor:
-        if stage.norm != "edge":
-            return plan.weights[s]
-        pos = plan.edge_pos[s]
-        return edge_weight if pos is None else edge_weight[pos]
 
-    def _fetch(self, h: Tensor, plan: DataPlan, s: int) -> Tensor | None:
-        table = plan.tables[s]
-        if table is None:
-            return None
-        return halo_fetch(h, table, plan.comm, "halo")
+
+class _RowRunner(Runner):
+    """Stage hooks over one worker's row sets: T stages pick their rows, P / E stages
+    read their block's sources, local rows then fetched ones (a P stage right after
+    an E stage reuses the E stage's fetched rows)."""
+
+    def __init__(self, plan: DataPlan, seed: int, training: bool) -> None:
+        self.plan, self.rows, self.seed, self.training = plan, plan.rows, seed, training
+        self.owned_sum = partial(row_sum, comm=plan.comm, rows=plan.rows.owned.numel(),
+                                 phase="row-sum")
+        self.halo: Tensor | None = None
+
+    def _ctx(self, s: int, eids: Tensor | None = None) -> StageContext:
+        return StageContext(self.rows.rows[s], self.seed, self.training, eids,
+                            row_sum=self.owned_sum)
+
+    def transform(self, s: int, stage: Any, h: Tensor, layer_input: Tensor | None) -> Tensor:
+        rows = self.rows
+        x = h if rows.in_pos[s] is None else h[rows.in_pos[s]]
+        if layer_input is not None and rows.layer_pos[s] is not None:
+            layer_input = layer_input[rows.layer_pos[s]]
+        return stage(x, self._ctx(s), layer_input)
+
+    def _sources(self, s: int, h: Tensor) -> Tensor:
+        if not self.rows.shares_halo[s]:
+            table = self.plan.tables[s]
+            self.halo = None if table is None else halo_fetch(h, table, self.plan.comm, "halo")
+        return h if self.halo is None else torch.cat([h, self.halo])
+
+    def edge(self, s: int, stage: Any, h: Tensor) -> Tensor:
+        block = self.rows.blocks[s]
+        return stage(block.graph, h[block.dst_pos], self._sources(s, h),
+                     self._ctx(s, block.eids))
+
+    def propagate(self, s: int, stage: Any, h: Tensor, edge_weights: Tensor | None) -> Tensor:
+        plan = self.plan
+        if edge_weights is None:
+            weight = plan.weights[s]
+        else:
+            pos = plan.edge_pos[s]
+            weight = edge_weights if pos is None else edge_weights[pos]
+        return stage(self.rows.blocks[s].graph, self._sources(s, h), weight)
 
 
 def partition_book(dataset: Dataset, comm: Any, opts: PartitionOptions) -> PartitionBook:
@@ -320,20 +326,16 @@ def stage_weights(program: StageProgram, rows: RowPlan, norms: dict[str, Tensor]
     they are the same edges in the same order)."""
     weights: list[Tensor | None] = []
     edge_pos: list[Tensor | None] = []
-    last_edge_eids: Tensor | None = None
-    for s, stage in enumerate(program.stages):
+    for s, info in enumerate(describe(program)):
         block = rows.blocks[s]
-        if isinstance(stage, EdgeTransform):
-            last_edge_eids = block.eids
-        if not isinstance(stage, Propagate):
+        if not info.is_propagate:
             weights.append(None)
             edge_pos.append(None)
-            continue
-        if stage.norm == "edge":
+        elif info.edge_weights_from is not None:
             weights.append(None)
-            edge_pos.append(_positions_in(block.eids, last_edge_eids))
+            edge_pos.append(_positions_in(block.eids, rows.blocks[info.edge_weights_from].eids))
         else:
-            weights.append(norms[stage.norm][block.eids.cpu()].to(device))
+            weights.append(norms[program.stages[s].norm][block.eids.cpu()].to(device))
             edge_pos.append(None)
     return weights, edge_pos
 

@@ -50,8 +50,8 @@ from fullgraph.comm import primitives as prim
 from fullgraph.comm.primitives import PendingExchange
 from fullgraph.graph.csr import Graph
 from fullgraph.graph.data import Dataset
-from fullgraph.models.stages import (EdgeTransform, LayerInput, Propagate, StageContext,
-                                     StageProgram, Transform, propagation_inputs)
+from fullgraph.models.stages import StageContext, StageProgram, propagation_inputs
+from fullgraph.models.walk import Carry, Runner, describe, out_dim, walk
 from fullgraph.parallel.base import LocalResult, Plan, Work, register
 from fullgraph.parallel.data import RowPartitioned, partition_book, stage_weights
 from fullgraph.parallel.rowplan import RowPlan, in_edges, plan_rows
@@ -244,37 +244,20 @@ class P2PPlan(Plan):
 
 def phase_bounds(program: StageProgram, shares: list[bool]) -> list[tuple[int, int]]:
     """[start, stop) of each phase: a new phase at every P / E stage with its own input."""
-    starts = [0] + [s for s, st in enumerate(program.stages)
-                    if isinstance(st, (Propagate, EdgeTransform)) and not shares[s]]
+    starts = [0] + [s for s, info in enumerate(describe(program))
+                    if info.reads_neighbours and not shares[s]]
     return list(zip(starts, starts[1:] + [len(program.stages)]))
 
 
-def _layer_input_stage(program: StageProgram, s: int) -> int:
-    return max(i for i in range(s + 1) if isinstance(program.stages[i], LayerInput)
-               and program.layer_of[i] == program.layer_of[s])
-
-
-def _last_edge_stage(program: StageProgram, s: int) -> int:
-    return max(i for i in range(s) if isinstance(program.stages[i], EdgeTransform))
-
-
 def _imports(program: StageProgram, start: int, stop: int) -> list[tuple[str, int]]:
+    """Values of earlier phases that stages [start, stop) read: ("rows", s) the layer
+    input made by LayerInput stage s, ("edges", s) the weights of E stage s."""
     keys: list[tuple[str, int]] = []
-    for s in range(start, stop):
-        st = program.stages[s]
-        if isinstance(st, Transform) and st.uses_layer_input and not isinstance(st, LayerInput):
-            li = _layer_input_stage(program, s)
-            if li < start and ("rows", li) not in keys:
-                keys.append(("rows", li))
-        if isinstance(st, Propagate) and st.norm == "edge":
-            e = _last_edge_stage(program, s)
-            if e < start and ("edges", e) not in keys:
-                keys.append(("edges", e))
+    for info in describe(program)[start:stop]:
+        for kind, src in (("rows", info.layer_input_from), ("edges", info.edge_weights_from)):
+            if src is not None and src < start and (kind, src) not in keys:
+                keys.append((kind, src))
     return keys
-
-
-def _out_dim(program: StageProgram, start: int, stop: int) -> int:
-    return [s for s in program.stages[start:stop] if not isinstance(s, EdgeTransform)][-1].out_dim
 
 
 def _has_params(program: StageProgram, start: int, stop: int) -> bool:
@@ -375,14 +358,14 @@ class P2PParallel(RowPartitioned):
         ``bin_size``, else the free memory of a CUDA device, else 5000."""
         opts = self.options
         in_dim = program.stages[start].in_dim
-        out_dim = _out_dim(program, start, stop)
+        width = out_dim(program, start, stop)
         if opts.bin_memory is not None:
-            return bin_limit(parse_bytes(opts.bin_memory), in_dim, out_dim, itemsize)
+            return bin_limit(parse_bytes(opts.bin_memory), in_dim, width, itemsize)
         if opts.bin_size is not None:
             return opts.bin_size
         if device.type == "cuda":
             free, _ = torch.cuda.mem_get_info(device)
-            return bin_limit(free, in_dim, out_dim, itemsize)
+            return bin_limit(free, in_dim, width, itemsize)
         return DEFAULT_BIN_SIZE
 
     def _phases(self, program: StageProgram, graph: Graph, book: PartitionBook, rows: RowPlan,
@@ -400,7 +383,7 @@ class P2PParallel(RowPartitioned):
         exported: set[tuple[str, int]] = set()
         for k, ((start, stop), sched) in enumerate(zip(bounds, schedule)):
             bins = []
-            has_edge = any(isinstance(s, EdgeTransform) for s in program.stages[start:stop])
+            has_edge = any(info.is_edge for info in describe(program)[start:stop])
             block = rows.blocks[start] if k else None
             for gids in sched.bins[rank]:
                 local = lid[gids]
@@ -419,7 +402,7 @@ class P2PParallel(RowPartitioned):
             phases.append(Phase(
                 start, stop, bins, [int(w) for w in sched.fwd_wait[rank]],
                 [int(o) for o in sched.bwd_order[rank]], [int(w) for w in sched.bwd_wait[rank]],
-                sched.rounds, _out_dim(program, start, stop), link, imports,
+                sched.rounds, out_dim(program, start, stop), link, imports,
                 needs_grad=_has_params(program, 0, stop)))
         for ph in phases:
             ph.exports = [key for key in sorted(exported) if ph.start <= key[1] < ph.stop]
@@ -462,8 +445,7 @@ def _check_edge_blocks(program: StageProgram, rows: RowPlan, phases: list[Phase]
         for kind, e in ph.imports:
             if kind != "edges":
                 continue
-            p = next(s for s in range(ph.start, ph.stop)
-                     if isinstance(program.stages[s], Propagate))
+            p = next(s for s in range(ph.start, ph.stop) if describe(program)[s].is_propagate)
             if not torch.equal(rows.blocks[p].eids, rows.blocks[e].eids):
                 raise RuntimeError(f"stage {p}: its edges differ from those of E stage {e}")
 
@@ -639,40 +621,19 @@ class _Run:
                  grad_in: bool) -> dict[str, Any]:
         """Run the phase's stages on one bin; with ``keep`` the autograd graph is kept
         (``grad_in``: also towards the input rows)."""
-        model, plan = self.model, self.plan
         with torch.set_grad_enabled(keep):
             leaf = x.detach().requires_grad_(keep and grad_in)
             imports = {}
             for key in ph.imports:
                 index = blk.rows if key[0] == "rows" else blk.edge_pos
                 imports[key] = self.buffers[key][index].detach().requires_grad_(keep)
-            ctx = StageContext(blk.gids, self.seed, self.training)
-            h, layer_input, edge_w = leaf, None, None
-            exports: dict[tuple[str, int], Tensor] = {}
-            for s in range(ph.start, ph.stop):
-                stage = model.stages[s]
-                if isinstance(stage, Transform):
-                    li = layer_input
-                    if stage.uses_layer_input and li is None:
-                        li = imports.get(("rows", _layer_input_stage(model, s)))
-                    h = stage(h, ctx, li)
-                    if isinstance(stage, LayerInput):
-                        layer_input = h
-                elif isinstance(stage, EdgeTransform):
-                    ectx = StageContext(blk.gids, self.seed, self.training, blk.eids)
-                    edge_w = stage(blk.graph, h[blk.dst_pos], h, ectx)
-                else:
-                    if stage.norm == "edge":
-                        w = edge_w if edge_w is not None else \
-                            imports[("edges", _last_edge_stage(model, s))]
-                    else:
-                        w = plan.weights[s][blk.edge_pos]
-                    h = stage(blk.graph, h, w)
-                if ("rows", s) in ph.exports:
-                    exports[("rows", s)] = h
-                elif ("edges", s) in ph.exports:
-                    exports[("edges", s)] = edge_w
-        return {"leaf": leaf, "imports": imports, "out": h, "exports": exports}
+            carry = Carry({s: v for (kind, s), v in imports.items() if kind == "rows"},
+                          {s: v for (kind, s), v in imports.items() if kind == "edges"})
+            runner = _BinRunner(blk, self.plan.weights, self.seed, self.training)
+            out = walk(self.model, runner, leaf, start=ph.start, stop=ph.stop, carry=carry)
+            exports = {key: (carry.layer_inputs if key[0] == "rows" else
+                             carry.edge_weights)[key[1]] for key in ph.exports}
+        return {"leaf": leaf, "imports": imports, "out": out, "exports": exports}
 
     def _push(self, out: Tensor, link: Link, j: int) -> PendingExchange:
         send = [out.index_select(0, idx) for idx in link.fwd_send[j]]
@@ -776,6 +737,30 @@ class _Run:
 
 def _used(p: Tensor, ph: Phase, model: StageProgram) -> bool:
     return any(p is q for s in range(ph.start, ph.stop) for q in model.stages[s].parameters())
+
+
+class _BinRunner(Runner):
+    """Stage hooks over one bin: its rows, its CSR (sources local then pushed) and
+    the edge weights of its edges."""
+
+    def __init__(self, blk: BinBlock, weights: list[Tensor | None], seed: int,
+                 training: bool) -> None:
+        self.blk, self.weights = blk, weights
+        self.ctx = StageContext(blk.gids, seed, training)
+        self.edge_ctx = StageContext(blk.gids, seed, training, blk.eids)
+
+    def transform(self, s: int, stage: Any, h: Tensor, layer_input: Tensor | None) -> Tensor:
+        return stage(h, self.ctx, layer_input)
+
+    def edge(self, s: int, stage: Any, h: Tensor) -> Tensor:
+        return stage(self.blk.graph, h[self.blk.dst_pos], h, self.edge_ctx)
+
+    def propagate(self, s: int, stage: Any, h: Tensor, edge_weights: Tensor | None) -> Tensor:
+        if edge_weights is None:
+            weight = self.weights[s]
+            assert weight is not None
+            edge_weights = weight[self.blk.edge_pos]
+        return stage(self.blk.graph, h, edge_weights)
 
 
 class _P2PFunction(torch.autograd.Function):

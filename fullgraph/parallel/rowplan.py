@@ -29,7 +29,8 @@ import torch
 from torch import Tensor
 
 from fullgraph.graph.csr import Graph
-from fullgraph.models.stages import EdgeTransform, LayerInput, Propagate, StageProgram, Transform
+from fullgraph.models.stages import StageProgram
+from fullgraph.models.walk import describe
 
 
 @dataclass
@@ -142,30 +143,31 @@ def plan_rows(program: StageProgram, graph: Graph, owned: Tensor, fetch: Tensor,
     owned_mask = np.zeros(n, dtype=bool)
     owned_mask[owned_np] = True
     fetch_np = fetch.numpy() & ~owned_mask
-    stages = list(program.stages)
-    num = len(stages)
+    infos = describe(program)
+    num = len(infos)
     rows: list[np.ndarray] = [owned_np] * num
     fetched: list[np.ndarray] = [np.empty(0, np.int64)] * num
-    layer_need: dict[int, np.ndarray] = {}
+    layer_need: dict[int, np.ndarray] = {}  # LayerInput stage -> rows later stages read
     edge_dst: dict[int, np.ndarray] = {}  # E stage index -> destination rows its P's need
     need = owned_np
     for s in range(num - 1, -1, -1):
-        stage, layer = stages[s], program.layer_of[s]
-        if isinstance(stage, Transform):
+        info = infos[s]
+        if info.is_transform:
             extra = [need]
-            if isinstance(stage, LayerInput):
-                extra.append(layer_need.pop(layer, np.empty(0, np.int64)))
+            if info.opens_layer:
+                extra.append(layer_need.pop(s, np.empty(0, np.int64)))
             rows[s] = _ordered(owned_np, owned_mask, np.concatenate(extra))
-            if stage.uses_layer_input:
-                layer_need[layer] = np.concatenate([layer_need.get(layer, rows[s][:0]), rows[s]])
+            li = info.layer_input_from
+            if li is not None:
+                layer_need[li] = np.concatenate([layer_need.get(li, rows[s][:0]), rows[s]])
             need = rows[s]
             continue
-        if isinstance(stage, Propagate):
+        if info.is_propagate:
             dst = _ordered(owned_np, owned_mask, need)
-            if stage.norm == "edge":
-                e = max(i for i in range(s) if isinstance(stages[i], EdgeTransform))
+            e = info.edge_weights_from
+            if e is not None:
                 edge_dst[e] = np.concatenate([edge_dst.get(e, dst[:0]), dst])
-        else:  # EdgeTransform: destinations are those of the P stages using its weights
+        else:  # E stage: destinations are those of the P stages using its weights
             dst = _ordered(owned_np, owned_mask, edge_dst.pop(s, need))
         rows[s] = dst
         _, src, _ = in_edges(graph, dst)
@@ -176,7 +178,7 @@ def plan_rows(program: StageProgram, graph: Graph, owned: Tensor, fetch: Tensor,
         fetched[s] = got
         local = src[~fetch_np[src]]
         extra = [local]
-        if isinstance(stage, EdgeTransform):
+        if info.is_edge:
             extra.append(dst)  # the E stage reads its destinations' own rows
         need = _ordered(owned_np, owned_mask, np.concatenate(extra))
     return _assemble(program, graph, owned_np, need, rows, fetched)
@@ -187,31 +189,27 @@ def _assemble(program: StageProgram, graph: Graph, owned: np.ndarray, input_rows
     """Positions, blocks and halo sharing from the row sets."""
     n = graph.num_dst
     scratch = np.zeros(n, dtype=np.int64)
-    stages = list(program.stages)
+    infos = describe(program)
     in_pos: list[Tensor | None] = []
     layer_pos: list[Tensor | None] = []
     blocks: list[Block | None] = []
     shares: list[bool] = []
     cur = input_rows
-    layer_rows = input_rows
-    for s, stage in enumerate(stages):
-        if isinstance(stage, Transform):
+    for s, info in enumerate(infos):
+        if info.is_transform:
             in_pos.append(_positions(rows[s], cur, scratch))
-            use = stage.uses_layer_input and not isinstance(stage, LayerInput)
-            layer_pos.append(_positions(rows[s], layer_rows, scratch) if use else None)
+            li = info.layer_input_from
+            layer_pos.append(None if li is None else _positions(rows[s], rows[li], scratch))
             blocks.append(None)
             shares.append(False)
             cur = rows[s]
-            if isinstance(stage, LayerInput):
-                layer_rows = cur
             continue
         in_pos.append(None)
         layer_pos.append(None)
         blocks.append(build_block(graph, rows[s], cur, fetched[s], scratch))
-        prev = stages[s - 1] if s else None
-        shares.append(isinstance(stage, Propagate) and isinstance(prev, EdgeTransform)
+        shares.append(info.is_propagate and s > 0 and infos[s - 1].is_edge
                       and np.array_equal(fetched[s], fetched[s - 1]))
-        if isinstance(stage, Propagate):
+        if info.is_propagate:
             cur = rows[s]
     as_t = [torch.from_numpy(r) for r in rows]
     return RowPlan(torch.from_numpy(owned), torch.from_numpy(input_rows), as_t, in_pos,

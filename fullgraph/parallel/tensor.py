@@ -37,8 +37,8 @@ from fullgraph.comm.placement import (RowColLayout, cols_to_rows, gather_rows, h
 from fullgraph.comm.reduce import row_sum
 from fullgraph.graph.csr import Graph
 from fullgraph.graph.data import Dataset
-from fullgraph.models.stages import (EdgeTransform, LayerInput, Propagate, StageContext,
-                                     StageProgram, propagation_inputs)
+from fullgraph.models.stages import EdgeTransform, StageContext, StageProgram, propagation_inputs
+from fullgraph.models.walk import Carry, Runner, describe, has_edge_stage, walk
 from fullgraph.ops import spmm
 from fullgraph.ops.chunked import Chunk, build_chunks, chunked_spmm
 from fullgraph.parallel.base import DistributedStrategy, LocalResult, Plan, Work, register
@@ -167,7 +167,7 @@ class TensorParallel(DistributedStrategy):
             row_counts=row_counts, gids=gids.to(rows_device),
             features=data.features[gids].to(dtype).to(rows_device),
             column_split=self.options.column_split)
-        if any(isinstance(s, EdgeTransform) for s in program.stages):
+        if has_edge_stage(program):
             plan.edges = _edge_plan(graph, row_counts, comm)
             plan.edges.block = plan.edges.block.to(rows_device)
         self._chunk(program, plan, dtype)
@@ -185,8 +185,8 @@ class TensorParallel(DistributedStrategy):
         opts = self.options
         if not self._chunked:
             return
-        widest = max((plan.layout(s.in_dim).local_cols(plan.comm.rank)
-                      for s in program.stages if isinstance(s, Propagate)), default=1)
+        widest = max((plan.layout(program.stages[i.index].in_dim).local_cols(plan.comm.rank)
+                      for i in describe(program) if i.is_propagate), default=1)
         itemsize = torch.empty(0, dtype=dtype).element_size()
         budget = parse_bytes(opts.device_memory) if opts.device_memory is not None else None
         count = None if budget is not None else (opts.num_chunks or 4)
@@ -214,52 +214,65 @@ class TensorParallel(DistributedStrategy):
         """Every edge on this worker's column slice per P; own edges for E stages."""
         n_edges, rank = plan.graph.num_edges, plan.comm.rank
         edges = dims = 0
-        for s in model.stages:
-            if isinstance(s, Propagate):
+        for info, s in zip(describe(model), model.stages):
+            if info.is_propagate:
                 cols = plan.layout(s.in_dim).local_cols(rank)
                 edges, dims = edges + n_edges, dims + n_edges * cols
-            elif isinstance(s, EdgeTransform):
+            elif info.is_edge:
                 own = plan.edges.edge_counts[rank] if plan.edges else n_edges
                 edges, dims = edges + own, dims + own * s.in_dim
         return Work(edges, 0, dims)
 
     def forward(self, model: StageProgram, plan: TensorPlan, *, training: bool,
                 seed: int) -> LocalResult:
-        comm = plan.comm
-        h, on_rows, layer_input = plan.features, True, None
-        edge_weight: Tensor | None = None
-        ctx = StageContext(plan.gids, seed, training,
-                           row_sum=partial(row_sum, comm=comm, phase="row-sum"))
-        stages, i = list(model.stages), 0
-        while i < len(stages):
-            stage = stages[i]
-            i += 1
-            if isinstance(stage, Propagate):
-                weight = edge_weight if stage.norm == "edge" else plan.norms[stage.norm]
-                if on_rows and plan.first_reads is not None:
-                    segment = _segment(stages, i - 1)  # split, P ... P, gather in one pipeline
-                    weights = [edge_weight if s.norm == "edge" else plan.norms[s.norm]
-                               for s in segment]
-                    h = pipelined_propagation(h, weights, Segment(
-                        comm, plan.layout(stage.in_dim), plan.chunks, plan.first_reads,
-                        plan.device, plan.account))
-                    i += len(segment) - 1
-                    continue
-                if on_rows:  # split: Shard(0) -> Shard(1)
-                    h, on_rows = rows_to_cols(h, plan.layout(h.shape[1]), comm), False
-                h = _propagate_cols(plan, h, weight, stage.in_dim)
-                continue
-            if not on_rows:  # gather: Shard(1) -> Shard(0)
-                h, on_rows = cols_to_rows(h, plan.layout(stage.in_dim), comm), True
-            if isinstance(stage, EdgeTransform):
-                edge_weight = _edge_weights(plan, stage, h, ctx)
-                continue
-            h = stage(h, ctx, layer_input)
-            if isinstance(stage, LayerInput):
-                layer_input = h
-        if not on_rows:
-            h = cols_to_rows(h, plan.layout(model.out_dim), comm)
+        runner = _PlacementRunner(plan, seed, training)
+        h = walk(model, runner, plan.features)
+        if not runner.on_rows:
+            h = cols_to_rows(h, plan.layout(model.out_dim), plan.comm)
         return LocalResult(h, plan.gids)
+
+
+class _PlacementRunner(Runner):
+    """Stage hooks that keep track of the placement: T and E stages on this worker's
+    rows (``Shard(0)``), P stages on every vertex's column slice (``Shard(1)``), with
+    a gather or a split only when the next stage needs the other placement. A run of
+    P stages entered from rows is one pipelined segment when chunks are pipelined."""
+
+    def __init__(self, plan: TensorPlan, seed: int, training: bool) -> None:
+        self.plan, self.on_rows = plan, True
+        self.ctx = StageContext(plan.gids, seed, training,
+                                row_sum=partial(row_sum, comm=plan.comm, phase="row-sum"))
+
+    def _rows(self, h: Tensor, dim: int) -> Tensor:
+        if not self.on_rows:  # gather: Shard(1) -> Shard(0)
+            h, self.on_rows = cols_to_rows(h, self.plan.layout(dim), self.plan.comm), True
+        return h
+
+    def transform(self, s: int, stage: Any, h: Tensor, layer_input: Tensor | None) -> Tensor:
+        return stage(self._rows(h, stage.in_dim), self.ctx, layer_input)
+
+    def edge(self, s: int, stage: Any, h: Tensor) -> Tensor:
+        return _edge_weights(self.plan, stage, self._rows(h, stage.in_dim), self.ctx)
+
+    def propagate(self, s: int, stage: Any, h: Tensor, edge_weights: Tensor | None) -> Tensor:
+        plan = self.plan
+        if self.on_rows:  # split: Shard(0) -> Shard(1)
+            h, self.on_rows = rows_to_cols(h, plan.layout(h.shape[1]), plan.comm), False
+        weight = plan.norms[stage.norm] if edge_weights is None else edge_weights
+        return _propagate_cols(plan, h, weight, stage.in_dim)
+
+    def propagate_run(self, stages: list[int], program: StageProgram, h: Tensor,
+                      carry: Carry) -> Tensor:
+        plan = self.plan
+        if not self.on_rows or plan.first_reads is None:
+            return super().propagate_run(stages, program, h, carry)
+        infos = describe(program)  # split, P ... P, gather in one pipeline
+        weights = [plan.norms[program.stages[s].norm] if infos[s].edge_weights_from is None
+                   else carry.edge_weights[infos[s].edge_weights_from] for s in stages]
+        assert plan.chunks is not None
+        return pipelined_propagation(h, weights, Segment(
+            plan.comm, plan.layout(program.stages[stages[0]].in_dim), plan.chunks,
+            plan.first_reads, plan.device, plan.account))
 
 
 def _count_resident(program: StageProgram, plan: TensorPlan, dtype: torch.dtype) -> None:
@@ -274,24 +287,16 @@ def _count_resident(program: StageProgram, plan: TensorPlan, dtype: torch.dtype)
     params = sum(p.numel() * p.element_size() for p in program.parameters())
     account.reside("parameters and gradients", 2 * params)
     acts = 0
-    for s in program.stages:
-        if isinstance(s, Propagate):
+    for info, s in zip(describe(program), program.stages):
+        if info.is_propagate:
             acts += n * plan.layout(s.in_dim).local_cols(plan.comm.rank) * itemsize
-        elif not isinstance(s, EdgeTransform):
+        elif info.is_transform:
             acts += rows * s.out_dim * itemsize
     account.reside("activations (estimate)", acts)
     if plan.edges is not None:
         g = plan.edges.block.graph
         account.reside("edge block", g.indptr.numel() * g.indptr.element_size()
                        + g.indices.numel() * g.indices.element_size())
-
-
-def _segment(stages: list[Any], start: int) -> list[Propagate]:
-    """The run of consecutive P stages starting at ``start``."""
-    end = start
-    while end < len(stages) and isinstance(stages[end], Propagate):
-        end += 1
-    return stages[start:end]
 
 
 def _aggregate(plan: TensorPlan, h_cols: Tensor, weight: Tensor) -> Tensor:
