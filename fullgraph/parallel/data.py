@@ -31,6 +31,7 @@ from fullgraph.comm import primitives as prim
 from fullgraph.comm.exchange import ExchangeTable
 from fullgraph.comm.placement import halo_fetch
 from fullgraph.comm.reduce import row_sum
+from fullgraph.graph.blocks import in_edges
 from fullgraph.graph.csr import Graph
 from fullgraph.graph.data import Dataset
 from fullgraph.models.stages import StageContext, StageProgram, propagation_inputs
@@ -341,8 +342,6 @@ def stage_weights(program: StageProgram, rows: RowPlan, norms: dict[str, Tensor]
 
 
 def _remote_in_neighbours(graph: Graph, owned: Tensor, part_of: Tensor, rank: int) -> Tensor:
-    from fullgraph.parallel.rowplan import in_edges
-
     _, src, _ = in_edges(graph, owned.numpy().astype(np.int64))
     src = np.unique(src)
     return torch.from_numpy(src[part_of.numpy()[src] != rank])

@@ -6,7 +6,8 @@ in-neighbours. For each remote vertex the worker either fetches the row from its
 owner at that stage (DepComm) or computes it locally from replicated inputs
 (DepCache), recursively through earlier stages. This module turns a per-vertex
 choice into per-stage row sets, walking the program backwards from the rows the
-loss needs, and builds the local CSR blocks the P / E stages run on.
+loss needs, and builds the local CSR blocks (``graph.blocks``) the P / E stages
+run on.
 
 Rules, for worker i and stage s:
 - ``rows[s]``: the rows stage s outputs, always V_i first (in partition-book order)
@@ -28,30 +29,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from fullgraph.graph.blocks import Block, build_block, in_edges
 from fullgraph.graph.csr import Graph
 from fullgraph.models.stages import StageProgram
 from fullgraph.models.walk import describe
-
-
-@dataclass
-class Block:
-    """A P / E stage's local CSR: destination rows and their in-edges.
-
-    Attributes:
-        graph: CSR with ``num_dst = len(rows)`` and sources indexing the stage's input
-            rows followed by its fetched rows.
-        eids: (E_b,) global edge ids of the block's edges (CSR order).
-        dst_pos: (len(rows),) positions of the destination rows in the input rows
-            (the E stage reads the destinations' own rows there).
-    """
-
-    graph: Graph
-    eids: Tensor
-    dst_pos: Tensor
-
-    def to(self, device: torch.device) -> "Block":
-        """The block on ``device`` (the graph's backward CSR is rebuilt there)."""
-        return Block(self.graph.to(device), self.eids.to(device), self.dst_pos.to(device))
 
 
 @dataclass
@@ -92,19 +73,6 @@ class RowPlan:
             local += int(deg[:num_owned].sum())
             redundant += int(deg[num_owned:].sum())
         return local, redundant
-
-
-def in_edges(graph: Graph, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """For destination ``rows``: (indptr, source gids, global edge ids), CSR order."""
-    indptr = graph.indptr.numpy()
-    starts, stops = indptr[rows], indptr[rows + 1]
-    counts = stops - starts
-    sub_indptr = np.zeros(rows.size + 1, dtype=np.int64)
-    np.cumsum(counts, out=sub_indptr[1:])
-    total = int(sub_indptr[-1])
-    # eids: for each row, starts[r] + 0..count-1, vectorised
-    eids = np.repeat(starts - sub_indptr[:-1], counts) + np.arange(total, dtype=np.int64)
-    return sub_indptr, graph.indices.numpy()[eids].astype(np.int64), eids
 
 
 def _ordered(owned: np.ndarray, owned_mask: np.ndarray, extra: np.ndarray) -> np.ndarray:
@@ -214,21 +182,3 @@ def _assemble(program: StageProgram, graph: Graph, owned: np.ndarray, input_rows
     as_t = [torch.from_numpy(r) for r in rows]
     return RowPlan(torch.from_numpy(owned), torch.from_numpy(input_rows), as_t, in_pos,
                    layer_pos, [torch.from_numpy(f) for f in fetched], blocks, shares)
-
-
-def build_block(graph: Graph, dst: np.ndarray, cur: np.ndarray, fetched: np.ndarray,
-                scratch: np.ndarray | None = None) -> Block:
-    """Local CSR of ``dst`` with sources indexed in ``cur`` then ``fetched``.
-
-    Every source of an in-edge of ``dst`` must be in ``cur`` or ``fetched``.
-    """
-    if scratch is None:
-        scratch = np.zeros(graph.num_src, dtype=np.int64)
-    sub_indptr, src, eids = in_edges(graph, dst)
-    scratch[cur] = np.arange(cur.size)
-    scratch[fetched] = cur.size + np.arange(fetched.size)
-    local_src = scratch[src]
-    dst_pos = scratch[dst].copy()
-    block = Graph(torch.from_numpy(sub_indptr), torch.from_numpy(local_src),
-                  num_src=cur.size + fetched.size, validate=False)
-    return Block(block, torch.from_numpy(eids), torch.from_numpy(dst_pos))

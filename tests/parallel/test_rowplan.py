@@ -7,20 +7,12 @@ import torch
 
 from fullgraph.graph.csr import Graph
 from fullgraph.models import build_model, propagation_inputs
-from fullgraph.parallel.rowplan import in_edges, plan_rows
+from fullgraph.parallel.rowplan import plan_rows
 
 
 def path_graph(n: int) -> Graph:
     src = np.arange(n - 1)
     return Graph.from_edges(src, src + 1, n, symmetrize=True)
-
-
-def test_in_edges_lists_rows_in_csr_order():
-    g = path_graph(5)
-    indptr, src, eids = in_edges(g, np.array([3, 0]))
-    assert indptr.tolist() == [0, 2, 3]
-    assert src.tolist() == [2, 4, 1]
-    assert torch.equal(g.indices[torch.from_numpy(eids)].long(), torch.from_numpy(src))
 
 
 def test_depcomm_computes_only_owned_rows_and_fetches_remote_neighbours():
