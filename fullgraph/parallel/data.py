@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import torch
@@ -37,9 +37,10 @@ from fullgraph.graph.data import Dataset
 from fullgraph.models.stages import StageContext, StageProgram, propagation_inputs
 from fullgraph.models.walk import Runner, describe, walk
 from fullgraph.parallel import costmodel
-from fullgraph.parallel.base import DistributedStrategy, LocalResult, Plan, Work, register
-from fullgraph.parallel.rowplan import RowPlan, plan_rows
-from fullgraph.partition import PartitionBook, PartitionOptions, partition
+from fullgraph.parallel.base import LocalResult, Plan, Work, register
+from fullgraph.parallel.rowplan import RowPlan, plan_rows, stage_weights
+from fullgraph.parallel.rows import RowPartitioned, partition_book
+from fullgraph.partition import PartitionBook
 
 MODES = ("depcomm", "depcache", "hybrid")
 
@@ -87,33 +88,6 @@ class DataPlan(Plan):
     tables: list[ExchangeTable | None] = field(default_factory=list)
     weights: list[Tensor | None] = field(default_factory=list)
     edge_pos: list[Tensor | None] = field(default_factory=list)
-
-
-class RowPartitioned(DistributedStrategy):
-    """A strategy over a vertex partition: its own options plus the partition section.
-
-    Attributes:
-        section: the name of the strategy's own section of the run's Config.
-    """
-
-    section: ClassVar[str]
-
-    def __init__(self, options: Any = None, partition: PartitionOptions | None = None) -> None:
-        super().__init__(options)
-        self.partition = partition or PartitionOptions()
-
-    @classmethod
-    def from_config(cls, cfg: Any) -> RowPartitioned:
-        return cls(getattr(cfg, cls.section), cfg.partition)
-
-    @staticmethod
-    def owned_targets(dataset: Dataset, owned: Tensor, device: torch.device) -> dict[str, Any]:
-        """Plan fields for the rows ``owned``: labels, split masks, global train count."""
-        data = dataset.data
-        masks = {"train": data.train_mask, "val": data.val_mask, "test": data.test_mask}
-        return {"device": device, "labels": data.labels[owned].to(device),
-                "masks": {k: v[owned].to(device) for k, v in masks.items()},
-                "num_train_global": int(data.train_mask.sum())}
 
 
 @register
@@ -303,54 +277,7 @@ class _RowRunner(Runner):
         return stage(self.rows.blocks[s].graph, self._sources(s, h), weight)
 
 
-def partition_book(dataset: Dataset, comm: Any, opts: PartitionOptions) -> PartitionBook:
-    """The partition every worker uses: loaded from ``opts.file`` or computed on rank 0
-    with ``opts.method`` and broadcast (collective)."""
-    if opts.file:
-        book = PartitionBook.load(opts.file, num_nodes=dataset.graph.num_nodes)
-        if book.num_parts != comm.world_size:
-            raise ValueError(f"partition file {opts.file} has {book.num_parts} "
-                             f"parts but there are {comm.world_size} workers")
-        return book
-    part_of = torch.zeros(dataset.graph.num_nodes, dtype=torch.int64)
-    if comm.rank == 0:
-        part_of = partition(dataset.graph, comm.world_size, opts.method,
-                            seed=opts.seed).part_of.to(torch.int64)
-    prim.broadcast_(part_of, 0, comm, "setup")  # every worker uses rank 0's partition
-    return PartitionBook.from_assignment(part_of, comm.world_size)
-
-
-def stage_weights(program: StageProgram, rows: RowPlan, norms: dict[str, Tensor],
-                  device: torch.device) -> tuple[list[Tensor | None], list[Tensor | None]]:
-    """Per P stage, its fixed edge weights on the block's edges; for ``norm='edge'``
-    stages, the positions of the block's edges in the last E stage's block (None when
-    they are the same edges in the same order)."""
-    weights: list[Tensor | None] = []
-    edge_pos: list[Tensor | None] = []
-    for s, info in enumerate(describe(program)):
-        block = rows.blocks[s]
-        if not info.is_propagate:
-            weights.append(None)
-            edge_pos.append(None)
-        elif info.edge_weights_from is not None:
-            weights.append(None)
-            edge_pos.append(_positions_in(block.eids, rows.blocks[info.edge_weights_from].eids))
-        else:
-            weights.append(norms[program.stages[s].norm][block.eids.cpu()].to(device))
-            edge_pos.append(None)
-    return weights, edge_pos
-
-
 def _remote_in_neighbours(graph: Graph, owned: Tensor, part_of: Tensor, rank: int) -> Tensor:
     _, src, _ = in_edges(graph, owned.numpy().astype(np.int64))
     src = np.unique(src)
     return torch.from_numpy(src[part_of.numpy()[src] != rank])
-
-
-def _positions_in(eids: Tensor, within: Tensor | None) -> Tensor | None:
-    if within is None:
-        raise ValueError("a P stage with norm='edge' has no E stage before it")
-    if eids.numel() == within.numel() and torch.equal(eids, within):
-        return None
-    order = torch.argsort(within)
-    return order[torch.searchsorted(within[order], eids)]

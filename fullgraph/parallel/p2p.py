@@ -54,8 +54,8 @@ from fullgraph.graph.data import Dataset
 from fullgraph.models.stages import StageContext, StageProgram, propagation_inputs
 from fullgraph.models.walk import Carry, Runner, describe, out_dim, walk
 from fullgraph.parallel.base import LocalResult, Plan, Work, register
-from fullgraph.parallel.data import RowPartitioned, partition_book, stage_weights
-from fullgraph.parallel.rowplan import RowPlan, plan_rows
+from fullgraph.parallel.rowplan import RowPlan, plan_rows, stage_weights
+from fullgraph.parallel.rows import RowPartitioned, partition_book
 from fullgraph.partition import PartitionBook
 from fullgraph.schedule.bins import SCHEDULES, PhaseBins, ScheduleMode, bin_limit, build_schedule
 from fullgraph.memory import parse_bytes

@@ -19,6 +19,8 @@ Rules, for worker i and stage s:
   dependency) and the dependency plan does not cache it; vertices reached only
   through cached ones are computed locally (the L-hop cache of DepCache).
 
+``stage_weights`` gives every P stage its fixed edge weights on its block's edges.
+
 Pure functions of (graph, program, book, choice): tested without processes.
 """
 from __future__ import annotations
@@ -182,3 +184,33 @@ def _assemble(program: StageProgram, graph: Graph, owned: np.ndarray, input_rows
     as_t = [torch.from_numpy(r) for r in rows]
     return RowPlan(torch.from_numpy(owned), torch.from_numpy(input_rows), as_t, in_pos,
                    layer_pos, [torch.from_numpy(f) for f in fetched], blocks, shares)
+
+
+def stage_weights(program: StageProgram, rows: RowPlan, norms: dict[str, Tensor],
+                  device: torch.device) -> tuple[list[Tensor | None], list[Tensor | None]]:
+    """Per P stage, its fixed edge weights on the block's edges; for ``norm='edge'``
+    stages, the positions of the block's edges in the last E stage's block (None when
+    they are the same edges in the same order)."""
+    weights: list[Tensor | None] = []
+    edge_pos: list[Tensor | None] = []
+    for s, info in enumerate(describe(program)):
+        block = rows.blocks[s]
+        if not info.is_propagate:
+            weights.append(None)
+            edge_pos.append(None)
+        elif info.edge_weights_from is not None:
+            weights.append(None)
+            edge_pos.append(_positions_in(block.eids, rows.blocks[info.edge_weights_from].eids))
+        else:
+            weights.append(norms[program.stages[s].norm][block.eids.cpu()].to(device))
+            edge_pos.append(None)
+    return weights, edge_pos
+
+
+def _positions_in(eids: Tensor, within: Tensor | None) -> Tensor | None:
+    if within is None:
+        raise ValueError("a P stage with norm='edge' has no E stage before it")
+    if eids.numel() == within.numel() and torch.equal(eids, within):
+        return None
+    order = torch.argsort(within)
+    return order[torch.searchsorted(within[order], eids)]

@@ -18,7 +18,8 @@ from fullgraph.graph.synthetic import sbm
 from fullgraph.comm.primitives import all_gather_object
 from fullgraph.models import build_model, propagation_inputs
 from fullgraph.parallel import costmodel
-from fullgraph.parallel.data import DataParallel, partition_book
+from fullgraph.parallel.data import DataParallel
+from fullgraph.parallel.rows import partition_book
 from fullgraph.parallel.single import SingleProcess
 from fullgraph.partition import PartitionOptions
 from fullgraph.train import step_seed

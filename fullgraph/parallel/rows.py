@@ -1,0 +1,65 @@
+"""What every row-partitioned strategy shares: the strategy base and the partition.
+
+A row-partitioned strategy (``data``, ``p2p``) gives worker i the rows V_i of a
+vertex partition. ``RowPartitioned`` reads the strategy's own config section plus
+the ``partition`` section; ``partition_book`` builds the partition every worker uses.
+Strategies share code through this module, never by importing one another.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+from torch import Tensor
+
+from fullgraph.comm import primitives as prim
+from fullgraph.graph.data import Dataset
+from fullgraph.parallel.base import DistributedStrategy
+from fullgraph.partition import PartitionBook, PartitionOptions, partition
+
+if TYPE_CHECKING:
+    from fullgraph.comm.group import Comm
+
+
+class RowPartitioned(DistributedStrategy):
+    """A strategy over a vertex partition: its own options plus the partition section.
+
+    Attributes:
+        section: the name of the strategy's own section of the run's Config.
+    """
+
+    section: ClassVar[str]
+
+    def __init__(self, options: Any = None, partition: PartitionOptions | None = None) -> None:
+        super().__init__(options)
+        self.partition = partition or PartitionOptions()
+
+    @classmethod
+    def from_config(cls, cfg: Any) -> RowPartitioned:
+        return cls(getattr(cfg, cls.section), cfg.partition)
+
+    @staticmethod
+    def owned_targets(dataset: Dataset, owned: Tensor, device: torch.device) -> dict[str, Any]:
+        """Plan fields for the rows ``owned``: labels, split masks, global train count."""
+        data = dataset.data
+        masks = {"train": data.train_mask, "val": data.val_mask, "test": data.test_mask}
+        return {"device": device, "labels": data.labels[owned].to(device),
+                "masks": {k: v[owned].to(device) for k, v in masks.items()},
+                "num_train_global": int(data.train_mask.sum())}
+
+
+def partition_book(dataset: Dataset, comm: Comm, opts: PartitionOptions) -> PartitionBook:
+    """The partition every worker uses: loaded from ``opts.file`` or computed on rank 0
+    with ``opts.method`` and broadcast (collective)."""
+    if opts.file:
+        book = PartitionBook.load(opts.file, num_nodes=dataset.graph.num_nodes)
+        if book.num_parts != comm.world_size:
+            raise ValueError(f"partition file {opts.file} has {book.num_parts} "
+                             f"parts but there are {comm.world_size} workers")
+        return book
+    part_of = torch.zeros(dataset.graph.num_nodes, dtype=torch.int64)
+    if comm.rank == 0:
+        part_of = partition(dataset.graph, comm.world_size, opts.method,
+                            seed=opts.seed).part_of.to(torch.int64)
+    prim.broadcast_(part_of, 0, comm, "setup")  # every worker uses rank 0's partition
+    return PartitionBook.from_assignment(part_of, comm.world_size)
