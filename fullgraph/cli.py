@@ -118,10 +118,12 @@ def build_parser() -> argparse.ArgumentParser:
     p_part.add_argument("--report", action="store_true",
                         help="print |V_i|, |E(V_i)|, remote vertices, edge cut, replication")
 
+    from fullgraph.graph.datasets import CONVERT_FORMATS
+
     p_conv = sub.add_parser("convert", help="turn your own files into a processed dataset",
                             epilog=CONVERT_EPILOG,
                             formatter_class=argparse.RawDescriptionHelpFormatter)
-    p_conv.add_argument("format", choices=("edgelist", "neutronstar", "ogb"))
+    p_conv.add_argument("format", choices=CONVERT_FORMATS)
     p_conv.add_argument("--name", required=True, help="name to train it under (--dataset NAME)")
     p_conv.add_argument("--root", help="dataset root (default: $FULLGRAPH_DATA or user cache)")
     p_conv.add_argument("--edges", help="edgelist/neutronstar: edge file")
@@ -288,7 +290,11 @@ def cmd_convert(args: argparse.Namespace) -> int:
     from fullgraph.graph import datasets
 
     root = DataConfig(root=args.root).resolved_root()
-    ds = datasets.convert(args.format, args)
+    opts = datasets.ConvertOptions(
+        name=args.name, edges=args.edges, features=args.features, labels=args.labels,
+        masks=args.masks, input=args.input, binary=args.binary, symmetrize=args.symmetrize,
+        seed=args.seed, num_classes=args.num_classes)
+    ds = datasets.convert(args.format, opts)
     path = datasets.save_processed(ds, root, args.name)
     s = ds.summary()
     print(f"wrote {args.name}: {s['vertices']} vertices, {s['edges']} edges -> {path}")

@@ -196,29 +196,72 @@ def _read_raw(spec: DatasetSpec, raw: Path, split_seed: int) -> Dataset:
     return module.load_ogb(raw.parent, spec.name)
 
 
-def convert(fmt: str, args: Any) -> Dataset:
-    """Read the user's own files (CLI ``convert``) into a Dataset."""
+CONVERT_FORMATS = ("edgelist", "neutronstar", "ogb")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ConvertOptions:
+    """What ``convert`` reads: the user's files and how to interpret them.
+
+    Attributes:
+        name: the dataset name to save it under (``check_name``).
+        edges: edgelist / neutronstar: the edge file (default: None).
+        features: edgelist: ``.npy``; neutronstar: text (default: None).
+        labels: edgelist: ``.npy``; neutronstar: text (default: None).
+        masks: edgelist: ``.npy`` (3, N) bool; neutronstar: text (default: None; an
+            edgelist without masks gets a random split).
+        input: ogb: directory in the OGB raw layout (default: None).
+        binary: edgelist: binary (src, dst) records of this dtype (``uint32`` or
+            ``int64``) instead of text (default: None, text).
+        symmetrize: edgelist: add the reverse of every edge (default: False).
+        seed: edgelist: split seed when no masks are given (default: 0).
+        num_classes: number of classes (default: None, max label + 1).
+    """
+
+    name: str
+    edges: str | None = None
+    features: str | None = None
+    labels: str | None = None
+    masks: str | None = None
+    input: str | None = None
+    binary: str | None = None
+    symmetrize: bool = False
+    seed: int = 0
+    num_classes: int | None = None
+
+
+def convert(fmt: str, opts: ConvertOptions) -> Dataset:
+    """Read the user's own files (CLI ``convert``) in format ``fmt`` into a Dataset.
+
+    Raises:
+        ConfigError: ``fmt`` is not one of ``CONVERT_FORMATS``, or ``opts.name`` is not
+            a dataset name.
+        DatasetNotFoundError: a file the format needs is not given.
+    """
     from fullgraph.graph.formats import edgelist, neutronstar, ogb
 
-    check_name(args.name)
+    if fmt not in CONVERT_FORMATS:
+        raise ConfigError(f"convert format {fmt!r}; expected one of {', '.join(CONVERT_FORMATS)}")
+    check_name(opts.name)
+
     def need(*names: str) -> None:
-        absent = [n for n in names if not getattr(args, n)]
+        absent = [n for n in names if not getattr(opts, n)]
         if absent:
             raise DatasetNotFoundError(f"`convert {fmt}` needs " +
                                        ", ".join(f"--{n}" for n in absent))
 
     if fmt == "edgelist":
         need("edges", "features", "labels")
-        return edgelist.load_edgelist(args.edges, args.features, args.labels,
-                                      binary_dtype=args.binary, symmetrize=args.symmetrize,
-                                      masks=args.masks, seed=args.seed, name=args.name,
-                                      num_classes=args.num_classes)
+        return edgelist.load_edgelist(opts.edges, opts.features, opts.labels,
+                                      binary_dtype=opts.binary, symmetrize=opts.symmetrize,
+                                      masks=opts.masks, seed=opts.seed, name=opts.name,
+                                      num_classes=opts.num_classes)
     if fmt == "neutronstar":
         need("edges", "features", "labels", "masks")
-        return neutronstar.load_neutronstar(args.edges, args.features, args.labels, args.masks,
-                                            name=args.name, num_classes=args.num_classes)
+        return neutronstar.load_neutronstar(opts.edges, opts.features, opts.labels, opts.masks,
+                                            name=opts.name, num_classes=opts.num_classes)
     need("input")
-    return ogb.load_ogb(Path(args.input), args.name, num_classes=args.num_classes)
+    return ogb.load_ogb(Path(opts.input), opts.name, num_classes=opts.num_classes)
 
 
 def list_datasets(root: Path) -> list[dict[str, str]]:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from fullgraph.errors import CacheError, ConfigError
+from fullgraph.errors import CacheError, ConfigError, DatasetNotFoundError
 from fullgraph.graph import datasets, store
 from fullgraph.graph.synthetic import sbm
 
@@ -52,3 +52,35 @@ def test_open_checks_labels_against_classes(tmp_path: Path) -> None:
     with pytest.raises(CacheError, match="'mine': labels do not fit its class count") as err:
         datasets.load("mine", root)
     assert err.value.found == "max label 3, num_classes 2"
+
+
+def _edgelist_files(tmp_path: Path) -> dict[str, str]:
+    import numpy as np
+
+    n = 12
+    src = np.arange(n - 1)
+    np.savetxt(tmp_path / "edges.txt", np.stack([src, src + 1], axis=1), fmt="%d")
+    np.save(tmp_path / "x.npy", np.ones((n, 3), dtype=np.float32))
+    np.save(tmp_path / "y.npy", np.arange(n) % 2)
+    return {"edges": str(tmp_path / "edges.txt"), "features": str(tmp_path / "x.npy"),
+            "labels": str(tmp_path / "y.npy")}
+
+
+def test_convert_takes_typed_options(tmp_path: Path) -> None:
+    files = _edgelist_files(tmp_path)
+    plain = datasets.convert("edgelist", datasets.ConvertOptions(name="g", **files))
+    both = datasets.convert("edgelist", datasets.ConvertOptions(name="g", symmetrize=True,
+                                                                **files))
+    assert plain.name == "g" and plain.graph.num_nodes == 12
+    assert plain.graph.num_edges == 11 and both.graph.num_edges == 22
+
+
+def test_convert_names_the_missing_files_as_flags(tmp_path: Path) -> None:
+    with pytest.raises(DatasetNotFoundError, match="needs --edges, --masks"):
+        datasets.convert("neutronstar", datasets.ConvertOptions(
+            name="g", features="x", labels="y"))
+
+
+def test_convert_refuses_an_unknown_format() -> None:
+    with pytest.raises(ConfigError, match="convert format 'csv'; expected one of edgelist"):
+        datasets.convert("csv", datasets.ConvertOptions(name="g"))
