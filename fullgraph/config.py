@@ -20,8 +20,20 @@ from typing import Any
 from fullgraph.errors import ConfigError
 
 FEATURE_DTYPES = ("float32", "bfloat16", "float16")
-ACTIVATIONS = ("relu", "elu", "gelu", "leaky_relu", "tanh", "none")
-MODEL_NAMES = ("gcn", "sage", "gat", "gin")
+
+
+def model_names() -> tuple[str, ...]:
+    """The names ``model.name`` accepts: those of ``fullgraph.models.MODELS``."""
+    from fullgraph.models import MODELS
+
+    return tuple(MODELS)
+
+
+def activation_names() -> tuple[str, ...]:
+    """The names ``model.activation`` accepts: those of ``models.layers.ACTIVATIONS``."""
+    from fullgraph.models.layers import ACTIVATIONS
+
+    return tuple(ACTIVATIONS)
 
 
 def _require(cond: bool, section: str, name: str, value: Any, expected: str) -> None:
@@ -79,14 +91,16 @@ class ModelConfig:
     batch_norm: bool = False
 
     def __post_init__(self) -> None:
-        _require(self.name in MODEL_NAMES, "model", "name", self.name, " | ".join(MODEL_NAMES))
+        names = model_names()
+        _require(self.name in names, "model", "name", self.name, " | ".join(names))
         _require(self.hidden >= 1, "model", "hidden", self.hidden, ">= 1")
         _require(self.layers >= 1, "model", "layers", self.layers, ">= 1")
         _require(self.num_props >= 1, "model", "num_props", self.num_props, ">= 1")
         _require(self.heads >= 1 and self.out_heads >= 1, "model", "heads",
                  (self.heads, self.out_heads), ">= 1")
-        _require(self.activation in ACTIVATIONS, "model", "activation", self.activation,
-                 " | ".join(ACTIVATIONS))
+        activations = activation_names()
+        _require(self.activation in activations, "model", "activation", self.activation,
+                 " | ".join(activations))
         for name in ("dropout", "input_dropout", "attn_dropout"):
             p = getattr(self, name)
             _require(p is None or 0.0 <= p < 1.0, "model", name, p, "0 <= p < 1")
