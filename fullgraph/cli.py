@@ -14,9 +14,12 @@ import dataclasses
 import os
 import sys
 import typing
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fullgraph.errors import FullgraphError
+
+if TYPE_CHECKING:
+    from fullgraph.comm.group import Comm
 
 # section field -> flag name, where the plain ``--field`` would be unclear
 FLAG_NAMES = {("model", "name"): "model", ("partition", "method"): "partitioner",
@@ -178,7 +181,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     return _train(cfg, None)
 
 
-def _load_once_per_host(cfg: Any, comm: Any) -> Any:
+def _load_once_per_host(cfg: Any, comm: Comm | None) -> Any:
     """Load the dataset; the first worker of each host processes it, the others wait."""
     from fullgraph.comm.primitives import barrier
     from fullgraph.graph import datasets

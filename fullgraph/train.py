@@ -23,6 +23,7 @@ from fullgraph.models import build_model
 from fullgraph.models.base import GNN
 from fullgraph.ops import kernels
 from fullgraph.ops.spmm import resolve_backend, set_backend
+from fullgraph.comm.group import Comm
 from fullgraph.comm.primitives import all_gather_object
 from fullgraph.parallel import build_strategy
 from fullgraph.parallel.base import EpochHook, Plan, Strategy
@@ -79,7 +80,7 @@ def build(dataset: Dataset, cfg: Config) -> GNN:
 
 
 def train(dataset: Dataset, cfg: Config, *, reporter: Reporter | None = None,
-          comm: Any = None, header: list[str] | None = None,
+          comm: Comm | None = None, header: list[str] | None = None,
           strategy: Strategy | None = None, local_rank: int = 0,
           status: Any = None, adapters: Sequence[EpochHook] = (),
           dtype: torch.dtype = torch.float32) -> TrainResult:

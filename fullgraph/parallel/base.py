@@ -16,7 +16,7 @@ import time
 import warnings
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -25,6 +25,9 @@ from torch import Tensor
 from fullgraph.graph.data import Dataset
 from fullgraph.models.stages import StageProgram
 from fullgraph.models.walk import describe
+
+if TYPE_CHECKING:
+    from fullgraph.comm.group import Comm
 
 SPLITS = ("train", "val", "test")
 
@@ -123,7 +126,7 @@ class Strategy(ABC):
 
     @abstractmethod
     def setup(self, dataset: Dataset, program: StageProgram, device: torch.device,
-              comm: Any = None, dtype: torch.dtype = torch.float32) -> Plan:
+              comm: Comm | None = None, dtype: torch.dtype = torch.float32) -> Plan:
         """Place data and build whatever the epochs reuse (vertex data in ``dtype``)."""
 
     @abstractmethod

@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from fullgraph.comm import primitives as prim
+from fullgraph.comm.group import Comm
 from fullgraph.graph.csr import Graph
 from fullgraph.models.stages import StageProgram
 from fullgraph.models.walk import describe
@@ -214,7 +214,7 @@ def measure_vertex_cost(rows: int = 4096, dim: int = 32) -> float:
     return (time.perf_counter() - t0) / (rows * dim)
 
 
-def measure_byte_cost(comm: Any, rows: int = 4096, dim: int = 64) -> float:
+def measure_byte_cost(comm: Comm, rows: int = 4096, dim: int = 64) -> float:
     """Seconds per byte of an all-to-all between the workers, the same on every worker
     (the slowest's; collective). 1e-9 on one worker, where nothing is ever moved."""
     if comm.world_size == 1:
@@ -227,7 +227,7 @@ def measure_byte_cost(comm: Any, rows: int = 4096, dim: int = 64) -> float:
     return float(elapsed) / (rows * dim * 4 * (comm.world_size - 1))
 
 
-def resolve_rates(comm: Any, graph: Graph, byte: float | None, edge: float | None,
+def resolve_rates(comm: Comm, graph: Graph, byte: float | None, edge: float | None,
                   vertex: float | None) -> Rates:
     """The given rates, the missing ones measured here (collective when ``byte`` is None)."""
     measured = []

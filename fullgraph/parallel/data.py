@@ -29,6 +29,7 @@ from torch import Tensor
 
 from fullgraph.comm import primitives as prim
 from fullgraph.comm.exchange import ExchangeTable
+from fullgraph.comm.group import Comm
 from fullgraph.comm.placement import halo_fetch
 from fullgraph.comm.reduce import row_sum
 from fullgraph.graph.blocks import in_edges
@@ -76,7 +77,7 @@ class DependencyPlan:
 class DataPlan(Plan):
     """A worker's state for data-parallel execution."""
 
-    comm: Any
+    comm: Comm
     graph: Graph
     norms: dict[str, Tensor]
     book: PartitionBook
@@ -126,7 +127,7 @@ class DataParallel(RowPartitioned):
 
     # ------------------------------------------------------------------ setup
     def setup(self, dataset: Dataset, program: StageProgram, device: torch.device,
-              comm: Any = None, dtype: torch.dtype = torch.float32) -> DataPlan:
+              comm: Comm | None = None, dtype: torch.dtype = torch.float32) -> DataPlan:
         if comm is None:
             from fullgraph.comm.group import single_comm
 

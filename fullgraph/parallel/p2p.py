@@ -47,6 +47,7 @@ import torch
 from torch import Tensor
 
 from fullgraph.comm import primitives as prim
+from fullgraph.comm.group import Comm
 from fullgraph.comm.primitives import PendingExchange
 from fullgraph.graph.blocks import in_edges
 from fullgraph.graph.csr import Graph
@@ -231,7 +232,7 @@ class Phase:
 class P2PPlan(Plan):
     """A worker's state for P2P execution."""
 
-    comm: Any
+    comm: Comm
     graph: Graph
     book: PartitionBook
     rows: RowPlan
@@ -322,7 +323,7 @@ class P2PParallel(RowPartitioned):
 
     # ------------------------------------------------------------------ setup
     def setup(self, dataset: Dataset, program: StageProgram, device: torch.device,
-              comm: Any = None, dtype: torch.dtype = torch.float32) -> P2PPlan:
+              comm: Comm | None = None, dtype: torch.dtype = torch.float32) -> P2PPlan:
         if program.reduces_rows:
             raise ValueError(f"strategy p2p cannot run model {program.name!r} with batch "
                              "normalisation (batch_norm=True): p2p computes T stages in bins "
@@ -370,7 +371,7 @@ class P2PParallel(RowPartitioned):
         return DEFAULT_BIN_SIZE
 
     def _phases(self, program: StageProgram, graph: Graph, book: PartitionBook, rows: RowPlan,
-                bounds: list[tuple[int, int]], schedule: list[PhaseBins], comm: Any) -> list[Phase]:
+                bounds: list[tuple[int, int]], schedule: list[PhaseBins], comm: Comm) -> list[Phase]:
         rank, world = comm.rank, comm.world_size
         part_np = book.part_of.numpy().astype(np.int64)
         owned = rows.owned.numpy()

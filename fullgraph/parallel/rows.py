@@ -7,18 +7,16 @@ Strategies share code through this module, never by importing one another.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
 
 from fullgraph.comm import primitives as prim
+from fullgraph.comm.group import Comm
 from fullgraph.graph.data import Dataset
 from fullgraph.parallel.base import DistributedStrategy
 from fullgraph.partition import PartitionBook, PartitionOptions, partition
-
-if TYPE_CHECKING:
-    from fullgraph.comm.group import Comm
 
 
 class RowPartitioned(DistributedStrategy):

@@ -6,7 +6,7 @@ in order (``StageProgram.forward``). Keep it simple and obviously right.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -15,6 +15,9 @@ from fullgraph.graph.csr import Graph
 from fullgraph.graph.data import Dataset
 from fullgraph.models.stages import StageContext, StageProgram, propagation_inputs
 from fullgraph.parallel.base import LocalResult, Plan, Strategy, register
+
+if TYPE_CHECKING:
+    from fullgraph.comm.group import Comm
 
 
 @dataclass
@@ -44,7 +47,7 @@ class SingleProcess(Strategy):
     distributed = False  # type: ignore[assignment]
 
     def setup(self, dataset: Dataset, program: StageProgram, device: torch.device,
-              comm: Any = None, dtype: torch.dtype = torch.float32) -> SinglePlan:
+              comm: Comm | None = None, dtype: torch.dtype = torch.float32) -> SinglePlan:
         if comm is not None and comm.world_size > 1:
             raise ValueError(f"strategy 'single' runs on one worker, not {comm.world_size}; "
                              "choose a distributed strategy (e.g. --strategy data)")

@@ -32,6 +32,7 @@ import torch
 from torch import Tensor
 
 from fullgraph.comm.exchange import ExchangeTable
+from fullgraph.comm.group import Comm
 from fullgraph.comm.placement import (RowColLayout, cols_to_rows, gather_rows, halo_fetch,
                                       rows_to_cols)
 from fullgraph.comm.reduce import row_sum
@@ -61,7 +62,7 @@ class EdgePlan:
 class TensorPlan(Plan):
     """A worker's state for tensor-parallel execution."""
 
-    comm: Any
+    comm: Comm
     graph: Graph
     norms: dict[str, Tensor]
     row_counts: list[int]
@@ -142,7 +143,7 @@ class TensorParallel(DistributedStrategy):
         return torch.device(self.options.nn_device) if self.options.nn_device else device
 
     def setup(self, dataset: Dataset, program: StageProgram, device: torch.device,
-              comm: Any = None, dtype: torch.dtype = torch.float32) -> TensorPlan:
+              comm: Comm | None = None, dtype: torch.dtype = torch.float32) -> TensorPlan:
         if comm is None:
             from fullgraph.comm.group import single_comm
 
@@ -325,7 +326,7 @@ def _propagate_cols(plan: TensorPlan, h_cols: Tensor, weight: Tensor, dim: int) 
     return torch.cat(parts, dim=1) if parts else h_cols
 
 
-def _edge_plan(graph: Graph, row_counts: list[int], comm: Any) -> EdgePlan:
+def _edge_plan(graph: Graph, row_counts: list[int], comm: Comm) -> EdgePlan:
     """The block of this worker's destinations and the halo of their remote sources."""
     from fullgraph.comm import primitives as prim
 

@@ -20,12 +20,12 @@ communication overlaps the aggregation issued after it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
 
+from fullgraph.comm.group import Comm
 from fullgraph.comm.placement import RowColLayout
 from fullgraph.comm.primitives import all_to_all_v_start
 from fullgraph.ops.chunked import (Chunk, Ranges, chunk_aggregate, chunk_backward, put_ranges,
@@ -107,7 +107,7 @@ def first_reads(chunks: list[Chunk]) -> list[Tensor]:
 class _Blocks:
     """An exchange of 2-D blocks of different widths, flattened for ``all_to_all_v``."""
 
-    def __init__(self, send: list[Tensor], recv_shapes: list[tuple[int, int]], comm: Any,
+    def __init__(self, send: list[Tensor], recv_shapes: list[tuple[int, int]], comm: Comm,
                  phase: str) -> None:
         self.shapes = recv_shapes
         flat = [t.contiguous().reshape(-1) for t in send]
@@ -130,7 +130,7 @@ class Segment:
         account: device-memory accounting (default: None).
     """
 
-    comm: Any
+    comm: Comm
     layout: RowColLayout
     chunks: list[Chunk]
     new_rows: list[Tensor]
