@@ -371,7 +371,8 @@ class P2PParallel(RowPartitioned):
         return DEFAULT_BIN_SIZE
 
     def _phases(self, program: StageProgram, graph: Graph, book: PartitionBook, rows: RowPlan,
-                bounds: list[tuple[int, int]], schedule: list[PhaseBins], comm: Comm) -> list[Phase]:
+                bounds: list[tuple[int, int]], schedule: list[PhaseBins],
+                comm: Comm) -> list[Phase]:
         rank, world = comm.rank, comm.world_size
         part_np = book.part_of.numpy().astype(np.int64)
         owned = rows.owned.numpy()
