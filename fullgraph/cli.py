@@ -21,11 +21,9 @@ from fullgraph.errors import FullgraphError
 if TYPE_CHECKING:
     from fullgraph.comm.group import Comm
 
-# section field -> flag name, where the plain ``--field`` would be unclear
-FLAG_NAMES = {("model", "name"): "model", ("partition", "method"): "partitioner",
-              ("partition", "file"): "partition-file", ("partition", "seed"): "partition-seed",
-              ("data_parallel", "mode"): "dep-mode", ("launch", "timeout_s"): "timeout",
-              ("p2p", "schedule"): "p2p-schedule"}
+# core section field -> flag name, where the plain ``--field`` would be unclear; the
+# strategies declare theirs (``Strategy.flags``, ``parallel.base.SHARED_FLAGS``)
+FLAG_NAMES = {("model", "name"): "model", ("launch", "timeout_s"): "timeout"}
 
 
 CONVERT_EPILOG = """\
@@ -42,13 +40,34 @@ edge files of `convert edgelist`:
 """
 
 
-def _flag(section: str, name: str) -> str:
-    return "--" + FLAG_NAMES.get((section, name), name.replace("_", "-"))
+def flag_names() -> dict[tuple[str, str], str]:
+    """(section, field) -> flag, for every section. A strategy's flag that another
+    section already uses is namespaced with its section (``--<section>-<field>``), so
+    two strategies may both have, say, ``num_chunks``; earlier sections keep theirs."""
+    from fullgraph.config import sections
+    from fullgraph.parallel.base import section_flags
+
+    declared = {(sec, f): flag for sec, flags in section_flags().items() for f, flag in
+                flags.items()}
+    declared.update(FLAG_NAMES)
+    out: dict[tuple[str, str], str] = {}
+    taken: set[str] = {"config", "help"}
+    for section, cls in sections().items():
+        for f in dataclasses.fields(cls):
+            flag = declared.get((section, f.name), f.name.replace("_", "-"))
+            if flag in taken:
+                flag = f"{section.replace('_', '-')}-{f.name.replace('_', '-')}"
+            if flag in taken:
+                raise RuntimeError(f"flag --{flag} of {section}.{f.name} is taken twice")
+            taken.add(flag)
+            out[section, f.name] = flag
+    return out
 
 
 def _add_config_flags(parser: argparse.ArgumentParser) -> None:
     from fullgraph.config import sections
 
+    flags = flag_names()
     for section, cls in sections().items():
         group = parser.add_argument_group(f"{section} options")
         hints = typing.get_type_hints(cls)
@@ -59,11 +78,11 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
             default = f.default
             help_text = f"(default: {default})"
             if kind[0] is bool:
-                group.add_argument(_flag(section, f.name), dest=dest,
+                group.add_argument("--" + flags[section, f.name], dest=dest,
                                    action=argparse.BooleanOptionalAction, default=None,
                                    help=help_text)
             else:
-                group.add_argument(_flag(section, f.name), dest=dest, type=kind[0],
+                group.add_argument("--" + flags[section, f.name], dest=dest, type=kind[0],
                                    default=None, metavar=f.name.upper(), help=help_text)
 
 

@@ -196,54 +196,60 @@ class LaunchConfig:
         _require(self.timeout_s > 0, "launch", "timeout_s", self.timeout_s, "> 0")
 
 
-def _data_parallel_options() -> type:
-    from fullgraph.parallel.data import DataParallel
-
-    return DataParallel.Options
-
-
-def _tensor_parallel_options() -> type:
-    from fullgraph.parallel.tensor import TensorParallel
-
-    return TensorParallel.Options
+CORE_SECTIONS: dict[str, type] = {"data": DataConfig, "model": ModelConfig,
+                                  "train": TrainConfig, "runtime": RuntimeConfig,
+                                  "launch": LaunchConfig}
 
 
-def _p2p_options() -> type:
-    from fullgraph.parallel.p2p import P2PParallel
+def option_sections() -> dict[str, type]:
+    """The sections the strategies declare (their own and shared ones), by name."""
+    from fullgraph.parallel.base import option_sections as declared
 
-    return P2PParallel.Options
+    import fullgraph.parallel  # noqa: F401  (registers the strategies)
+
+    return declared()
 
 
-def _partition_options() -> type:
-    from fullgraph.partition import PartitionOptions
-
-    return PartitionOptions
+def _default_options() -> dict[str, Any]:
+    return {name: cls() for name, cls in option_sections().items()}
 
 
 @dataclass(frozen=True, kw_only=True)
 class Config:
-    """The whole option tree of a run."""
+    """The whole option tree of a run.
+
+    Attributes:
+        options: the strategy sections (``partition``, ``data_parallel``,
+            ``tensor_parallel``, ``p2p``, ...), each the options dataclass its
+            strategy declares; ``section(name)`` reads one.
+    """
 
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     launch: LaunchConfig = field(default_factory=LaunchConfig)
-    partition: Any = field(default_factory=lambda: _partition_options()())
-    data_parallel: Any = field(default_factory=lambda: _data_parallel_options()())
-    tensor_parallel: Any = field(default_factory=lambda: _tensor_parallel_options()())
-    p2p: Any = field(default_factory=lambda: _p2p_options()())
+    options: dict[str, Any] = field(default_factory=_default_options)
+
+    def __post_init__(self) -> None:
+        merged = _default_options()
+        merged.update(self.options)
+        object.__setattr__(self, "options", merged)
+
+    def section(self, name: str) -> Any:
+        """One section by name, core or strategy-declared."""
+        return getattr(self, name) if name in CORE_SECTIONS else self.options[name]
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """Every section as a plain dict, in the layout of a config file."""
+        out = {name: dataclasses.asdict(getattr(self, name)) for name in CORE_SECTIONS}
+        out.update({name: dataclasses.asdict(v) for name, v in self.options.items()})
+        return out
 
 
 def sections() -> dict[str, type]:
     """Section name -> its options dataclass (strategy sections included)."""
-    return {"data": DataConfig, "model": ModelConfig, "train": TrainConfig,
-            "runtime": RuntimeConfig, "launch": LaunchConfig, "partition": _partition_options(),
-            "data_parallel": _data_parallel_options(),
-            "tensor_parallel": _tensor_parallel_options(), "p2p": _p2p_options()}
+    return {**CORE_SECTIONS, **option_sections()}
 
 
 def config_from_dict(tree: dict[str, Any], source: str = "config") -> Config:
@@ -259,7 +265,8 @@ def config_from_dict(tree: dict[str, Any], source: str = "config") -> Config:
         if not isinstance(values, dict):
             raise ConfigError(f"{source}: section {name!r} must be a mapping")
         built[name] = _build_section(known[name], values, f"{source}: {name}")
-    return Config(**built)
+    core = {k: v for k, v in built.items() if k in CORE_SECTIONS}
+    return Config(**core, options={k: v for k, v in built.items() if k not in CORE_SECTIONS})
 
 
 def _build_section(cls: type, values: dict[str, Any], where: str) -> Any:

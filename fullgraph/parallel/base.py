@@ -16,6 +16,7 @@ import time
 import warnings
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import torch
@@ -23,6 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fullgraph.graph.data import Dataset
+from fullgraph.partition.options import PartitionOptions
 from fullgraph.models.stages import StageProgram
 from fullgraph.models.walk import describe
 
@@ -102,6 +104,12 @@ class Strategy(ABC):
     """Base class of the executors; see the module docstring."""
 
     name: ClassVar[str]
+    section: ClassVar[str | None] = None
+    """The name of this strategy's own config section (its ``Options``), if any."""
+    shared_sections: ClassVar[tuple[str, ...]] = ()
+    """Sections of shared components it also reads (keys of ``SHARED_SECTIONS``)."""
+    flags: ClassVar[dict[str, str]] = {}
+    """Option field -> command-line flag (without ``--``) where ``--field`` is unclear."""
 
     @dataclass(frozen=True, kw_only=True)
     class Options:
@@ -111,9 +119,9 @@ class Strategy(ABC):
         self.options = options if options is not None else self.Options()
 
     @classmethod
-    def from_config(cls, cfg: Any) -> "Strategy":
-        """Build from the run's Config, taking only this strategy's own sections."""
-        return cls()
+    def from_sections(cls, sections: Mapping[str, Any]) -> "Strategy":
+        """Build from the run's option sections, taking only the ones it declares."""
+        return cls(sections[cls.section]) if cls.section else cls()
 
     def model_device(self, device: torch.device) -> torch.device:
         """Where the model's parameters (the T / E stages) live; ``device`` by default."""
@@ -230,26 +238,57 @@ def register(cls: type[Strategy]) -> type[Strategy]:
     return cls
 
 
-# which strategies read each strategy-specific config section
-SECTION_USERS = {"partition": ("data", "p2p"), "data_parallel": ("data",),
-                 "tensor_parallel": ("tensor",), "p2p": ("p2p",)}
+SHARED_SECTIONS: dict[str, type] = {"partition": PartitionOptions}
+"""Options of components that several strategies share, by config section."""
+SHARED_FLAGS: dict[str, dict[str, str]] = {
+    "partition": {"method": "partitioner", "file": "partition-file", "seed": "partition-seed"}}
+
+
+def option_sections() -> dict[str, type]:
+    """Config section -> options dataclass, for the shared components and every
+    registered strategy (in registration order)."""
+    out = {name: cls for name, cls in SHARED_SECTIONS.items()
+           if any(name in s.shared_sections for s in STRATEGIES.values())}
+    for strategy in STRATEGIES.values():
+        if strategy.section:
+            out[strategy.section] = strategy.Options
+    return out
+
+
+def section_flags() -> dict[str, dict[str, str]]:
+    """Config section -> its own flag names (field -> flag) where they are not ``--field``."""
+    out = {name: dict(flags) for name, flags in SHARED_FLAGS.items()}
+    for strategy in STRATEGIES.values():
+        if strategy.section:
+            out[strategy.section] = dict(strategy.flags)
+    return out
+
+
+def section_users() -> dict[str, tuple[str, ...]]:
+    """Config section -> the strategies that read it."""
+    users: dict[str, list[str]] = {}
+    for strategy in STRATEGIES.values():
+        for section in (strategy.section, *strategy.shared_sections):
+            if section:
+                users.setdefault(section, []).append(strategy.name)
+    return {k: tuple(v) for k, v in users.items()}
 
 
 def build_strategy(cfg: Any) -> Strategy:
-    """The strategy ``cfg.runtime.strategy`` names, with its options from ``cfg``.
+    """The strategy ``cfg.runtime.strategy`` names, with the option sections it reads.
 
     Options of a section the chosen strategy does not read are not ignored silently:
     a warning names them.
     """
     name = cfg.runtime.strategy
-    for section, users in SECTION_USERS.items():
-        given = getattr(cfg, section)
+    for section, users in section_users().items():
+        given = cfg.options[section]
         changed = [f.name for f in dataclasses.fields(given)
                    if getattr(given, f.name) != f.default]
         if changed and name not in users:
             warnings.warn(f"{section} options {', '.join(changed)} have no effect with "
                           f"strategy {name!r} (they apply to {', '.join(users)})", stacklevel=2)
-    return get_strategy(name).from_config(cfg)
+    return get_strategy(name).from_sections(cfg.options)
 
 
 def get_strategy(name: str) -> type[Strategy]:

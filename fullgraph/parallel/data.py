@@ -97,6 +97,7 @@ class DataParallel(RowPartitioned):
 
     name = "data"
     section = "data_parallel"
+    flags = {"mode": "dep-mode"}
 
     @dataclass(frozen=True, kw_only=True)
     class Options:

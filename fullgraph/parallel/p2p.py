@@ -291,6 +291,7 @@ class P2PParallel(RowPartitioned):
 
     name = "p2p"
     section = "p2p"
+    flags = {"schedule": "p2p-schedule"}
 
     @dataclass(frozen=True, kw_only=True)
     class Options:

@@ -7,7 +7,8 @@ Strategies share code through this module, never by importing one another.
 """
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -20,21 +21,17 @@ from fullgraph.partition import PartitionBook, PartitionOptions, partition
 
 
 class RowPartitioned(DistributedStrategy):
-    """A strategy over a vertex partition: its own options plus the partition section.
+    """A strategy over a vertex partition: its own options plus the partition section."""
 
-    Attributes:
-        section: the name of the strategy's own section of the run's Config.
-    """
-
-    section: ClassVar[str]
+    shared_sections = ("partition",)
 
     def __init__(self, options: Any = None, partition: PartitionOptions | None = None) -> None:
         super().__init__(options)
         self.partition = partition or PartitionOptions()
 
     @classmethod
-    def from_config(cls, cfg: Any) -> RowPartitioned:
-        return cls(getattr(cfg, cls.section), cfg.partition)
+    def from_sections(cls, sections: Mapping[str, Any]) -> RowPartitioned:
+        return cls(sections[cls.section], sections["partition"])
 
     @staticmethod
     def owned_targets(dataset: Dataset, owned: Tensor, device: torch.device) -> dict[str, Any]:

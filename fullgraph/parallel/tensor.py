@@ -96,6 +96,7 @@ class TensorParallel(DistributedStrategy):
     """Column-split propagation, row-split transforms (NeutronTP)."""
 
     name = "tensor"
+    section = "tensor_parallel"
 
     @dataclass(frozen=True, kw_only=True)
     class Options:
@@ -134,10 +135,6 @@ class TensorParallel(DistributedStrategy):
                 parse_bytes(self.device_memory)  # raises on a bad size
             if self.num_chunks is not None and self.num_chunks < 1:
                 raise ValueError(f"num_chunks must be >= 1, got {self.num_chunks}")
-
-    @classmethod
-    def from_config(cls, cfg: Any) -> "TensorParallel":
-        return cls(cfg.tensor_parallel)
 
     def model_device(self, device: torch.device) -> torch.device:
         return torch.device(self.options.nn_device) if self.options.nn_device else device
