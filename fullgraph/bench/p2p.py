@@ -142,17 +142,13 @@ def bin_size(args: argparse.Namespace, world: int) -> int:
 def timed_partitioner() -> Iterator[dict[str, float]]:
     """Times the partitioner that ``partition_book`` calls (rank 0, inside setup).
 
-    Wraps ``fullgraph.parallel.data.partition`` in this process only, for the block;
-    yields a dict that gets ``"seconds"``. If that name is gone it stays empty (the
-    setup time still covers the partitioning).
+    Wraps ``fullgraph.parallel.rows.partition`` in this process only, for the block;
+    yields a dict that gets ``"seconds"``.
     """
-    from fullgraph.parallel import data
+    from fullgraph.parallel import rows
 
     timing: dict[str, float] = {}
-    original = getattr(data, "partition", None)
-    if original is None:
-        yield timing
-        return
+    original = rows.partition
 
     def timed(*a: Any, **kw: Any) -> Any:
         t0 = time.perf_counter()
@@ -161,11 +157,11 @@ def timed_partitioner() -> Iterator[dict[str, float]]:
         finally:
             timing["seconds"] = timing.get("seconds", 0.0) + time.perf_counter() - t0
 
-    data.partition = timed
+    rows.partition = timed  # type: ignore[assignment]
     try:
         yield timing
     finally:
-        data.partition = original
+        rows.partition = original
 
 
 def plan_info(plan: Any, rank: int) -> dict[str, Any]:
