@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 from fullgraph.comm import primitives as prim
 from fullgraph.comm.group import ByteCounter, Comm
@@ -117,7 +117,7 @@ def split_comm(comm: Comm, groups: Sequence[Sequence[int]],
         group = prim.new_group(ranks, comm) if len(ranks) > 1 else None
         if comm.rank in ranks:
             mine = Comm(rank=ranks.index(comm.rank), world_size=len(ranks), group=group,
-                        timeout=comm.timeout, counter=GroupCounter(comm.counter, name + "/"),
+                        timeout=comm.timeout, counter=cast(ByteCounter, GroupCounter(comm.counter, name + "/")),
                         device=comm.device, p2p_all_to_all=comm.p2p_all_to_all,
                         global_ranks=ranks, name=name)
     return mine
@@ -127,7 +127,8 @@ def _check_groups(groups: Sequence[Sequence[int]], world_size: int) -> list[tupl
     if isinstance(groups, (str, bytes)) or not isinstance(groups, Sequence) or not groups:
         raise ValueError(f"split: groups must be a non-empty list of lists of world ranks, "
                          f"got {groups!r}")
-    out, seen = [], {}
+    out: list[tuple[int, ...]] = []
+    seen: dict[int, int] = {}
     for i, group in enumerate(groups):
         try:
             ranks = tuple(operator.index(r) for r in group)

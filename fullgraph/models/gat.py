@@ -82,6 +82,7 @@ class GATOutput(Transform):
             x = x.view(-1, self.heads, self.channels).mean(1)
         y = x + self.bias
         if self.residual:
+            assert layer_input is not None, "a residual stage reads the layer input"
             y = y + layer_input
         return self.act(y) if self.act is not None else y
 

@@ -36,6 +36,7 @@ class GINUpdate(Transform):
         self.act_name, self.act = act, activation(act)
 
     def forward(self, x: Tensor, ctx: StageContext, layer_input: Tensor | None = None) -> Tensor:
+        assert layer_input is not None, "GIN's update reads the layer input"
         h = self.lin1(x + (1.0 + self.eps) * layer_input)
         if self.norm is not None:
             h = self.norm(h, ctx)

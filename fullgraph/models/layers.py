@@ -108,10 +108,12 @@ class Dense(Transform):
         y = self.lin(x) if self.lin is not None else x
         if self.bias is not None:
             y = y + self.bias
-        if self.root is not None:
-            y = y + self.root(layer_input)
-        if self.residual:
-            y = y + layer_input
+        if self.root is not None or self.residual:
+            assert layer_input is not None, "this stage reads the layer input"
+            if self.root is not None:
+                y = y + self.root(layer_input)
+            if self.residual:
+                y = y + layer_input
         return self.act(y) if self.act is not None else y
 
     def extra_repr(self) -> str:

@@ -37,6 +37,8 @@ class GlobalBatchNorm(nn.Module):
         self.dim, self.eps, self.momentum = dim, float(eps), float(momentum)
         self.weight = nn.Parameter(torch.ones(dim))
         self.bias = nn.Parameter(torch.zeros(dim))
+        self.running_mean: Tensor
+        self.running_var: Tensor
         self.register_buffer("running_mean", torch.zeros(dim))
         self.register_buffer("running_var", torch.ones(dim))
 

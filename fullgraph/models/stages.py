@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Callable, ClassVar
+from collections.abc import Iterator
+from typing import Callable, ClassVar, overload
 
 import torch
 from torch import Tensor, nn
@@ -83,10 +84,13 @@ def stage_seed(seed: int, index: int) -> int:
 
 
 class Stage(nn.Module):
-    """Common base: every stage knows its kind and its index in the program."""
+    """Common base: every stage knows its kind, its index in the program and its
+    widths (an E stage's ``out_dim`` is its number of heads)."""
 
     kind: ClassVar[StageKind]
     index: int = -1
+    in_dim: int
+    out_dim: int
 
     def extra_repr(self) -> str:
         return f"index={self.index}"
@@ -166,6 +170,22 @@ class Propagate(Stage):
         return f"index={self.index}, dim={self.in_dim}, norm={self.norm}"
 
 
+class StageList(nn.ModuleList):
+    """The stages of a program: an ``nn.ModuleList`` whose items are typed as stages."""
+
+    @overload  # type: ignore[override]
+    def __getitem__(self, idx: int) -> Stage: ...
+
+    @overload
+    def __getitem__(self, idx: slice) -> StageList: ...
+
+    def __getitem__(self, idx: int | slice) -> Stage | StageList:
+        return super().__getitem__(idx)  # type: ignore[return-value]
+
+    def __iter__(self) -> Iterator[Stage]:
+        return super().__iter__()  # type: ignore[return-value]
+
+
 class StageProgram(nn.Module):
     """A GNN as an ordered list of stages, plus what its propagation graph must be.
 
@@ -181,7 +201,7 @@ class StageProgram(nn.Module):
 
     def __init__(self, stages: list[Stage], *, self_loops: bool, name: str) -> None:
         super().__init__()
-        self.stages = nn.ModuleList(stages)
+        self.stages = StageList(stages)
         self.self_loops = self_loops
         self.name = name
         self.layer_of: list[int] = []
@@ -205,6 +225,12 @@ class StageProgram(nn.Module):
     def norms(self) -> set[str]:
         """The fixed edge normalisations the P stages need (``edge`` excluded)."""
         return {s.norm for s in self.stages if isinstance(s, Propagate) and s.norm != "edge"}
+
+    def propagate_stage(self, s: int) -> Propagate:
+        """Stage ``s``, which must be a P stage."""
+        stage = self.stages[s]
+        assert isinstance(stage, Propagate), f"stage {s} is not a P stage"
+        return stage
 
     @property
     def reduces_rows(self) -> bool:

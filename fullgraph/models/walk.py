@@ -19,6 +19,7 @@ This module must not import ``fullgraph.comm`` or ``fullgraph.parallel``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import cast
 
 from torch import Tensor
 
@@ -207,5 +208,6 @@ class GraphRunner(Runner):
         return stage(self.graph, h, h, self.ctx)
 
     def propagate(self, s: int, stage: Stage, h: Tensor, edge_weights: Tensor | None) -> Tensor:
-        weight = self.norms[stage.norm] if edge_weights is None else edge_weights
-        return stage(self.graph, h, weight)
+        if edge_weights is None:
+            edge_weights = self.norms[cast(Propagate, stage).norm]
+        return stage(self.graph, h, edge_weights)

@@ -19,6 +19,7 @@ and S_k distinct sources.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import overload
 
 import numpy as np
 import torch
@@ -150,6 +151,14 @@ def chunked_spmm(chunks: list[Chunk], num_dst: int, x: Tensor, weight: Tensor | 
     return _ChunkedSpMM.apply(x, weight, chunks, num_dst, device, account)
 
 
+@overload
+def _to(t: Tensor, device: torch.device) -> Tensor: ...
+
+
+@overload
+def _to(t: None, device: torch.device) -> None: ...
+
+
 def _to(t: Tensor | None, device: torch.device) -> Tensor | None:
     if t is None or t.device == device:
         return t
@@ -212,6 +221,7 @@ def chunk_backward(c: Chunk, grad_rows: Tensor, x: Tensor | None, weight: Tensor
     if grad_x is not None:
         _source_grads(c, gout, weight, grad_x, device, account)
     if grad_w is not None:
+        assert x is not None, "edge-weight gradients need the source rows"
         _weight_grads(c, gout, x, grad_w, device, account)
     _release(account, held)
 

@@ -21,14 +21,15 @@ try:  # numba is optional: ops fall back to torch kernels without it
     from numba import njit, prange
     HAVE_NUMBA = True
 except ImportError:  # pragma: no cover - exercised in the no-numba CI job
-    numba = None
+    numba = None  # type: ignore[assignment]
     HAVE_NUMBA = False
 
 
 def set_threads(num_threads: int) -> None:
     """Use ``num_threads`` numba threads (clamped to what numba was started with)."""
     if HAVE_NUMBA:
-        numba.set_num_threads(max(1, min(num_threads, numba.config.NUMBA_NUM_THREADS)))
+        limit = numba.config.NUMBA_NUM_THREADS  # type: ignore[attr-defined]
+        numba.set_num_threads(max(1, min(num_threads, limit)))
 
 
 if HAVE_NUMBA:
