@@ -25,7 +25,7 @@ from fullgraph.ops.spmm import resolve_backend, set_backend
 from fullgraph.comm.primitives import all_gather_object
 from fullgraph.parallel import build_strategy
 from fullgraph.parallel.base import Plan, Strategy
-from fullgraph.profile import EpochProfile, Profiler, summary_lines
+from fullgraph.profile import EpochProfile, Profiler, split_waiting, summary_lines
 from fullgraph.report import EpochRecord, Reporter
 
 
@@ -132,7 +132,7 @@ def train(dataset: Dataset, cfg: Config, *, reporter: Reporter | None = None,
         reporter.epoch(rec)
         if comm is not None and world > 1:
             phase(f"epoch {epoch} metrics")
-            gathered = all_gather_object(prof, comm, "metrics")
+            gathered = split_waiting(all_gather_object(prof, comm, "metrics"))
             profiles.append(gathered)
             reporter.ranks([asdict(p) for p in gathered])
     phase("done")

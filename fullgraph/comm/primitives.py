@@ -93,6 +93,7 @@ def _dist_op(op: ReduceOp | str) -> Any:
 def _guarded(comm: Comm, phase: str, collective: str, sent: int, recv: int) -> Iterator[None]:
     """Time one call, count its bytes, and re-raise backend failures as CommError."""
     start = time.perf_counter()
+    comm.counter.enter(phase, collective)
     try:
         yield
     except CommError:
@@ -100,6 +101,8 @@ def _guarded(comm: Comm, phase: str, collective: str, sent: int, recv: int) -> I
     except (RuntimeError, TimeoutError) as err:
         raise CommError(comm.rank, comm.world_size, phase, collective, err,
                         time.perf_counter() - start, comm.timeout) from err
+    finally:
+        comm.counter.leave()
     comm.counter.add(phase, sent, recv, time.perf_counter() - start)
 
 
