@@ -52,6 +52,9 @@ class CommError(RuntimeError):
         phase: the phase name the call was made under.
         collective: the primitive that failed, e.g. "all_reduce".
         cause: the backend's original exception.
+        seconds: how long the call had waited when it failed.
+        timed_out: it failed because it waited (about) the whole timeout, not because
+            a peer's connection broke.
     """
 
     def __init__(self, rank: int, world_size: int, phase: str, collective: str,
@@ -60,6 +63,8 @@ class CommError(RuntimeError):
         self.phase = phase
         self.collective = collective
         self.cause = cause
+        self.seconds = seconds
+        self.timed_out = seconds >= 0.9 * timeout.total_seconds()
         self._args = (rank, world_size, phase, collective, cause, seconds, timeout)
         super().__init__(
             f"rank {rank} of {world_size}: {collective} in phase {phase!r} failed after "
