@@ -48,15 +48,16 @@ class ByteCounter:
     copy to itself (e.g. ``send[rank]`` of an all-to-all) is never counted. How each
     collective is counted is documented in ``primitives.py``.
 
-    It also keeps the (phase, seconds) of each call since the last ``take_calls`` (the
-    profiler compares them across ranks to split waiting from transfer), and progress:
+    Once ``take_calls`` has been called, it also keeps the (phase, seconds) of each call
+    made since the last ``take_calls`` (the profiler compares them across ranks to split
+    waiting from transfer; before that nothing is kept), and progress:
     ``entered`` blocking calls so far and the one this rank is ``inside`` (or None), which
     a launcher's heartbeat reports so that a rank that never reached a call is found.
     """
 
     def __init__(self) -> None:
         self._phases: dict[str, PhaseCount] = {}
-        self._calls: list[tuple[str, float]] = []
+        self._calls: list[tuple[str, float]] | None = None  # None: not recording
         self.entered = 0
         self.inside: str | None = None
 
@@ -76,11 +77,13 @@ class ByteCounter:
         count.recv += int(recv)
         count.calls += 1
         count.seconds += float(seconds)
-        self._calls.append((phase, float(seconds)))
+        if self._calls is not None:
+            self._calls.append((phase, float(seconds)))
 
     def take_calls(self) -> list[tuple[str, float]]:
-        """The (phase, seconds) of every call since the previous ``take_calls``, in order."""
-        calls, self._calls = self._calls, []
+        """The (phase, seconds) of every call since the previous ``take_calls``, in order
+        (none the first time: this call starts the recording)."""
+        calls, self._calls = self._calls or [], []
         return calls
 
     def snapshot(self) -> dict[str, dict[str, Any]]:
@@ -99,7 +102,7 @@ class ByteCounter:
     def reset(self) -> None:
         """Forget every phase and call."""
         self._phases.clear()
-        self._calls.clear()
+        self._calls = None
 
     def __repr__(self) -> str:
         return f"ByteCounter({self.snapshot()!r})"
