@@ -44,8 +44,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fullgraph.errors import ConfigError
-from fullgraph.worker import (RUN_DIR_ENV, SUPERVISED_ENV, WorkerStatus,  # noqa: F401
-                              run_worker)
+from fullgraph.worker import (HEARTBEAT_S, RUN_DIR_ENV, SUPERVISED_ENV,  # noqa: F401
+                              WorkerStatus, run_worker)
 
 WORKERS_PER_CORE = 4
 """More local workers than this per core are refused without ``oversubscribe``."""
@@ -217,6 +217,7 @@ class Supervisor:
         self.failed: dict[int, WorkerExit] = {}
         self.killed: set[int] = set()
         self.deadline: float | None = None
+        self._next_look = 0.0  # heartbeats change every HEARTBEAT_S: read them that often
 
     def step(self) -> bool:
         """One look at the workers; False once none is running."""
@@ -248,8 +249,9 @@ class Supervisor:
     def _unresponsive(self) -> list[tuple[int, str]]:
         """Running ranks that stopped responding, with the evidence (module doc)."""
         alive = [r for r, p in enumerate(self.procs) if p.poll() is None and r not in self.failed]
-        if not alive:
+        if not alive or time.monotonic() < self._next_look:
             return []
+        self._next_look = time.monotonic() + HEARTBEAT_S
         reports = [read_json(self.dir / f"failure-rank{r}.json") for r in self.failed]
         timed_out = [r for r in reports if r and r.get("timed_out")]
         # a peer timed out and nothing else explains it: someone never reached the call
@@ -258,12 +260,11 @@ class Supervisor:
         out = []
         for rank in alive:
             beat = read_json(self.dir / f"heartbeat-rank{rank}")
-            age = time.time() - beat["time"] if beat else None
-            if age is not None and age > self.timeout:
-                out.append((rank, f"no heartbeat for {age:.0f} s"
-                                  f"{_stopped_note(self.procs[rank].pid)}"))
-            elif waited is not None and (beat is None or age > 3.0
-                                         or beat["entered"] < waited["entered"]):
+            age = time.time() - beat["time"] if beat else float("inf")
+            silent = "no heartbeat yet" if beat is None else f"no heartbeat for {age:.0f} s"
+            if beat is not None and age > self.timeout or waited is not None and age > 3.0:
+                out.append((rank, silent + _stopped_note(self.procs[rank].pid)))
+            elif waited is not None and beat["entered"] < waited["entered"]:
                 out.append((rank, f"it never reached the {waited['inside']} that rank "
                                   f"{waited['rank']} timed out waiting in"))
         return out

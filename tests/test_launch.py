@@ -442,3 +442,45 @@ def test_user_error_in_a_worker_is_one_line_and_exit_2(tmp_path):
     assert text.splitlines() == [
         "fullgraph: worker rank 1 failed during setup: ValidationError: book.npz: partition "
         "book is for another graph", f"fullgraph: ranks [0] stopped after it; logs in {tmp_path}"]
+
+
+class FakeWorker:
+    """Stands for a worker process in ``Supervisor``: running until killed or given a code."""
+
+    def __init__(self, code: int | None = None) -> None:
+        self.code, self.pid = code, os.getpid()
+
+    def poll(self) -> int | None:
+        return self.code
+
+    def kill(self) -> None:
+        self.code = -9
+
+
+def test_supervisor_finds_the_rank_that_never_reached_the_collective(tmp_path):
+    """Rank 0 timed out in call 10; rank 1 waits in it too; rank 2 is alive but still at
+    call 7 (a loop outside any collective); rank 3 stopped beating long ago."""
+    from fullgraph.launch import Supervisor, describe_failure
+
+    now = time.time()
+    (tmp_path / "failure-rank0.json").write_text(json.dumps(
+        {"rank": 0, "phase": "epoch 4 training step", "time": now, "peer_failure": True,
+         "timed_out": True, "entered": 10, "inside": "all_reduce in phase 'grad-sync'",
+         "error": "CommError: timed out", "traceback": "Traceback ..."}))
+    for rank, (age, entered) in {1: (0.2, 10), 2: (0.2, 7), 3: (100.0, 9)}.items():
+        (tmp_path / f"heartbeat-rank{rank}").write_text(json.dumps(
+            {"time": now - age, "phase": "epoch 4 training step", "entered": entered,
+             "inside": None}))
+        (tmp_path / f"status-rank{rank}").write_text("epoch 4 training step")
+    procs = [FakeWorker(1), FakeWorker(), FakeWorker(), FakeWorker()]
+    sup = Supervisor(procs, tmp_path, timeout_s=60)
+    assert sup.step()  # rank 1 still runs: it is killed after the grace period
+    assert sorted(sup.failed) == [0, 2, 3] and [p.code for p in procs] == [1, None, -9, -9]
+    assert sup.failed[2].hung == ("it never reached the all_reduce in phase 'grad-sync' that "
+                                  "rank 0 timed out waiting in")
+    assert sup.failed[3].hung == "no heartbeat for 100 s"
+    text, code = describe_failure(list(sup.failed.values()), tmp_path)
+    assert code == 1 and text.splitlines()[0] == (
+        "fullgraph: worker rank 3 failed during epoch 4 training step: stopped responding "
+        "(no heartbeat for 100 s); killed by the launcher")
+    assert "Traceback" not in text
