@@ -351,8 +351,10 @@ def test_raising_worker_is_named_not_its_peer(long_run, tmp_path, peer):
     rules = "1:epoch 3 training step:raise"
     if peer == "hangs":
         rules += ";0:epoch 3 training step:hang"
-    run = long_run(8, PYTHONPATH=str(site), FG_TEST_INJECT=rules)
-    code, took, err = run.wait(limit_s=50)
+    # the workers import sitecustomize from site/, and fullgraph from where this test does
+    path = os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH")) if p)
+    run = long_run(8, PYTHONPATH=path, FG_TEST_INJECT=rules)
+    code, took, err = run.wait(limit_s=90)
     run.load_pids()
     assert code != 0, err
     assert launcher_verdict(err) == ("fullgraph: worker rank 1 failed during epoch 3 training "
