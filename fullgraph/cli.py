@@ -189,14 +189,23 @@ def cmd_train(args: argparse.Namespace) -> int:
     from fullgraph import launch
 
     cfg = config_from_args(args)
-    if cfg.launch.workers > 1 and not launch.under_launcher():
-        from fullgraph.graph import datasets
-
-        datasets.load_for(cfg.data)  # process it once here, and fail here if it is bad
-        return launch.launch_local(args.argv, cfg.launch.workers, timeout_s=cfg.launch.timeout_s,
-                                   run_dir=cfg.launch.run_dir, threads=cfg.runtime.threads)
     if launch.under_launcher():
+        conflict = launch.torchrun_conflict(cfg.launch.workers)
+        if conflict:  # every worker refuses; one says why
+            if os.environ.get("RANK") == "0":
+                print(f"fullgraph {args.command}: error: {conflict}", file=sys.stderr)
+            return 2
         return launch.run_worker(lambda status: _train(cfg, status))
+    if cfg.launch.workers > 1:
+        from fullgraph.graph import datasets
+        from fullgraph.train import check_before_launch
+
+        launch.check_workers(cfg.launch.workers, cfg.launch.oversubscribe)
+        # process the dataset once here, and find the user's errors before any worker starts
+        check_before_launch(cfg, datasets.load_for(cfg.data), cfg.launch.workers)
+        return launch.launch_local(args.argv, cfg.launch.workers, timeout_s=cfg.launch.timeout_s,
+                                   run_dir=cfg.launch.run_dir, threads=cfg.runtime.threads,
+                                   keep_run_dir=cfg.launch.keep_run_dir)
     return _train(cfg, None)
 
 
@@ -218,13 +227,15 @@ def _train(cfg: Any, status: Any) -> int:
     from fullgraph.allocator import active_allocator, transparent_hugepages
     from fullgraph.comm.group import destroy_comm, init_comm
     from fullgraph.report import Reporter
-    from fullgraph.train import train
+    from fullgraph.train import check_device, train
 
+    check_device(cfg.train.device)
     comm = None
     if status is not None:
         backend = None if cfg.launch.backend == "auto" else cfg.launch.backend
         device = "cuda" if cfg.train.device.startswith("cuda") else "cpu"
         comm = init_comm(backend=backend, timeout_s=cfg.launch.timeout_s, device=device)
+        status.watch(comm.counter)
     rank = comm.rank if comm is not None else 0
     try:
         dataset = _load_once_per_host(cfg, comm)

@@ -181,13 +181,18 @@ class LaunchConfig:
 
     ``workers > 1`` starts local worker processes unless the process already runs
     under a launcher (torchrun sets RANK / WORLD_SIZE). ``timeout_s`` bounds every
-    collective and peer-to-peer wait; a dead peer is reported within it.
+    collective and peer-to-peer wait; a dead or hung peer is reported within it.
+    ``run_dir`` (logs, status files) defaults to a temporary directory that is removed
+    after a successful run unless ``keep_run_dir``. More workers than 4 per core, or
+    than the memory can hold, are refused unless ``oversubscribe``.
     """
 
     workers: int = 1
     backend: str = "auto"
     timeout_s: float = 300.0
     run_dir: str | None = None
+    keep_run_dir: bool = False
+    oversubscribe: bool = False
 
     def __post_init__(self) -> None:
         _require(self.workers >= 1, "launch", "workers", self.workers, ">= 1")

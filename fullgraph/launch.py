@@ -5,31 +5,55 @@ entry point, with the environment torchrun gives its workers (RANK, WORLD_SIZE,
 LOCAL_RANK, MASTER_ADDR=127.0.0.1, a free MASTER_PORT picked here). Under torchrun
 the variables are already set, so one box and many hosts run the same code.
 
-Workers split the cores: unless ``--threads`` is given, each uses
-``max(1, cores // local workers)`` intra-op threads (oversubscription is a known
+Before starting anything, ``check_workers`` refuses more workers than this machine
+can run (more than ``WORKERS_PER_CORE`` per core, or more than the available memory
+holds at ``WORKER_MEMORY_BYTES`` each) unless told to oversubscribe, and warns when
+workers outnumber cores. Workers split the cores: unless ``--threads`` is given, each
+uses ``max(1, cores // local workers)`` intra-op threads (oversubscription is a known
 cause of several-fold slowdowns). Rank 0 prints to the terminal; other ranks write
-``rank<R>.log`` in the run directory. A worker that fails writes
-``failure-rank<R>.json`` (rank, phase, error, traceback) and exits non-zero; a
-worker that dies leaves only its ``status-rank<R>`` file (its last phase). The
-launcher then stops the others within the timeout and prints the first real
-failure: the earliest one that is not a peer's reaction to it.
+``rank<R>.log`` in the run directory, a temporary one unless ``--run-dir`` names it,
+removed after a successful run unless ``--keep-run-dir``.
+
+The workers keep status, heartbeat and failure files there (``fullgraph.worker``).
+The supervisor names the root cause of a failure, once, leading with it:
+
+- a worker that dies (a signal, an exit without a report) or raises on its own; its
+  peers then get ``timeout`` to stop before they are killed;
+- a worker that stops responding: its heartbeat is older than the timeout (stopped,
+  or stuck in C code), or, when a peer's collective timed out, it has entered fewer
+  communication calls than that peer (it never reached the call). It is killed at
+  once, and the others get ``GRACE_S`` (they have waited a timeout already);
+- otherwise the earliest peer failure (``CommError``), and everything else is killed
+  after ``GRACE_S``.
+
+Its exit code is 2 when the root cause is a user error (bad option or file), else 1.
 """
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
-import traceback
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
-RUN_DIR_ENV = "FULLGRAPH_RUN_DIR"
+from fullgraph.errors import ConfigError
+from fullgraph.worker import (HEARTBEAT_S, RUN_DIR_ENV, SUPERVISED_ENV,  # noqa: F401
+                              WorkerStatus, run_worker)
+
+WORKERS_PER_CORE = 4
+"""More local workers than this per core are refused without ``oversubscribe``."""
+WORKER_MEMORY_BYTES = 400 * 2**20
+"""A floor on one worker's memory: Python, torch and its kernels, before any data."""
+GRACE_S = 5.0
+"""How long the other workers get once a peer failure or a hang has been found."""
+RUN_FILES = ("pid-rank*", "status-rank*", "heartbeat-rank*", "failure-rank*.json")
 
 
 def under_launcher() -> bool:
@@ -44,9 +68,60 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def available_cores() -> int:
+    """The cores this process may run on."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return os.cpu_count() or 1
+
+
+def available_memory() -> int | None:
+    """Bytes of memory available to new processes (MemAvailable), or None if unknown."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 def threads_per_worker(local_workers: int) -> int:
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return max(1, (cores or 1) // max(1, local_workers))
+    return max(1, available_cores() // max(1, local_workers))
+
+
+def check_workers(workers: int, oversubscribe: bool) -> None:
+    """Refuse a worker count this machine cannot run; warn when workers outnumber cores.
+
+    Raises:
+        ConfigError: more than ``WORKERS_PER_CORE`` workers per core, or more than the
+            available memory holds, and ``oversubscribe`` is False.
+    """
+    cores, memory = available_cores(), available_memory()
+    need = workers * WORKER_MEMORY_BYTES
+    override = "or --oversubscribe to start them anyway"
+    if not oversubscribe and workers > WORKERS_PER_CORE * cores:
+        raise ConfigError(f"launch.workers: {workers} workers on {cores} cores is more than "
+                          f"{WORKERS_PER_CORE} per core; use --workers {cores} or fewer, "
+                          f"{override}")
+    if not oversubscribe and memory is not None and need > memory:
+        raise ConfigError(f"launch.workers: {workers} workers need at least "
+                          f"{need / 2**30:.1f} GiB ({WORKER_MEMORY_BYTES // 2**20} MiB each) "
+                          f"but {memory / 2**30:.1f} GiB is available; use fewer workers, "
+                          f"{override}")
+    if workers > cores:
+        warnings.warn(f"{workers} workers on {cores} cores: they share cores and each runs "
+                      "slower than it would on a core of its own", stacklevel=2)
+
+
+def torchrun_conflict(workers: int) -> str | None:
+    """Why ``--workers`` contradicts the launcher's WORLD_SIZE, or None when it does not."""
+    world = os.environ.get("WORLD_SIZE", "1")
+    if workers > 1 and str(workers) != world:
+        return (f"--workers {workers} conflicts with the launcher's WORLD_SIZE={world}: under "
+                "torchrun the number of workers is torchrun's (--nproc-per-node, --nnodes); "
+                "drop --workers")
+    return None
 
 
 @dataclass
@@ -54,47 +129,61 @@ class WorkerExit:
     rank: int
     returncode: int
     stopped: bool = False  # killed by the launcher, still running after the timeout
+    hung: str = ""  # why the launcher found it unresponsive (it was killed for that)
 
 
-def launch_local(argv: list[str], workers: int, *, timeout_s: float, run_dir: Path | None,
-                 threads: int | None) -> int:
-    """Run ``fullgraph <argv>`` as ``workers`` local processes; return the exit code."""
-    run_dir = Path(run_dir or tempfile.mkdtemp(prefix="fullgraph-run-"))
-    run_dir.mkdir(parents=True, exist_ok=True)
+def launch_local(argv: list[str], workers: int, *, timeout_s: float, run_dir: str | None,
+                 threads: int | None, keep_run_dir: bool = False) -> int:
+    """Run ``fullgraph <argv>`` as ``workers`` local processes; return the exit code.
+
+    A temporary run directory (``run_dir`` None) is removed after success unless
+    ``keep_run_dir``; after a failure it is kept and its path printed.
+    """
+    temporary = run_dir is None
+    path = Path(run_dir or tempfile.mkdtemp(prefix="fullgraph-run-"))
+    path.mkdir(parents=True, exist_ok=True)
+    for pattern in RUN_FILES:  # an earlier run's files would mislead the supervisor
+        for old in path.glob(pattern):
+            old.unlink()
+    procs: list[subprocess.Popen] = []
+    try:
+        _start(procs, argv, workers, path, threads or threads_per_worker(workers))
+    except OSError as err:
+        for p in procs:
+            p.kill()
+            p.wait()
+        print(f"fullgraph: could not start worker {len(procs)} of {workers}: {err}; "
+              f"logs in {path}", file=sys.stderr)
+        return 1
+    code = _supervise(procs, path, timeout_s)
+    if code == 0 and temporary and not keep_run_dir:
+        shutil.rmtree(path, ignore_errors=True)
+    return code
+
+
+def _start(procs: list[subprocess.Popen], argv: list[str], workers: int, run_dir: Path,
+           threads: int) -> None:
     port = free_port()
-    per_worker = threads or threads_per_worker(workers)
-    procs = []
     for rank in range(workers):
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(workers), LOCAL_RANK=str(rank),
                    LOCAL_WORLD_SIZE=str(workers), MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=str(port), OMP_NUM_THREADS=str(per_worker),
-                   FULLGRAPH_THREADS=str(per_worker), **{RUN_DIR_ENV: str(run_dir)})
+                   MASTER_PORT=str(port), OMP_NUM_THREADS=str(threads),
+                   FULLGRAPH_THREADS=str(threads),
+                   **{RUN_DIR_ENV: str(run_dir), SUPERVISED_ENV: "1"})
         cmd = [sys.executable, "-m", "fullgraph.cli", *argv]
         if rank == 0:
             procs.append(subprocess.Popen(cmd, env=env))
         else:
-            log = open(run_dir / f"rank{rank}.log", "w")
-            procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT))
-    return _supervise(procs, run_dir, timeout_s)
+            with open(run_dir / f"rank{rank}.log", "w") as log:
+                procs.append(subprocess.Popen(cmd, env=env, stdout=log,
+                                              stderr=subprocess.STDOUT))
 
 
 def _supervise(procs: list[subprocess.Popen], run_dir: Path, timeout_s: float) -> int:
-    """Wait for all workers; on the first failure give the rest ``timeout_s``, then kill."""
-    deadline = None
-    failed: list[WorkerExit] = []
-    stopped: set[int] = set()
+    """Wait for all workers; on a failure, stop the rest and name the root cause."""
+    sup = Supervisor(procs, run_dir, timeout_s)
     try:
-        while any(p.poll() is None for p in procs):
-            for rank, p in enumerate(procs):
-                code = p.poll()
-                if code not in (None, 0) and all(f.rank != rank for f in failed):
-                    failed.append(WorkerExit(rank, code, rank in stopped))
-                    deadline = deadline or time.monotonic() + timeout_s
-            if deadline is not None and time.monotonic() > deadline:
-                for rank, p in enumerate(procs):
-                    if p.poll() is None:
-                        stopped.add(rank)
-                        p.kill()
+        while sup.step():
             time.sleep(0.05)
     except KeyboardInterrupt:
         for p in procs:
@@ -102,36 +191,106 @@ def _supervise(procs: list[subprocess.Popen], run_dir: Path, timeout_s: float) -
                 p.send_signal(signal.SIGINT)
         for p in procs:
             p.wait()
+        print(f"fullgraph: interrupted; logs in {run_dir}", file=sys.stderr)
         return 130
     for rank, p in enumerate(procs):
-        if p.returncode != 0 and all(f.rank != rank for f in failed):
-            failed.append(WorkerExit(rank, p.returncode, rank in stopped))
-    if not failed:
+        if p.returncode != 0 and rank not in sup.failed:
+            sup.failed[rank] = WorkerExit(rank, p.returncode, rank in sup.killed)
+    if not sup.failed:
         return 0
-    print(describe_failure(failed, run_dir), file=sys.stderr)
-    return 1
+    text, code = describe_failure(list(sup.failed.values()), run_dir)
+    print(text, file=sys.stderr)
+    return code
 
 
-def describe_failure(failed: list[WorkerExit], run_dir: Path) -> str:
-    """The first real failure, named by rank and phase, with its traceback."""
-    reports = []
-    for f in failed:
-        path = run_dir / f"failure-rank{f.rank}.json"
-        if path.is_file():
-            reports.append(json.loads(path.read_text()))
-        else:
-            status = run_dir / f"status-rank{f.rank}"
-            phase = (status.read_text().strip() if status.is_file() else "") or "start-up"
-            how = f"signal {-f.returncode}" if f.returncode < 0 else f"exit code {f.returncode}"
-            if f.stopped:  # a reaction to the first failure, never the cause of it
-                reports.append({"rank": f.rank, "phase": phase, "time": float("inf"),
-                                "peer_failure": True, "error": "still running after the "
-                                "timeout, stopped by the launcher", "traceback": ""})
-                continue
-            reports.append({"rank": f.rank, "phase": phase, "time": 0.0, "peer_failure": False,
-                            "error": f"worker died ({how}) without a report",
-                            "traceback": ""})
-    # a worker that died or raised on its own comes before its peers' reactions to it
+class Supervisor:
+    """Watches the workers of one run: exits, heartbeats, and the deadline for the rest.
+
+    Attributes:
+        failed: rank -> how it ended, for every worker that failed or was killed.
+        killed: ranks the launcher killed.
+    """
+
+    def __init__(self, procs: list[subprocess.Popen], run_dir: Path, timeout_s: float) -> None:
+        self.procs, self.dir, self.timeout = procs, run_dir, timeout_s
+        self.grace = min(timeout_s, GRACE_S)
+        self.failed: dict[int, WorkerExit] = {}
+        self.killed: set[int] = set()
+        self.deadline: float | None = None
+        self._next_look = 0.0  # heartbeats change every HEARTBEAT_S: read them that often
+
+    def step(self) -> bool:
+        """One look at the workers; False once none is running."""
+        for rank, p in enumerate(self.procs):
+            code = p.poll()
+            if code not in (None, 0) and rank not in self.failed:
+                self.failed[rank] = WorkerExit(rank, code, rank in self.killed)
+                report = read_json(self.dir / f"failure-rank{rank}.json") or {}
+                on_its_own = rank not in self.killed and not report.get("peer_failure")
+                self._arm(self.timeout if on_its_own else self.grace)
+        for rank, reason in self._unresponsive():
+            self._kill(rank)
+            self.failed[rank] = WorkerExit(rank, -signal.SIGKILL, hung=reason)
+            self._arm(self.grace)
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            for rank, p in enumerate(self.procs):
+                if p.poll() is None:
+                    self._kill(rank)
+        return any(p.poll() is None for p in self.procs)
+
+    def _arm(self, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        self.deadline = deadline if self.deadline is None else min(self.deadline, deadline)
+
+    def _kill(self, rank: int) -> None:
+        self.killed.add(rank)
+        self.procs[rank].kill()
+
+    def _unresponsive(self) -> list[tuple[int, str]]:
+        """Running ranks that stopped responding, with the evidence (module doc)."""
+        alive = [r for r, p in enumerate(self.procs) if p.poll() is None and r not in self.failed]
+        if not alive or time.monotonic() < self._next_look:
+            return []
+        self._next_look = time.monotonic() + HEARTBEAT_S
+        reports = [read_json(self.dir / f"failure-rank{r}.json") for r in self.failed]
+        timed_out = [r for r in reports if r and r.get("timed_out")]
+        # a peer timed out and nothing else explains it: someone never reached the call
+        waited = max(timed_out, key=lambda r: r["entered"]) if timed_out and all(
+            r and r.get("peer_failure") for r in reports) else None
+        out = []
+        for rank in alive:
+            beat = read_json(self.dir / f"heartbeat-rank{rank}")
+            age = time.time() - beat["time"] if beat else float("inf")
+            silent = "no heartbeat yet" if beat is None else f"no heartbeat for {age:.0f} s"
+            if beat is not None and age > self.timeout or waited is not None and age > 3.0:
+                out.append((rank, silent + _stopped_note(self.procs[rank].pid)))
+            elif waited is not None and beat["entered"] < waited["entered"]:
+                out.append((rank, f"it never reached the {waited['inside']} that rank "
+                                  f"{waited['rank']} timed out waiting in"))
+        return out
+
+
+def read_json(path: Path) -> dict | None:
+    """The JSON object in ``path``, or None when it does not exist (yet)."""
+    try:
+        return json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+def _stopped_note(pid: int) -> str:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""
+    return "; its process is stopped, e.g. by SIGSTOP" if state in ("T", "t") else ""
+
+
+def describe_failure(failed: list[WorkerExit], run_dir: Path) -> tuple[str, int]:
+    """The root cause, named by rank and phase (with a traceback for a bug), the ranks
+    that stopped after it, and the exit code: 2 for a user error, else 1."""
+    reports = [_report(f, run_dir) for f in failed]
+    # a worker that died, hung or raised on its own comes before its peers' reactions
     reports.sort(key=lambda r: (r.get("peer_failure", False), r.get("time", 0.0)))
     first = reports[0]
     lines = [f"fullgraph: worker rank {first['rank']} failed during {first['phase']}: "
@@ -139,56 +298,28 @@ def describe_failure(failed: list[WorkerExit], run_dir: Path) -> str:
     if first.get("traceback"):
         lines.append(first["traceback"].rstrip())
     others = sorted({r["rank"] for r in reports[1:]})
-    if others:
-        lines.append(f"fullgraph: ranks {others} stopped after it; logs in {run_dir}")
-    return "\n".join(lines)
+    lines.append(f"fullgraph: ranks {others} stopped after it; logs in {run_dir}" if others
+                 else f"fullgraph: logs in {run_dir}")
+    return "\n".join(lines), 2 if first.get("user_error") else 1
 
 
-class WorkerStatus:
-    """A worker's view of the run directory: its phase, and its failure report."""
-
-    def __init__(self, rank: int, run_dir: str | None) -> None:
-        self.rank = rank
-        self.dir = Path(run_dir) if run_dir else None
-        self.phase = "start-up"
-        if self.dir is not None:
-            # lets a supervisor (or a test) find and signal this very worker
-            (self.dir / f"pid-rank{self.rank}").write_text(str(os.getpid()))
-
-    def set_phase(self, phase: str) -> None:
-        self.phase = phase
-        if self.dir is not None:
-            # write-then-rename: a worker killed mid-write must not leave an empty status
-            tmp = self.dir / f".status-rank{self.rank}"
-            tmp.write_text(phase)
-            tmp.replace(self.dir / f"status-rank{self.rank}")
-
-    def report_failure(self, exc: BaseException) -> None:
-        from fullgraph.comm.primitives import CommError
-        from fullgraph.errors import FullgraphError
-
-        # a user's mistake (bad option, bad file) is one line; a bug keeps its traceback
-        user_error = isinstance(exc, (FullgraphError, ValueError)) and \
-            not isinstance(exc, CommError) and not os.environ.get("FULLGRAPH_DEBUG")
-        record = {"rank": self.rank, "phase": self.phase, "time": time.time(),
-                  "peer_failure": isinstance(exc, CommError),
-                  "error": f"{type(exc).__name__}: {exc}",
-                  "traceback": "" if user_error else "".join(traceback.format_exception(exc))}
-        if self.dir is not None:
-            tmp = self.dir / f".failure-rank{self.rank}.json"
-            tmp.write_text(json.dumps(record))
-            tmp.replace(self.dir / f"failure-rank{self.rank}.json")
-        print(f"fullgraph: rank {self.rank} failed during {self.phase}: {record['error']}",
-              file=sys.stderr, flush=True)
-
-
-def run_worker(body: Callable[[WorkerStatus], int]) -> int:
-    """Run ``body`` as a worker: report a failure with rank and phase, exit non-zero."""
-    status = WorkerStatus(int(os.environ.get("RANK", "0")), os.environ.get(RUN_DIR_ENV))
-    try:
-        return body(status)
-    except Exception as exc:  # noqa: BLE001 - every failure must be reported, then re-raised
-        status.report_failure(exc)
-        if os.environ.get("FULLGRAPH_DEBUG"):
-            raise
-        return 1
+def _report(f: WorkerExit, run_dir: Path) -> dict:
+    """What is known of one failed worker: its own report, else what the launcher saw."""
+    report = read_json(run_dir / f"failure-rank{f.rank}.json")
+    if report is not None and not f.hung:
+        return report
+    beat = read_json(run_dir / f"heartbeat-rank{f.rank}") or {}
+    status = run_dir / f"status-rank{f.rank}"
+    phase = (status.read_text().strip() if status.is_file() else "") or "start-up"
+    record = {"rank": f.rank, "phase": phase, "time": 0.0, "peer_failure": False,
+              "traceback": ""}
+    if f.hung:
+        record.update(time=beat.get("time", 0.0),
+                      error=f"stopped responding ({f.hung}); killed by the launcher")
+    elif f.stopped:  # a reaction to the first failure, never the cause of it
+        record.update(time=float("inf"), peer_failure=True,
+                      error="still running after the timeout, stopped by the launcher")
+    else:
+        how = f"signal {-f.returncode}" if f.returncode < 0 else f"exit code {f.returncode}"
+        record.update(error=f"worker died ({how}) without a report")
+    return record

@@ -1,15 +1,28 @@
 """Per-rank, per-epoch accounting of where time, bytes and memory went.
 
-Each epoch a worker records: wall and CPU seconds, communication seconds (time
-inside collectives, from the communication layer's counter), waiting seconds (the
-barrier before the gradient sync, i.e. waiting for slower workers), compute =
-wall - communication - waiting, bytes sent and received per phase, peak memory (RSS
-on CPU, the allocator's peak on GPU) and edges computed (local and redundant).
-Rank 0 gathers every rank's records; ``summary_lines`` prints them in the shape of
-NeutronTP's Table 2 (compute / communication max and min, total, slowest rank).
+Each epoch a worker records: wall and CPU seconds, the seconds of every blocking
+communication call (from the communication layer's counter), bytes sent and received
+per phase, peak memory (RSS on CPU, the allocator's peak on GPU) and edges computed
+(local and redundant). Rank 0 gathers every rank's records; ``summary_lines`` prints
+them in the shape of NeutronTP's Table 2 (compute / communication max and min, total,
+slowest rank).
+
+Waiting versus transfer. A blocking call lasts from this rank's arrival until the data
+is in; a rank that arrives early also waits for the last one to arrive. Every rank
+makes the same collectives in the same order, and they all leave a collective at
+about the same moment (when the last rank's data is in), so the rank that arrived last
+blocked the shortest time, and that shortest time is the call's transfer time.
+``split_waiting`` therefore takes, per call, the minimum over ranks as transfer
+(``comm_s``) and each rank's excess over it as waiting for a peer (``wait_s``), per
+phase. This needs no synchronised clocks and no extra barrier; it is an estimate: it
+assumes the ranks leave a call together (true up to the transfer of one message) and
+counts a slower peer's late sends as waiting. For an overlapped exchange only the time
+blocked in ``wait()`` counts. Compute = wall - transfer - waiting: the rank's own
+work. The slowest rank is the one with the largest compute; the others waited for it.
 """
 from __future__ import annotations
 
+import dataclasses
 import resource
 import time
 from dataclasses import dataclass, field
@@ -18,6 +31,7 @@ from typing import Any
 import torch
 
 WAIT_PHASE = "wait"
+"""Phase of the barrier strategies call before the gradient sync (split like any call)."""
 
 
 def peak_memory_bytes(device: torch.device) -> int:
@@ -29,7 +43,12 @@ def peak_memory_bytes(device: torch.device) -> int:
 
 @dataclass
 class EpochProfile:
-    """One rank's accounting of one epoch."""
+    """One rank's accounting of one epoch.
+
+    Until ``split_waiting`` has seen every rank's record, ``comm_s`` is all the time
+    spent in blocking calls and ``wait_s`` is 0; ``calls`` holds each call's (phase,
+    seconds) for that split, and is emptied by it.
+    """
 
     rank: int
     epoch: int
@@ -44,6 +63,10 @@ class EpochProfile:
     edges_local: int = 0
     edges_redundant: int = 0
     edge_dims: int = 0
+    comm_by_phase: dict[str, float] = field(default_factory=dict)
+    wait_by_phase: dict[str, float] = field(default_factory=dict)
+    waiting_split: bool = False
+    calls: list[tuple[str, float]] = field(default_factory=list)
 
 
 class Profiler:
@@ -56,31 +79,68 @@ class Profiler:
         self._start: tuple[float, float, dict[str, Any]] | None = None
 
     def begin(self) -> None:
+        if self.comm is not None:
+            self.comm.counter.take_calls()  # calls made between epochs are not the epoch's
         self._start = (time.perf_counter(), time.process_time(), self._counters())
 
     def end(self, epoch: int) -> EpochProfile:
         assert self._start is not None, "Profiler.end without begin"
         wall0, cpu0, c0 = self._start
         wall, cpu, c1 = time.perf_counter() - wall0, time.process_time() - cpu0, self._counters()
-        seconds = {k: c1["seconds"].get(k, 0.0) - c0["seconds"].get(k, 0.0) for k in c1["seconds"]}
-        wait = seconds.pop(WAIT_PHASE, 0.0)
-        comm = sum(seconds.values())
-        sent = _delta(c0["sent"], c1["sent"])
-        recv = _delta(c0["recv"], c1["recv"])
+        calls = self.comm.counter.take_calls() if self.comm is not None else []
+        by_phase: dict[str, float] = {}
+        for phase, seconds in calls:
+            by_phase[phase] = by_phase.get(phase, 0.0) + seconds
+        comm = sum(by_phase.values())
         return EpochProfile(rank=self.comm.rank if self.comm else 0, epoch=epoch, wall_s=wall,
-                            cpu_s=cpu, compute_s=max(0.0, wall - comm - wait), comm_s=comm,
-                            wait_s=wait, bytes_sent=sent, bytes_recv=recv,
+                            cpu_s=cpu, compute_s=max(0.0, wall - comm), comm_s=comm,
+                            wait_s=0.0, bytes_sent=_delta(c0["sent"], c1["sent"]),
+                            bytes_recv=_delta(c0["recv"], c1["recv"]),
                             peak_mem=peak_memory_bytes(self.device),
                             edges_local=getattr(self.work, "edges_local", 0),
                             edges_redundant=getattr(self.work, "edges_redundant", 0),
-                            edge_dims=getattr(self.work, "edge_dims", 0))
+                            edge_dims=getattr(self.work, "edge_dims", 0),
+                            comm_by_phase=by_phase, calls=calls)
 
     def _counters(self) -> dict[str, Any]:
         if self.comm is None:
-            return {"sent": {}, "recv": {}, "seconds": {}}
+            return {"sent": {}, "recv": {}}
         snap = self.comm.counter.snapshot()
-        return {key: {phase: v[key] for phase, v in snap.items()}
-                for key in ("sent", "recv", "seconds")}
+        return {key: {phase: v[key] for phase, v in snap.items()} for key in ("sent", "recv")}
+
+
+def split_waiting(profiles: list[EpochProfile]) -> list[EpochProfile]:
+    """Every rank's record of one epoch, with waiting split from transfer (module doc).
+
+    Args:
+        profiles: one record per rank, in rank order, straight from ``Profiler.end``.
+
+    Returns:
+        New records: per call, the least seconds over ranks is transfer (``comm_s``,
+        ``comm_by_phase``) and each rank's excess is waiting (``wait_s``,
+        ``wait_by_phase``). When the ranks made different calls (not the same phases in
+        the same order) nothing can be matched: all is left as transfer and
+        ``waiting_split`` stays False.
+    """
+    calls = [p.calls for p in profiles]
+    phases = [[phase for phase, _ in c] for c in calls]
+    matched = len(profiles) > 1 and all(ph == phases[0] for ph in phases)
+    least = [min(column) for column in zip(*([s for _, s in c] for c in calls))] \
+        if matched else []
+    out = []
+    for p in profiles:
+        comm: dict[str, float] = {}
+        wait: dict[str, float] = {}
+        for k, (phase, seconds) in enumerate(p.calls):
+            moved = least[k] if matched else seconds
+            comm[phase] = comm.get(phase, 0.0) + moved
+            wait[phase] = wait.get(phase, 0.0) + seconds - moved
+        comm_s, wait_s = sum(comm.values()), sum(wait.values())
+        out.append(dataclasses.replace(
+            p, comm_s=comm_s, wait_s=wait_s, compute_s=max(0.0, p.wall_s - comm_s - wait_s),
+            comm_by_phase=comm, wait_by_phase={k: v for k, v in wait.items() if v > 0},
+            waiting_split=matched, calls=[]))
+    return out
 
 
 def _delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
@@ -122,12 +182,40 @@ def summary_lines(profiles: list[list[EpochProfile]]) -> list[str]:
     comp = [r["compute"] for r in rows]
     work = [r["edge_dims"] for r in rows]
     comm = [r["comm"] for r in rows]
-    slowest = max(rows, key=lambda r: r["compute"] + r["comm"])
     lines.append(f"compute max/min {max(comp):.3f}/{min(comp):.3f} s "
                  f"({max(comp) / max(min(comp), 1e-9):.2f}x); communication max/min "
                  f"{max(comm):.3f}/{min(comm):.3f} s; bytes sent per epoch, all ranks "
-                 f"{sum(r['sent'] for r in rows) / 1e6:.2f} MB; slowest rank {slowest['rank']}")
+                 f"{sum(r['sent'] for r in rows) / 1e6:.2f} MB")
+    lines += _slowest_lines(profiles, rows)
     if min(work) > 0:
         lines.append(f"aggregation work (edges x columns) max/min {max(work)}/{min(work)} "
                      f"({max(work) / min(work):.3f}x)")
+    return lines
+
+
+def _slowest_lines(profiles: list[list[EpochProfile]], rows: list[dict[str, Any]]) -> list[str]:
+    """The rank the others waited for, and where the waiting was, per phase."""
+    if len(rows) < 2:
+        return []
+    if not all(p.waiting_split for per_rank in profiles for p in per_rank):
+        return ["slowest rank unknown: the ranks' communication calls did not match, so "
+                "waiting could not be told from transfer"]
+    slowest = max(rows, key=lambda r: r["compute"])
+    others = [r["wait"] for r in rows if r is not slowest]
+    lines = [f"slowest rank {slowest['rank']}: compute {slowest['compute']:.3f} s per epoch, "
+             f"the others waited {min(others):.3f}-{max(others):.3f} s for it "
+             f"(it waited {slowest['wait']:.3f} s)"]
+    moved: dict[str, float] = {}
+    waited: dict[str, float] = {}
+    for per_rank in profiles:
+        for p in per_rank:
+            for phase, sec in p.comm_by_phase.items():
+                moved[phase] = moved.get(phase, 0.0) + sec / len(per_rank)
+            for phase, sec in p.wait_by_phase.items():
+                waited[phase] = waited.get(phase, 0.0) + sec / len(per_rank)
+    if moved:
+        parts = [f"{ph} {moved[ph]:.3f}/{waited.get(ph, 0.0):.3f}"
+                 for ph in sorted(moved, key=lambda ph: -(moved[ph] + waited.get(ph, 0.0)))]
+        lines.append("communication per epoch by phase, transfer/waiting s summed over "
+                     "ranks: " + ", ".join(parts))
     return lines

@@ -9,6 +9,7 @@ keyed by (seed, epoch, stage, vertex), see ``fullgraph.ops.dropout``.
 from __future__ import annotations
 
 import copy
+import importlib
 import os
 import time
 from collections.abc import Sequence
@@ -18,6 +19,7 @@ from typing import Any
 import torch
 
 from fullgraph.config import Config
+from fullgraph.errors import ConfigError
 from fullgraph.graph.data import Dataset
 from fullgraph.models import build_model
 from fullgraph.models.base import GNN
@@ -26,8 +28,9 @@ from fullgraph.ops.spmm import resolve_backend, set_backend
 from fullgraph.comm.group import Comm
 from fullgraph.comm.primitives import all_gather_object
 from fullgraph.parallel import build_strategy
-from fullgraph.parallel.base import EpochHook, Plan, Strategy
-from fullgraph.profile import EpochProfile, Profiler, summary_lines
+from fullgraph.parallel.base import EpochHook, Plan, Strategy, section_users
+from fullgraph.partition import PartitionBook
+from fullgraph.profile import EpochProfile, Profiler, split_waiting, summary_lines
 from fullgraph.report import EpochRecord, Reporter
 
 
@@ -49,12 +52,54 @@ def resolve_device(name: str, local_rank: int = 0) -> torch.device:
     """``auto`` means CUDA when available; ``cuda`` means the local rank's GPU."""
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
+    check_device(name)
     if name == "cuda":
         return torch.device("cuda", local_rank)
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {name!r} requested but CUDA is not available here")
-    return device
+    return torch.device(name)
+
+
+def check_device(name: str) -> None:
+    """Refuse a CUDA device this torch build or machine cannot give.
+
+    Raises:
+        ConfigError: ``name`` is cuda or cuda:N and CUDA is not available.
+    """
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        why = ("this torch build has no CUDA" if torch.version.cuda is None
+               else "no CUDA device is visible")
+        raise ConfigError(f"train.device: got {name!r} but {why}; use --device cpu")
+
+
+def check_before_launch(cfg: Config, dataset: Dataset, workers: int) -> None:
+    """Find the user errors a ``workers``-worker run would hit, before starting any.
+
+    Checks the device, the optional packages the options need (pymetis for METIS
+    partitions, numba for the numba SpMM) and a partition file against the dataset.
+
+    Raises:
+        ConfigError: an option needs a missing package, or the partition file has
+            another number of parts than there are workers.
+        DataError: the partition file is unreadable or for another graph.
+    """
+    check_device(cfg.train.device)
+    if cfg.runtime.spmm_backend == "numba" and not kernels.HAVE_NUMBA:
+        raise ConfigError("runtime.spmm_backend: 'numba' needs numba, which is not installed "
+                          "(pip install numba, or use --spmm-backend torch)")
+    if cfg.runtime.strategy not in section_users()["partition"] or workers < 2:
+        return
+    opts = cfg.options["partition"]
+    if opts.file:
+        book = PartitionBook.load(opts.file, num_nodes=dataset.graph.num_nodes)
+        if book.num_parts != workers:
+            raise ConfigError(f"partition.file: {opts.file} has {book.num_parts} parts but "
+                              f"there are {workers} workers")
+    elif opts.method in ("metis", "g3"):  # g3 starts from a METIS partition
+        try:
+            importlib.import_module("pymetis")
+        except ImportError:
+            raise ConfigError(f"partition.method: {opts.method!r} needs pymetis, which is not "
+                              "installed (pip install pymetis, or use --partitioner chunk or "
+                              "random)") from None
 
 
 def step_seed(seed: int, epoch: int) -> int:
@@ -138,7 +183,7 @@ def train(dataset: Dataset, cfg: Config, *, reporter: Reporter | None = None,
         reporter.epoch(rec)
         if comm is not None and world > 1:
             phase(f"epoch {epoch} metrics")
-            gathered = all_gather_object(prof, comm, "metrics")
+            gathered = split_waiting(all_gather_object(prof, comm, "metrics"))
             profiles.append(gathered)
             reporter.ranks([asdict(p) for p in gathered])
         if epoch < cfg.train.epochs:

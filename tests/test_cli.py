@@ -3,10 +3,12 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 
 import numpy as np
 import pytest
 
+from fullgraph import launch
 from fullgraph.cli import build_parser, main
 
 # One flag per Config field; adding a knob means adding it here on purpose.
@@ -15,9 +17,9 @@ TRAIN_FLAGS = sorted("""
 --layers --dropout --input-dropout --activation --residual --decoupled --num-props --heads --batch-norm
 --out-heads --attn-dropout --epochs --lr --weight-decay --seed --device --eval-every
 --metrics-out --progress --strategy --spmm-backend --threads --workers --backend --timeout
---run-dir --partitioner --partition-file --partition-seed --dep-mode --byte-cost --edge-cost
---device-memory --num-chunks --column-split --pipeline --nn-device --p2p-schedule --bin-memory
---bin-size --vertex-cost
+--run-dir --keep-run-dir --oversubscribe --partitioner --partition-file --partition-seed
+--dep-mode --byte-cost --edge-cost --vertex-cost --device-memory --num-chunks --column-split
+--pipeline --nn-device --p2p-schedule --bin-memory --bin-size
 """.split())
 
 
@@ -230,7 +232,7 @@ def test_nn_device_cpu_with_cuda_training():
     for nn_device in ("cpu", None):
         cfg = Config(model=ModelConfig(name="gcn", hidden=8), runtime=RuntimeConfig(
             strategy="tensor"), train=TrainConfig(epochs=3, device="cuda"),
-            tensor_parallel=TensorParallel.Options(nn_device=nn_device))
+            options={"tensor_parallel": TensorParallel.Options(nn_device=nn_device)})
         where = Where()
         res = train(toy, cfg, strategy=build_strategy(cfg), adapters=[where])
         expect = nn_device or "cuda"
@@ -299,3 +301,98 @@ def test_tensor_through_the_launcher_and_torchrun(launch_root, tmp_path):
         assert "strategy tensor, 2 worker(s)" in stdout, (name, stdout)
         np.testing.assert_allclose([r["loss"] for r in events(metrics, "epoch")], single,
                                    rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+# ---------------------------------------------------------------- checked before launching
+
+@pytest.fixture
+def no_launch(monkeypatch):
+    """Fake the launcher (records its calls) on a machine of 8 cores and 64 GiB."""
+    calls = []
+    monkeypatch.setattr(launch, "launch_local", lambda *a, **k: calls.append((a, k)) or 0)
+    monkeypatch.setattr(launch, "available_cores", lambda: 8, raising=False)
+    monkeypatch.setattr(launch, "available_memory", lambda: 64 * 2**30, raising=False)
+    for name in ("RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    return calls
+
+
+def one_line_error(capsys, *needles: str) -> str:
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    for needle in needles:
+        assert needle in err, err
+    return err
+
+
+def test_partition_file_is_checked_before_launch(root, tmp_path, capsys, no_launch):
+    from fullgraph.partition import PartitionBook
+
+    other = tmp_path / "other.npz"
+    PartitionBook.from_assignment(np.arange(100) % 2, 2).save(other)
+    assert main(["train", "--strategy", "data", "--workers", "2", "--partition-file",
+                 str(other)]) == 2
+    one_line_error(capsys, "other.npz", "another graph", "found 100", "expected 2708")
+    three = tmp_path / "three.npz"
+    PartitionBook.from_assignment(np.arange(2708) % 3, 3).save(three)
+    assert main(["train", "--strategy", "p2p", "--workers", "2", "--partition-file",
+                 str(three)]) == 2
+    one_line_error(capsys, "three.npz has 3 parts but there are 2 workers")
+    assert no_launch == []
+
+
+def test_missing_optional_package_is_found_before_launch(root, capsys, no_launch, monkeypatch):
+    monkeypatch.setitem(sys.modules, "pymetis", None)  # import pymetis now fails
+    assert main(["train", "--strategy", "data", "--workers", "2"]) == 2
+    one_line_error(capsys, "'metis' needs pymetis", "--partitioner chunk")
+    from fullgraph.ops import kernels
+
+    monkeypatch.setattr(kernels, "HAVE_NUMBA", False)
+    assert main(["train", "--strategy", "data", "--workers", "2", "--partitioner", "chunk",
+                 "--spmm-backend", "numba"]) == 2
+    one_line_error(capsys, "'numba' needs numba")
+    assert no_launch == []
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_cuda_without_cuda_is_one_line(root, capsys, no_launch, monkeypatch, workers):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert main(["train", "--device", "cuda", "--epochs", "1", "--workers", workers]) == 2
+    one_line_error(capsys, "train.device: got 'cuda'", "--device cpu")
+    assert no_launch == []
+
+
+@pytest.mark.parametrize("rank", ["0", "1"])
+def test_workers_conflicting_with_torchrun_is_refused_once(root, capsys, monkeypatch, rank):
+    monkeypatch.setenv("RANK", rank)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert main(["train", "--workers", "3", "--epochs", "1"]) == 2
+    err = capsys.readouterr().err
+    if rank == "0":
+        assert "--workers 3 conflicts with the launcher's WORLD_SIZE=2" in err
+        assert len(err.strip().splitlines()) == 1, err
+    else:  # rank 0 says it; the others only refuse
+        assert err == ""
+
+
+def test_too_many_workers_are_refused_unless_oversubscribed(root, capsys, no_launch,
+                                                          monkeypatch):
+    monkeypatch.setattr(launch, "available_cores", lambda: 2)
+    assert main(["train", "--workers", "1000"]) == 2
+    one_line_error(capsys, "1000 workers on 2 cores is more than 4 per core", "--oversubscribe")
+    monkeypatch.setattr(launch, "available_memory", lambda: 2**30)
+    assert main(["train", "--workers", "4"]) == 2
+    one_line_error(capsys, "4 workers need at least 1.6 GiB", "1.0 GiB is available")
+    assert no_launch == []
+    with pytest.warns(UserWarning, match="1000 workers on 2 cores"):
+        assert main(["train", "--workers", "1000", "--oversubscribe"]) == 0
+    assert len(no_launch) == 1 and no_launch[0][0][1] == 1000
+
+
+def test_more_workers_than_cores_warn(root, no_launch, monkeypatch):
+    monkeypatch.setattr(launch, "available_cores", lambda: 2)
+    with pytest.warns(UserWarning, match="3 workers on 2 cores"):
+        assert main(["train", "--workers", "3", "--strategy", "data"]) == 0
+    assert len(no_launch) == 1

@@ -51,10 +51,28 @@ class ByteCounter:
     ``sent`` and ``recv`` count only bytes that cross to another rank: a rank's
     copy to itself (e.g. ``send[rank]`` of an all-to-all) is never counted. How each
     collective is counted is documented in ``primitives.py``.
+
+    Once ``take_calls`` has been called, it also keeps the (phase, seconds) of each call
+    made since the last ``take_calls`` (the profiler compares them across ranks to split
+    waiting from transfer; before that nothing is kept), and progress:
+    ``entered`` blocking calls so far and the one this rank is ``inside`` (or None), which
+    a launcher's heartbeat reports so that a rank that never reached a call is found.
     """
 
     def __init__(self) -> None:
         self._phases: dict[str, PhaseCount] = {}
+        self._calls: list[tuple[str, float]] | None = None  # None: not recording
+        self.entered = 0
+        self.inside: str | None = None
+
+    def enter(self, phase: str, collective: str) -> None:
+        """Note that this rank is now blocked in ``collective`` of ``phase``."""
+        self.entered += 1
+        self.inside = f"{collective} in phase {phase!r}"
+
+    def leave(self) -> None:
+        """Note that the call entered last has returned (or failed)."""
+        self.inside = None
 
     def add(self, phase: str, sent: int, recv: int, seconds: float) -> None:
         """Record one call of ``phase`` that sent ``sent`` and received ``recv`` bytes."""
@@ -63,6 +81,14 @@ class ByteCounter:
         count.recv += int(recv)
         count.calls += 1
         count.seconds += float(seconds)
+        if self._calls is not None:
+            self._calls.append((phase, float(seconds)))
+
+    def take_calls(self) -> list[tuple[str, float]]:
+        """The (phase, seconds) of every call since the previous ``take_calls``, in order
+        (none the first time: this call starts the recording)."""
+        calls, self._calls = self._calls or [], []
+        return calls
 
     def snapshot(self) -> dict[str, dict[str, Any]]:
         """A copy: phase -> {"sent", "recv", "calls", "seconds"}."""
@@ -78,8 +104,9 @@ class ByteCounter:
         return out
 
     def reset(self) -> None:
-        """Forget every phase."""
+        """Forget every phase and call."""
         self._phases.clear()
+        self._calls = None
 
     def __repr__(self) -> str:
         return f"ByteCounter({self.snapshot()!r})"

@@ -56,6 +56,9 @@ class CommError(RuntimeError):
         phase: the phase name the call was made under.
         collective: the primitive that failed, e.g. "all_reduce".
         cause: the backend's original exception.
+        seconds: how long the call had waited when it failed.
+        timed_out: it failed because it waited (about) the whole timeout, not because
+            a peer's connection broke.
 
     On a sub-group the message says which one and this worker's world rank:
     "rank 0 of 3 in group 'P' (global rank 1): ...".
@@ -68,6 +71,8 @@ class CommError(RuntimeError):
         self.phase = phase
         self.collective = collective
         self.cause = cause
+        self.seconds = seconds
+        self.timed_out = seconds >= 0.9 * timeout.total_seconds()
         self._args = (rank, world_size, phase, collective, cause, seconds, timeout, where)
         super().__init__(
             f"rank {rank} of {world_size}{where}: {collective} in phase {phase!r} failed after "
@@ -101,6 +106,7 @@ def _dist_op(op: ReduceOp | str) -> Any:
 def _guarded(comm: Comm, phase: str, collective: str, sent: int, recv: int) -> Iterator[None]:
     """Time one call, count its bytes, and re-raise backend failures as CommError."""
     start = time.perf_counter()
+    comm.counter.enter(phase, collective)
     try:
         yield
     except CommError:
@@ -108,6 +114,8 @@ def _guarded(comm: Comm, phase: str, collective: str, sent: int, recv: int) -> I
     except (RuntimeError, TimeoutError) as err:
         raise CommError(comm.rank, comm.world_size, phase, collective, err,
                         time.perf_counter() - start, comm.timeout, _where(comm)) from err
+    finally:
+        comm.counter.leave()
     comm.counter.add(phase, sent, recv, time.perf_counter() - start)
 
 

@@ -25,6 +25,20 @@ def test_byte_counter_accumulates_per_phase():
     assert counter.snapshot() == {} and counter.total()["calls"] == 0
 
 
+def test_byte_counter_keeps_calls_once_asked_and_progress():
+    counter = ByteCounter()
+    counter.add("setup", 1, 1, 0.5)
+    assert counter.take_calls() == []  # not recording before the first take_calls
+    counter.enter("halo", "all_to_all_v")
+    assert counter.inside == "all_to_all_v in phase 'halo'" and counter.entered == 1
+    counter.leave()
+    counter.add("halo", 10, 4, 0.25)
+    counter.add("grad-sync", 8, 8, 0.125)
+    assert counter.inside is None
+    assert counter.take_calls() == [("halo", 0.25), ("grad-sync", 0.125)]
+    assert counter.take_calls() == []
+
+
 def test_single_comm():
     comm = single_comm()
     assert (comm.rank, comm.world_size, comm.group) == (0, 1, None)

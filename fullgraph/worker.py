@@ -1,0 +1,118 @@
+"""A worker's side of the launcher protocol: the files it keeps in the run directory.
+
+A worker started by ``fullgraph train --workers N`` (or by torchrun with
+``FULLGRAPH_RUN_DIR`` set) writes, in the run directory:
+
+- ``pid-rank<R>``: its process id (a supervisor or a test can signal it);
+- ``status-rank<R>``: its current phase ("setup", "epoch 3 training step", ...);
+- ``heartbeat-rank<R>``: every ``HEARTBEAT_S`` seconds, a JSON object with the time,
+  the phase, how many blocking communication calls it has entered and the one it is
+  in now. A worker that stops (SIGSTOP, a hang in C code) stops beating; one stuck
+  in a Python loop keeps beating but its count stays behind its peers'. The launcher
+  reads both to name the rank that stopped responding;
+- ``failure-rank<R>.json`` when it fails: rank, phase, error, whether it is a peer's
+  failure (a ``CommError``) or a user error, and a traceback for bugs.
+
+Every file is written to a temporary name and renamed, so a reader never sees half.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+RUN_DIR_ENV = "FULLGRAPH_RUN_DIR"
+SUPERVISED_ENV = "FULLGRAPH_SUPERVISED"  # set by the local launcher: it reports failures
+HEARTBEAT_S = 0.5
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file and a rename."""
+    tmp = path.with_name("." + path.name)
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+class WorkerStatus:
+    """A worker's view of the run directory: its phase, heartbeat and failure report."""
+
+    def __init__(self, rank: int, run_dir: str | None) -> None:
+        self.rank = rank
+        self.dir = Path(run_dir) if run_dir else None
+        self.phase = "start-up"
+        self.counter: Any = None
+        if self.dir is not None:
+            write_atomic(self.dir / f"pid-rank{self.rank}", str(os.getpid()))
+            self._beat()
+            threading.Thread(target=self._heartbeat, name=f"fullgraph-heartbeat-{rank}",
+                             daemon=True).start()
+
+    def watch(self, counter: Any) -> None:
+        """Report ``counter``'s progress (``entered``, ``inside``) in the heartbeat."""
+        self.counter = counter
+
+    def set_phase(self, phase: str) -> None:
+        self.phase = phase
+        if self.dir is not None:
+            write_atomic(self.dir / f"status-rank{self.rank}", phase)
+
+    def _heartbeat(self) -> None:
+        while True:
+            time.sleep(HEARTBEAT_S)
+            try:
+                self._beat()
+            except OSError:  # the run directory is gone: the launcher has finished
+                return
+
+    def _beat(self) -> None:
+        counter = self.counter
+        record = {"time": time.time(), "phase": self.phase,
+                  "entered": counter.entered if counter is not None else 0,
+                  "inside": counter.inside if counter is not None else None}
+        write_atomic(self.dir / f"heartbeat-rank{self.rank}", json.dumps(record))
+
+    def report_failure(self, exc: BaseException) -> None:
+        from fullgraph.comm.primitives import CommError
+        from fullgraph.errors import FullgraphError
+
+        # a user's mistake (bad option, bad file) is one line; a bug keeps its traceback
+        user_error = isinstance(exc, (FullgraphError, ValueError)) and \
+            not isinstance(exc, CommError) and not os.environ.get("FULLGRAPH_DEBUG")
+        comm_error = exc if isinstance(exc, CommError) else None
+        record = {"rank": self.rank, "phase": self.phase, "time": time.time(),
+                  "peer_failure": comm_error is not None, "user_error": user_error,
+                  "timed_out": comm_error is not None and comm_error.timed_out,
+                  "entered": self.counter.entered if self.counter is not None else 0,
+                  "inside": (f"{comm_error.collective} in phase {comm_error.phase!r}"
+                             if comm_error is not None else None),
+                  "error": f"{type(exc).__name__}: {exc}",
+                  "traceback": "" if user_error else "".join(traceback.format_exception(exc))}
+        if self.dir is not None:
+            write_atomic(self.dir / f"failure-rank{self.rank}.json", json.dumps(record))
+        if not os.environ.get(SUPERVISED_ENV):  # else the launcher says it, once
+            print(f"fullgraph: rank {self.rank} failed during {self.phase}: "
+                  f"{record['error']}", file=sys.stderr, flush=True)
+
+
+def run_worker(body: Callable[[WorkerStatus], int]) -> int:
+    """Run ``body`` as a worker: report a failure with rank and phase, exit non-zero.
+
+    A failed worker leaves at once (``os._exit`` once its output is flushed): the
+    interpreter's shutdown of a torch process can take seconds under load, which the
+    launcher would otherwise count against the other workers' grace period.
+    """
+    status = WorkerStatus(int(os.environ.get("RANK", "0")), os.environ.get(RUN_DIR_ENV))
+    try:
+        return body(status)
+    except Exception as exc:  # noqa: BLE001 - every failure must be reported, then re-raised
+        status.report_failure(exc)
+        if os.environ.get("FULLGRAPH_DEBUG"):
+            raise
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)

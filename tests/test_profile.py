@@ -1,0 +1,85 @@
+"""The profiler: waiting for a peer is told apart from moving bytes, and the slowest
+rank (the one the others waited for) is named, for every distributed strategy."""
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from fullgraph.config import Config, RuntimeConfig, TrainConfig
+from fullgraph.graph.synthetic import sbm
+from fullgraph.parallel import build_strategy
+from fullgraph.profile import EpochProfile, split_waiting, summary_lines
+from fullgraph.train import train
+
+from harness import run_ranks
+
+DELAY_S = 0.3
+VICTIM = 1
+
+
+def _record(rank: int, wall: float, calls: list[tuple[str, float]]) -> EpochProfile:
+    comm = sum(s for _, s in calls)
+    return EpochProfile(rank=rank, epoch=1, wall_s=wall, cpu_s=wall, compute_s=wall - comm,
+                        comm_s=comm, wait_s=0.0, calls=calls)
+
+
+def test_split_waiting_takes_the_least_time_as_transfer():
+    # rank 1 arrives last at the halo exchange: it blocks 0.1 s, the others 0.5 and 0.6 s
+    ranks = [_record(0, 1.0, [("halo", 0.5), ("grad-sync", 0.02)]),
+             _record(1, 1.0, [("halo", 0.1), ("grad-sync", 0.03)]),
+             _record(2, 1.0, [("halo", 0.6), ("grad-sync", 0.02)])]
+    split = split_waiting(ranks)
+    assert [p.comm_by_phase["halo"] for p in split] == [0.1, 0.1, 0.1]
+    assert [round(p.wait_s, 6) for p in split] == [0.4, 0.01, 0.5]
+    assert split[1].wait_by_phase == {"grad-sync": pytest.approx(0.01)}
+    assert [round(p.compute_s, 6) for p in split] == [0.48, 0.87, 0.38]
+    assert all(p.waiting_split and p.calls == [] for p in split)
+    lines = summary_lines([[p] for p in split])
+    assert any(line.startswith("slowest rank 1: compute 0.870 s") for line in lines), lines
+
+
+def test_unmatched_calls_are_not_split_and_say_so():
+    ranks = [_record(0, 1.0, [("halo", 0.5)]), _record(1, 1.0, [("grad-sync", 0.1)])]
+    split = split_waiting(ranks)
+    assert [p.wait_s for p in split] == [0.0, 0.0] and not split[0].waiting_split
+    assert any("slowest rank unknown" in line for line in summary_lines([[p] for p in split]))
+
+
+STRATEGIES = ("data", "tensor", "p2p")
+
+
+def delayed_runs(comm, out: str) -> None:
+    """Train each strategy with rank ``VICTIM`` sleeping before every loss computation;
+    rank 0 writes each summary (one process group for all: start-up is the slow part)."""
+    dataset = sbm(600, 4, avg_degree=8.0, num_features=16, seed=1)
+    for name in STRATEGIES:
+        cfg = Config(runtime=RuntimeConfig(strategy=name),
+                     train=TrainConfig(epochs=4, eval_every=4))
+        strategy = build_strategy(cfg)
+        loss = strategy.loss
+
+        def slow_loss(result, plan, loss=loss):
+            if comm.rank == VICTIM:
+                time.sleep(DELAY_S)
+            return loss(result, plan)
+
+        strategy.loss = slow_loss
+        result = train(dataset, cfg, comm=comm, strategy=strategy)
+        if comm.rank == 0:
+            Path(out, f"{name}.txt").write_text("\n".join(summary_lines(result.extra["profiles"])))
+
+
+@pytest.mark.dist
+def test_delayed_rank_is_named_slowest_for_every_strategy(tmp_path):
+    run_ranks(delayed_runs, 3, tmp_path, str(tmp_path))
+    for name in STRATEGIES:
+        text = (tmp_path / f"{name}.txt").read_text()
+        found = re.search(r"slowest rank (\d+): compute ([0-9.]+) s per epoch, the others "
+                          r"waited ([0-9.]+)-([0-9.]+) s", text)
+        assert found, (name, text)
+        assert int(found.group(1)) == VICTIM, (name, text)
+        # the others' waiting is (most of) the delay, not counted as their communication
+        assert float(found.group(3)) > DELAY_S / 2, (name, text)
