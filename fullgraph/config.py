@@ -319,7 +319,7 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
             try:
                 import tomllib
             except ModuleNotFoundError:  # Python 3.10
-                import tomli as tomllib
+                import tomli as tomllib  # type: ignore[no-redef]
             tree = tomllib.loads(text)
         elif path.suffix == ".json":
             tree = json.loads(text)

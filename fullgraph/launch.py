@@ -264,7 +264,7 @@ class Supervisor:
             silent = "no heartbeat yet" if beat is None else f"no heartbeat for {age:.0f} s"
             if beat is not None and age > self.timeout or waited is not None and age > 3.0:
                 out.append((rank, silent + _stopped_note(self.procs[rank].pid)))
-            elif waited is not None and beat["entered"] < waited["entered"]:
+            elif waited is not None and beat is not None and beat["entered"] < waited["entered"]:
                 out.append((rank, f"it never reached the {waited['inside']} that rank "
                                   f"{waited['rank']} timed out waiting in"))
         return out

@@ -163,7 +163,10 @@ def train(dataset: Dataset, cfg: Config, *, reporter: Reporter | None = None,
                      "program": model.signature(), "device": str(device), "workers": world,
                      "threads": torch.get_num_threads(), "setup_s": setup_s})
     profiler = Profiler(comm, device, strategy.work(model, plan))
-    records, profiles, best = [], [], (-1.0, 0, float("nan"), float("nan"), None)
+    records: list[EpochRecord] = []
+    profiles: list[Any] = []
+    best: tuple[float, int, float, float, dict[str, Any] | None] = (
+        -1.0, 0, float("nan"), float("nan"), None)
     start = time.perf_counter()
     for epoch in range(1, cfg.train.epochs + 1):
         profiler.begin()

@@ -70,6 +70,7 @@ class WorkerStatus:
                 return
 
     def _beat(self) -> None:
+        assert self.dir is not None, "heartbeats need a run directory"
         counter = self.counter
         record = {"time": time.time(), "phase": self.phase,
                   "entered": counter.entered if counter is not None else 0,

@@ -8,6 +8,8 @@ for Amazon Photo and Coauthor CS. Prints a markdown table for BENCHMARKS.md.
 """
 from __future__ import annotations
 
+from typing import Any
+
 import argparse
 import statistics
 import time
@@ -21,7 +23,7 @@ from fullgraph.train import train
 # citation graphs (row-normalised features), GCN with 64 hidden units as Shchur et
 # al. on Amazon / Coauthor (raw features); SAGE and GIN use 64 hidden units, GIN
 # with batch normalisation in its MLP as PyG's GIN example (coupled form only).
-SETTINGS = {
+SETTINGS: dict[str, tuple[dict[str, Any], float]] = {
     "gcn": (dict(hidden=16, dropout=0.5), 0.01),
     "sage": (dict(hidden=64, dropout=0.5), 0.01),
     "gat": (dict(hidden=8, heads=8, dropout=0.6), 0.005),

@@ -104,7 +104,7 @@ def bench_spmm(graph: Any, dim: int, repeats: int) -> dict[str, float]:
     return out
 
 
-def epoch_ours(ds: Any, args: argparse.Namespace) -> dict[str, float]:
+def epoch_ours(ds: Any, args: argparse.Namespace) -> dict[str, Any]:
     from fullgraph.config import Config, ModelConfig, TrainConfig
     from fullgraph.parallel.single import SingleProcess
     from fullgraph.train import build, step_seed

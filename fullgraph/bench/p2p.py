@@ -78,7 +78,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import torch
 
@@ -532,7 +532,7 @@ def print_side_by_side(by_run: dict[tuple[str, int], list[dict[str, Any]]],
         print(f"| {s} | {' | '.join(cells)} |")
 
 
-def _ok(record: dict[str, Any] | None) -> bool:
+def _ok(record: dict[str, Any] | None) -> TypeGuard[dict[str, Any]]:
     """Whether a configuration ran (it is neither missing nor failed)."""
     return record is not None and "error" not in record
 

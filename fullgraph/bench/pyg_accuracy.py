@@ -114,7 +114,7 @@ def row(ds: Dataset, adj_t: Tensor, name: str, model: str, seeds: int, epochs: i
         t0 = time.perf_counter()
         ours.append(train_ours(ds, model, options, lr, epochs, seed))
         t1 = time.perf_counter()
-        theirs.append(train_pyg(ds, adj_t, model, options["hidden"], options["dropout"], lr,
+        theirs.append(train_pyg(ds, adj_t, model, int(options["hidden"]), options["dropout"], lr,
                                 5e-4, epochs, seed))
         secs[0] += t1 - t0
         secs[1] += time.perf_counter() - t1

@@ -90,7 +90,7 @@ def make_config(name: str) -> tuple[Any, bool]:
         return TensorParallel(), False
     if name == "tp-decoupled":
         return TensorParallel(), True
-    return TensorParallel(TensorParallel.Options(pipeline=True)), True  # type: ignore[call-arg]
+    return TensorParallel(TensorParallel.Options(pipeline=True)), True
 
 
 # --------------------------------------------------------------- per rank

@@ -214,7 +214,7 @@ def init_comm(*, backend: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_
     """
     if timeout_s <= 0:
         raise ValueError(f"init_comm: timeout_s must be > 0, got {timeout_s}")
-    world_size = world_size if world_size is not None else _env_int("WORLD_SIZE", 1)
+    world_size = world_size if world_size is not None else _env_int("WORLD_SIZE", 1) or 1
     backend, dev = _resolve_backend_device(backend, device)
     if world_size == 1:
         return single_comm(dev)
@@ -222,6 +222,7 @@ def init_comm(*, backend: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_
     if rank is None or not 0 <= rank < world_size:
         raise ValueError(f"init_comm: rank {rank} is not in [0, world_size={world_size}); "
                          "pass rank= or launch with torchrun (sets RANK)")
+    assert rank is not None
     if init_method is None:
         missing = [k for k in ("MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
         if missing:

@@ -140,7 +140,7 @@ def check_name(name: str, *, path_ok: bool = False) -> str:
         ConfigError: empty, a path separator (``/`` or ``\\``), a leading dot (``.``,
             ``..``, hidden names) or a NUL character.
     """
-    seps = {"/", "\\", os.sep, os.altsep} - {None}
+    seps = {s for s in ("/", "\\", os.sep, os.altsep) if s}
     if name.strip() and not name.startswith(".") and not any(c in name for c in seps | {"\0"}):
         return name
     msg = (f"dataset name {name!r} is not a name: a dataset name must be non-empty, "
@@ -244,24 +244,25 @@ def convert(fmt: str, opts: ConvertOptions) -> Dataset:
         raise ConfigError(f"convert format {fmt!r}; expected one of {', '.join(CONVERT_FORMATS)}")
     check_name(opts.name)
 
-    def need(*names: str) -> None:
+    def need(*names: str) -> list[str]:
         absent = [n for n in names if not getattr(opts, n)]
         if absent:
             raise DatasetNotFoundError(f"`convert {fmt}` needs " +
                                        ", ".join(f"--{n}" for n in absent))
+        return [getattr(opts, n) for n in names]
 
     if fmt == "edgelist":
-        need("edges", "features", "labels")
-        return edgelist.load_edgelist(opts.edges, opts.features, opts.labels,
+        edges, features, labels = need("edges", "features", "labels")
+        return edgelist.load_edgelist(edges, features, labels,
                                       binary_dtype=opts.binary, symmetrize=opts.symmetrize,
                                       masks=opts.masks, seed=opts.seed, name=opts.name,
                                       num_classes=opts.num_classes)
     if fmt == "neutronstar":
-        need("edges", "features", "labels", "masks")
-        return neutronstar.load_neutronstar(opts.edges, opts.features, opts.labels, opts.masks,
+        edges, features, labels, masks = need("edges", "features", "labels", "masks")
+        return neutronstar.load_neutronstar(edges, features, labels, masks,
                                             name=opts.name, num_classes=opts.num_classes)
-    need("input")
-    return ogb.load_ogb(Path(opts.input), opts.name, num_classes=opts.num_classes)
+    (source,) = need("input")
+    return ogb.load_ogb(Path(source), opts.name, num_classes=opts.num_classes)
 
 
 def list_datasets(root: Path) -> list[dict[str, str]]:

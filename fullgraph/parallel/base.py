@@ -17,7 +17,7 @@ import warnings
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -100,7 +100,10 @@ class EpochHook(Protocol):
         (collectively: every worker is called)."""
 
 
-class Strategy(ABC):
+PlanT = TypeVar("PlanT", bound="Plan")
+
+
+class Strategy(ABC, Generic[PlanT]):
     """Base class of the executors; see the module docstring."""
 
     name: ClassVar[str]
@@ -115,7 +118,10 @@ class Strategy(ABC):
     class Options:
         """Strategy-specific options (none for the base)."""
 
-    def __init__(self, options: "Strategy.Options | None" = None) -> None:
+    options: Any
+    """This strategy's ``Options`` (subclasses narrow the type)."""
+
+    def __init__(self, options: Any = None) -> None:
         self.options = options if options is not None else self.Options()
 
     @classmethod
@@ -134,42 +140,42 @@ class Strategy(ABC):
 
     @abstractmethod
     def setup(self, dataset: Dataset, program: StageProgram, device: torch.device,
-              comm: Comm | None = None, dtype: torch.dtype = torch.float32) -> Plan:
+              comm: Comm | None = None, dtype: torch.dtype = torch.float32) -> PlanT:
         """Place data and build whatever the epochs reuse (vertex data in ``dtype``)."""
 
     @abstractmethod
-    def forward(self, model: StageProgram, plan: Plan, *, training: bool, seed: int) -> LocalResult:
+    def forward(self, model: StageProgram, plan: PlanT, *, training: bool, seed: int) -> LocalResult:
         """Run the program forward; return the rows this worker owns."""
 
-    def loss(self, result: LocalResult, plan: Plan) -> Tensor:
+    def loss(self, result: LocalResult, plan: PlanT) -> Tensor:
         """Cross-entropy summed over local training rows / global training count."""
         mask = plan.masks["train"]
         total = F.cross_entropy(result.logits[mask], plan.labels[mask], reduction="sum")
         return total / plan.num_train_global
 
-    def work(self, model: StageProgram, plan: Plan) -> Work:
+    def work(self, model: StageProgram, plan: PlanT) -> Work:
         """This worker's aggregation work per forward pass (all edges, every column)."""
         graph = plan.graph  # type: ignore[attr-defined]
         stages = [model.stages[i.index] for i in describe(model) if i.reads_neighbours]
         return Work(graph.num_edges * len(stages), 0,
                     sum(graph.num_edges * s.in_dim for s in stages))
 
-    def describe(self, model: StageProgram, plan: Plan) -> list[str]:
+    def describe(self, model: StageProgram, plan: PlanT) -> list[str]:
         """Report lines on how the plan splits the work (none by default)."""
         return []
 
-    def between_epochs(self, model: StageProgram, plan: Plan, epoch: int, profile: Any) -> None:
+    def between_epochs(self, model: StageProgram, plan: PlanT, epoch: int, profile: Any) -> None:
         """Adjust ``plan`` after epoch ``epoch`` given this worker's measured profile of
         it (see ``EpochHook``); nothing by default."""
 
-    def sync_grads(self, model: StageProgram, plan: Plan) -> None:
+    def sync_grads(self, model: StageProgram, plan: PlanT) -> None:
         """Make parameter gradients global (no-op on one process)."""
 
-    def reduce_loss(self, loss: Tensor, plan: Plan) -> float:
+    def reduce_loss(self, loss: Tensor, plan: PlanT) -> float:
         """The global loss value for reports (the local one on one process)."""
         return float(loss.detach())
 
-    def train_step(self, model: StageProgram, plan: Plan, optimizer: torch.optim.Optimizer,
+    def train_step(self, model: StageProgram, plan: PlanT, optimizer: torch.optim.Optimizer,
                    *, seed: int) -> StepStats:
         """Forward, loss, backward, gradient sync, optimiser step."""
         model.train()
@@ -186,7 +192,7 @@ class Strategy(ABC):
         return StepStats(self.reduce_loss(loss, plan), t1 - t0, t2 - t1, t3 - t2)
 
     @torch.no_grad()
-    def evaluate(self, model: StageProgram, plan: Plan) -> dict[str, tuple[int, int]]:
+    def evaluate(self, model: StageProgram, plan: PlanT) -> dict[str, tuple[int, int]]:
         """(correct, total) per split over the rows this worker owns."""
         model.eval()
         result = self.forward(model, plan, training=False, seed=0)
@@ -194,15 +200,15 @@ class Strategy(ABC):
         hit = pred == plan.labels
         return {s: (int((hit & plan.masks[s]).sum()), int(plan.masks[s].sum())) for s in SPLITS}
 
-    def reduce_counts(self, counts: dict[str, tuple[int, int]], plan: Plan) -> dict[str, float]:
+    def reduce_counts(self, counts: dict[str, tuple[int, int]], plan: PlanT) -> dict[str, float]:
         """Accuracy per split from (correct, total) counts (global on one process)."""
         return {s: (c / t if t else float("nan")) for s, (c, t) in counts.items()}
 
 
-class DistributedStrategy(Strategy):
+class DistributedStrategy(Strategy[PlanT]):
     """A strategy whose plan holds a ``comm``: global loss, counts and gradients."""
 
-    def sync_grads(self, model: StageProgram, plan: Plan) -> None:
+    def sync_grads(self, model: StageProgram, plan: PlanT) -> None:
         from fullgraph.comm.placement import all_reduce_grads
         from fullgraph.comm.primitives import barrier
         from fullgraph.profile import WAIT_PHASE
@@ -212,14 +218,14 @@ class DistributedStrategy(Strategy):
         barrier(comm, WAIT_PHASE)
         all_reduce_grads(list(model.parameters()), comm, "grad-sync")
 
-    def reduce_loss(self, loss: Tensor, plan: Plan) -> float:
+    def reduce_loss(self, loss: Tensor, plan: PlanT) -> float:
         from fullgraph.comm.primitives import all_reduce_
 
         value = loss.detach().reshape(1).to(torch.float64).clone()
         all_reduce_(value, plan.comm, "metrics")  # type: ignore[attr-defined]
         return float(value)
 
-    def reduce_counts(self, counts: dict[str, tuple[int, int]], plan: Plan) -> dict[str, float]:
+    def reduce_counts(self, counts: dict[str, tuple[int, int]], plan: PlanT) -> dict[str, float]:
         from fullgraph.comm.primitives import all_reduce_
 
         keys = sorted(counts)

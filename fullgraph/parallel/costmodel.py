@@ -230,7 +230,7 @@ def measure_byte_cost(comm: Comm, rows: int = 4096, dim: int = 64) -> float:
 def resolve_rates(comm: Comm, graph: Graph, byte: float | None, edge: float | None,
                   vertex: float | None) -> Rates:
     """The given rates, the missing ones measured here (collective when ``byte`` is None)."""
-    measured = []
+    measured: list[str] = []
     if byte is None:
         byte, measured = measure_byte_cost(comm), measured + ["byte"]
     if edge is None:

@@ -92,7 +92,7 @@ class DataPlan(Plan):
 
 
 @register
-class DataParallel(RowPartitioned):
+class DataParallel(RowPartitioned[DataPlan]):
     """Row-partitioned execution with DepComm / DepCache / hybrid dependencies."""
 
     name = "data"
@@ -125,6 +125,8 @@ class DataParallel(RowPartitioned):
                 if value is not None and not 0 <= value < float("inf"):
                     raise ValueError(f"data parallel {name} must be a finite number >= 0, "
                                      f"got {value}")
+
+    options: Options
 
     # ------------------------------------------------------------------ setup
     def setup(self, dataset: Dataset, program: StageProgram, device: torch.device,
@@ -265,7 +267,7 @@ class _RowRunner(Runner):
         return h if self.halo is None else torch.cat([h, self.halo])
 
     def edge(self, s: int, stage: Any, h: Tensor) -> Tensor:
-        block = self.rows.blocks[s]
+        block = self.rows.block(s)
         return stage(block.graph, h[block.dst_pos], self._sources(s, h),
                      self._ctx(s, block.eids))
 
@@ -276,7 +278,7 @@ class _RowRunner(Runner):
         else:
             pos = plan.edge_pos[s]
             weight = edge_weights if pos is None else edge_weights[pos]
-        return stage(self.rows.blocks[s].graph, self._sources(s, h), weight)
+        return stage(self.rows.block(s).graph, self._sources(s, h), weight)
 
 
 def _remote_in_neighbours(graph: Graph, owned: Tensor, part_of: Tensor, rank: int) -> Tensor:

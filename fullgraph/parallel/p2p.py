@@ -286,7 +286,7 @@ def bin_block(block_graph: Graph, block_eids: Tensor, rows: np.ndarray, num_loca
 
 # ---------------------------------------------------------------- the strategy
 @register
-class P2PParallel(RowPartitioned):
+class P2PParallel(RowPartitioned[P2PPlan]):
     """G3 hybrid parallelism: row partitions, peer-to-peer pushes, bins, pipelines."""
 
     name = "p2p"
@@ -321,6 +321,8 @@ class P2PParallel(RowPartitioned):
                 parse_bytes(self.bin_memory)  # raises on a bad size
             if self.bin_size is not None and self.bin_size < 1:
                 raise ValueError(f"bin_size must be >= 1, got {self.bin_size}")
+
+    options: Options
 
     # ------------------------------------------------------------------ setup
     def setup(self, dataset: Dataset, program: StageProgram, device: torch.device,

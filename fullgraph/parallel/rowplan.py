@@ -64,6 +64,12 @@ class RowPlan:
     blocks: list[Block | None]
     shares_halo: list[bool] = field(default_factory=list)
 
+    def block(self, s: int) -> Block:
+        """Stage ``s``'s block (``s`` must be a P or E stage)."""
+        block = self.blocks[s]
+        assert block is not None, f"stage {s} is a T stage: it has no block"
+        return block
+
     def edges_computed(self) -> tuple[int, int]:
         """(local, redundant) edges over all P stages: destination owned or not."""
         num_owned = self.owned.numel()
@@ -194,15 +200,16 @@ def stage_weights(program: StageProgram, rows: RowPlan, norms: dict[str, Tensor]
     weights: list[Tensor | None] = []
     edge_pos: list[Tensor | None] = []
     for s, info in enumerate(describe(program)):
-        block = rows.blocks[s]
         if not info.is_propagate:
             weights.append(None)
             edge_pos.append(None)
         elif info.edge_weights_from is not None:
             weights.append(None)
-            edge_pos.append(_positions_in(block.eids, rows.blocks[info.edge_weights_from].eids))
+            edge_pos.append(_positions_in(rows.block(s).eids,
+                                          rows.block(info.edge_weights_from).eids))
         else:
-            weights.append(norms[program.stages[s].norm][block.eids.cpu()].to(device))
+            norm = norms[program.propagate_stage(s).norm]
+            weights.append(norm[rows.block(s).eids.cpu()].to(device))
             edge_pos.append(None)
     return weights, edge_pos
 

@@ -16,11 +16,11 @@ from torch import Tensor
 from fullgraph.comm import primitives as prim
 from fullgraph.comm.group import Comm
 from fullgraph.graph.data import Dataset
-from fullgraph.parallel.base import DistributedStrategy
+from fullgraph.parallel.base import DistributedStrategy, PlanT
 from fullgraph.partition import PartitionBook, PartitionOptions, partition
 
 
-class RowPartitioned(DistributedStrategy):
+class RowPartitioned(DistributedStrategy[PlanT]):
     """A strategy over a vertex partition: its own options plus the partition section."""
 
     shared_sections = ("partition",)
@@ -31,6 +31,7 @@ class RowPartitioned(DistributedStrategy):
 
     @classmethod
     def from_sections(cls, sections: Mapping[str, Any]) -> RowPartitioned:
+        assert cls.section is not None, f"{cls.__name__} declares no section"
         return cls(sections[cls.section], sections["partition"])
 
     @staticmethod

@@ -40,7 +40,7 @@ class SinglePlan(Plan):
 
 
 @register
-class SingleProcess(Strategy):
+class SingleProcess(Strategy[SinglePlan]):
     """Reference executor on one device."""
 
     name = "single"

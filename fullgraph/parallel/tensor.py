@@ -92,7 +92,7 @@ class TensorPlan(Plan):
 
 
 @register
-class TensorParallel(DistributedStrategy):
+class TensorParallel(DistributedStrategy[TensorPlan]):
     """Column-split propagation, row-split transforms (NeutronTP)."""
 
     name = "tensor"
@@ -135,6 +135,8 @@ class TensorParallel(DistributedStrategy):
                 parse_bytes(self.device_memory)  # raises on a bad size
             if self.num_chunks is not None and self.num_chunks < 1:
                 raise ValueError(f"num_chunks must be >= 1, got {self.num_chunks}")
+
+    options: Options
 
     def model_device(self, device: torch.device) -> torch.device:
         return torch.device(self.options.nn_device) if self.options.nn_device else device
@@ -265,8 +267,11 @@ class _PlacementRunner(Runner):
         if not self.on_rows or plan.first_reads is None:
             return super().propagate_run(stages, program, h, carry)
         infos = describe(program)  # split, P ... P, gather in one pipeline
-        weights = [plan.norms[program.stages[s].norm] if infos[s].edge_weights_from is None
-                   else carry.edge_weights[infos[s].edge_weights_from] for s in stages]
+        weights = []
+        for s in stages:
+            src = infos[s].edge_weights_from
+            weights.append(plan.norms[program.propagate_stage(s).norm] if src is None
+                           else carry.edge_weights[src])
         assert plan.chunks is not None
         return pipelined_propagation(h, weights, Segment(
             plan.comm, plan.layout(program.stages[stages[0]].in_dim), plan.chunks,

@@ -71,7 +71,7 @@ class Tracker(NamedTuple):
     """
 
     part: np.ndarray
-    count: np.ndarray
+    count: np.ndarray  # type: ignore[assignment]  # shadows tuple.count on purpose
     xor: np.ndarray
     private: np.ndarray
     fresh: np.ndarray
@@ -137,8 +137,8 @@ def build_tracker(adj: Adjacency, part_of: np.ndarray, num_parts: int,
     num_nodes = part_of.size
 
     def lists(num_lists: int, num_layers: int, bound: int) -> Buckets:
-        links = [np.full((num_layers, num_nodes), -1, dtype=np.int32) for _ in range(3)]
-        return Buckets(np.full((num_lists, NUM_BUCKETS), -1, dtype=np.int32), *links,
+        nxt, prv, at = (np.full((num_layers, num_nodes), -1, dtype=np.int32) for _ in range(3))
+        return Buckets(np.full((num_lists, NUM_BUCKETS), -1, dtype=np.int32), nxt, prv, at,
                        np.zeros((num_layers, num_nodes), dtype=np.int32),
                        np.full(num_lists, bound, dtype=np.int64))
 

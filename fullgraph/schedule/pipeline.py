@@ -260,7 +260,8 @@ class _Run:
         if weight.dim() == 1 or weight.shape[1] == 1:
             return [(slice(0, self.local), None)]
         chans = self.dim // weight.shape[1]
-        pieces, offset = [], 0
+        pieces: list[tuple[slice, int | None]] = []
+        offset = 0
         for c0, c1 in self.seg.layout.col_ranges(self.rank):
             for head in range(c0 // chans, (c1 - 1) // chans + 1):
                 lo, hi = max(c0, head * chans), min(c1, (head + 1) * chans)

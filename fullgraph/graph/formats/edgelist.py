@@ -187,7 +187,8 @@ def check_binary_width(path: PathLike, pairs: np.ndarray, num_nodes: int) -> Non
 
 def _other_width(dt: np.dtype) -> np.dtype | None:
     """The width a 32-bit/64-bit binary edge file is most likely confused with."""
-    return {4: np.dtype(np.int64), 8: np.dtype(np.uint32)}.get(np.dtype(dt).itemsize)
+    other: dict[int, np.dtype] = {4: np.dtype(np.int64), 8: np.dtype(np.uint32)}
+    return other.get(np.dtype(dt).itemsize)
 
 
 def _ids_in_range(pairs: np.ndarray, num_nodes: int) -> bool:
