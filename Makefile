@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 STAMP  := $(VENV)/.installed-$(shell cksum < pyproject.toml | cut -d' ' -f1)
 
-.PHONY: train test venv bench clean
+.PHONY: train test lint venv bench clean
 
 venv: $(STAMP)
 
@@ -21,8 +21,12 @@ train: $(STAMP)
 	$(VENV)/bin/fullgraph train --dataset cora --normalize-features --model gcn --epochs 200 \
 		--strategy data --workers 2
 
-test: $(STAMP)
+test: $(STAMP) lint
 	$(VENV)/bin/python -m pytest -q
+
+lint: $(STAMP)
+	$(VENV)/bin/python -m ruff check fullgraph tests
+	$(VENV)/bin/python -m mypy
 
 bench: $(STAMP)
 	$(VENV)/bin/python -m fullgraph.bench.kernels

@@ -157,7 +157,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "labels use far fewer distinct classes)")
     p_conv.add_argument("--features", help="features (.npy for edgelist; text for neutronstar)")
     p_conv.add_argument("--labels", help="labels (.npy for edgelist; text for neutronstar)")
-    p_conv.add_argument("--masks", help="masks (.npy (3, N) bool for edgelist; text for neutronstar)")
+    p_conv.add_argument("--masks",
+                        help="masks (.npy (3, N) bool for edgelist; text for neutronstar)")
     p_conv.add_argument("--symmetrize", action=argparse.BooleanOptionalAction, default=False)
     p_conv.add_argument("--input", help="ogb: directory in the OGB raw layout")
     p_conv.add_argument("--seed", type=int, default=0, help="split seed when no masks are given")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import sys
 import types
 import typing
 import warnings
@@ -208,9 +209,8 @@ CORE_SECTIONS: dict[str, type] = {"data": DataConfig, "model": ModelConfig,
 
 def option_sections() -> dict[str, type]:
     """The sections the strategies declare (their own and shared ones), by name."""
-    from fullgraph.parallel.base import option_sections as declared
-
     import fullgraph.parallel  # noqa: F401  (registers the strategies)
+    from fullgraph.parallel.base import option_sections as declared
 
     return declared()
 
@@ -316,10 +316,10 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
 
             tree = yaml.safe_load(text) or {}
         elif path.suffix == ".toml":
-            try:
+            if sys.version_info >= (3, 11):
                 import tomllib
-            except ModuleNotFoundError:  # Python 3.10
-                import tomli as tomllib  # type: ignore[no-redef]
+            else:
+                import tomli as tomllib
             tree = tomllib.loads(text)
         elif path.suffix == ".json":
             tree = json.loads(text)

@@ -44,8 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fullgraph.errors import ConfigError
-from fullgraph.worker import (HEARTBEAT_S, RUN_DIR_ENV, SUPERVISED_ENV,  # noqa: F401
-                              WorkerStatus, run_worker)
+from fullgraph.worker import HEARTBEAT_S, RUN_DIR_ENV, SUPERVISED_ENV, WorkerStatus, run_worker  # noqa: F401
 
 WORKERS_PER_CORE = 4
 """More local workers than this per core are refused without ``oversubscribe``."""

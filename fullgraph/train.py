@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 
+from fullgraph.comm.group import Comm
+from fullgraph.comm.primitives import all_gather_object
 from fullgraph.config import Config
 from fullgraph.errors import ConfigError
 from fullgraph.graph.data import Dataset
@@ -25,8 +27,6 @@ from fullgraph.models import build_model
 from fullgraph.models.base import GNN
 from fullgraph.ops import kernels
 from fullgraph.ops.spmm import resolve_backend, set_backend
-from fullgraph.comm.group import Comm
-from fullgraph.comm.primitives import all_gather_object
 from fullgraph.parallel import build_strategy
 from fullgraph.parallel.base import EpochHook, Plan, Strategy, section_users
 from fullgraph.partition import PartitionBook

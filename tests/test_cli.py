@@ -14,8 +14,8 @@ from fullgraph.cli import build_parser, main
 # One flag per Config field; adding a knob means adding it here on purpose.
 TRAIN_FLAGS = sorted("""
 --config --dataset --root --feature-dtype --normalize-features --split-seed --model --hidden
---layers --dropout --input-dropout --activation --residual --decoupled --num-props --heads --batch-norm
---out-heads --attn-dropout --epochs --lr --weight-decay --seed --device --eval-every
+--layers --dropout --input-dropout --activation --residual --decoupled --num-props --heads
+--batch-norm --out-heads --attn-dropout --epochs --lr --weight-decay --seed --device --eval-every
 --metrics-out --progress --strategy --spmm-backend --threads --workers --backend --timeout
 --run-dir --keep-run-dir --oversubscribe --partitioner --partition-file --partition-seed
 --dep-mode --byte-cost --edge-cost --vertex-cost --device-memory --num-chunks --column-split

@@ -7,14 +7,13 @@ import time
 from pathlib import Path
 
 import pytest
+from harness import run_ranks
 
 from fullgraph.config import Config, RuntimeConfig, TrainConfig
 from fullgraph.graph.synthetic import sbm
 from fullgraph.parallel import build_strategy
 from fullgraph.profile import EpochProfile, split_waiting, summary_lines
 from fullgraph.train import train
-
-from harness import run_ranks
 
 DELAY_S = 0.3
 VICTIM = 1

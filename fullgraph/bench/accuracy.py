@@ -8,12 +8,11 @@ for Amazon Photo and Coauthor CS. Prints a markdown table for BENCHMARKS.md.
 """
 from __future__ import annotations
 
-from typing import Any
-
 import argparse
 import statistics
 import time
 from pathlib import Path
+from typing import Any
 
 from fullgraph.config import Config, ModelConfig, TrainConfig
 from fullgraph.graph.data import Dataset

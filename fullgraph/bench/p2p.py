@@ -157,7 +157,7 @@ def timed_partitioner() -> Iterator[dict[str, float]]:
         finally:
             timing["seconds"] = timing.get("seconds", 0.0) + time.perf_counter() - t0
 
-    rows.partition = timed  # type: ignore[assignment]
+    rows.partition = timed
     try:
         yield timing
     finally:

@@ -9,12 +9,33 @@ exchanges. See DESIGN.md ("Placements") and STYLE.md section 3.
 from __future__ import annotations
 
 from fullgraph.comm.exchange import ExchangeTable
-from fullgraph.comm.group import (DEFAULT_TIMEOUT_S, ByteCounter, Comm, destroy_comm, init_comm,
-                                  single_comm)
-from fullgraph.comm.placement import (RowColLayout, all_reduce_grads, cols_to_rows, gather_rows,
-                                      halo_fetch, halo_scatter_add, rows_to_cols)
-from fullgraph.comm.primitives import (CommError, ReduceOp, all_gather_object, all_gather_rows,
-                                       all_reduce_, all_to_all_v, barrier, broadcast_)
+from fullgraph.comm.group import (
+                                  DEFAULT_TIMEOUT_S,
+                                  ByteCounter,
+                                  Comm,
+                                  destroy_comm,
+                                  init_comm,
+                                  single_comm,
+)
+from fullgraph.comm.placement import (
+                                  RowColLayout,
+                                  all_reduce_grads,
+                                  cols_to_rows,
+                                  gather_rows,
+                                  halo_fetch,
+                                  halo_scatter_add,
+                                  rows_to_cols,
+)
+from fullgraph.comm.primitives import (
+                                  CommError,
+                                  ReduceOp,
+                                  all_gather_object,
+                                  all_gather_rows,
+                                  all_reduce_,
+                                  all_to_all_v,
+                                  barrier,
+                                  broadcast_,
+)
 from fullgraph.comm.subgroup import GroupCounter
 
 __all__ = [

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import datetime
 import os
-from dataclasses import dataclass, field
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch

@@ -116,8 +116,9 @@ def split_comm(comm: Comm, groups: Sequence[Sequence[int]],
     for ranks, name in zip(ranks_of, labels):
         group = prim.new_group(ranks, comm) if len(ranks) > 1 else None
         if comm.rank in ranks:
+            counter = cast(ByteCounter, GroupCounter(comm.counter, name + "/"))
             mine = Comm(rank=ranks.index(comm.rank), world_size=len(ranks), group=group,
-                        timeout=comm.timeout, counter=cast(ByteCounter, GroupCounter(comm.counter, name + "/")),
+                        timeout=comm.timeout, counter=counter,
                         device=comm.device, p2p_all_to_all=comm.p2p_all_to_all,
                         global_ranks=ranks, name=name)
     return mine

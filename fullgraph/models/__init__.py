@@ -6,8 +6,16 @@ from fullgraph.models.gat import GAT
 from fullgraph.models.gcn import GCN
 from fullgraph.models.gin import GIN
 from fullgraph.models.sage import GraphSAGE
-from fullgraph.models.stages import (EdgeTransform, LayerInput, Propagate, StageContext,
-                                     StageKind, StageProgram, Transform, propagation_inputs)
+from fullgraph.models.stages import (
+    EdgeTransform,
+    LayerInput,
+    Propagate,
+    StageContext,
+    StageKind,
+    StageProgram,
+    Transform,
+    propagation_inputs,
+)
 
 MODELS: dict[str, type[GNN]] = {"gcn": GCN, "sage": GraphSAGE, "gat": GAT, "gin": GIN}
 

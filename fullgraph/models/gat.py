@@ -19,8 +19,15 @@ from torch import Tensor, nn
 from fullgraph.graph.csr import Graph
 from fullgraph.models.base import GNN
 from fullgraph.models.layers import Dense, activation
-from fullgraph.models.stages import (EdgeTransform, Propagate, Stage, StageContext, Transform,
-                                     check_probability, stage_seed)
+from fullgraph.models.stages import (
+    EdgeTransform,
+    Propagate,
+    Stage,
+    StageContext,
+    Transform,
+    check_probability,
+    stage_seed,
+)
 from fullgraph.ops import edge_softmax, keyed_dropout
 
 

@@ -22,8 +22,8 @@ Shapes: R rows, N_dst / N_src vertices of a block, E edges, D columns, H heads.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Callable, ClassVar, overload
 
 import torch

@@ -24,8 +24,16 @@ from typing import cast
 from torch import Tensor
 
 from fullgraph.graph.csr import Graph
-from fullgraph.models.stages import (EdgeTransform, LayerInput, Propagate, Stage, StageContext,
-                                     StageKind, StageProgram, Transform)
+from fullgraph.models.stages import (
+    EdgeTransform,
+    LayerInput,
+    Propagate,
+    Stage,
+    StageContext,
+    StageKind,
+    StageProgram,
+    Transform,
+)
 
 
 @dataclass(frozen=True)

@@ -26,8 +26,8 @@ import torch
 from torch import Tensor
 
 from fullgraph.graph.csr import Graph
-from fullgraph.ops.spmm import aggregate, edge_dot
 from fullgraph.memory import MemoryAccount
+from fullgraph.ops.spmm import aggregate, edge_dot
 
 Ranges = list[tuple[int, int]]
 

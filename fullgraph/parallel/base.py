@@ -15,8 +15,8 @@ import dataclasses
 import time
 import warnings
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
 
 import torch
@@ -24,9 +24,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fullgraph.graph.data import Dataset
-from fullgraph.partition.options import PartitionOptions
 from fullgraph.models.stages import StageProgram
 from fullgraph.models.walk import describe
+from fullgraph.partition.options import PartitionOptions
 
 if TYPE_CHECKING:
     from fullgraph.comm.group import Comm
@@ -144,7 +144,8 @@ class Strategy(ABC, Generic[PlanT]):
         """Place data and build whatever the epochs reuse (vertex data in ``dtype``)."""
 
     @abstractmethod
-    def forward(self, model: StageProgram, plan: PlanT, *, training: bool, seed: int) -> LocalResult:
+    def forward(self, model: StageProgram, plan: PlanT, *, training: bool,
+                seed: int) -> LocalResult:
         """Run the program forward; return the rows this worker owns."""
 
     def loss(self, result: LocalResult, plan: PlanT) -> Tensor:

@@ -52,6 +52,7 @@ from fullgraph.comm.primitives import PendingExchange
 from fullgraph.graph.blocks import in_edges
 from fullgraph.graph.csr import Graph
 from fullgraph.graph.data import Dataset
+from fullgraph.memory import parse_bytes
 from fullgraph.models.stages import StageContext, StageProgram, propagation_inputs
 from fullgraph.models.walk import Carry, Runner, describe, out_dim, walk
 from fullgraph.parallel.base import LocalResult, Plan, Work, register
@@ -59,7 +60,6 @@ from fullgraph.parallel.rowplan import RowPlan, plan_rows, stage_weights
 from fullgraph.parallel.rows import RowPartitioned, partition_book
 from fullgraph.partition import PartitionBook
 from fullgraph.schedule.bins import SCHEDULES, PhaseBins, ScheduleMode, bin_limit, build_schedule
-from fullgraph.memory import parse_bytes
 
 DEFAULT_BIN_SIZE = 5000  # G3's initial bin size for graphs that fit (§7 setup)
 

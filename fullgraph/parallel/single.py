@@ -44,7 +44,7 @@ class SingleProcess(Strategy[SinglePlan]):
     """Reference executor on one device."""
 
     name = "single"
-    distributed = False  # type: ignore[assignment]
+    distributed = False
 
     def setup(self, dataset: Dataset, program: StageProgram, device: torch.device,
               comm: Comm | None = None, dtype: torch.dtype = torch.float32) -> SinglePlan:

@@ -33,18 +33,23 @@ from torch import Tensor
 
 from fullgraph.comm.exchange import ExchangeTable
 from fullgraph.comm.group import Comm
-from fullgraph.comm.placement import (RowColLayout, cols_to_rows, gather_rows, halo_fetch,
-                                      rows_to_cols)
+from fullgraph.comm.placement import (
+    RowColLayout,
+    cols_to_rows,
+    gather_rows,
+    halo_fetch,
+    rows_to_cols,
+)
 from fullgraph.comm.reduce import row_sum
 from fullgraph.graph.blocks import Block, build_block, in_edges
 from fullgraph.graph.csr import Graph
 from fullgraph.graph.data import Dataset
+from fullgraph.memory import MemoryAccount, parse_bytes
 from fullgraph.models.stages import EdgeTransform, StageContext, StageProgram, propagation_inputs
 from fullgraph.models.walk import Carry, Runner, describe, has_edge_stage, walk
 from fullgraph.ops import spmm
 from fullgraph.ops.chunked import Chunk, build_chunks, chunked_spmm
 from fullgraph.parallel.base import DistributedStrategy, LocalResult, Plan, Work, register
-from fullgraph.memory import MemoryAccount, parse_bytes
 from fullgraph.schedule.chunks import spread_chunks
 from fullgraph.schedule.pipeline import Segment, first_reads, pipelined_propagation
 

@@ -66,10 +66,22 @@ import numpy as np
 from fullgraph.graph.csr import Graph
 from fullgraph.partition import register_partitioner
 from fullgraph.partition.book import PartitionBook, check_num_parts
-from fullgraph.partition.g3_tracking import (_BUDGET, CHUNK_SWAPS, JIT_KERNELS, NUM_BUCKETS,
-                                             PY_KERNELS, STOP_REASONS, Adjacency, Buckets,
-                                             Kernels, Tracker, adjacency, build_tracker,
-                                             recount, select_kernels)
+from fullgraph.partition.g3_tracking import (
+    _BUDGET,
+    CHUNK_SWAPS,
+    JIT_KERNELS,
+    NUM_BUCKETS,
+    PY_KERNELS,
+    STOP_REASONS,
+    Adjacency,
+    Buckets,
+    Kernels,
+    Tracker,
+    adjacency,
+    build_tracker,
+    recount,
+    select_kernels,
+)
 
 __all__ = ["JIT_KERNELS", "NUM_BUCKETS", "PY_KERNELS", "STOP_REASONS", "Adjacency", "Buckets",
            "Kernels", "RefineStats", "Tracker", "adjacency", "build_tracker", "g3_partition",

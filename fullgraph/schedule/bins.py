@@ -72,7 +72,8 @@ def bfs_order(graph: Graph, owned: Tensor) -> Tensor:
     return torch.from_numpy(own[order])
 
 
-def boundary_mask(graph: Graph, vertices: Tensor, part_of: Tensor, direction: str = "both") -> Tensor:
+def boundary_mask(graph: Graph, vertices: Tensor, part_of: Tensor,
+                  direction: str = "both") -> Tensor:
     """True for the ``vertices`` with a neighbour in another part.
 
     ``direction``: ``"out"`` counts only out-neighbours (the vertices whose rows other

@@ -28,9 +28,15 @@ from torch import Tensor
 from fullgraph.comm.group import Comm
 from fullgraph.comm.placement import RowColLayout
 from fullgraph.comm.primitives import all_to_all_v_start
-from fullgraph.ops.chunked import (Chunk, Ranges, chunk_aggregate, chunk_backward, put_ranges,
-                                   take_ranges)
 from fullgraph.memory import MemoryAccount
+from fullgraph.ops.chunked import (
+    Chunk,
+    Ranges,
+    chunk_aggregate,
+    chunk_backward,
+    put_ranges,
+    take_ranges,
+)
 
 
 @dataclass(frozen=True)

@@ -15,13 +15,22 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.distributed as dist
-
-from fullgraph.comm import (ByteCounter, Comm, ExchangeTable, RowColLayout, all_reduce_grads,
-                            cols_to_rows, gather_rows, halo_fetch, halo_scatter_add,
-                            rows_to_cols, single_comm)
-from fullgraph.comm.placement import _ColsToRows, _HaloFetch, _HaloScatterAdd, _RowsToCols
-
 from harness import run_ranks
+
+from fullgraph.comm import (
+    ByteCounter,
+    Comm,
+    ExchangeTable,
+    RowColLayout,
+    all_reduce_grads,
+    cols_to_rows,
+    gather_rows,
+    halo_fetch,
+    halo_scatter_add,
+    rows_to_cols,
+    single_comm,
+)
+from fullgraph.comm.placement import _ColsToRows, _HaloFetch, _HaloScatterAdd, _RowsToCols
 
 
 def _fresh(comm: Comm, **changes) -> Comm:

@@ -17,12 +17,21 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
+from harness import run_ranks
 from torch.multiprocessing import ProcessRaisedException
 
-from fullgraph.comm import (ByteCounter, Comm, CommError, all_gather_object, all_gather_rows,
-                            all_reduce_, all_to_all_v, barrier, broadcast_, single_comm)
-
-from harness import run_ranks
+from fullgraph.comm import (
+    ByteCounter,
+    Comm,
+    CommError,
+    all_gather_object,
+    all_gather_rows,
+    all_reduce_,
+    all_to_all_v,
+    barrier,
+    broadcast_,
+    single_comm,
+)
 
 
 def _with(comm: Comm, **changes) -> Comm:

@@ -19,18 +19,26 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+import test_placement as tp
+import test_primitives as tprim
 import torch
 import torch.distributed as dist
+from harness import run_ranks
 
-from fullgraph.comm import (ByteCounter, Comm, CommError, GroupCounter, all_reduce_,
-                            all_to_all_v, barrier, destroy_comm, single_comm)
+from fullgraph.comm import (
+    ByteCounter,
+    Comm,
+    CommError,
+    GroupCounter,
+    all_reduce_,
+    all_to_all_v,
+    barrier,
+    destroy_comm,
+    single_comm,
+)
 from fullgraph.comm import primitives as prim
 from fullgraph.comm.primitives import all_to_all_v_start
 from fullgraph.comm.subgroup import _check_names
-
-import test_placement as tp
-import test_primitives as tprim
-from harness import run_ranks
 
 SPLITS = [([[0], [1, 2, 3]], ["T", "P"]),
           ([[0, 1], [2, 3]], None),

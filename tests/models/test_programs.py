@@ -9,8 +9,17 @@ import torch.nn.functional as F
 from fullgraph.config import ModelConfig
 from fullgraph.errors import ConfigError
 from fullgraph.graph.csr import Graph
-from fullgraph.models import (EdgeTransform, LayerInput, Propagate, StageContext, StageKind,
-                              StageProgram, Transform, build_model, propagation_inputs)
+from fullgraph.models import (
+    EdgeTransform,
+    LayerInput,
+    Propagate,
+    StageContext,
+    StageKind,
+    StageProgram,
+    Transform,
+    build_model,
+    propagation_inputs,
+)
 from fullgraph.models.gat import GATAttention, GATOutput
 from fullgraph.models.layers import Dense
 
@@ -280,7 +289,7 @@ def test_residual_flags_on_width_preserving_layers():
                                      ("gcn", {"decoupled": True}, HIDDEN)]:
         m = build_model(name, IN_DIM, HIDDEN, OUT_DIM, num_layers=3, residual=True, **opts)
         for layer in range(3):
-            stages = [s for s, l in zip(m.stages, m.layer_of) if l == layer]
+            stages = [s for s, lay in zip(m.stages, m.layer_of) if lay == layer]
             flags = [s.residual for s in stages if isinstance(s, (Dense, GATOutput))]
             assert any(flags) == (layer == 1), (name, opts, layer, flags)
             if layer == 1:
@@ -301,7 +310,7 @@ def test_residual_gcn_against_dense(aggregate_first):
     a = dense_adjacency(graph, with_loops=True)
     d = a.sum(1).rsqrt()
     a_hat = d[:, None] * a * d[None, :]
-    weights = [[s for s, l in zip(m.stages, m.layer_of) if l == k] for k in range(3)]
+    weights = [[s for s, lay in zip(m.stages, m.layer_of) if lay == k] for k in range(3)]
     lin = [next(s.lin.weight for s in st if isinstance(s, Dense) and s.lin is not None)
            for st in weights]
     bias = [next(s.bias for s in st if isinstance(s, Dense) and s.bias is not None)

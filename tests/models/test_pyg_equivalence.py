@@ -81,7 +81,7 @@ class PygStack(torch.nn.Module):
 
 
 def layer_stages(model, layer: int) -> list:
-    return [s for s, l in zip(model.stages, model.layer_of) if l == layer]
+    return [s for s, lay in zip(model.stages, model.layer_of) if lay == layer]
 
 
 def one(stages, pred):

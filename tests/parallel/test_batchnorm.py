@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from harness import run_ranks
+from test_data import make_dataset, run_epochs
 
 from fullgraph.errors import ConfigError
 from fullgraph.models import StageContext, build_model
@@ -19,9 +21,6 @@ from fullgraph.parallel.p2p import P2PParallel
 from fullgraph.parallel.single import SingleProcess
 from fullgraph.parallel.tensor import TensorParallel
 from fullgraph.partition import PartitionOptions
-
-from harness import run_ranks
-from test_data import make_dataset, run_epochs
 
 
 def ctx_for(rows: int, training: bool) -> StageContext:

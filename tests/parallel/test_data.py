@@ -13,9 +13,10 @@ import itertools
 
 import pytest
 import torch
+from harness import run_ranks
 
-from fullgraph.graph.synthetic import sbm
 from fullgraph.comm.primitives import all_gather_object
+from fullgraph.graph.synthetic import sbm
 from fullgraph.models import build_model, propagation_inputs
 from fullgraph.parallel import costmodel
 from fullgraph.parallel.data import DataParallel
@@ -23,8 +24,6 @@ from fullgraph.parallel.rows import partition_book
 from fullgraph.parallel.single import SingleProcess
 from fullgraph.partition import PartitionOptions
 from fullgraph.train import step_seed
-
-from harness import run_ranks
 
 MODELS = ["gcn", "sage", "gat", "gin"]
 MODES = ["depcomm", "depcache", "hybrid"]

@@ -12,15 +12,14 @@ import itertools
 import numpy as np
 import pytest
 import torch
+from harness import run_ranks
+from test_data import make_dataset, make_model, run_epochs
 
 from fullgraph.models import build_model
 from fullgraph.parallel.p2p import CrossReads, P2PParallel, link_tables
 from fullgraph.parallel.single import SingleProcess
 from fullgraph.partition import PartitionOptions
 from fullgraph.schedule.bins import SCHEDULES, bin_limit, build_schedule
-
-from harness import run_ranks
-from test_data import make_dataset, make_model, run_epochs
 
 MODELS = ["gcn", "sage", "gat", "gin"]
 PARTITIONERS = ["chunk", "random", "metis", "g3"]

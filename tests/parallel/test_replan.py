@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from harness import run_ranks
 
 from fullgraph.config import Config, ModelConfig, RuntimeConfig, TrainConfig
 from fullgraph.graph.synthetic import sbm
 from fullgraph.parallel.data import DataParallel
 from fullgraph.partition import PartitionOptions
 from fullgraph.train import train
-
-from harness import run_ranks
 
 EPOCHS, SWITCH_AT = 6, 3
 

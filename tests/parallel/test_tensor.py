@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from harness import run_ranks
+from test_data import MODELS, make_dataset, make_model, run_epochs
 
 from fullgraph.parallel.single import SingleProcess
 from fullgraph.parallel.tensor import TensorParallel
-
-from harness import run_ranks
-from test_data import MODELS, make_dataset, make_model, run_epochs
 
 
 def check_tensor(comm, cases):

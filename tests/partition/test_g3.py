@@ -10,10 +10,17 @@ import torch
 from fullgraph.graph.csr import Graph
 from fullgraph.graph.formats.npz import load_npz
 from fullgraph.graph.synthetic import rmat_edges
-from fullgraph.partition import PARTITIONERS, PartitionBook, metis_partition, partition, quality
-from fullgraph.partition import g3
-from fullgraph.partition.g3 import (PY_KERNELS, STOP_REASONS, adjacency, build_tracker,
-                                    g3_partition, g3_refine, recount, select_kernels)
+from fullgraph.partition import PARTITIONERS, PartitionBook, g3, metis_partition, partition, quality
+from fullgraph.partition.g3 import (
+    PY_KERNELS,
+    STOP_REASONS,
+    adjacency,
+    build_tracker,
+    g3_partition,
+    g3_refine,
+    recount,
+    select_kernels,
+)
 
 BACKENDS = [False, pytest.param(True, marks=pytest.mark.skipif(
     g3.JIT_KERNELS is None, reason="numba not installed"))]

@@ -8,8 +8,7 @@ import numpy as np
 import pytest
 
 from fullgraph.graph.csr import Graph
-from fullgraph.partition import PartitionBook, format_report, quality, random_partition
-from fullgraph.partition import metrics
+from fullgraph.partition import PartitionBook, format_report, metrics, quality, random_partition
 
 
 def _random_graph(num_nodes: int = 40, num_edges: int = 150, seed: int = 0) -> Graph:

@@ -10,9 +10,16 @@ import torch
 
 import fullgraph.partition as partition_pkg
 from fullgraph.graph.csr import Graph
-from fullgraph.partition import (PARTITIONERS, PartitionBook, chunk_partition,
-                                 metis_partition, partition, quality, random_partition,
-                                 register_partitioner)
+from fullgraph.partition import (
+    PARTITIONERS,
+    PartitionBook,
+    chunk_partition,
+    metis_partition,
+    partition,
+    quality,
+    random_partition,
+    register_partitioner,
+)
 from fullgraph.partition.chunk import weighted_bounds
 from fullgraph.partition.metis import symmetric_adjacency, vertex_weights, water_fill
 

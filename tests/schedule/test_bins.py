@@ -6,8 +6,15 @@ import pytest
 import torch
 
 from fullgraph.graph.csr import Graph
-from fullgraph.schedule.bins import (SCHEDULES, bfs_order, bin_limit, boundary_mask,
-                                     build_schedule, pack_bins, priority_order)
+from fullgraph.schedule.bins import (
+    SCHEDULES,
+    bfs_order,
+    bin_limit,
+    boundary_mask,
+    build_schedule,
+    pack_bins,
+    priority_order,
+)
 
 
 def undirected(pairs, n) -> Graph:

@@ -6,11 +6,10 @@ import pytest
 import torch
 
 from fullgraph.graph.csr import Graph
+from fullgraph.memory import MemoryAccount, parse_bytes
 from fullgraph.ops import spmm
 from fullgraph.ops.chunked import build_chunks, chunked_spmm
-from fullgraph.memory import MemoryAccount, parse_bytes
-from fullgraph.schedule.chunks import (chunk_footprint, chunk_ranges, even_ranges,
-                                       spread_chunks)
+from fullgraph.schedule.chunks import chunk_footprint, chunk_ranges, even_ranges, spread_chunks
 
 
 def graph(n=50, e=400, seed=0) -> Graph:

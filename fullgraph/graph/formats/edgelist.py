@@ -28,9 +28,19 @@ import torch
 from fullgraph.errors import DatasetNotFoundError, FormatError, ValidationError
 from fullgraph.graph.csr import Graph
 from fullgraph.graph.data import Dataset
-from fullgraph.graph.formats._common import (Locator, PathLike, as_features, as_labels,
-                                             assemble, check_finite, check_ids, check_labels,
-                                             check_masks, field_locator, text_locator)
+from fullgraph.graph.formats._common import (
+    Locator,
+    PathLike,
+    as_features,
+    as_labels,
+    assemble,
+    check_finite,
+    check_ids,
+    check_labels,
+    check_masks,
+    field_locator,
+    text_locator,
+)
 from fullgraph.graph.formats._text import read_table
 from fullgraph.graph.split import fraction_split
 

@@ -24,9 +24,16 @@ import numpy as np
 from fullgraph.errors import FormatError, ValidationError
 from fullgraph.graph.csr import Graph
 from fullgraph.graph.data import Dataset
-from fullgraph.graph.formats._common import (PathLike, assemble, check_finite, check_ids,
-                                             check_labels, check_masks, check_unique,
-                                             text_locator)
+from fullgraph.graph.formats._common import (
+    PathLike,
+    assemble,
+    check_finite,
+    check_ids,
+    check_labels,
+    check_masks,
+    check_unique,
+    text_locator,
+)
 from fullgraph.graph.formats._text import iter_rows, line_of_row, read_table
 from fullgraph.graph.formats.edgelist import read_edges
 

@@ -33,9 +33,16 @@ import torch
 from fullgraph.errors import DatasetNotFoundError, FormatError, ValidationError
 from fullgraph.graph.csr import Graph
 from fullgraph.graph.data import Dataset
-from fullgraph.graph.formats._common import (PathLike, as_features, as_labels, assemble,
-                                             check_finite, check_ids, check_labels,
-                                             field_locator)
+from fullgraph.graph.formats._common import (
+    PathLike,
+    as_features,
+    as_labels,
+    assemble,
+    check_finite,
+    check_ids,
+    check_labels,
+    field_locator,
+)
 from fullgraph.graph.formats.safe_pickle import load_pickle
 from fullgraph.graph.split import per_class_split
 

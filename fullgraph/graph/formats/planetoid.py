@@ -34,9 +34,16 @@ from torch import Tensor
 from fullgraph.errors import FormatError, ValidationError
 from fullgraph.graph.csr import Graph
 from fullgraph.graph.data import Dataset
-from fullgraph.graph.formats._common import (PathLike, assemble, check_finite, check_ids,
-                                             check_unique, field_locator, require_files,
-                                             text_locator)
+from fullgraph.graph.formats._common import (
+    PathLike,
+    assemble,
+    check_finite,
+    check_ids,
+    check_unique,
+    field_locator,
+    require_files,
+    text_locator,
+)
 from fullgraph.graph.formats._text import read_table
 from fullgraph.graph.formats.download import PLANETOID_SUFFIXES, PLANETOID_URL
 from fullgraph.graph.formats.safe_pickle import load_pickle

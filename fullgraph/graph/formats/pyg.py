@@ -18,9 +18,16 @@ from torch import Tensor
 from fullgraph.errors import FormatError, ValidationError
 from fullgraph.graph.csr import Graph
 from fullgraph.graph.data import MASK_NAMES, Dataset
-from fullgraph.graph.formats._common import (as_features, as_labels, assemble, check_finite,
-                                             check_ids, check_labels, check_masks,
-                                             field_locator)
+from fullgraph.graph.formats._common import (
+    as_features,
+    as_labels,
+    assemble,
+    check_finite,
+    check_ids,
+    check_labels,
+    check_masks,
+    field_locator,
+)
 from fullgraph.graph.split import fraction_split
 
 
