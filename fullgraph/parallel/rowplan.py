@@ -146,18 +146,23 @@ def plan_rows(program: StageProgram, graph: Graph, owned: Tensor, fetch: Tensor,
         else:  # E stage: destinations are those of the P stages using its weights
             dst = _ordered(owned_np, owned_mask, edge_dst.pop(s, need))
         rows[s] = dst
-        _, src, _ = in_edges(graph, dst)
-        src = np.unique(src)
-        got = src[fetch_np[src]]
-        if owner is not None and got.size:
-            got = got[np.lexsort((got, owner.numpy()[got]))]
-        fetched[s] = got
-        local = src[~fetch_np[src]]
-        extra = [local]
-        if info.is_edge:
-            extra.append(dst)  # the E stage reads its destinations' own rows
-        need = _ordered(owned_np, owned_mask, np.concatenate(extra))
+        fetched[s], local = _split_sources(graph, dst, fetch_np, owner)
+        if info.is_edge:  # the E stage reads its destinations' own rows
+            local = np.concatenate([local, dst])
+        need = _ordered(owned_np, owned_mask, local)
     return _assemble(program, graph, owned_np, need, rows, fetched)
+
+
+def _split_sources(graph: Graph, dst: np.ndarray, fetch: np.ndarray,
+                   owner: Tensor | None) -> tuple[np.ndarray, np.ndarray]:
+    """The in-neighbours of ``dst``: (fetched ones, in (owner, gid) order when ``owner``
+    is given; the ones computed locally)."""
+    _, src, _ = in_edges(graph, dst)
+    src = np.unique(src)
+    got = src[fetch[src]]
+    if owner is not None and got.size:
+        got = got[np.lexsort((got, owner.numpy()[got]))]
+    return got, src[~fetch[src]]
 
 
 def _assemble(program: StageProgram, graph: Graph, owned: np.ndarray, input_rows: np.ndarray,
