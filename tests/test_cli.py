@@ -244,7 +244,7 @@ def test_nn_device_cpu_with_cuda_training():
 @pytest.fixture(scope="module")
 def launch_root(tmp_path_factory):
     """A dataset root for the subprocess runs below, and the single-process reference."""
-    from test_launch import TRAIN, events, run_cli
+    from clirun import TRAIN, events, run_cli
 
     root = tmp_path_factory.mktemp("data")
     metrics = root.parent / "single.jsonl"
@@ -256,7 +256,7 @@ def launch_root(tmp_path_factory):
 
 def _launched_losses(args: list[str], root, metrics, cmd=None) -> str:
     """Run ``TRAIN + args`` (through ``cmd`` when given), writing ``metrics``; stdout."""
-    from test_launch import TRAIN, run_cli
+    from clirun import TRAIN, run_cli
 
     out = run_cli(TRAIN + args + ["--metrics-out", str(metrics)], root, timeout=180, cmd=cmd)
     assert out.returncode == 0, out.stdout + out.stderr
@@ -268,7 +268,7 @@ def test_partition_file_through_the_launcher(launch_root, tmp_path):
     """`fullgraph partition --out` then `train --partition-file` on 2 workers, hybrid
     dependencies with given costs: the header names the file and the split, and the
     losses are the single-process ones."""
-    from test_launch import events, run_cli
+    from clirun import events, run_cli
 
     root, single = launch_root
     book = tmp_path / "book.npz"
@@ -289,7 +289,7 @@ def test_partition_file_through_the_launcher(launch_root, tmp_path):
 def test_tensor_through_the_launcher_and_torchrun(launch_root, tmp_path):
     import sys
 
-    from test_launch import events, free_port
+    from clirun import events, free_port
 
     root, single = launch_root
     runs = {"launcher": (["--workers", "2", "--run-dir", str(tmp_path / "run")], None),

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from cases import make_dataset, run_epochs
 from harness import run_ranks
-from test_data import make_dataset, run_epochs
 
 from fullgraph.errors import ConfigError
 from fullgraph.models import StageContext, build_model

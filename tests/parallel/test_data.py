@@ -13,51 +13,19 @@ import itertools
 
 import pytest
 import torch
+from cases import MODELS, make_dataset, make_model, run_epochs
 from harness import run_ranks
 
 from fullgraph.comm.primitives import all_gather_object
-from fullgraph.graph.synthetic import sbm
 from fullgraph.models import build_model, propagation_inputs
 from fullgraph.parallel import costmodel
 from fullgraph.parallel.data import DataParallel
 from fullgraph.parallel.rows import partition_book
 from fullgraph.parallel.single import SingleProcess
 from fullgraph.partition import PartitionOptions
-from fullgraph.train import step_seed
 
-MODELS = ["gcn", "sage", "gat", "gin"]
 MODES = ["depcomm", "depcache", "hybrid"]
 PARTITIONERS = ["chunk", "random", "metis"]
-
-
-def make_dataset():
-    return sbm(67, 3, avg_degree=5.0, num_features=9, seed=11)
-
-
-def make_model(name: str, decoupled: bool, in_dim: int, out_dim: int, dtype=torch.float64):
-    torch.manual_seed(0)
-    opts = dict(num_layers=2, dropout=0.3, decoupled=decoupled, num_props=2)
-    if name == "gat":
-        opts.update(heads=2)
-    return build_model(name, in_dim, 5, out_dim, **opts).to(dtype)
-
-
-def run_epochs(strategy, dataset, model, comm, epochs=3, dtype=torch.float64):
-    plan = strategy.setup(dataset, model, torch.device("cpu"), comm, dtype=dtype)
-    opt = torch.optim.Adam(model.parameters(), lr=0.05)
-    losses, outputs = [], None
-    for epoch in range(1, epochs + 1):
-        model.train()
-        opt.zero_grad()
-        result = strategy.forward(model, plan, training=True, seed=step_seed(0, epoch))
-        loss = strategy.loss(result, plan)
-        if outputs is None:
-            outputs = (result.logits.detach().clone(), result.gids.clone())
-        loss.backward()
-        strategy.sync_grads(model, plan)
-        opt.step()
-        losses.append(strategy.reduce_loss(loss, plan))
-    return losses, outputs, plan
 
 
 EDGE_COST = VERTEX_COST = 1e-9

@@ -12,8 +12,8 @@ import itertools
 import numpy as np
 import pytest
 import torch
+from cases import make_dataset, make_model, run_epochs
 from harness import run_ranks
-from test_data import make_dataset, make_model, run_epochs
 
 from fullgraph.models import build_model
 from fullgraph.parallel.p2p import CrossReads, P2PParallel, link_tables

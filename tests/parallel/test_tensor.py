@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from cases import MODELS, make_dataset, make_model, run_epochs
 from harness import run_ranks
-from test_data import MODELS, make_dataset, make_model, run_epochs
 
 from fullgraph.parallel.single import SingleProcess
 from fullgraph.parallel.tensor import TensorParallel

@@ -1,0 +1,42 @@
+"""Cases shared by the exactness tests of every strategy: a small graph whose vertex
+count (67) and widths (9 features, 5 hidden, 3 classes) divide by no world size, the
+four models, and a few epochs of training with any strategy."""
+from __future__ import annotations
+
+import torch
+
+from fullgraph.graph.synthetic import sbm
+from fullgraph.models import build_model
+from fullgraph.train import step_seed
+
+MODELS = ["gcn", "sage", "gat", "gin"]
+
+
+def make_dataset():
+    return sbm(67, 3, avg_degree=5.0, num_features=9, seed=11)
+
+
+def make_model(name: str, decoupled: bool, in_dim: int, out_dim: int, dtype=torch.float64):
+    torch.manual_seed(0)
+    opts = dict(num_layers=2, dropout=0.3, decoupled=decoupled, num_props=2)
+    if name == "gat":
+        opts.update(heads=2)
+    return build_model(name, in_dim, 5, out_dim, **opts).to(dtype)
+
+
+def run_epochs(strategy, dataset, model, comm, epochs=3, dtype=torch.float64):
+    plan = strategy.setup(dataset, model, torch.device("cpu"), comm, dtype=dtype)
+    opt = torch.optim.Adam(model.parameters(), lr=0.05)
+    losses, outputs = [], None
+    for epoch in range(1, epochs + 1):
+        model.train()
+        opt.zero_grad()
+        result = strategy.forward(model, plan, training=True, seed=step_seed(0, epoch))
+        loss = strategy.loss(result, plan)
+        if outputs is None:
+            outputs = (result.logits.detach().clone(), result.gids.clone())
+        loss.backward()
+        strategy.sync_grads(model, plan)
+        opt.step()
+        losses.append(strategy.reduce_loss(loss, plan))
+    return losses, outputs, plan
