@@ -105,12 +105,12 @@ def cell(values: list[float]) -> str:
     return f"{100 * statistics.mean(values):.1f} +- {100 * std:.1f}"
 
 
-def row(ds: Dataset, adj_t: Tensor, name: str, model: str, seeds: int, epochs: int,
+def row(ds: Dataset, adj_t: Tensor, name: str, model: str, seeds: range, epochs: int,
         per_seed: bool) -> str:
-    """One table row: both systems over ``seeds`` seeds."""
+    """One table row: both systems over ``seeds``."""
     options, lr = SETTINGS["gin" if model == "gin-bn" else model]
     ours, theirs, secs = [], [], [0.0, 0.0]
-    for seed in range(seeds):
+    for seed in seeds:
         t0 = time.perf_counter()
         ours.append(train_ours(ds, model, options, lr, epochs, seed))
         t1 = time.perf_counter()
@@ -126,7 +126,7 @@ def row(ds: Dataset, adj_t: Tensor, name: str, model: str, seeds: int, epochs: i
     return (f"| {name} | {model} | {cell([t for _, t in ours])} | "
             f"{cell([t for _, t in theirs])} | {100 * diff:+.1f} | "
             f"{cell([v for v, _ in ours])} | {cell([v for v, _ in theirs])} | "
-            f"{seeds} | {secs[0]:.0f} / {secs[1]:.0f} |")
+            f"{seeds.start}-{seeds.stop - 1} | {secs[0]:.0f} / {secs[1]:.0f} |")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -135,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--datasets", default="amazon_photo,coauthor_cs")
     p.add_argument("--models", default="sage,gin-bn", help=f"some of {', '.join(MODELS)}")
     p.add_argument("--seeds", type=int, default=5)
+    p.add_argument("--first-seed", type=int, default=0, help="run seeds from this one on")
     p.add_argument("--epochs", type=int, default=200)
     p.add_argument("--per-seed", action="store_true", help="also print each seed's numbers")
     args = p.parse_args(argv)
@@ -149,7 +150,8 @@ def main(argv: list[str] | None = None) -> int:
         ds = load(Path(args.root), name)
         adj_t = adjacency(ds)
         for model in models:
-            print(row(ds, adj_t, name, model, args.seeds, args.epochs, args.per_seed),
+            seeds = range(args.first_seed, args.first_seed + args.seeds)
+            print(row(ds, adj_t, name, model, seeds, args.epochs, args.per_seed),
                   flush=True)
     return 0
 
