@@ -3,8 +3,9 @@
 ``group`` holds the explicit ``Comm`` handle and the process-group lifecycle,
 ``subgroup`` the sub-group communicators made by ``Comm.split``, ``primitives``
 the timed, byte-counted collectives, ``placement`` the conjugate autograd pairs
-that change a tensor's placement, and ``exchange`` the P2P tables of halo
-exchanges. See DESIGN.md ("Placements") and STYLE.md section 3.
+that change a tensor's placement, ``exchange`` the P2P tables of halo
+exchanges and ``halo`` their asynchronous start / wait forms. See
+docs/architecture.md ("Placements").
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from fullgraph.comm.group import (
                                   init_comm,
                                   single_comm,
 )
+from fullgraph.comm.halo import PendingFetch, PendingReturn, start_fetch, start_return
 from fullgraph.comm.placement import (
                                   RowColLayout,
                                   all_reduce_grads,
@@ -39,8 +41,9 @@ from fullgraph.comm.primitives import (
 from fullgraph.comm.subgroup import GroupCounter
 
 __all__ = [
-    "DEFAULT_TIMEOUT_S", "ByteCounter", "Comm", "CommError", "ExchangeTable", "GroupCounter",
-    "ReduceOp", "RowColLayout", "all_gather_object", "all_gather_rows", "all_reduce_",
-    "all_reduce_grads", "all_to_all_v", "barrier", "broadcast_", "cols_to_rows", "destroy_comm",
-    "gather_rows", "halo_fetch", "halo_scatter_add", "init_comm", "rows_to_cols", "single_comm",
+    "ByteCounter", "Comm", "CommError", "DEFAULT_TIMEOUT_S", "ExchangeTable", "GroupCounter",
+    "PendingFetch", "PendingReturn", "ReduceOp", "RowColLayout", "all_gather_object",
+    "all_gather_rows", "all_reduce_", "all_reduce_grads", "all_to_all_v", "barrier", "broadcast_",
+    "cols_to_rows", "destroy_comm", "gather_rows", "halo_fetch", "halo_scatter_add", "init_comm",
+    "rows_to_cols", "single_comm", "start_fetch", "start_return",
 ]

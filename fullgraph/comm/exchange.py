@@ -6,6 +6,10 @@ receives the rows it needs from p in q's halo order, so p must send exactly thos
 gids, in that order. ``ExchangeTable.from_needs`` builds one rank's table from the
 two lists every rank can compute from a global partition.
 
+A table may also say where the received rows go (``recv_pos``): then one table is
+one round of a larger exchange (G3's per-bin pushes), whose rows land at given
+positions of a halo buffer instead of filling it in peer order.
+
 No communication happens here; this module must not import torch.distributed.
 """
 from __future__ import annotations
@@ -26,10 +30,14 @@ class ExchangeTable:
             order p expects them.
         recv_rows: per peer p, the number of rows received from p; the halo is their
             concatenation in peer order.
+        recv_pos: optional, per peer p, int64 (recv_rows[p],) positions in a halo
+            buffer of the rows received from p (and, in the return direction, of the
+            rows sent back to p). None: the concatenation in peer order.
     """
 
     send_idx: list[Tensor]
     recv_rows: list[int]
+    recv_pos: list[Tensor] | None = None
 
     def __post_init__(self) -> None:
         if len(self.send_idx) != len(self.recv_rows):
@@ -42,6 +50,18 @@ class ExchangeTable:
         self.recv_rows = [int(n) for n in self.recv_rows]
         if any(n < 0 for n in self.recv_rows):
             raise ValueError(f"ExchangeTable: recv_rows must be >= 0, got {self.recv_rows}")
+        if self.recv_pos is not None:
+            self._check_recv_pos(self.recv_pos)
+
+    def _check_recv_pos(self, recv_pos: list[Tensor]) -> None:
+        if len(recv_pos) != len(self.recv_rows):
+            raise ValueError(f"ExchangeTable: {len(recv_pos)} receive position lists but "
+                             f"{len(self.recv_rows)} receive counts; need one per rank")
+        for p, (pos, n) in enumerate(zip(recv_pos, self.recv_rows)):
+            if pos.dtype != torch.int64 or pos.dim() != 1 or pos.numel() != n:
+                raise ValueError(f"ExchangeTable: recv_pos[{p}] must be a 1-D int64 tensor of "
+                                 f"recv_rows[{p}]={n} positions, got {pos.dtype} of shape "
+                                 f"{tuple(pos.shape)}")
 
     @classmethod
     def from_needs(cls, needed_from: Sequence[Tensor], needed_by: Sequence[Tensor],
@@ -86,4 +106,5 @@ class ExchangeTable:
 
     def to(self, device: torch.device | str) -> ExchangeTable:
         """The same table with its index tensors on ``device``."""
-        return ExchangeTable([idx.to(device) for idx in self.send_idx], list(self.recv_rows))
+        pos = None if self.recv_pos is None else [t.to(device) for t in self.recv_pos]
+        return ExchangeTable([idx.to(device) for idx in self.send_idx], list(self.recv_rows), pos)

@@ -21,7 +21,9 @@ rows, D columns, D_r this rank's column slice, H halo rows, S_p rows sent to ran
 F trailing feature shape, s bytes per element. Byte counts are per rank per call and
 leave out self-copies.
 
-Imports only ``primitives`` and ``exchange`` from fullgraph.
+The halo pair runs on ``halo.start_fetch`` / ``halo.start_return`` (their
+synchronous use), the same code as the overlapped exchanges. Imports only
+``primitives``, ``exchange`` and ``halo`` from fullgraph.
 """
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ import torch
 from torch import Tensor
 
 from fullgraph.comm.exchange import ExchangeTable
+from fullgraph.comm.halo import check_table, start_fetch, start_return
 from fullgraph.comm.primitives import all_gather_rows, all_reduce_, all_to_all_v
 
 if TYPE_CHECKING:
@@ -224,30 +227,18 @@ def _reduce_scatter_rows(x_full: Tensor, row_counts: Sequence[int], comm: Comm,
     return out
 
 
-def _check_table(table: ExchangeTable, comm: Comm) -> None:
-    if table.world_size != comm.world_size:
-        raise ValueError(f"halo exchange: table is for {table.world_size} ranks, comm has "
-                         f"{comm.world_size}")
-
-
 def _halo_fetch(x_rows: Tensor, table: ExchangeTable, comm: Comm, phase: str) -> Tensor:
-    _check_table(table, comm)
-    send = [x_rows.index_select(0, idx.to(x_rows.device)) for idx in table.send_idx]
-    return torch.cat(all_to_all_v(send, table.recv_rows, comm, phase), dim=0)
+    return start_fetch(x_rows, table, comm, phase).wait()
 
 
 def _halo_scatter_add(x_halo: Tensor, table: ExchangeTable, num_rows: int, comm: Comm,
                       phase: str) -> Tensor:
-    _check_table(table, comm)
+    check_table(table, comm)
     if x_halo.dim() == 0 or x_halo.shape[0] != table.num_halo:
         raise ValueError(f"halo_scatter_add: rank {comm.rank} expected {table.num_halo} halo "
                          f"rows from the table, got shape {tuple(x_halo.shape)}")
-    send = list(torch.split(x_halo.contiguous(), table.recv_rows))
-    recv = all_to_all_v(send, table.send_rows(), comm, phase)
-    out = x_halo.new_zeros((num_rows, *x_halo.shape[1:]))
-    for idx, rows in zip(table.send_idx, recv):  # fixed peer order: deterministic sums
-        out.index_add_(0, idx.to(out.device), rows)
-    return out
+    pending = start_return(x_halo, table, comm, phase)
+    return pending.wait(x_halo.new_zeros((num_rows, *x_halo.shape[1:])))
 
 
 # ---------------------------------------------------------------- autograd functions

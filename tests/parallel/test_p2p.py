@@ -16,10 +16,11 @@ from cases import make_dataset, make_model, run_epochs
 from harness import run_ranks
 
 from fullgraph.models import build_model
-from fullgraph.parallel.p2p import CrossReads, P2PParallel, link_tables
+from fullgraph.parallel.p2p import P2PParallel
 from fullgraph.parallel.single import SingleProcess
 from fullgraph.partition import PartitionOptions
 from fullgraph.schedule.bins import SCHEDULES, bin_limit, build_schedule
+from fullgraph.schedule.links import CrossReads, LinkRounds, RowIndex, link_tables
 
 MODELS = ["gcn", "sage", "gat", "gin"]
 PARTITIONERS = ["chunk", "random", "metis", "g3"]
@@ -125,8 +126,9 @@ def test_link_tables_agree_between_ranks():
     for r in range(world):
         reads = np.unique(src[(part[dst] == r) & (part[src] != r)])
         halo = reads[np.lexsort((reads, part[reads]))]
-        links.append((halo, link_tables(cross, part, r, world, halo, lid, phases[0].round_of,
-                                        phases[1].step_of, phases[0].rounds, phases[1].rounds)))
+        rounds = LinkRounds(phases[0].round_of, phases[1].step_of, phases[0].rounds,
+                            phases[1].rounds)
+        links.append((halo, link_tables(cross, RowIndex(part, lid, world), rounds, r, halo)))
     for p, q in itertools.permutations(range(world), 2):
         halo_q, link_q = links[q]
         _, link_p = links[p]
