@@ -74,7 +74,7 @@ def test_every_model_learns_sbm(toy, model, decoupled):
     assert train(toy, cfg).test_at_best > 0.5  # chance is 0.25
 
 
-# Mean test accuracy of 5 seeds on the public split, row-normalised features, the
+# Mean test accuracy of 3 seeds on the public split, row-normalised features, the
 # papers' hyper-parameters (GCN: hidden 16, dropout 0.5, lr 0.01; GAT: 8 heads x 8,
 # dropout 0.6, lr 0.005; both weight decay 5e-4, 200 epochs, best validation epoch).
 ACCURACY = [("gcn", "cora", 0.805), ("gat", "cora", 0.815), ("gcn", "citeseer", 0.695)]
@@ -90,5 +90,5 @@ def test_public_split_accuracy(shared_datasets, model, name, bound):
     else:
         mcfg, lr = ModelConfig(name="gcn", hidden=16, dropout=0.5), 0.01
     accs = [train(ds, Config(model=mcfg, train=TrainConfig(epochs=200, lr=lr, seed=s))).test_at_best
-            for s in range(5)]
+            for s in range(3)]
     assert statistics.mean(accs) >= bound, accs

@@ -48,12 +48,16 @@ def check_all(comm, cases):
             torch.testing.assert_close(p, q, msg=f"{where} parameter {k}")
 
 
-# The full matrix on 3 workers (odd, uneven parts); on 1, 2 and 4 every model and
-# form with the partitioner, schedule and bin size rotating so that each world size
-# sees all four of each, keeping the suite's time in bounds.
+# On 3 workers (odd, uneven parts) every pair of axes in full: each model and form
+# with each partitioner under two schedules, shifted so that every (model/form,
+# schedule) and every (partitioner, schedule) pair also appears (64 of the 128
+# combinations); on 1, 2 and 4 every model and form with the partitioner, schedule
+# and bin size rotating so that each world size sees all four of each, keeping the
+# suite's time in bounds.
 PAIRS = list(itertools.product(MODELS, [False, True]))
-FULL = [(m, d, part, sched, BIN_SIZES[i % 3]) for i, (m, d, part, sched) in
-        enumerate(itertools.product(MODELS, [False, True], PARTITIONERS, SCHEDULE_NAMES))]
+FULL = [(m, d, part, SCHEDULE_NAMES[(i + k + shift) % 4], BIN_SIZES[(i + k) % 3])
+        for i, (m, d) in enumerate(PAIRS) for k, part in enumerate(PARTITIONERS)
+        for shift in (0, 2)]
 
 
 def rotated(shift: int) -> list[tuple]:

@@ -87,8 +87,12 @@ ALL_OPTIONS = [TensorParallel.Options(num_chunks=4),
                TensorParallel.Options(pipeline=True),
                TensorParallel.Options(pipeline=True, device_memory=str(BUDGET)),
                TensorParallel.Options(pipeline=True, column_split="even")]
-# every variant on 1 and 3 workers; chunks with a budget and pipelining on 2 and 4
-OPTIONS = {1: ALL_OPTIONS, 2: ALL_OPTIONS[4:5], 3: ALL_OPTIONS, 4: ALL_OPTIONS[4:]}
+# every variant with every case on 1 worker; on 3 each case with two variants, so
+# every variant meets coupled and decoupled models; chunks with a budget and
+# pipelining on 2, and alternately with and without a budget on 4
+OPTIONS = {1: lambda i: ALL_OPTIONS, 2: lambda i: ALL_OPTIONS[4:5],
+           3: lambda i: [ALL_OPTIONS[i % 6], ALL_OPTIONS[(i + 3) % 6]],
+           4: lambda i: [ALL_OPTIONS[4 + i % 2]]}
 
 
 def check_chunked(comm, cases):
@@ -97,10 +101,10 @@ def check_chunked(comm, cases):
     stays under the budget."""
     dataset = make_dataset()
     budget = BUDGET
-    for name, decoupled in cases:
+    for i, (name, decoupled) in enumerate(cases):
         ref_model = make_model(name, decoupled, 9, 3)
         ref_losses, (ref_out, _), _ = run_epochs(SingleProcess(), dataset, ref_model, None)
-        for opts in OPTIONS[comm.world_size]:
+        for opts in OPTIONS[comm.world_size](i):
             model = make_model(name, decoupled, 9, 3)
             losses, (out, gids), plan = run_epochs(TensorParallel(opts), dataset, model, comm)
             where = f"{name} decoupled={decoupled} {opts} rank {comm.rank}"
