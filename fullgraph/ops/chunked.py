@@ -18,7 +18,7 @@ and S_k distinct sources.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import overload
 
 import numpy as np
@@ -48,21 +48,6 @@ class Chunk:
     edge_ranges: Ranges
     graph: Graph
     src: Tensor
-    _offsets: list[int] = field(default_factory=list, repr=False)
-
-    def __post_init__(self) -> None:
-        self._offsets = [0]
-        for a, b in self.ranges:
-            self._offsets.append(self._offsets[-1] + b - a)
-
-    @property
-    def num_rows(self) -> int:
-        return self._offsets[-1]
-
-    def rows(self) -> Tensor:
-        """(R_k,) the chunk's destination ids."""
-        return torch.cat([torch.arange(a, b) for a, b in self.ranges]) if self.ranges \
-            else torch.zeros(0, dtype=torch.int64)
 
     def take(self, t: Tensor) -> Tensor:
         """The chunk's rows of a destination-indexed tensor (a view for one range)."""
