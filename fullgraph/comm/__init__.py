@@ -4,7 +4,7 @@
 ``subgroup`` the sub-group communicators made by ``Comm.split``, ``primitives``
 the timed, byte-counted collectives, ``placement`` the conjugate autograd pairs
 that change a tensor's placement, ``exchange`` the P2P tables of halo
-exchanges and ``halo`` their asynchronous start / wait forms. See
+exchanges and ``halo`` their asynchronous start / wait forms (and the halo pair). See
 docs/architecture.md ("Placements").
 """
 from __future__ import annotations
@@ -18,14 +18,21 @@ from fullgraph.comm.group import (
                                   init_comm,
                                   single_comm,
 )
-from fullgraph.comm.halo import PendingFetch, PendingReturn, start_fetch, start_return
+from fullgraph.comm.halo import (
+                                  PendingBlocks,
+                                  PendingFetch,
+                                  PendingReturn,
+                                  halo_fetch,
+                                  halo_scatter_add,
+                                  start_blocks,
+                                  start_fetch,
+                                  start_return,
+)
 from fullgraph.comm.placement import (
                                   RowColLayout,
                                   all_reduce_grads,
                                   cols_to_rows,
                                   gather_rows,
-                                  halo_fetch,
-                                  halo_scatter_add,
                                   rows_to_cols,
 )
 from fullgraph.comm.primitives import (
@@ -42,8 +49,9 @@ from fullgraph.comm.subgroup import GroupCounter
 
 __all__ = [
     "ByteCounter", "Comm", "CommError", "DEFAULT_TIMEOUT_S", "ExchangeTable", "GroupCounter",
-    "PendingFetch", "PendingReturn", "ReduceOp", "RowColLayout", "all_gather_object",
-    "all_gather_rows", "all_reduce_", "all_reduce_grads", "all_to_all_v", "barrier", "broadcast_",
-    "cols_to_rows", "destroy_comm", "gather_rows", "halo_fetch", "halo_scatter_add", "init_comm",
-    "rows_to_cols", "single_comm", "start_fetch", "start_return",
+    "PendingBlocks", "PendingFetch", "PendingReturn", "ReduceOp", "RowColLayout",
+    "all_gather_object", "all_gather_rows", "all_reduce_", "all_reduce_grads", "all_to_all_v",
+    "barrier", "broadcast_", "cols_to_rows", "destroy_comm", "gather_rows", "halo_fetch",
+    "halo_scatter_add", "init_comm", "rows_to_cols", "single_comm", "start_blocks", "start_fetch",
+    "start_return",
 ]

@@ -1,9 +1,11 @@
 """Halo exchanges over an ``ExchangeTable``, started now and finished later.
 
-One mechanism serves every row exchange that can overlap with computation: the
-data-parallel halo fetch (``placement.halo_fetch``, which is ``start_fetch(...)
-.wait()``), its conjugate gradient scatter-add, and G3's per-bin pushes, each round
-of which is a table with receive positions (``ExchangeTable.recv_pos``).
+One mechanism (``primitives.all_to_all_v_start`` and its ``PendingExchange``)
+serves every exchange that can overlap with computation: the data-parallel halo
+fetch (``halo_fetch``, which is ``start_fetch(...).wait()``), its conjugate gradient
+scatter-add, G3's per-bin pushes, each round of which is a table with receive
+positions (``ExchangeTable.recv_pos``), and the tensor-parallel chunk pipeline's
+block exchanges (``start_blocks``).
 
 - ``start_fetch(x_rows, table, comm, phase)`` sends ``x_rows[table.send_idx[p]]`` to
   every peer p; ``wait()`` returns the (H, *F) halo in peer order, or
@@ -13,14 +15,20 @@ of which is a table with receive positions (``ExchangeTable.recv_pos``).
   adds them (``index_add_``) at ``table.send_idx[p]`` of the owner rows ``into``, in
   peer order, so the sums are the same on every run.
 
+- ``start_blocks(send, recv_shapes, comm, phase)`` sends one 2-D block to each peer
+  (blocks of different widths); ``wait()`` returns the received blocks.
+- ``halo_fetch`` / ``halo_scatter_add`` are the synchronous conjugate autograd pair
+  (the backward of each is the forward of the other), as in ``placement``.
+
 Bytes are counted under ``phase`` when ``wait`` completes (``PendingExchange``);
 with ``world_size == 1`` only the local copy is made and nothing is counted.
+Shape legend as in ``placement``.
 
 Imports only ``primitives`` and ``exchange`` from fullgraph.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -90,6 +98,30 @@ class PendingReturn:
         return into
 
 
+class PendingBlocks:
+    """2-D blocks in flight (``start_blocks``)."""
+
+    def __init__(self, exchange: PendingExchange, shapes: list[tuple[int, int]]) -> None:
+        self._exchange, self._shapes = exchange, shapes
+
+    def wait(self) -> list[Tensor]:
+        """Finish the exchange: the block from each peer, in peer order."""
+        return [t.view(shape) for t, shape in zip(self._exchange.wait(), self._shapes)]
+
+
+def start_blocks(send: list[Tensor], recv_shapes: list[tuple[int, int]], comm: Comm,
+                 phase: str) -> PendingBlocks:
+    """Start sending ``send[p]`` (a 2-D block) to every peer p.
+
+    ``recv_shapes[p]`` is the shape of the block peer p sends here. The blocks are
+    flattened for one ``all_to_all_v``. Bytes per rank: sent sum_{p != r}
+    numel(send[p]) s, received sum_{p != r} prod(recv_shapes[p]) s.
+    """
+    flat = [t.contiguous().reshape(-1) for t in send]
+    return PendingBlocks(all_to_all_v_start(flat, [a * b for a, b in recv_shapes], comm, phase),
+                         list(recv_shapes))
+
+
 def start_fetch(x_rows: Tensor, table: ExchangeTable, comm: Comm, phase: str) -> PendingFetch:
     """Start fetching the rows peers need from this rank's ``x_rows`` (N_r, *F).
 
@@ -118,3 +150,84 @@ def start_return(x_halo: Tensor, table: ExchangeTable, comm: Comm,
     else:
         send = [x_halo.index_select(0, pos.to(x_halo.device)) for pos in table.recv_pos]
     return PendingReturn(all_to_all_v_start(send, table.send_rows(), comm, phase), table)
+
+
+# ---------------------------------------------------------------- conjugate autograd pair
+def _halo_fetch(x_rows: Tensor, table: ExchangeTable, comm: Comm, phase: str) -> Tensor:
+    return start_fetch(x_rows, table, comm, phase).wait()
+
+
+def _halo_scatter_add(x_halo: Tensor, table: ExchangeTable, num_rows: int, comm: Comm,
+                      phase: str) -> Tensor:
+    check_table(table, comm)
+    if x_halo.dim() == 0 or x_halo.shape[0] != table.num_halo:
+        raise ValueError(f"halo_scatter_add: rank {comm.rank} expected {table.num_halo} halo "
+                         f"rows from the table, got shape {tuple(x_halo.shape)}")
+    pending = start_return(x_halo, table, comm, phase)
+    return pending.wait(x_halo.new_zeros((num_rows, *x_halo.shape[1:])))
+
+
+class _HaloFetch(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x_rows: Tensor, table: ExchangeTable, comm: Comm,
+                phase: str) -> Tensor:
+        ctx.table, ctx.comm, ctx.phase, ctx.num_rows = table, comm, phase, x_rows.shape[0]
+        return _halo_fetch(x_rows, table, comm, phase)
+
+    @staticmethod
+    def backward(ctx: Any, grad_halo: Tensor) -> tuple[Tensor, None, None, None]:
+        grad = _halo_scatter_add(grad_halo, ctx.table, ctx.num_rows, ctx.comm,
+                                 f"{ctx.phase}-grad")
+        return grad, None, None, None
+
+
+class _HaloScatterAdd(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x_halo: Tensor, table: ExchangeTable, num_rows: int, comm: Comm,
+                phase: str) -> Tensor:
+        ctx.table, ctx.comm, ctx.phase = table, comm, phase
+        return _halo_scatter_add(x_halo, table, num_rows, comm, phase)
+
+    @staticmethod
+    def backward(ctx: Any, grad_rows: Tensor) -> tuple[Tensor, None, None, None, None]:
+        grad = _halo_fetch(grad_rows, ctx.table, ctx.comm, f"{ctx.phase}-grad")
+        return grad, None, None, None, None
+
+
+def halo_fetch(x_rows: Tensor, table: ExchangeTable, comm: Comm, phase: str = "halo") -> Tensor:
+    """Fetch the remote rows this rank needs (data parallelism's DepComm, G3 push).
+
+    Placement: owner rows (Shard(0)) -> halo copies. Forward: all-to-all-v sending
+    ``x_rows[table.send_idx[p]]`` to each p; backward: the halo gradient rows go back
+    to their owners and are scatter-added (``index_add_``) into the gradient of
+    ``x_rows`` (``halo_scatter_add``, under ``phase + "-grad"``).
+
+    Shapes:
+        x_rows: (N_r, *F) rows this rank owns.
+        returns: (H, *F), H = sum(table.recv_rows): table.recv_rows[p] rows from
+        each peer p, concatenated in peer order.
+
+    Bytes per rank: sent sum_{p != r} S_p prod(F) s, received sum_{p != r}
+    recv_rows[p] prod(F) s (``table.volume_bytes``); the backward swaps them.
+    With ``world_size == 1`` the (normally empty) local gather is done without
+    communication.
+    """
+    return _HaloFetch.apply(x_rows, table, comm, phase)
+
+
+def halo_scatter_add(x_halo: Tensor, table: ExchangeTable, num_rows: int, comm: Comm,
+                     phase: str = "halo-push") -> Tensor:
+    """Send halo rows back to their owners and sum them there (conjugate of halo_fetch).
+
+    Placement: halo copies -> owner rows (Shard(0)), partial sums added. Forward:
+    all-to-all-v then ``index_add_`` at ``table.send_idx[p]`` in peer order;
+    backward: ``halo_fetch`` of the gradient (under ``phase + "-grad"``).
+
+    Shapes:
+        x_halo: (H, *F) in the order ``halo_fetch`` returns.
+        returns: (num_rows, *F), zero where no halo row maps.
+
+    Bytes per rank: the reverse of ``halo_fetch``: sent sum_{p != r} recv_rows[p]
+    prod(F) s, received sum_{p != r} S_p prod(F) s.
+    """
+    return _HaloScatterAdd.apply(x_halo, table, num_rows, comm, phase)

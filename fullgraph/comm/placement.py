@@ -5,8 +5,6 @@ forward of its conjugate, so gradients land where the inputs lived:
 
     rows_to_cols      Shard(0) -> Shard(1)   backward: cols_to_rows
     cols_to_rows      Shard(1) -> Shard(0)   backward: rows_to_cols
-    halo_fetch        owner rows -> halo     backward: halo_scatter_add
-    halo_scatter_add  halo -> owner rows     backward: halo_fetch
     all_reduce_grads  parameter gradients summed over ranks (not autograd)
 
 Private ``torch.autograd.Function`` classes keep only the layout (or table), the
@@ -21,9 +19,8 @@ rows, D columns, D_r this rank's column slice, H halo rows, S_p rows sent to ran
 F trailing feature shape, s bytes per element. Byte counts are per rank per call and
 leave out self-copies.
 
-The halo pair runs on ``halo.start_fetch`` / ``halo.start_return`` (their
-synchronous use), the same code as the overlapped exchanges. Imports only
-``primitives``, ``exchange`` and ``halo`` from fullgraph.
+The halo pair (``halo_fetch`` / ``halo_scatter_add``) lives in ``halo``, beside
+the asynchronous forms it is built on. Imports only ``primitives`` from fullgraph.
 """
 from __future__ import annotations
 
@@ -34,8 +31,6 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from fullgraph.comm.exchange import ExchangeTable
-from fullgraph.comm.halo import check_table, start_fetch, start_return
 from fullgraph.comm.primitives import all_gather_rows, all_reduce_, all_to_all_v
 
 if TYPE_CHECKING:
@@ -227,20 +222,6 @@ def _reduce_scatter_rows(x_full: Tensor, row_counts: Sequence[int], comm: Comm,
     return out
 
 
-def _halo_fetch(x_rows: Tensor, table: ExchangeTable, comm: Comm, phase: str) -> Tensor:
-    return start_fetch(x_rows, table, comm, phase).wait()
-
-
-def _halo_scatter_add(x_halo: Tensor, table: ExchangeTable, num_rows: int, comm: Comm,
-                      phase: str) -> Tensor:
-    check_table(table, comm)
-    if x_halo.dim() == 0 or x_halo.shape[0] != table.num_halo:
-        raise ValueError(f"halo_scatter_add: rank {comm.rank} expected {table.num_halo} halo "
-                         f"rows from the table, got shape {tuple(x_halo.shape)}")
-    pending = start_return(x_halo, table, comm, phase)
-    return pending.wait(x_halo.new_zeros((num_rows, *x_halo.shape[1:])))
-
-
 # ---------------------------------------------------------------- autograd functions
 class _RowsToCols(torch.autograd.Function):
     @staticmethod
@@ -279,33 +260,6 @@ class _GatherRows(torch.autograd.Function):
     def backward(ctx: Any, grad_full: Tensor) -> tuple[Tensor, None, None, None]:
         return (_reduce_scatter_rows(grad_full, ctx.row_counts, ctx.comm, ctx.phase + "-grad"),
                 None, None, None)
-
-
-class _HaloFetch(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, x_rows: Tensor, table: ExchangeTable, comm: Comm,
-                phase: str) -> Tensor:
-        ctx.table, ctx.comm, ctx.phase, ctx.num_rows = table, comm, phase, x_rows.shape[0]
-        return _halo_fetch(x_rows, table, comm, phase)
-
-    @staticmethod
-    def backward(ctx: Any, grad_halo: Tensor) -> tuple[Tensor, None, None, None]:
-        grad = _halo_scatter_add(grad_halo, ctx.table, ctx.num_rows, ctx.comm,
-                                 f"{ctx.phase}-grad")
-        return grad, None, None, None
-
-
-class _HaloScatterAdd(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, x_halo: Tensor, table: ExchangeTable, num_rows: int, comm: Comm,
-                phase: str) -> Tensor:
-        ctx.table, ctx.comm, ctx.phase = table, comm, phase
-        return _halo_scatter_add(x_halo, table, num_rows, comm, phase)
-
-    @staticmethod
-    def backward(ctx: Any, grad_rows: Tensor) -> tuple[Tensor, None, None, None, None]:
-        grad = _halo_fetch(grad_rows, ctx.table, ctx.comm, f"{ctx.phase}-grad")
-        return grad, None, None, None, None
 
 
 # ---------------------------------------------------------------- public wrappers
@@ -369,45 +323,6 @@ def gather_rows(x_rows: Tensor, row_counts: Sequence[int], comm: Comm,
     backward swaps them.
     """
     return _GatherRows.apply(x_rows, tuple(int(n) for n in row_counts), comm, phase)
-
-
-def halo_fetch(x_rows: Tensor, table: ExchangeTable, comm: Comm, phase: str = "halo") -> Tensor:
-    """Fetch the remote rows this rank needs (data parallelism's DepComm, G3 push).
-
-    Placement: owner rows (Shard(0)) -> halo copies. Forward: all-to-all-v sending
-    ``x_rows[table.send_idx[p]]`` to each p; backward: the halo gradient rows go back
-    to their owners and are scatter-added (``index_add_``) into the gradient of
-    ``x_rows`` (``halo_scatter_add``, under ``phase + "-grad"``).
-
-    Shapes:
-        x_rows: (N_r, *F) rows this rank owns.
-        returns: (H, *F), H = sum(table.recv_rows): table.recv_rows[p] rows from
-        each peer p, concatenated in peer order.
-
-    Bytes per rank: sent sum_{p != r} S_p prod(F) s, received sum_{p != r}
-    recv_rows[p] prod(F) s (``table.volume_bytes``); the backward swaps them.
-    With ``world_size == 1`` the (normally empty) local gather is done without
-    communication.
-    """
-    return _HaloFetch.apply(x_rows, table, comm, phase)
-
-
-def halo_scatter_add(x_halo: Tensor, table: ExchangeTable, num_rows: int, comm: Comm,
-                     phase: str = "halo-push") -> Tensor:
-    """Send halo rows back to their owners and sum them there (conjugate of halo_fetch).
-
-    Placement: halo copies -> owner rows (Shard(0)), partial sums added. Forward:
-    all-to-all-v then ``index_add_`` at ``table.send_idx[p]`` in peer order;
-    backward: ``halo_fetch`` of the gradient (under ``phase + "-grad"``).
-
-    Shapes:
-        x_halo: (H, *F) in the order ``halo_fetch`` returns.
-        returns: (num_rows, *F), zero where no halo row maps.
-
-    Bytes per rank: the reverse of ``halo_fetch``: sent sum_{p != r} recv_rows[p]
-    prod(F) s, received sum_{p != r} S_p prod(F) s.
-    """
-    return _HaloScatterAdd.apply(x_halo, table, num_rows, comm, phase)
 
 
 def all_reduce_grads(params: Iterable[torch.nn.Parameter], comm: Comm,

@@ -30,7 +30,7 @@ from torch import Tensor
 from fullgraph.comm import primitives as prim
 from fullgraph.comm.exchange import ExchangeTable
 from fullgraph.comm.group import Comm
-from fullgraph.comm.placement import halo_fetch
+from fullgraph.comm.halo import halo_fetch
 from fullgraph.comm.reduce import row_sum
 from fullgraph.graph.blocks import in_edges
 from fullgraph.graph.csr import Graph

@@ -223,43 +223,53 @@ def build_schedule(graph: Graph, part_of: Tensor, num_parts: int, limits: list[i
         One ``PhaseBins`` per phase.
     """
     part_np = part_of.numpy().astype(np.int64)
-    n = graph.num_dst
     base = []
     for p in range(num_parts):
         owned = torch.from_numpy(np.flatnonzero(part_np == p))
         base.append((priority_order(graph, owned, part_of) if mode.priority else owned).numpy())
     phases: list[PhaseBins] = []
-    ready = np.full(n, -1, dtype=np.int64)
+    ready = np.full(graph.num_dst, -1, dtype=np.int64)
     for k, limit in enumerate(limits):
         if limit < 1:
             raise ValueError(f"phase {k}: a bin holds at least one vertex, got limit {limit}")
         if k:
             ready = remote_in_max(graph, part_np, phases[-1].round_of)
-        bins, waits = [], []
-        round_of = np.zeros(n, dtype=np.int64)
-        for p in range(num_parts):
-            order = base[p]
-            if mode.eager and k:
-                order = order[np.argsort(ready[order], kind="stable")]
-            part_bins = pack_bins(order, limit)
-            for j, b in enumerate(part_bins):
-                round_of[b] = j if mode.per_bin else 0
-            bins.append(part_bins)
-            waits.append(_bin_max(part_bins, ready))
-        rounds = max(1, max(len(b) for b in bins)) if mode.per_bin else 1
-        phases.append(PhaseBins(bins, waits, [], [], rounds, round_of,
-                                np.zeros(n, dtype=np.int64)))
+        phases.append(_forward_bins(base, ready, limit, mode, eager=mode.eager and k > 0))
     for k in range(len(phases) - 1, -1, -1):
-        ph = phases[k]
         need = (remote_out_max(graph, part_np, phases[k + 1].step_of)
-                if k + 1 < len(phases) else np.full(n, -1, dtype=np.int64))
-        for p in range(num_parts):
-            wait = _bin_max(ph.bins[p], need)
-            order = np.arange(len(ph.bins[p]))[::-1].copy()
-            if mode.eager:
-                order = order[np.argsort(wait[order], kind="stable")]
-            ph.bwd_wait.append(wait)
-            ph.bwd_order.append(order)
-            for t, b in enumerate(order):
-                ph.step_of[ph.bins[p][b]] = t if mode.per_bin else 0
+                if k + 1 < len(phases) else np.full(graph.num_dst, -1, dtype=np.int64))
+        _backward_order(phases[k], need, mode)
     return phases
+
+
+def _forward_bins(base: list[np.ndarray], ready: np.ndarray, limit: int, mode: ScheduleMode,
+                  eager: bool) -> PhaseBins:
+    """One phase's bins and their waits, each part's vertices from ``base`` (by
+    readiness first when ``eager``) packed ``limit`` at a time."""
+    n = ready.shape[0]
+    bins, waits = [], []
+    round_of = np.zeros(n, dtype=np.int64)
+    for order in base:
+        if eager:
+            order = order[np.argsort(ready[order], kind="stable")]
+        part_bins = pack_bins(order, limit)
+        for j, b in enumerate(part_bins):
+            round_of[b] = j if mode.per_bin else 0
+        bins.append(part_bins)
+        waits.append(_bin_max(part_bins, ready))
+    rounds = max(1, max(len(b) for b in bins)) if mode.per_bin else 1
+    return PhaseBins(bins, waits, [], [], rounds, round_of, np.zeros(n, dtype=np.int64))
+
+
+def _backward_order(ph: PhaseBins, need: np.ndarray, mode: ScheduleMode) -> None:
+    """Fill ``ph``'s backward waits, bin order and step of each vertex: bins in
+    reverse, with ``mode.eager`` those whose output gradients arrive first first."""
+    for p in range(len(ph.bins)):
+        wait = _bin_max(ph.bins[p], need)
+        order = np.arange(len(ph.bins[p]))[::-1].copy()
+        if mode.eager:
+            order = order[np.argsort(wait[order], kind="stable")]
+        ph.bwd_wait.append(wait)
+        ph.bwd_order.append(order)
+        for t, b in enumerate(order):
+            ph.step_of[ph.bins[p][b]] = t if mode.per_bin else 0

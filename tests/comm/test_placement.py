@@ -8,262 +8,41 @@ conjugate's forward on every world size, and without any process group for 1.
 """
 from __future__ import annotations
 
-import dataclasses
-import math
 from types import SimpleNamespace
 
 import pytest
 import torch
 import torch.distributed as dist
 from harness import run_ranks
+from placement_checks import (
+    check_all_reduce_grads,
+    check_gather_rows,
+    check_halo,
+    check_rows_cols,
+    check_shared_columns,
+)
 
 from fullgraph.comm import (
-    ByteCounter,
     Comm,
     ExchangeTable,
     RowColLayout,
-    all_reduce_grads,
     cols_to_rows,
-    gather_rows,
     halo_fetch,
     halo_scatter_add,
     rows_to_cols,
     single_comm,
 )
-from fullgraph.comm.placement import _ColsToRows, _HaloFetch, _HaloScatterAdd, _RowsToCols
-
-
-def _fresh(comm: Comm, **changes) -> Comm:
-    return dataclasses.replace(comm, counter=ByteCounter(), **changes)
-
-
-def _counts(comm: Comm) -> dict:
-    return {k: (v["sent"], v["recv"]) for k, v in comm.counter.snapshot().items()}
-
-
-def _randn(seed: int, *shape: int, dtype=torch.float64) -> torch.Tensor:
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=dtype)
-
-
-# ---------------------------------------------------------------- rows <-> cols
-def _layouts(world: int) -> list[RowColLayout]:
-    uneven = [(3 * p) % 5 for p in range(world)]  # partition-like blocks, rank 0 empty
-    return [RowColLayout.even(10, 7, world), RowColLayout.even(4, 2, world),
-            RowColLayout.for_rows(uneven, 5), RowColLayout.even(1, 9, world)]
-
-
-def _check_rows_cols_case(comm: Comm, layout: RowColLayout, dtype, seed: int) -> None:
-    r, n, d = comm.rank, layout.num_rows, layout.num_cols
-    rows, cols = layout.row_slice(r), layout.col_slice(r)
-    n_r, d_r, s = layout.row_counts[r], layout.col_counts[r], dtype.itemsize
-    x_full, w_full = _randn(seed, n, d, dtype=dtype), _randn(seed + 1, n, d, dtype=dtype)
-    # Reference: the loss sum(x * w) over the whole tensor has gradient w.
-    c = _fresh(comm)
-    x_rows = x_full[rows].clone().requires_grad_()
-    x_cols = rows_to_cols(x_rows, layout, c)
-    torch.testing.assert_close(x_cols, x_full[:, cols], rtol=0, atol=0)
-    (x_cols * w_full[:, cols]).sum().backward()
-    torch.testing.assert_close(x_rows.grad, w_full[rows])
-    forward, backward = (n_r * d - n_r * d_r) * s, (n - n_r) * d_r * s
-    expect = {"rows-to-cols": (forward, backward), "rows-to-cols-grad": (backward, forward)}
-    assert _counts(c) == (expect if comm.world_size > 1 else {}), (layout, _counts(c))
-
-    c = _fresh(comm)
-    x_cols = x_full[:, cols].clone().requires_grad_()
-    back = cols_to_rows(x_cols, layout, c)
-    torch.testing.assert_close(back, x_full[rows], rtol=0, atol=0)
-    (back * w_full[rows]).sum().backward()
-    torch.testing.assert_close(x_cols.grad, w_full[:, cols])
-    expect = {"cols-to-rows": (backward, forward), "cols-to-rows-grad": (forward, backward)}
-    assert _counts(c) == (expect if comm.world_size > 1 else {}), (layout, _counts(c))
-    torch.testing.assert_close(cols_to_rows(rows_to_cols(x_full[rows], layout, c), layout, c),
-                               x_full[rows], rtol=0, atol=0)
-
-    # Each one's backward is the other's forward.
-    g_cols, g_rows = _randn(seed + 2, n, d, dtype=dtype)[:, cols], _randn(seed + 3, n, d)[rows]
-    g_rows = g_rows.to(dtype)
-    ctx = SimpleNamespace(layout=layout, comm=comm, phase="stub")
-    torch.testing.assert_close(_RowsToCols.backward(ctx, g_cols)[0],
-                               cols_to_rows(g_cols, layout, comm), rtol=0, atol=0)
-    torch.testing.assert_close(_ColsToRows.backward(ctx, g_rows)[0],
-                               rows_to_cols(g_rows, layout, comm), rtol=0, atol=0)
-
-
-def _check_rows_cols(comm: Comm) -> None:
-    for i, layout in enumerate(_layouts(comm.world_size)):
-        for dtype in (torch.float64, torch.float32):
-            _check_rows_cols_case(comm, layout, dtype, seed=10 * i)
-    _check_rows_cols_case(_fresh(comm, p2p_all_to_all=True), _layouts(comm.world_size)[0],
-                          torch.float64, seed=99)
-
-
-# ---------------------------------------------------------------- halo
-def _halo_problem(world: int, seed: int, num_vertices: int, density: float):
-    """A random owner per vertex and, per rank q, an ordered list of remote gids it needs."""
-    gen = torch.Generator().manual_seed(seed)
-    part_of = torch.randint(world, (num_vertices,), generator=gen)
-    needs = []
-    for q in range(world):
-        remote = torch.nonzero(part_of != q).flatten()
-        keep = torch.rand(remote.numel(), generator=gen) < density
-        picked = remote[keep]
-        needs.append(picked[torch.randperm(picked.numel(), generator=gen)])  # halo order
-    return part_of, needs
-
-
-def _table(rank: int, world: int, part_of: torch.Tensor, needs: list[torch.Tensor]):
-    owned = torch.nonzero(part_of == rank).flatten()
-    gid_to_lid = torch.full((part_of.numel(),), -1, dtype=torch.int64)
-    gid_to_lid[owned] = torch.arange(owned.numel())
-    needed_from = [needs[rank][part_of[needs[rank]] == p] for p in range(world)]
-    needed_by = [needs[p][part_of[needs[p]] == rank] for p in range(world)]
-    table = ExchangeTable.from_needs(needed_from, needed_by, lambda g: gid_to_lid[g])
-    return owned, table, torch.cat(needed_from)
-
-
-def _check_halo_case(comm: Comm, seed: int, density: float, feat: tuple[int, ...],
-                     dtype) -> None:
-    r, world = comm.rank, comm.world_size
-    part_of, needs = _halo_problem(world, seed, 23, density)
-    tables = [_table(q, world, part_of, needs) for q in range(world)]
-    owned, table, halo_gids = tables[r]
-    x_full = _randn(seed, part_of.numel(), *feat, dtype=dtype)
-    weights = [_randn(seed + 1 + q, tables[q][2].numel(), *feat, dtype=dtype)
-               for q in range(world)]
-    # Reference gradient of sum_q (halo_q * w_q).sum() + 2 * x.sum() with respect to x.
-    grad_ref = torch.full_like(x_full, 2.0)
-    for q in range(world):
-        grad_ref.index_add_(0, tables[q][2], weights[q])
-
-    c = _fresh(comm)
-    x_rows = x_full[owned].clone().requires_grad_()
-    halo = halo_fetch(x_rows, table, c, "halo")
-    torch.testing.assert_close(halo, x_full[halo_gids], rtol=0, atol=0)
-    ((halo * weights[r]).sum() + 2 * x_rows.sum()).backward()
-    torch.testing.assert_close(x_rows.grad, grad_ref[owned])
-    row_bytes = math.prod(feat) * dtype.itemsize
-    sent = sum(int((part_of[needs[q]] == r).sum()) for q in range(world) if q != r) * row_bytes
-    recv = halo_gids.numel() * row_bytes
-    assert table.volume_bytes(math.prod(feat), dtype.itemsize, rank=r) == (sent, recv)
-    expect = {"halo": (sent, recv), "halo-grad": (recv, sent)} if world > 1 else {}
-    assert _counts(c) == expect, (seed, _counts(c))
-
-    # halo_scatter_add: partial sums pushed to owners; its gradient is a halo fetch.
-    c = _fresh(comm)
-    x_halo = weights[r].clone().requires_grad_()
-    pushed = halo_scatter_add(x_halo, table, owned.numel(), c, "push")
-    push_ref = torch.zeros_like(x_full)
-    for q in range(world):
-        push_ref.index_add_(0, tables[q][2], weights[q])
-    torch.testing.assert_close(pushed, push_ref[owned])
-    (pushed * x_full[owned]).sum().backward()
-    torch.testing.assert_close(x_halo.grad, x_full[halo_gids], rtol=0, atol=0)
-    expect = {"push": (recv, sent), "push-grad": (sent, recv)} if world > 1 else {}
-    assert _counts(c) == expect, (seed, _counts(c))
-
-    ctx = SimpleNamespace(table=table, comm=comm, phase="stub", num_rows=owned.numel())
-    torch.testing.assert_close(_HaloFetch.backward(ctx, weights[r])[0], pushed.detach())
-    torch.testing.assert_close(_HaloScatterAdd.backward(ctx, x_full[owned])[0], x_full[halo_gids],
-                               rtol=0, atol=0)
-
-
-def _check_halo(comm: Comm) -> None:
-    cases = [(0.4, (3,), torch.float64), (0.15, (2, 2), torch.float64), (0.0, (4,), torch.float64),
-             (0.6, (5,), torch.float32)]
-    for seed, (density, feat, dtype) in enumerate(cases):
-        _check_halo_case(comm, seed, density, feat, dtype)
-    _check_halo_case(_fresh(comm, p2p_all_to_all=True), 7, 0.3, (3,), torch.float64)
-
-
-# ---------------------------------------------------------------- gradient sync
-def _check_all_reduce_grads(comm: Comm) -> None:
-    r, world = comm.rank, comm.world_size
-    shapes = [((3, 2), torch.float64), ((4,), torch.float32), ((2, 2), torch.float64),
-              ((5,), torch.float64), ((1,), torch.float64)]
-    params = [torch.nn.Parameter(torch.zeros(s, dtype=t)) for s, t in shapes]
-    params[4].requires_grad_(False)
-    grads = {q: [_randn(100 * q + i, *s).to(t) for i, (s, t) in enumerate(shapes)]
-             for q in range(world)}
-
-    def present(q: int, i: int) -> bool:  # param 2 has no grad on rank 0; param 3 on none
-        return i not in (3, 4) and not (i == 2 and q == 0)
-
-    for i, p in enumerate(params):
-        p.grad = grads[r][i].clone() if present(r, i) else None
-    c = _fresh(comm)
-    all_reduce_grads(params, c)
-    for i, p in enumerate(params):
-        owners = [q for q in range(world) if present(q, i)]
-        if not owners:  # stays None only when no rank had a gradient
-            assert p.grad is None, i
-            continue
-        torch.testing.assert_close(p.grad, sum(grads[q][i] for q in owners))
-    if world == 1:
-        assert _counts(c) == {}
-        return
-    f64 = (6 + 4 + 5 + 3) * 8  # grads of params 0, 2, 3 + one flag each
-    f32 = (4 + 1) * 4
-    ring = sum(2 * (world - 1) * b // world for b in (f64, f32))
-    assert _counts(c) == {"grad-sync": (ring, ring)}
-    assert c.counter.snapshot()["grad-sync"]["calls"] == 2  # one per dtype
-
-
-def _check_gather_rows(comm: Comm) -> None:
-    """gather_rows replicates row blocks; its backward sums gradients to the owners."""
-    world, r = comm.world_size, comm.rank
-    counts = [3 + p for p in range(world)]  # uneven blocks
-    full = _randn(5, sum(counts), 2)
-    mine = full[sum(counts[:r]):sum(counts[:r + 1])].clone().requires_grad_(True)
-    c = _fresh(comm)
-    out = gather_rows(mine, counts, c, "share")
-    torch.testing.assert_close(out, full)
-    # every rank weighs the replicated rows by its own factor; the owner's gradient
-    # is the sum of all ranks' factors
-    (out * (r + 1)).sum().backward()
-    total = sum(p + 1 for p in range(world))
-    torch.testing.assert_close(mine.grad, torch.full_like(mine, float(total)))
-    itemsize, n_r, n = 8 * 2, counts[r], sum(counts)
-    if world > 1:
-        assert _counts(c) == {"share": ((world - 1) * n_r * itemsize, (n - n_r) * itemsize),
-                              "share-grad": ((n - n_r) * itemsize, (world - 1) * n_r * itemsize)}
-
-
-def _check_shared_columns(comm: Comm) -> None:
-    """Balanced layout: D // R columns each plus D % R replicated ones; values, gradients."""
-    world, r = comm.world_size, comm.rank
-    n, d = 10, 7
-    layout = RowColLayout.balanced(RowColLayout._even(n, world), d)
-    full = _randn(11, n, d)
-    mine = full[layout.row_slice(r)].clone().requires_grad_(True)
-    cols = rows_to_cols(mine, layout, comm)
-    idx = [c for a, b in layout.col_ranges(r) for c in range(a, b)]
-    torch.testing.assert_close(cols, full[:, idx])
-    torch.testing.assert_close(cols_to_rows(cols, layout, comm), mine)
-    weights = [_randn(20 + q, n, layout.local_cols(q)) for q in range(world)]
-    (cols * weights[r]).sum().backward()
-    expected = torch.zeros(n, d, dtype=torch.float64)
-    for q in range(world):
-        for j, c in enumerate(c for a, b in layout.col_ranges(q) for c in range(a, b)):
-            expected[:, c] += weights[q][:, j]
-    torch.testing.assert_close(mine.grad, expected[layout.row_slice(r)])
-    # gather back: the shared columns' gradient stays on the owner's own rows
-    x_cols = full[:, idx].clone().requires_grad_(True)
-    rows = cols_to_rows(x_cols, layout, comm)
-    rows.sum().backward()
-    want = torch.zeros_like(x_cols)
-    own_cols = layout.col_counts[r]
-    want[:, :own_cols] = 1.0
-    want[layout.row_slice(r), own_cols:] = 1.0
-    torch.testing.assert_close(x_cols.grad, want)
+from fullgraph.comm.halo import _HaloFetch
+from fullgraph.comm.placement import _ColsToRows, _RowsToCols
 
 
 def check_placement(comm: Comm) -> None:
     assert comm.world_size > 1 or not dist.is_initialized()
-    _check_shared_columns(comm)
-    _check_gather_rows(comm)
-    _check_rows_cols(comm)
-    _check_halo(comm)
-    _check_all_reduce_grads(comm)
+    check_shared_columns(comm)
+    check_gather_rows(comm)
+    check_rows_cols(comm)
+    check_halo(comm)
+    check_all_reduce_grads(comm)
 
 
 @pytest.mark.dist

@@ -18,9 +18,9 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+import placement_checks as tp
+import primitive_checks as tprim
 import pytest
-import test_placement as tp
-import test_primitives as tprim
 import torch
 import torch.distributed as dist
 from harness import run_ranks
@@ -71,14 +71,14 @@ def _check_battery(sub: Comm) -> None:
     """Every primitive and placement pair, values and bytes, on ``sub``."""
     for p2p in (False, True):
         c = dataclasses.replace(sub, p2p_all_to_all=p2p)
-        tprim._check_all_to_all_v(c)
-        tprim._check_reductions(c)
-        tprim._check_gathers(c)
-    tp._check_shared_columns(sub)
-    tp._check_gather_rows(sub)
-    tp._check_rows_cols(sub)
-    tp._check_halo(sub)
-    tp._check_all_reduce_grads(sub)
+        tprim.check_all_to_all_v(c)
+        tprim.check_reductions(c)
+        tprim.check_gathers(c)
+    tp.check_shared_columns(sub)
+    tp.check_gather_rows(sub)
+    tp.check_rows_cols(sub)
+    tp.check_halo(sub)
+    tp.check_all_reduce_grads(sub)
 
 
 def _check_group_counter(world: Comm, sub: Comm) -> None:

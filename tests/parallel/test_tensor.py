@@ -191,20 +191,20 @@ def check_chunk_exchange_balance(comm):
     """NeutronTP Algorithm 1 line 2: every chunk spreads its rows over all workers, so
     each per-chunk gather (and its backward) is a balanced all-to-all: every rank
     receives near-equal rows in every call, never one rank all of a chunk."""
-    import fullgraph.schedule.pipeline as pipeline
+    import fullgraph.comm.halo as halo
     from fullgraph.comm.primitives import all_gather_object
     from fullgraph.graph.synthetic import rmat
     from fullgraph.models import build_model
 
     dataset = rmat(1003, 12_000, num_features=12, num_classes=5, symmetrize=True, seed=4)
     calls: list[tuple[str, int]] = []
-    start = pipeline.all_to_all_v_start
+    start = halo.all_to_all_v_start  # what the pipeline's block exchanges call
 
     def recording(send, recv_numel, comm_, phase):
         calls.append((phase, sum(recv_numel)))
         return start(send, recv_numel, comm_, phase)
 
-    pipeline.all_to_all_v_start = recording
+    halo.all_to_all_v_start = recording
     try:
         for opts in (TensorParallel.Options(pipeline=True, num_chunks=4),
                      TensorParallel.Options(pipeline=True, device_memory="60KB")):
@@ -222,7 +222,7 @@ def check_chunk_exchange_balance(comm):
                     assert min(received) > 0, (opts, phase, per_call)
                     assert max(received) / min(received) <= 1.1, (opts, phase, per_call)
     finally:
-        pipeline.all_to_all_v_start = start
+        halo.all_to_all_v_start = start
 
 
 @pytest.mark.dist
