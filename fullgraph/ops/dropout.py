@@ -11,6 +11,8 @@ Shapes: R rows, D columns.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -57,7 +59,7 @@ def keyed_dropout(x: Tensor, p: float, row_keys: Tensor, seed: int, training: bo
     if not 0.0 <= p < 1.0:
         raise ValueError(f"dropout probability must be in [0, 1), got {p}")
     flat = x.dim() == 1
-    x2 = x[:, None] if flat else x.reshape(x.shape[0], -1)
+    x2 = x[:, None] if flat else x.reshape(x.shape[0], math.prod(x.shape[1:]))
     out = _KeyedDropout.apply(x2, row_keys.to(x.device).to(torch.int64), int(seed) & _M32, p)
     return out[:, 0] if flat else out.view_as(x)
 

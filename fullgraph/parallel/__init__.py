@@ -1,7 +1,7 @@
 """Executors of stage programs, one per strategy, behind one interface."""
 from __future__ import annotations
 
-from fullgraph.parallel import data, p2p, single, tensor  # noqa: F401  (registers them)
+from fullgraph.parallel import data, p2p, single, task, tensor  # noqa: F401  (registers them)
 from fullgraph.parallel.base import (
                                      STRATEGIES,
                                      LocalResult,

@@ -26,8 +26,8 @@ import torch
 from torch import Tensor
 
 from fullgraph.comm.group import Comm
+from fullgraph.comm.halo import PendingBlocks, start_blocks
 from fullgraph.comm.placement import RowColLayout
-from fullgraph.comm.primitives import all_to_all_v_start
 from fullgraph.memory import MemoryAccount
 from fullgraph.ops.chunked import (
     Chunk,
@@ -108,19 +108,6 @@ def first_reads(chunks: list[Chunk]) -> list[Tensor]:
         seen[fresh] = True
         out.append(torch.from_numpy(fresh.copy()))
     return out
-
-
-class _Blocks:
-    """An exchange of 2-D blocks of different widths, flattened for ``all_to_all_v``."""
-
-    def __init__(self, send: list[Tensor], recv_shapes: list[tuple[int, int]], comm: Comm,
-                 phase: str) -> None:
-        self.shapes = recv_shapes
-        flat = [t.contiguous().reshape(-1) for t in send]
-        self.pending = all_to_all_v_start(flat, [a * b for a, b in recv_shapes], comm, phase)
-
-    def wait(self) -> list[Tensor]:
-        return [t.view(shape) for t, shape in zip(self.pending.wait(), self.shapes)]
 
 
 @dataclass
@@ -214,7 +201,7 @@ class _Run:
         x = h_rows.new_zeros(n, self.local)
         outs = [h_rows.new_zeros(n, self.local) for _ in range(props)]
         y = h_rows.new_empty(h_rows.shape)
-        pending: dict[tuple[str, int], _Blocks] = {}
+        pending: dict[tuple[str, int], PendingBlocks] = {}
         for step in forward_steps(props, len(seg.chunks)):
             k = step.chunk
             if step.op == "split":
@@ -232,25 +219,25 @@ class _Run:
         self.inputs = [x] + outs[:-1] if keep_inputs else []
         return y
 
-    def _split(self, h_rows: Tensor, rows: Tensor) -> _Blocks:
+    def _split(self, h_rows: Tensor, rows: Tensor) -> PendingBlocks:
         mine = h_rows[self.seg.rows_of(rows, self.rank) - self.lo]
         shared = mine[:, self.dim - self.shared:]
         lay = self.seg.layout
         send = [torch.cat([mine[:, lay.col_slice(p)], shared], dim=1)
                 for p in range(self.world)]
         recv = [(self.seg.rows_of(rows, q).numel(), self.local) for q in range(self.world)]
-        return _Blocks(send, recv, self.seg.comm, "rows-to-cols")
+        return start_blocks(send, recv, self.seg.comm, "rows-to-cols")
 
     def _place_split(self, x: Tensor, rows: Tensor, parts: list[Tensor]) -> None:
         for q, part in enumerate(parts):
             x[self.seg.rows_of(rows, q)] = part
 
-    def _gather(self, out: Tensor, c: Chunk) -> _Blocks:
+    def _gather(self, out: Tensor, c: Chunk) -> PendingBlocks:
         send = [take_ranges(out, self.seg.chunk_rows(c, p))[:, :self.own_cols]
                 for p in range(self.world)]
         mine = self.seg.num_chunk_rows(c, self.rank)
         recv = [(mine, n) for n in self.seg.layout.col_counts]
-        return _Blocks(send, recv, self.seg.comm, "cols-to-rows")
+        return start_blocks(send, recv, self.seg.comm, "cols-to-rows")
 
     def _place_gather(self, y: Tensor, out: Tensor, c: Chunk, parts: list[Tensor]) -> None:
         own = self.seg.chunk_rows(c, self.rank)
@@ -281,6 +268,8 @@ class _Run:
                                  w.reshape(-1) if head is None else w[:, head].contiguous(),
                                  self.seg.device, self.seg.account)
                  for cols, head in self._segments(w)]
+        if not parts:  # no columns on this rank (task parallelism's T group)
+            return src.new_zeros(c.graph.num_dst, 0)
         return torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
 
     # ------------------------------------------------------------- backward
@@ -290,7 +279,7 @@ class _Run:
         g_in0 = grad_y.new_zeros(n, self.local)                            # grad of x
         grad_h = grad_y.new_zeros(grad_y.shape)
         grad_w = [torch.zeros_like(w) if need else None for w, need in zip(self.weights, need_w)]
-        pending: dict[tuple[str, int], _Blocks] = {}
+        pending: dict[tuple[str, int], PendingBlocks] = {}
         for step in backward_steps(props, len(seg.chunks)):
             k, c = step.chunk, seg.chunks[step.chunk]
             if step.op == "split":
@@ -307,11 +296,11 @@ class _Run:
                 self._place_gather_grad(grad_h, seg.new_rows[k], pending.pop(("gather", k)).wait())
         return grad_h, grad_w
 
-    def _split_grad(self, grad_y: Tensor, c: Chunk) -> _Blocks:
+    def _split_grad(self, grad_y: Tensor, c: Chunk) -> PendingBlocks:
         mine = take_ranges(grad_y, self.seg.chunk_rows(c, self.rank), self.lo)
         send = [mine[:, self.seg.layout.col_slice(p)] for p in range(self.world)]
         recv = [(self.seg.num_chunk_rows(c, q), self.own_cols) for q in range(self.world)]
-        return _Blocks(send, recv, self.seg.comm, "cols-to-rows-grad")
+        return start_blocks(send, recv, self.seg.comm, "cols-to-rows-grad")
 
     def _place_split_grad(self, g: Tensor, grad_y: Tensor, c: Chunk, parts: list[Tensor]) -> None:
         for q, part in enumerate(parts):
@@ -334,11 +323,11 @@ class _Run:
             chunk_backward(c, g_rows[:, cols], None if src is None else src[:, cols].contiguous(),
                            wk, target[:, cols], gw, self.seg.device, self.seg.account)
 
-    def _gather_grad(self, g_in0: Tensor, rows: Tensor) -> _Blocks:
+    def _gather_grad(self, g_in0: Tensor, rows: Tensor) -> PendingBlocks:
         send = [g_in0[self.seg.rows_of(rows, p)] for p in range(self.world)]
         mine = self.seg.rows_of(rows, self.rank).numel()
         recv = [(mine, self.seg.layout.local_cols(q)) for q in range(self.world)]
-        return _Blocks(send, recv, self.seg.comm, "rows-to-cols-grad")
+        return start_blocks(send, recv, self.seg.comm, "rows-to-cols-grad")
 
     def _place_gather_grad(self, grad_h: Tensor, rows: Tensor, parts: list[Tensor]) -> None:
         idx = self.seg.rows_of(rows, self.rank) - self.lo

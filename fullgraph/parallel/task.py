@@ -1,0 +1,192 @@
+"""Task parallelism (NeutronTask): T and E stages on one group of workers, P stages on
+another.
+
+Instead of splitting the graph, the work is split by kind (NeutronTask §4.1): ranks
+``0..N_t-1`` (the T group) run the transform and edge stages, the compute-bound
+GEMMs, on contiguous row blocks of the vertices; ranks ``N_t..N-1`` (the P group)
+run the propagate stages, the memory-bound SpMMs, each on a column slice of every
+vertex with the whole graph, so no worker replicates neighbours of a partition.
+Every hand-off between the groups is a placement change of the shared column
+machinery (``parallel/columns.py``): rows of the T group to columns of the P group
+before a P stage (``rows_to_cols``), columns back to rows before a T or E stage, and
+gradients the same way back. A program that ends on a P stage gathers its output
+rows inside the P group, where the loss is taken.
+
+So the program decides the traffic (§5.1, Fig. 9): a coupled (alternating) program
+hands every vertex embedding over at each of its 2L-1 boundaries; a decoupled one
+(``T...T [E] P...P``) once each way. Inside a group the work is split by rows (T
+group) or by columns (P group), so with more workers than the two tasks, groups form
+as in §4.3 (Fig. 7).
+
+The group sizes come from the task scheduling model (``taskmodel``, §5.2) measured
+at start, or are given (``--task-split 1:3``). With ``--subgraphs S`` the vertices
+are cut into S pieces and every hand-off into the P group is pipelined over them:
+the piece of subgraph s is sent while the P group aggregates the rows that arrived
+before, and each source row is sent once and reused by every later subgraph that
+reads it (Algorithm 1's reuse, in its exact form: every block is aggregated).
+Exact: equals single-process training.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from fullgraph.comm.group import Comm
+from fullgraph.graph.data import Dataset
+from fullgraph.memory import MemoryAccount
+from fullgraph.models.stages import StageProgram, propagation_inputs
+from fullgraph.models.walk import describe, has_edge_stage
+from fullgraph.ops.chunked import build_chunks
+from fullgraph.parallel.base import DistributedStrategy, LocalResult, Work, register
+from fullgraph.parallel.columns import ColumnPlan, column_forward, column_work, edge_plan
+from fullgraph.parallel.taskmodel import (
+    TaskSplit,
+    choose_split,
+    measure_machine,
+    parse_split,
+    predict_times,
+    split_counts,
+)
+from fullgraph.schedule.chunks import spread_chunks
+from fullgraph.schedule.pipeline import first_reads
+
+
+@dataclass
+class TaskPlan(ColumnPlan):
+    """A ``ColumnPlan`` whose row ranks are the T group and column ranks the P group."""
+
+    split: TaskSplit | None = None
+    machine: str = ""
+
+
+def _even(total: int, parts: int) -> list[int]:
+    return [total // parts + (1 if i < total % parts else 0) for i in range(parts)]
+
+
+@register
+class TaskParallel(DistributedStrategy[TaskPlan]):
+    """T / E stages on the T group's rows, P stages on the P group's columns."""
+
+    name = "task"
+    section = "task_parallel"
+    flags = {"split": "task-split", "gamma": "task-gamma"}
+
+    @dataclass(frozen=True, kw_only=True)
+    class Options:
+        """Options of task parallelism (NeutronTask §4-5).
+
+        Attributes:
+            split: ``auto``: group sizes from the task scheduling model measured at
+                start (formulas 5-8); or ``T:P`` worker counts, e.g. ``1:3``, that sum
+                to the number of workers (default: ``auto``).
+            gamma: the scheduling model's overlap of a propagation's memory traffic
+                with its arithmetic, in [0, 1] (default: 0.5).
+            subgraphs: pipeline every hand-off into the P group over this many
+                subgraphs, each source row sent once and reused (default: 1, no
+                pipeline).
+        """
+
+        split: str = "auto"
+        gamma: float = 0.5
+        subgraphs: int = 1
+
+        def __post_init__(self) -> None:
+            split_counts(self.split)  # raises on a malformed split
+            if not 0.0 <= self.gamma <= 1.0:
+                raise ValueError(f"task gamma must be in [0, 1], got {self.gamma}")
+            if self.subgraphs < 1:
+                raise ValueError(f"subgraphs must be >= 1, got {self.subgraphs}")
+
+    options: Options
+
+    def setup(self, dataset: Dataset, program: StageProgram, device: torch.device,
+              comm: Comm | None = None, dtype: torch.dtype = torch.float32) -> TaskPlan:
+        if comm is None or comm.world_size < 2:
+            raise ValueError("strategy 'task' runs the T and P stages on different workers: "
+                             "it needs at least 2 workers (--workers 2)")
+        graph, norms = propagation_inputs(program, dataset.graph, dtype)
+        graph.transpose()  # the backward CSR, built once
+        n = graph.num_dst
+        if self.options.subgraphs > n:
+            raise ValueError(f"--subgraphs {self.options.subgraphs} is more than the graph's "
+                             f"{n} vertices")
+        split, machine = self._split(program, graph.num_dst, graph.num_edges, comm, dtype)
+        row_counts = _even(n, split.num_t) + [0] * split.num_p
+        start = sum(row_counts[:comm.rank])
+        gids = torch.arange(start, start + row_counts[comm.rank])
+        # the output ends on the P group's rows when the last stage is a P stage that
+        # is not pipelined (a pipelined segment ends with its gather to the T rows)
+        on_p = describe(program)[-1].is_propagate and self.options.subgraphs == 1
+        out_rows = [0] * split.num_t + _even(n, split.num_p) if on_p else None
+        out_gids = None
+        if out_rows is not None:
+            lo = sum(out_rows[:comm.rank])
+            out_gids = torch.arange(lo, lo + out_rows[comm.rank])
+        label_gids = gids if out_gids is None else out_gids
+        data = dataset.data
+        masks = {"train": data.train_mask, "val": data.val_mask, "test": data.test_mask}
+        plan = TaskPlan(
+            device=device, labels=data.labels[label_gids].to(device),
+            masks={k: v[label_gids].to(device) for k, v in masks.items()},
+            num_train_global=int(data.train_mask.sum()), comm=comm, graph=graph.to(device),
+            norms={k: v.to(device) for k, v in norms.items()}, row_counts=row_counts,
+            gids=gids.to(device), features=data.features[gids].to(dtype).to(device),
+            col_ranks=split.p_ranks, out_rows=out_rows,
+            out_gids=None if out_gids is None else out_gids.to(device),
+            split=split, machine=machine)
+        if has_edge_stage(program):
+            plan.edges = edge_plan(graph, row_counts, comm)
+            plan.edges.block = plan.edges.block.to(device)
+        if self.options.subgraphs > 1:
+            ranges = spread_chunks(graph.indptr, row_counts, 1,
+                                   num_chunks=self.options.subgraphs)
+            plan.chunks = build_chunks(graph.to("cpu"), ranges)
+            plan.account = MemoryAccount(None)
+            plan.first_reads = first_reads(plan.chunks)
+        return plan
+
+    def _split(self, program: StageProgram, num_vertices: int, num_edges: int, comm: Comm,
+               dtype: torch.dtype) -> tuple[TaskSplit, str]:
+        """The group sizes: given, or from the scheduling model (collective)."""
+        given = parse_split(self.options.split, comm.world_size)
+        if given is not None:
+            return given, ""
+        machine = measure_machine(comm)
+        itemsize = torch.empty(0, dtype=dtype).element_size()
+        t_time, p_time = predict_times(program, num_vertices, num_edges, machine,
+                                       self.options.gamma, itemsize)
+        return choose_split(comm.world_size, t_time, p_time), machine.describe()
+
+    def describe(self, model: StageProgram, plan: TaskPlan) -> list[str]:
+        split = plan.split
+        assert split is not None
+        infos = describe(model)
+        t_stages = [i.index for i in infos if not i.is_propagate]
+        p_stages = [i.index for i in infos if i.is_propagate]
+        lines = [f"task     T/E stages {t_stages} on {_span(split.t_ranks)} (T group, "
+                 f"rows), P stages {p_stages} on {_span(split.p_ranks)} (P group, "
+                 "columns): each group runs one kind of task"]
+        if split.how == "auto":
+            assert split.predicted_t is not None and split.predicted_p is not None
+            lines.append(f"task     split {split.num_t}:{split.num_p} from the scheduling "
+                         f"model ({plan.machine}, gamma {self.options.gamma}): predicted "
+                         f"forward T {split.predicted_t * 1e3:.2f} ms, P "
+                         f"{split.predicted_p * 1e3:.2f} ms on one worker")
+        else:
+            lines.append(f"task     split {split.num_t}:{split.num_p} given (--task-split)")
+        if plan.chunks is not None:
+            lines.append(f"task     {len(plan.chunks)} subgraphs pipelined into the P group, "
+                         "each source row sent once and reused")
+        return lines
+
+    def work(self, model: StageProgram, plan: TaskPlan) -> Work:
+        return column_work(model, plan)
+
+    def forward(self, model: StageProgram, plan: TaskPlan, *, training: bool,
+                seed: int) -> LocalResult:
+        return column_forward(model, plan, training=training, seed=seed)
+
+
+def _span(ranks: tuple[int, ...]) -> str:
+    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {ranks[0]}-{ranks[-1]}"
