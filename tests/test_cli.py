@@ -350,7 +350,7 @@ def test_missing_optional_package_is_found_before_launch(root, capsys, no_launch
     monkeypatch.setattr(kernels, "HAVE_NUMBA", False)
     assert main(["train", "--strategy", "data", "--workers", "2", "--partitioner", "chunk",
                  "--spmm-backend", "numba"]) == 2
-    one_line_error(capsys, "'numba' needs numba")
+    one_line_error(capsys, "'numba' needs numba", "pip install 'fullgraph[fast]'")
     assert no_launch == []
 
 
