@@ -46,6 +46,18 @@ edge files of `convert edgelist`:
   Vertex ids are 0 .. N-1, N = rows of --features. A binary file that reads as
   valid pairs only at the other width (e.g. int64 pairs given as --binary uint32)
   is refused with a message naming that width.
+
+files of `convert neutronstar` (the NeutronStar / NeutronTask four-file format):
+  --edges     binary, no header: per edge src then dst, each a little-endian
+              unsigned 32-bit integer (8 bytes per edge). Direction and self-loops
+              are kept, repeated edges dropped; --symmetrize adds dst -> src.
+  --features  text, one line per vertex: "id f1 ... fd", whitespace separated,
+              d >= 1 numbers. Every id 0 .. N-1 exactly once, in any order.
+  --labels    text, "id label" per line; label an integer in 0 .. C-1 (C: max
+              label + 1, or --num-classes). Vertices not listed are unlabelled.
+  --masks     text, "id train|val|test" per line ("eval" is read as val).
+              Vertices not listed are in no split; any other word is refused.
+  Errors name the file and line.
 """
 
 

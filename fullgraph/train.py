@@ -210,7 +210,8 @@ def _finish(records: list[EpochRecord], profiles: list[list[EpochProfile]], best
         summary_lines(per_rank) +
         [f"best epoch {result.best_epoch}: val {result.best_val:.2%}, "
          f"test {result.test_at_best:.2%} (train {result.train_at_best:.2%})",
-         f"final test accuracy {result.test_at_best:.2%}; {len(records)} epochs in "
+         f"final test accuracy {result.test_at_best:.2%} (test accuracy at epoch "
+         f"{result.best_epoch}, the best validation accuracy); {len(records)} epochs in "
          f"{total:.2f} s, median epoch {times[len(times) // 2]:.4f} s"],
         {"best_epoch": result.best_epoch, "best_val": result.best_val,
          "test_acc": result.test_at_best, "train_acc": result.train_at_best,

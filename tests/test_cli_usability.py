@@ -195,3 +195,50 @@ def test_offline_dataset_error_lists_every_missing_file_at_once(root, tmp_path, 
     missing = {f"ind.citeseer.{s}" for s in download.PLANETOID_SUFFIXES} - {
         "ind.citeseer.x", "ind.citeseer.y"}
     assert set(listed.rstrip(")\n").split(", ")) == missing
+
+
+def test_neutronstar_files_as_convert_help_describes_them(root, tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(["convert", "neutronstar", "--help"])
+    text = capsys.readouterr().out
+    assert "NeutronStar / NeutronTask four-file format" in text
+    assert "unsigned 32-bit integer (8 bytes per edge)" in text and '"eval" is read as val' in text
+    import numpy as np
+
+    from fullgraph.graph import datasets
+
+    np.array([[0, 1], [1, 2], [2, 3], [3, 0], [0, 2]], dtype="<u4").tofile(tmp_path / "g.edge")
+    (tmp_path / "g.feature").write_text("2 0.5 1\n0 1 0\n3 0 0.25\n1 1 1\n")  # any order
+    (tmp_path / "g.label").write_text("0 0\n1 1\n3 1\n")  # vertex 2 unlabelled
+    (tmp_path / "g.mask").write_text("0 train\n1 eval\n3 test\n")
+    files = [f"--{kind}={tmp_path / ('g.' + ext)}" for kind, ext in (
+        ("edges", "edge"), ("features", "feature"), ("labels", "label"), ("masks", "mask"))]
+    for name, flags, edges in (("ns", [], 5), ("nssym", ["--symmetrize"], 10)):
+        assert main(["convert", "neutronstar", "--name", name, *files, *flags]) == 0
+        ds = datasets.load(name, root)
+        assert (ds.graph.num_nodes, ds.graph.num_edges) == (4, edges)
+        assert ds.data.features[2].tolist() == [0.5, 1.0] and ds.data.labels.tolist() == [
+            0, 1, -1, 1]
+        assert ds.data.val_mask.tolist() == [False, True, False, False]
+    assert main(["convert", "neutronstar", "--name", "x", *files, "--binary", "int64"]) == 2
+    assert "always uint32 pairs" in capsys.readouterr().err
+
+
+def test_final_test_accuracy_says_what_it_is(root, tmp_path, capsys):
+    metrics = tmp_path / "m.jsonl"
+    assert main(["train", "--epochs", "3", "--progress", "off", "--metrics-out",
+                 str(metrics)]) == 0
+    summary = json.loads(metrics.read_text().splitlines()[-1])
+    line = [x for x in capsys.readouterr().out.splitlines() if "final test accuracy" in x]
+    assert line == [line[0]] and line[0].startswith(
+        f"final test accuracy {summary['test_acc']:.2%} (test accuracy at epoch "
+        f"{summary['best_epoch']}, the best validation accuracy); 3 epochs in ")
+
+
+def test_readme_lists_every_key_that_differs_from_its_flag():
+    readme = (fullgraph_root() / "README.md").read_text()
+    row = r"^\| `--([a-z0-9-]+)` \| `([a-z0-9_]+)\.([a-z0-9_]+)` \|$"
+    rows = set(re.findall(row, readme, re.M))
+    differ = {(flag, section, field) for (section, field), flag in flag_names().items()
+              if flag != field.replace("_", "-")}
+    assert rows == differ
