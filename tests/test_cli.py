@@ -18,8 +18,8 @@ TRAIN_FLAGS = sorted("""
 --batch-norm --out-heads --attn-dropout --epochs --lr --weight-decay --seed --device --eval-every
 --metrics-out --progress --log-level --quiet --strategy --spmm-backend --threads --workers
 --backend --timeout --run-dir --keep-run-dir --oversubscribe --partitioner --partition-file
---partition-seed --dep-mode --byte-cost --edge-cost --vertex-cost --device-memory --num-chunks --column-split
---pipeline --nn-device --p2p-schedule --bin-memory --bin-size
+--partition-seed --dep-mode --byte-cost --edge-cost --vertex-cost --device-memory --num-chunks
+--column-split --pipeline --nn-device --p2p-schedule --bin-memory --bin-size
 """.split())
 
 
