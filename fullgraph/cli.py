@@ -65,7 +65,7 @@ def _help_line(f: dataclasses.Field) -> str:
     """One line: the field's help and its default, given once."""
     from fullgraph.fields import help_of
 
-    text = help_of(f)
+    text = help_of(f).replace("%", "%%")  # argparse formats help with %
     if f.default is not None:
         return f"{text} (default: {f.default})"
     head, _, unset = text.partition("; unset: ")
