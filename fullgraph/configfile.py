@@ -129,7 +129,7 @@ def template(cfg: Any, fmt: str = "yaml") -> str:
             if fmt == "yaml":
                 lines.append(f"  {f.name}: {_yaml_value(value)}")
             elif value is None:
-                lines.append(f"# {f.name} =   (unset)")
+                lines.append(f"# {f.name} = <value>   (unset; TOML has no null)")
             else:
                 lines.append(f"{f.name} = {_toml_value(value)}")
         lines.append("")
