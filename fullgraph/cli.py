@@ -1,11 +1,13 @@
-"""Command-line entry point: ``fullgraph train | datasets | generate | convert``.
+"""Command-line entry point: ``fullgraph train | config | datasets | generate | convert |
+partition``.
 
 argparse -> one frozen ``Config`` -> train. Every option of ``Config`` is exactly one
 flag, generated from the dataclass fields (a test pins the list); a config file
 (``--config run.yaml`` / ``.toml``) gives the same options, and flags given on the
 command line override it. A user error (bad option, bad file, unknown dataset) ends
-in one line on stderr and exit code 2, never in a traceback; set FULLGRAPH_DEBUG=1 to
-see the traceback anyway.
+in one line on stderr and exit code 2, never in a traceback; set FULLGRAPH_DEBUG=1 (or
+``--log-level debug``) to see the traceback anyway. Exit codes: 0 success, 2 usage
+error, 1 (or 2 for a user error found there) when a worker failed, 130 interrupted.
 """
 from __future__ import annotations
 
@@ -14,17 +16,24 @@ import dataclasses
 import os
 import sys
 import typing
+import warnings
 from typing import TYPE_CHECKING, Any
 
+from fullgraph import __version__
+from fullgraph.configfile import flag_names
 from fullgraph.errors import FullgraphError
 
 if TYPE_CHECKING:
     from fullgraph.comm.group import Comm
 
-# core section field -> flag name, where the plain ``--field`` would be unclear; the
-# strategies declare theirs (``Strategy.flags``, ``parallel.base.SHARED_FLAGS``)
-FLAG_NAMES = {("model", "name"): "model", ("launch", "timeout_s"): "timeout"}
-
+EXIT_CODES = """\
+exit codes:
+  0    success
+  2    usage error: a bad flag or value, config file, dataset or input file (one
+       line on stderr), or a missing optional package
+  1    a worker failed (the launcher names the rank and its phase first)
+  130  interrupted
+"""
 
 CONVERT_EPILOG = """\
 edge files of `convert edgelist`:
@@ -37,53 +46,59 @@ edge files of `convert edgelist`:
   Vertex ids are 0 .. N-1, N = rows of --features. A binary file that reads as
   valid pairs only at the other width (e.g. int64 pairs given as --binary uint32)
   is refused with a message naming that width.
+
+files of `convert neutronstar` (the NeutronStar / NeutronTask four-file format):
+  --edges     binary, no header: per edge src then dst, each a little-endian
+              unsigned 32-bit integer (8 bytes per edge). Direction and self-loops
+              are kept, repeated edges dropped; --symmetrize adds dst -> src.
+  --features  text, one line per vertex: "id f1 ... fd", whitespace separated,
+              d >= 1 numbers. Every id 0 .. N-1 exactly once, in any order.
+  --labels    text, "id label" per line; label an integer in 0 .. C-1 (C: max
+              label + 1, or --num-classes). Vertices not listed are unlabelled.
+  --masks     text, "id train|val|test" per line ("eval" is read as val).
+              Vertices not listed are in no split; any other word is refused.
+  Errors name the file and line.
 """
 
 
-def flag_names() -> dict[tuple[str, str], str]:
-    """(section, field) -> flag, for every section. A strategy's flag that another
-    section already uses is namespaced with its section (``--<section>-<field>``), so
-    two strategies may both have, say, ``num_chunks``; earlier sections keep theirs."""
-    from fullgraph.config import sections
-    from fullgraph.parallel.base import section_flags
+def _help_line(f: dataclasses.Field) -> str:
+    """One line: the field's help and its default, given once."""
+    from fullgraph.fields import help_of
 
-    declared = {(sec, f): flag for sec, flags in section_flags().items() for f, flag in
-                flags.items()}
-    declared.update(FLAG_NAMES)
-    out: dict[tuple[str, str], str] = {}
-    taken: set[str] = {"config", "help"}
-    for section, cls in sections().items():
-        for f in dataclasses.fields(cls):
-            flag = declared.get((section, f.name), f.name.replace("_", "-"))
-            if flag in taken:
-                flag = f"{section.replace('_', '-')}-{f.name.replace('_', '-')}"
-            if flag in taken:
-                raise RuntimeError(f"flag --{flag} of {section}.{f.name} is taken twice")
-            taken.add(flag)
-            out[section, f.name] = flag
-    return out
+    text = help_of(f).replace("%", "%%")  # argparse formats help with %
+    if f.default is not None:
+        return f"{text} (default: {f.default})"
+    head, _, unset = text.partition("; unset: ")
+    return f"{head} (default: {unset})" if unset else f"{text} (default: unset)"
 
 
 def _add_config_flags(parser: argparse.ArgumentParser) -> None:
     from fullgraph.config import sections
+    from fullgraph.fields import choices_of
 
     flags = flag_names()
+    parser.add_argument("--config", metavar="FILE",
+                        help="YAML, TOML or JSON file of options (`fullgraph config --print` "
+                        "writes one); flags given here override it")
     for section, cls in sections().items():
-        group = parser.add_argument_group(f"{section} options")
+        group = parser.add_argument_group(f"{section} options (config section [{section}])")
         hints = typing.get_type_hints(cls)
         for f in dataclasses.fields(cls):
             kind = [h for h in typing.get_args(hints[f.name]) if h is not type(None)] or \
                 [hints[f.name]]
-            dest = f"{section}.{f.name}"
-            default = f.default
-            help_text = f"(default: {default})"
+            flag, dest = "--" + flags[section, f.name], f"{section}.{f.name}"
             if kind[0] is bool:
-                group.add_argument("--" + flags[section, f.name], dest=dest,
-                                   action=argparse.BooleanOptionalAction, default=None,
-                                   help=help_text)
-            else:
-                group.add_argument("--" + flags[section, f.name], dest=dest, type=kind[0],
-                                   default=None, metavar=f.name.upper(), help=help_text)
+                group.add_argument(flag, dest=dest, action=argparse.BooleanOptionalAction,
+                                   default=None, help=_help_line(f))
+                continue
+            choices = choices_of(f)
+            group.add_argument(flag, dest=dest, type=kind[0], default=None, choices=choices,
+                               metavar=None if choices else flag[2:].upper().replace("-", "_"),
+                               help=_help_line(f))
+            if dest == "train.log_level":
+                group.add_argument("-q", "--quiet", dest=dest, action="store_const",
+                                   const="warning", help="print warnings and errors only "
+                                   "(same as --log-level warning)")
 
 
 def config_from_args(args: argparse.Namespace) -> Any:
@@ -99,16 +114,33 @@ def config_from_args(args: argparse.Namespace) -> Any:
     return config_from_dict(merge(tree, overrides), source=args.config or "command line")
 
 
+class _Parser(argparse.ArgumentParser):
+    """An argparse parser whose usage errors are one line (not the whole usage)."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="fullgraph", description="Full-graph GNN training across many workers.")
+    parser = _Parser(
+        prog="fullgraph", description="Full-graph GNN training across many workers.",
+        epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"fullgraph {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p_train = sub.add_parser("train", help="train a model on a dataset",
-                             formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p_train.add_argument("--config", help="YAML or TOML file with data/model/train/runtime "
-                         "sections; flags override it")
+    p_train = sub.add_parser("train", help="train a model on a dataset", epilog=EXIT_CODES,
+                             formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_config_flags(p_train)
+
+    p_config = sub.add_parser("config", help="write a config file of every option",
+                              description="Print a complete config file: every option with "
+                              "its value (the defaults, or the --config file and flags given), "
+                              "its help and its flag. It loads back unchanged.")
+    p_config.add_argument("--print", action="store_true", required=True,
+                          help="print the config file on stdout")
+    p_config.add_argument("--format", choices=("yaml", "toml"), default="yaml",
+                          help="file format (default: yaml)")
+    _add_config_flags(p_config)
 
     p_data = sub.add_parser("datasets", help="list known and processed datasets, or describe one")
     p_data.add_argument("name", nargs="?", help="a dataset to load and describe")
@@ -177,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return COMMANDS[args.command](args)
     except (FullgraphError, ValueError, FileNotFoundError) as exc:
-        if os.environ.get("FULLGRAPH_DEBUG"):
+        if os.environ.get("FULLGRAPH_DEBUG") or vars(args).get("train.log_level") == "debug":
             raise
         print(f"fullgraph {args.command}: error: {exc}", file=sys.stderr)
         return 2
@@ -186,10 +218,22 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
+def _config_at_log_level(args: argparse.Namespace) -> Any:
+    """The run's config; at log level ``error`` no warning is shown, from here on."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cfg = config_from_args(args)
+    if cfg.train.log_level == "error":
+        warnings.simplefilter("ignore")
+    for w in caught:  # those of the options themselves, shown or not by the level
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    return cfg
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from fullgraph import launch
 
-    cfg = config_from_args(args)
+    cfg = _config_at_log_level(args)
     if launch.under_launcher():
         conflict = launch.torchrun_conflict(cfg.launch.workers)
         if conflict:  # every worker refuses; one says why
@@ -241,7 +285,8 @@ def _train(cfg: Any, status: Any) -> int:
     try:
         dataset = _load_once_per_host(cfg, comm)
         reporter = Reporter(cfg.train.epochs, metrics_out=cfg.train.metrics_out,
-                            progress=cfg.train.progress, enabled=rank == 0)
+                            progress=cfg.train.progress, enabled=rank == 0,
+                            verbose=cfg.train.log_level in ("debug", "info"))
         header = [f"memory   allocator {active_allocator()}, transparent huge pages "
                   f"{transparent_hugepages()}"]
         try:
@@ -252,6 +297,13 @@ def _train(cfg: Any, status: Any) -> int:
     finally:
         if comm is not None:
             destroy_comm(comm)
+    return 0
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    from fullgraph.configfile import template
+
+    print(template(config_from_args(args), args.format), end="")
     return 0
 
 
@@ -335,8 +387,8 @@ def cmd_convert(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"train": cmd_train, "datasets": cmd_datasets, "generate": cmd_generate,
-            "convert": cmd_convert, "partition": cmd_partition}
+COMMANDS = {"train": cmd_train, "config": cmd_config, "datasets": cmd_datasets,
+            "generate": cmd_generate, "convert": cmd_convert, "partition": cmd_partition}
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -19,8 +19,13 @@ from pathlib import Path
 from typing import Any
 
 from fullgraph.errors import ConfigError
+from fullgraph.fields import choices_of, option
 
 FEATURE_DTYPES = ("float32", "bfloat16", "float16")
+PROGRESS = ("auto", "on", "off")
+LOG_LEVELS = ("debug", "info", "warning", "error")
+SPMM_BACKENDS = ("auto", "numba", "torch")
+BACKENDS = ("auto", "gloo", "nccl")
 
 
 def model_names() -> tuple[str, ...]:
@@ -28,6 +33,13 @@ def model_names() -> tuple[str, ...]:
     from fullgraph.models import MODELS
 
     return tuple(MODELS)
+
+
+def strategy_names() -> tuple[str, ...]:
+    """The names ``runtime.strategy`` accepts: the registered strategies."""
+    from fullgraph.parallel import STRATEGIES
+
+    return tuple(STRATEGIES)
 
 
 def activation_names() -> tuple[str, ...]:
@@ -50,11 +62,14 @@ class DataConfig:
     PyG's ``NormalizeFeatures`` do for the citation graphs.
     """
 
-    dataset: str = "cora"
-    root: str | None = None
-    feature_dtype: str = "float32"
-    normalize_features: bool = False
-    split_seed: int = 0
+    dataset: str = option("cora", "dataset name (see `fullgraph datasets`) or processed "
+                          "directory")
+    root: str | None = option(None, "dataset root; unset: $FULLGRAPH_DATA, else the user cache")
+    feature_dtype: str = option("float32", "dtype features are stored and computed in",
+                                choices=FEATURE_DTYPES)
+    normalize_features: bool = option(False, "divide each feature row by its sum (as PyG's "
+                                      "NormalizeFeatures)")
+    split_seed: int = option(0, "seed of the random split of datasets without a public one")
 
     def __post_init__(self) -> None:
         _require(bool(self.dataset), "data", "dataset", self.dataset, "a dataset name or path")
@@ -77,19 +92,21 @@ class ModelConfig:
     """Model architecture; ``heads``/``out_heads``/``attn_dropout`` are GAT's only,
     ``batch_norm`` (inside the MLP, statistics over all vertices) GIN's only."""
 
-    name: str = "gcn"
-    hidden: int = 16
-    layers: int = 2
-    dropout: float = 0.5
-    input_dropout: float | None = None
-    activation: str = "relu"
-    residual: bool = False
-    decoupled: bool = False
-    num_props: int = 2
-    heads: int = 8
-    out_heads: int = 1
-    attn_dropout: float | None = None
-    batch_norm: bool = False
+    name: str = option("gcn", "model architecture", choices=model_names)
+    hidden: int = option(16, "hidden width (per head for gat)")
+    layers: int = option(2, "number of layers")
+    dropout: float = option(0.5, "dropout probability between layers")
+    input_dropout: float | None = option(None, "dropout on the input features; unset: "
+                                         "--dropout")
+    activation: str = option("relu", "activation between layers", choices=activation_names)
+    residual: bool = option(False, "add residual connections between hidden layers")
+    decoupled: bool = option(False, "an MLP, then --num-props propagation steps (NeutronTP)")
+    num_props: int = option(2, "propagation steps of a decoupled model")
+    heads: int = option(8, "gat: attention heads of the hidden layers")
+    out_heads: int = option(1, "gat: attention heads of the output layer")
+    attn_dropout: float | None = option(None, "gat: dropout on attention weights; unset: "
+                                        "--dropout")
+    batch_norm: bool = option(False, "gin: batch normalisation inside the MLP")
 
     def __post_init__(self) -> None:
         names = model_names()
@@ -136,22 +153,29 @@ class ModelConfig:
 class TrainConfig:
     """Optimiser, epochs, seed, device and reporting."""
 
-    epochs: int = 200
-    lr: float = 0.01
-    weight_decay: float = 5e-4
-    seed: int = 0
-    device: str = "cpu"
-    eval_every: int = 1
-    metrics_out: str | None = None
-    progress: str = "auto"
+    epochs: int = option(200, "training epochs (one optimiser step each)")
+    lr: float = option(0.01, "Adam learning rate")
+    weight_decay: float = option(5e-4, "Adam weight decay")
+    seed: int = option(0, "seed of parameter initialisation and dropout")
+    device: str = option("cpu", "cpu, cuda, cuda:N or auto (cuda when available)")
+    eval_every: int = option(1, "evaluate every N epochs")
+    metrics_out: str | None = option(None, "write per-epoch JSON lines (every rank's "
+                                     "accounting) to this file; unset: none")
+    progress: str = option("auto", "progress bar on stderr (auto: when it is a terminal)",
+                           choices=PROGRESS)
+    log_level: str = option("info", "what is printed: debug (also tracebacks), info (header, "
+                            "epochs, summary), warning (warnings and errors only), error",
+                            choices=LOG_LEVELS)
 
     def __post_init__(self) -> None:
         _require(self.epochs >= 1, "train", "epochs", self.epochs, ">= 1")
         _require(self.lr > 0, "train", "lr", self.lr, "> 0")
         _require(self.weight_decay >= 0, "train", "weight_decay", self.weight_decay, ">= 0")
         _require(self.eval_every >= 1, "train", "eval_every", self.eval_every, ">= 1")
-        _require(self.progress in ("auto", "on", "off"), "train", "progress", self.progress,
-                 "auto | on | off")
+        _require(self.progress in PROGRESS, "train", "progress", self.progress,
+                 " | ".join(PROGRESS))
+        _require(self.log_level in LOG_LEVELS, "train", "log_level", self.log_level,
+                 " | ".join(LOG_LEVELS))
         dev = self.device
         _require(dev in ("cpu", "cuda", "auto") or dev.startswith("cuda:"), "train", "device",
                  dev, "cpu | cuda | cuda:N | auto")
@@ -161,17 +185,18 @@ class TrainConfig:
 class RuntimeConfig:
     """Which executor runs the program, and process-wide kernel / thread settings."""
 
-    strategy: str = "single"
-    spmm_backend: str = "auto"
-    threads: int | None = None
+    strategy: str = option("single", "how the work is split over workers",
+                           choices=strategy_names)
+    spmm_backend: str = option("auto", "CPU SpMM kernels (numba: pip install "
+                               "'fullgraph[fast]')", choices=SPMM_BACKENDS)
+    threads: int | None = option(None, "threads per worker; unset: the cores / workers")
 
     def __post_init__(self) -> None:
-        from fullgraph.parallel import STRATEGIES
-
-        _require(self.strategy in STRATEGIES, "runtime", "strategy", self.strategy,
-                 " | ".join(STRATEGIES))
-        _require(self.spmm_backend in ("auto", "numba", "torch"), "runtime", "spmm_backend",
-                 self.spmm_backend, "auto | numba | torch")
+        strategies = strategy_names()
+        _require(self.strategy in strategies, "runtime", "strategy", self.strategy,
+                 " | ".join(strategies))
+        _require(self.spmm_backend in SPMM_BACKENDS, "runtime", "spmm_backend",
+                 self.spmm_backend, " | ".join(SPMM_BACKENDS))
         _require(self.threads is None or self.threads >= 1, "runtime", "threads", self.threads,
                  ">= 1")
 
@@ -188,17 +213,19 @@ class LaunchConfig:
     than the memory can hold, are refused unless ``oversubscribe``.
     """
 
-    workers: int = 1
-    backend: str = "auto"
-    timeout_s: float = 300.0
-    run_dir: str | None = None
-    keep_run_dir: bool = False
-    oversubscribe: bool = False
+    workers: int = option(1, "local worker processes (under torchrun: its world size)")
+    backend: str = option("auto", "communication backend (auto: nccl on cuda, else gloo)",
+                          choices=BACKENDS)
+    timeout_s: float = option(300.0, "seconds any blocking call may wait for a peer")
+    run_dir: str | None = option(None, "directory for worker logs and status files; unset: a "
+                                 "temporary one")
+    keep_run_dir: bool = option(False, "keep the run directory after a successful run")
+    oversubscribe: bool = option(False, "allow more than 4 workers per core or beyond memory")
 
     def __post_init__(self) -> None:
         _require(self.workers >= 1, "launch", "workers", self.workers, ">= 1")
-        _require(self.backend in ("auto", "gloo", "nccl"), "launch", "backend", self.backend,
-                 "auto | gloo | nccl")
+        _require(self.backend in BACKENDS, "launch", "backend", self.backend,
+                 " | ".join(BACKENDS))
         _require(self.timeout_s > 0, "launch", "timeout_s", self.timeout_s, "> 0")
 
 
@@ -258,15 +285,20 @@ def sections() -> dict[str, type]:
 
 
 def config_from_dict(tree: dict[str, Any], source: str = "config") -> Config:
-    """Build a ``Config`` from nested dicts, refusing unknown sections, keys and types."""
+    """Build a ``Config`` from nested dicts, refusing unknown sections, keys and types.
+
+    Options may also be named by their flags (``configfile.normalize``)."""
+    from fullgraph.configfile import normalize
+
+    tree = normalize(tree, source)
     if not isinstance(tree, dict):
         raise ConfigError(f"{source}: expected a mapping of sections, got {type(tree).__name__}")
     known = sections()
     built = {}
     for name, values in tree.items():
         if name not in known:
-            raise ConfigError(f"{source}: unknown section {name!r}; expected one of "
-                              f"{', '.join(known)}")
+            raise ConfigError(f"{source}: unknown section or option {name!r}; expected a "
+                              f"section ({', '.join(known)}) or a train flag without --")
         if not isinstance(values, dict):
             raise ConfigError(f"{source}: section {name!r} must be a mapping")
         built[name] = _build_section(known[name], values, f"{source}: {name}")
@@ -276,7 +308,7 @@ def config_from_dict(tree: dict[str, Any], source: str = "config") -> Config:
 
 def _build_section(cls: type, values: dict[str, Any], where: str) -> Any:
     hints = typing.get_type_hints(cls)
-    known = {f.name for f in dataclasses.fields(cls)}
+    known = {f.name: f for f in dataclasses.fields(cls)}
     for key, value in values.items():
         if key not in known:
             raise ConfigError(f"{where}: unknown key {key!r}; expected one of "
@@ -284,6 +316,10 @@ def _build_section(cls: type, values: dict[str, Any], where: str) -> Any:
         if not _type_ok(value, hints[key]):
             raise ConfigError(f"{where}.{key}: got {value!r} ({type(value).__name__}); "
                               f"expected {hints[key]}")
+        choices = choices_of(known[key])
+        if choices is not None and value not in choices:
+            raise ConfigError(f"{where}.{key}: got {value!r}; expected one of "
+                              f"{', '.join(choices)}")
     try:
         return cls(**values)
     except ConfigError:

@@ -44,15 +44,20 @@ class Reporter:
         metrics_out: path of the JSON-lines file, or None.
         progress: ``"auto"`` (bar when stderr is a terminal), ``"on"`` or ``"off"``.
         enabled: False on workers other than rank 0 (default: True).
+        verbose: print the header, table and summary; False (``--quiet``) leaves only
+            the metrics file (default: True).
         stream: where the table goes (default: stdout).
     """
 
     def __init__(self, total_epochs: int, *, metrics_out: str | None = None,
-                 progress: str = "auto", enabled: bool = True, stream: IO[str] | None = None):
+                 progress: str = "auto", enabled: bool = True, stream: IO[str] | None = None,
+                 verbose: bool = True):
         self.total = total_epochs
         self.enabled = enabled
         self.out = stream or sys.stdout
-        self.bar = enabled and (progress == "on" or (progress == "auto" and sys.stderr.isatty()))
+        self.verbose = verbose
+        self.bar = enabled and verbose and (
+            progress == "on" or (progress == "auto" and sys.stderr.isatty()))
         self.metrics: IO[str] | None = None
         if enabled and metrics_out:
             path = Path(metrics_out)
@@ -63,10 +68,7 @@ class Reporter:
     def header(self, lines: list[str], record: dict[str, Any]) -> None:
         if not self.enabled:
             return
-        for line in lines:
-            print(line, file=self.out)
-        print(" ".join(f"{name:>{width}}" for name, width, _ in TABLE_COLUMNS),
-              file=self.out, flush=True)
+        self._print(*lines, " ".join(f"{name:>{width}}" for name, width, _ in TABLE_COLUMNS))
         self._write({"event": "run", **record})
 
     def epoch(self, rec: EpochRecord) -> None:
@@ -77,7 +79,7 @@ class Reporter:
         row = " ".join(_fmt(width, f, v) for (_, width, f), v in zip(TABLE_COLUMNS, values))
         if self.bar:
             sys.stderr.write("\r\033[K")
-        print(row, file=self.out, flush=True)
+        self._print(row)
         if self.bar:
             done = rec.epoch / self.total
             fill = int(30 * done)
@@ -99,9 +101,14 @@ class Reporter:
         if self.bar:
             sys.stderr.write("\r\033[K")
             sys.stderr.flush()
-        for line in lines:
-            print(line, file=self.out, flush=True)
+        self._print(*lines)
         self._write({"event": "summary", **record})
+
+    def _print(self, *lines: str) -> None:
+        if self.verbose:
+            for line in lines:
+                print(line, file=self.out)
+            self.out.flush()
 
     def close(self) -> None:
         if self.metrics is not None:

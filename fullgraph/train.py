@@ -22,6 +22,7 @@ from fullgraph.comm.group import Comm
 from fullgraph.comm.primitives import all_gather_object
 from fullgraph.config import Config
 from fullgraph.errors import ConfigError
+from fullgraph.extras import MissingExtraError, missing_message
 from fullgraph.graph.data import Dataset
 from fullgraph.models import build_model
 from fullgraph.models.base import GNN
@@ -83,8 +84,8 @@ def check_before_launch(cfg: Config, dataset: Dataset, workers: int) -> None:
     """
     check_device(cfg.train.device)
     if cfg.runtime.spmm_backend == "numba" and not kernels.HAVE_NUMBA:
-        raise ConfigError("runtime.spmm_backend: 'numba' needs numba, which is not installed "
-                          "(pip install numba, or use --spmm-backend torch)")
+        raise MissingExtraError(missing_message("numba", "runtime.spmm_backend: 'numba'") +
+                                " (or use --spmm-backend torch)")
     if cfg.runtime.strategy not in section_users()["partition"] or workers < 2:
         return
     opts = cfg.options["partition"]
@@ -97,9 +98,9 @@ def check_before_launch(cfg: Config, dataset: Dataset, workers: int) -> None:
         try:
             importlib.import_module("pymetis")
         except ImportError:
-            raise ConfigError(f"partition.method: {opts.method!r} needs pymetis, which is not "
-                              "installed (pip install pymetis, or use --partitioner chunk or "
-                              "random)") from None
+            raise ConfigError(f"partition.method: {opts.method!r} needs pymetis, a dependency "
+                              "of fullgraph that is not installed (pip install pymetis, or use "
+                              "--partitioner chunk or random)") from None
 
 
 def step_seed(seed: int, epoch: int) -> int:
@@ -209,7 +210,8 @@ def _finish(records: list[EpochRecord], profiles: list[list[EpochProfile]], best
         summary_lines(per_rank) +
         [f"best epoch {result.best_epoch}: val {result.best_val:.2%}, "
          f"test {result.test_at_best:.2%} (train {result.train_at_best:.2%})",
-         f"final test accuracy {result.test_at_best:.2%}; {len(records)} epochs in "
+         f"final test accuracy {result.test_at_best:.2%} (test accuracy at epoch "
+         f"{result.best_epoch}, the best validation accuracy); {len(records)} epochs in "
          f"{total:.2f} s, median epoch {times[len(times) // 2]:.4f} s"],
         {"best_epoch": result.best_epoch, "best_val": result.best_val,
          "test_acc": result.test_at_best, "train_acc": result.train_at_best,

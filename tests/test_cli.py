@@ -16,10 +16,10 @@ TRAIN_FLAGS = sorted("""
 --config --dataset --root --feature-dtype --normalize-features --split-seed --model --hidden
 --layers --dropout --input-dropout --activation --residual --decoupled --num-props --heads
 --batch-norm --out-heads --attn-dropout --epochs --lr --weight-decay --seed --device --eval-every
---metrics-out --progress --strategy --spmm-backend --threads --workers --backend --timeout
---run-dir --keep-run-dir --oversubscribe --partitioner --partition-file --partition-seed
---dep-mode --byte-cost --edge-cost --vertex-cost --device-memory --num-chunks --column-split
---pipeline --nn-device --p2p-schedule --bin-memory --bin-size
+--metrics-out --progress --log-level --quiet --strategy --spmm-backend --threads --workers
+--backend --timeout --run-dir --keep-run-dir --oversubscribe --partitioner --partition-file
+--partition-seed --dep-mode --byte-cost --edge-cost --vertex-cost --device-memory --num-chunks
+--column-split --pipeline --nn-device --p2p-schedule --bin-memory --bin-size
 """.split())
 
 
@@ -64,7 +64,7 @@ def test_config_file_and_flag_override(root, tmp_path, capsys):
 
 @pytest.mark.parametrize("text,message", [
     ("model:\n  hiden: 8\n", "unknown key 'hiden'"),
-    ("modle:\n  hidden: 8\n", "unknown section 'modle'"),
+    ("modle:\n  hidden: 8\n", "unknown section or option 'modle'"),
     ("train:\n  epochs: 'ten'\n", "train.epochs: got 'ten'"),
     ("train:\n  lr: -1\n", "train.lr: got -1"),
 ])
@@ -350,7 +350,7 @@ def test_missing_optional_package_is_found_before_launch(root, capsys, no_launch
     monkeypatch.setattr(kernels, "HAVE_NUMBA", False)
     assert main(["train", "--strategy", "data", "--workers", "2", "--partitioner", "chunk",
                  "--spmm-backend", "numba"]) == 2
-    one_line_error(capsys, "'numba' needs numba")
+    one_line_error(capsys, "'numba' needs numba", "pip install 'fullgraph[fast]'")
     assert no_launch == []
 
 

@@ -259,8 +259,12 @@ def convert(fmt: str, opts: ConvertOptions) -> Dataset:
                                       num_classes=opts.num_classes)
     if fmt == "neutronstar":
         edges, features, labels, masks = need("edges", "features", "labels", "masks")
+        if opts.binary not in (None, "uint32"):
+            raise ConfigError(f"convert neutronstar: --binary {opts.binary}: the edge file "
+                              "of this format is always uint32 pairs")
         return neutronstar.load_neutronstar(edges, features, labels, masks,
-                                            name=opts.name, num_classes=opts.num_classes)
+                                            symmetrize=opts.symmetrize, name=opts.name,
+                                            num_classes=opts.num_classes)
     (source,) = need("input")
     return ogb.load_ogb(Path(source), opts.name, num_classes=opts.num_classes)
 

@@ -27,6 +27,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from fullgraph.extras import MissingExtraError, missing_message
 from fullgraph.graph.csr import Graph
 from fullgraph.ops import kernels
 
@@ -41,8 +42,8 @@ def set_backend(name: str) -> None:
     if name not in ("auto", "numba", "torch"):
         raise ValueError(f"unknown SpMM backend {name!r}; expected auto, numba or torch")
     if name == "numba" and not kernels.HAVE_NUMBA:
-        raise ValueError("SpMM backend 'numba' requested but numba is not installed "
-                         "(pip install numba, or use --spmm-backend torch)")
+        raise MissingExtraError(missing_message("numba", "SpMM backend 'numba'") +
+                                " (or use --spmm-backend torch)")
     _BACKEND[0] = name
 
 

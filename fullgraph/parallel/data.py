@@ -32,6 +32,7 @@ from fullgraph.comm.exchange import ExchangeTable
 from fullgraph.comm.group import Comm
 from fullgraph.comm.halo import halo_fetch
 from fullgraph.comm.reduce import row_sum
+from fullgraph.fields import option
 from fullgraph.graph.blocks import in_edges
 from fullgraph.graph.csr import Graph
 from fullgraph.graph.data import Dataset
@@ -111,10 +112,15 @@ class DataParallel(RowPartitioned[DataPlan]):
             vertex_cost: seconds per vertex x column computed (default: None, measured).
         """
 
-        mode: str = "depcomm"
-        byte_cost: float | None = None
-        edge_cost: float | None = None
-        vertex_cost: float | None = None
+        mode: str = option("depcomm", "how remote in-neighbours are obtained: fetched each "
+                           "layer, replicated and recomputed, or a cost-model mix",
+                           choices=MODES)
+        byte_cost: float | None = option(None, "hybrid: seconds per byte moved; unset: "
+                                         "measured at start")
+        edge_cost: float | None = option(None, "hybrid: seconds per edge x column aggregated; "
+                                         "unset: measured")
+        vertex_cost: float | None = option(None, "hybrid: seconds per vertex x column "
+                                           "computed; unset: measured")
 
         def __post_init__(self) -> None:
             if self.mode not in MODES:

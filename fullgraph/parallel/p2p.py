@@ -51,6 +51,7 @@ import torch
 from torch import Tensor
 
 from fullgraph.comm.group import Comm
+from fullgraph.fields import option
 from fullgraph.graph.data import Dataset
 from fullgraph.memory import parse_bytes
 from fullgraph.models.stages import StageProgram, propagation_inputs
@@ -91,9 +92,12 @@ class P2PParallel(RowPartitioned[P2PPlan]):
                 G3's initial bin size).
         """
 
-        schedule: str = "multi-level"
-        bin_memory: str | None = None
-        bin_size: int | None = None
+        schedule: str = option("multi-level", "which pipelines overlap communication with "
+                               "compute (G3 Fig. 17)", choices=SCHEDULES)
+        bin_memory: str | None = option(None, "device memory for bins, e.g. 4GB; unset: "
+                                        "--bin-size")
+        bin_size: int | None = option(None, "vertices per bin; unset: from free device "
+                                      "memory on cuda, else 5000")
 
         def __post_init__(self) -> None:
             if self.schedule not in SCHEDULES:

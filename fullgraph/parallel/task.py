@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import torch
 
 from fullgraph.comm.group import Comm
+from fullgraph.fields import option
 from fullgraph.graph.data import Dataset
 from fullgraph.memory import MemoryAccount
 from fullgraph.models.stages import StageProgram, propagation_inputs
@@ -87,9 +88,12 @@ class TaskParallel(DistributedStrategy[TaskPlan]):
                 pipeline).
         """
 
-        split: str = "auto"
-        gamma: float = 0.5
-        subgraphs: int = 1
+        split: str = option("auto", "workers of the T and P groups as T:P, e.g. 1:3; auto: "
+                            "from the task scheduling model measured at start")
+        gamma: float = option(0.5, "the scheduling model's overlap of a propagation's "
+                              "memory traffic with its arithmetic, in [0, 1]")
+        subgraphs: int = option(1, "pipeline each hand-off into the P group over this many "
+                                "subgraphs; 1: no pipeline")
 
         def __post_init__(self) -> None:
             split_counts(self.split)  # raises on a malformed split

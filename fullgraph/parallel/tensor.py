@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from fullgraph.comm.group import Comm
+from fullgraph.fields import option
 from fullgraph.graph.data import Dataset
 from fullgraph.memory import MemoryAccount, parse_bytes
 from fullgraph.models.stages import StageProgram, propagation_inputs
@@ -47,6 +48,9 @@ from fullgraph.parallel.columns import (
 )
 from fullgraph.schedule.chunks import spread_chunks
 from fullgraph.schedule.pipeline import first_reads
+
+COLUMN_SPLITS = ("balanced", "even")
+"""``column_split``: equal work and bytes per worker, or near-equal slices."""
 
 
 @register
@@ -80,14 +84,20 @@ class TensorParallel(DistributedStrategy[ColumnPlan]):
                 one column more on some workers (default: ``balanced``).
         """
 
-        device_memory: str | None = None
-        num_chunks: int | None = None
-        column_split: str = "balanced"
-        pipeline: bool = False
-        nn_device: str | None = None
+        device_memory: str | None = option(None, "device budget for propagation, e.g. 2GB: "
+                                           "the graph streams through it in chunks; unset: the "
+                                           "whole graph at once")
+        num_chunks: int | None = option(None, "cut the graph into this many equal chunks; "
+                                          "unset: as --device-memory needs")
+        column_split: str = option("balanced", "how feature columns are split over workers",
+                                   choices=COLUMN_SPLITS)
+        pipeline: bool = option(False, "overlap each chunk's communication with the next "
+                                "chunk's aggregation")
+        nn_device: str | None = option(None, "run the dense (T / E) stages on this device, "
+                                       "e.g. cpu; unset: --device")
 
         def __post_init__(self) -> None:
-            if self.column_split not in ("balanced", "even"):
+            if self.column_split not in COLUMN_SPLITS:
                 raise ValueError(f"column_split {self.column_split!r}; expected balanced or even")
             if self.device_memory is not None:
                 parse_bytes(self.device_memory)  # raises on a bad size

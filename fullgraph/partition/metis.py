@@ -199,9 +199,8 @@ def _import_pymetis() -> Any:
     try:
         import pymetis
     except ImportError:
-        raise ImportError("METIS partitioning needs pymetis: pip install pymetis "
-                          "(or install fullgraph with the 'metis' extra: "
-                          "pip install 'fullgraph[metis]')") from None
+        raise ImportError("METIS partitioning needs pymetis, a dependency of fullgraph that "
+                          "is not installed: pip install pymetis") from None
     return pymetis
 
 

@@ -3,6 +3,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from fullgraph.fields import option
+
+
+def partitioner_names() -> tuple[str, ...]:
+    """The registered partitioners (``fullgraph.partition.PARTITIONERS``)."""
+    from fullgraph.partition import PARTITIONERS
+
+    return tuple(PARTITIONERS)
+
 
 @dataclass(frozen=True, kw_only=True)
 class PartitionOptions:
@@ -15,6 +24,8 @@ class PartitionOptions:
         seed: partitioner seed (default: 0).
     """
 
-    method: str = "metis"
-    file: str | None = None
-    seed: int = 0
+    method: str = option("metis", "how vertices are split over workers",
+                         choices=partitioner_names)
+    file: str | None = option(None, "reuse a partition book written by `fullgraph partition`; "
+                                 "unset: partition at start")
+    seed: int = option(0, "partitioner seed")

@@ -109,8 +109,7 @@ def fetch_dataset(upstream: str, fmt: str, raw_dir: PathLike, files: Sequence[st
     raw = Path(raw_dir)
     if fmt == "planetoid":
         names = list(files) or [f"ind.{upstream}.{suffix}" for suffix in PLANETOID_SUFFIXES]
-        for name in names:
-            download(f"{base_url or PLANETOID_URL}/{name}", raw / name, timeout=timeout)
+        _download_all(base_url or PLANETOID_URL, names, raw, timeout)
     elif fmt == "npz":
         local = files[0] if files else f"{upstream}.npz"
         download(f"{base_url or GNN_BENCHMARK_URL}/{upstream}.npz", raw / local, timeout=timeout)
@@ -120,6 +119,34 @@ def fetch_dataset(upstream: str, fmt: str, raw_dir: PathLike, files: Sequence[st
         raise DatasetNotFoundError("no download for this format", field="format", found=fmt,
                                    expected="planetoid | npz | ogb")
     return raw
+
+
+def _download_all(base_url: str, names: list[str], raw: Path, timeout: float) -> None:
+    """Download ``base_url/NAME`` into ``raw`` for every name; one error lists every file
+    that is still missing (after the first unreachable host, the rest are not tried)."""
+    failed: list[str] = []
+    first: DatasetNotFoundError | None = None
+    for i, name in enumerate(names):
+        try:
+            download(f"{base_url}/{name}", raw / name, timeout=timeout)
+        except DatasetNotFoundError as exc:
+            failed.append(name)
+            first = first or exc
+            if not _file_missing(exc.__cause__):  # the host is unreachable: try no more
+                failed += names[i + 1:]
+                break
+    if first is not None:
+        raise DatasetNotFoundError(
+            f"cannot download {len(failed)} of {len(names)} raw files", source=base_url,
+            found=first.found, hint=f"offline? download them elsewhere and place them in "
+            f"{raw}: {', '.join(failed)}")
+
+
+def _file_missing(exc: BaseException | None) -> bool:
+    """Whether a download failed for want of that one file (HTTP 404, a missing local
+    file), not because the host cannot be reached."""
+    return isinstance(exc, urllib.error.HTTPError) or isinstance(
+        getattr(exc, "reason", None), FileNotFoundError)
 
 
 def fetch_planetoid(raw_dir: PathLike, name: str, *, base_url: str = PLANETOID_URL,

@@ -87,12 +87,11 @@ def to_pyg(dataset: Dataset) -> Any:
     ``edge_index`` is in fullgraph's CSR order (sorted by destination, then source).
 
     Raises:
-        ImportError: torch_geometric is not installed.
+        MissingExtraError: torch_geometric is not installed (an ImportError).
     """
-    try:
-        from torch_geometric.data import Data
-    except ImportError as exc:
-        raise ImportError("to_pyg needs torch_geometric: pip install 'fullgraph[pyg]'") from exc
+    from fullgraph.extras import require
+
+    Data = require("torch_geometric", "to_pyg").data.Data
     src, dst = dataset.graph.edges()
     d = dataset.data
     return Data(x=d.features, y=d.labels, edge_index=torch.stack([src, dst]),

@@ -1,0 +1,40 @@
+"""Option fields that carry their own one-line help and, where the value is a name,
+where its valid names come from.
+
+Each options dataclass (``fullgraph.config``, a strategy's ``Options``) declares its
+fields with ``option``; the command line (``--help``, ``choices``), config-file
+validation and ``fullgraph config --print`` read the same metadata, so there is no
+second list of help texts or valid names.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable
+from typing import Any
+
+Choices = Callable[[], Iterable[str]]
+
+
+def option(default: Any, help: str, *, choices: Choices | Iterable[str] | None = None) -> Any:
+    """A dataclass field with ``default``, its one-line ``help`` and its valid names.
+
+    Args:
+        default: the default value.
+        help: one line, lower case, no trailing period, without the default.
+        choices: the valid values, or a function returning them (read lazily, from a
+            registry) (default: None, any value of the field's type).
+    """
+    return dataclasses.field(default=default, metadata={"help": help, "choices": choices})
+
+
+def help_of(f: dataclasses.Field) -> str:
+    """The help text of a field declared with ``option`` ("" otherwise)."""
+    return str(f.metadata.get("help", ""))
+
+
+def choices_of(f: dataclasses.Field) -> tuple[str, ...] | None:
+    """The valid values of a field declared with ``option`` (None: any)."""
+    choices = f.metadata.get("choices")
+    if choices is None:
+        return None
+    return tuple(choices() if callable(choices) else choices)
