@@ -134,7 +134,13 @@ class ModelConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class TrainConfig:
-    """Optimiser, epochs, seed, device and reporting."""
+    """Optimiser, epochs, seed, device and reporting; checkpoints and the saved model.
+
+    ``checkpoint_dir`` gets a checkpoint every ``checkpoint_every`` epochs and after the
+    last; ``resume`` names a checkpoint directory to continue from (see
+    ``fullgraph.checkpoint``); ``save_model`` is where the best-validation model goes
+    (see ``fullgraph.saved``).
+    """
 
     epochs: int = 200
     lr: float = 0.01
@@ -144,9 +150,15 @@ class TrainConfig:
     eval_every: int = 1
     metrics_out: str | None = None
     progress: str = "auto"
+    checkpoint_dir: str | None = None
+    checkpoint_every: int = 10
+    resume: str | None = None
+    save_model: str | None = None
 
     def __post_init__(self) -> None:
         _require(self.epochs >= 1, "train", "epochs", self.epochs, ">= 1")
+        _require(self.checkpoint_every >= 1, "train", "checkpoint_every", self.checkpoint_every,
+                 ">= 1")
         _require(self.lr > 0, "train", "lr", self.lr, "> 0")
         _require(self.weight_decay >= 0, "train", "weight_decay", self.weight_decay, ">= 0")
         _require(self.eval_every >= 1, "train", "eval_every", self.eval_every, ">= 1")
