@@ -185,6 +185,25 @@ def read(directory: str | Path, what: str = "train.resume") -> dict[str, Any]:
     return ckpt
 
 
+def check_resumable(cfg: Config, dataset: Dataset, dtype: torch.dtype = torch.float32) -> None:
+    """Refuse ``train.resume`` if it holds no checkpoint of this run (see ``Checkpointer``).
+
+    Raises:
+        ConfigError: as ``Checkpointer.resume`` would.
+    """
+    if cfg.train.resume is not None:
+        _checked(read(cfg.train.resume), run_fingerprint(dataset, cfg, dtype), cfg)
+
+
+def _checked(ckpt: dict[str, Any], fingerprint: dict[str, Any], cfg: Config) -> dict[str, Any]:
+    source = cfg.train.resume
+    check_fingerprint(ckpt["fingerprint"], fingerprint, f"train.resume: {source}")
+    if ckpt["epoch"] > cfg.train.epochs:
+        raise ConfigError(f"train.resume: {source} is at epoch {ckpt['epoch']}, past "
+                          f"train.epochs {cfg.train.epochs}")
+    return ckpt
+
+
 class Checkpointer:
     """Resumes a run from ``train.resume`` and writes checkpoints to ``train.checkpoint_dir``.
 
@@ -219,11 +238,7 @@ class Checkpointer:
         source = self.cfg.train.resume
         if source is None:
             return LoopState()
-        ckpt = read(source)
-        check_fingerprint(ckpt["fingerprint"], self.fingerprint, f"train.resume: {source}")
-        if ckpt["epoch"] > self.cfg.train.epochs:
-            raise ConfigError(f"train.resume: {source} is at epoch {ckpt['epoch']}, past "
-                              f"train.epochs {self.cfg.train.epochs}")
+        ckpt = _checked(read(source), self.fingerprint, self.cfg)
         model.load_state_dict(ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])
         torch.set_rng_state(ckpt["rng"])
@@ -256,4 +271,7 @@ class Checkpointer:
             "records": [dataclasses.asdict(r) for r in records],
             "rng": torch.get_rng_state(), "fingerprint": self.fingerprint, "run": self.facts,
             "config_json": json.dumps(self.cfg.to_dict(), default=str)}
-        write_atomic(Path(t.checkpoint_dir) / FILE_NAME, payload)
+        path = Path(t.checkpoint_dir) / FILE_NAME
+        write_atomic(path, payload)
+        for stale in path.parent.glob(f".{FILE_NAME}.*.tmp"):  # left by a killed writer
+            stale.unlink(missing_ok=True)

@@ -83,6 +83,10 @@ def check_before_launch(cfg: Config, dataset: Dataset, workers: int) -> None:
         DataError: the partition file is unreadable or for another graph.
     """
     check_device(cfg.train.device)
+    if cfg.train.resume:  # a checkpoint of another run: refused before any worker starts
+        from fullgraph.checkpoint import check_resumable
+
+        check_resumable(cfg, dataset)
     if cfg.runtime.spmm_backend == "numba" and not kernels.HAVE_NUMBA:
         raise ConfigError("runtime.spmm_backend: 'numba' needs numba, which is not installed "
                           "(pip install numba, or use --spmm-backend torch)")
