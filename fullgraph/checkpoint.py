@@ -70,7 +70,7 @@ def digest(*tensors: Tensor) -> str:
         t = t.detach().cpu().contiguous()
         h.update(f"{t.dtype}{tuple(t.shape)};".encode())
         if t.numel():
-            h.update(memoryview(t.reshape(-1).view(torch.uint8).numpy()))
+            h.update(t.reshape(-1).view(torch.uint8).numpy().data)
     return h.hexdigest()
 
 
