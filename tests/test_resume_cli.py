@@ -12,7 +12,6 @@ import json
 import os
 import re
 import textwrap
-from pathlib import Path
 
 import numpy as np
 import pytest
