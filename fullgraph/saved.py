@@ -141,7 +141,8 @@ def load_model(path: str | Path) -> SavedModel:
     return SavedModel(program, meta).eval()
 
 
-def load_dataset_for(model: SavedModel, dataset: str | None, root: str | None) -> Dataset:
+def load_dataset_for(model: SavedModel, dataset: str | None = None,
+                     root: str | None = None) -> Dataset:
     """``dataset`` (default: the one trained on) prepared as the model's training data was."""
     from fullgraph.config import DataConfig
     from fullgraph.graph import datasets

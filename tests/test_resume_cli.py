@@ -12,6 +12,7 @@ import json
 import os
 import re
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -26,6 +27,7 @@ from fullgraph.graph import datasets
 from fullgraph.graph.synthetic import sbm
 
 EPOCHS, KILL_AT = 6, 4
+README = Path(__file__).resolve().parents[1] / "README.md"
 
 KILL = textwrap.dedent('''\
     """Test-only: rank 0 kills itself inside the rename of its Nth checkpoint."""
@@ -118,6 +120,14 @@ def test_saved_model_evaluates_and_predicts(runs, capsys, monkeypatch):
     emb = np.load(tmp / "out" / "preds-embeddings.npy")
     assert emb.shape == (300, 16) and np.array_equal(emb, hidden.numpy())
     assert json.loads(json.dumps(model.meta["trained"]))["best_epoch"] == summary["best_epoch"]
+
+    # the README's example, as written, on this model
+    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), re.DOTALL)
+    example = [b for b in blocks if 'fullgraph.load_model("cora-gcn.pt")' in b]
+    assert len(example) == 1
+    scope: dict = {}
+    exec(example[0].replace('"cora-gcn.pt"', repr(model_path)), scope)
+    assert torch.equal(scope["logits"], logits) and torch.equal(scope["hidden"], hidden)
 
 
 def test_outputs_refuse_bad_files(tmp_path, capsys):
