@@ -4,7 +4,8 @@ Full-graph training: one optimiser step (Adam) per epoch, evaluation on the trai
 validation and test masks after it, and the model with the best validation accuracy
 kept (its test accuracy is the reported result). Fixed seeds give identical results
 on CPU: parameters come from ``torch.manual_seed(seed)`` and every dropout mask is
-keyed by (seed, epoch, stage, vertex), see ``fullgraph.ops.dropout``.
+keyed by (seed, epoch, stage, vertex), see ``fullgraph.ops.dropout``. So a run
+resumed from a checkpoint (``fullgraph.checkpoint``) goes on bit for bit.
 """
 from __future__ import annotations
 
