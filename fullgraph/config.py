@@ -159,6 +159,9 @@ class TrainConfig:
         _require(self.epochs >= 1, "train", "epochs", self.epochs, ">= 1")
         _require(self.checkpoint_every >= 1, "train", "checkpoint_every", self.checkpoint_every,
                  ">= 1")
+        if self.checkpoint_every != 10 and self.checkpoint_dir is None:
+            warnings.warn("train option checkpoint_every has no effect without checkpoint_dir",
+                          stacklevel=3)
         _require(self.lr > 0, "train", "lr", self.lr, "> 0")
         _require(self.weight_decay >= 0, "train", "weight_decay", self.weight_decay, ">= 0")
         _require(self.eval_every >= 1, "train", "eval_every", self.eval_every, ">= 1")

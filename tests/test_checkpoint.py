@@ -34,9 +34,9 @@ def make_dataset():
 
 def config(strategy: str, epochs: int, out: Path | None, resume: Path | None = None,
            every: int = 1, model: ModelConfig = MODEL) -> Config:
+    where = {} if out is None else {"checkpoint_dir": str(out), "checkpoint_every": every}
     return Config(model=model, runtime=RuntimeConfig(strategy=strategy),
-                  train=TrainConfig(epochs=epochs, lr=0.05, checkpoint_every=every,
-                                    checkpoint_dir=None if out is None else str(out),
+                  train=TrainConfig(epochs=epochs, lr=0.05, **where,
                                     resume=None if resume is None else str(resume)))
 
 
@@ -161,6 +161,11 @@ def test_checkpoint_of_another_run_is_refused_naming_the_difference(tmp_path):
     check_before_launch(config("data", EPOCHS, None, resume=tmp_path), ds, 2)
     with pytest.raises(ConfigError, match=r"no checkpoint in .*nowhere \(checkpoint.pt not found"):
         train(ds, config("single", EPOCHS, None, resume=tmp_path / "nowhere"))
+
+
+def test_checkpoint_every_without_a_directory_warns():
+    with pytest.warns(UserWarning, match="checkpoint_every has no effect without checkpoint_dir"):
+        TrainConfig(checkpoint_every=5)
 
 
 def test_failed_write_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
