@@ -19,7 +19,7 @@ import typing
 import warnings
 from typing import TYPE_CHECKING, Any
 
-from fullgraph import __version__
+from fullgraph import __version__, cli_outputs
 from fullgraph.configfile import flag_names
 from fullgraph.errors import FullgraphError
 
@@ -194,6 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
     p_conv.add_argument("--symmetrize", action=argparse.BooleanOptionalAction, default=False)
     p_conv.add_argument("--input", help="ogb: directory in the OGB raw layout")
     p_conv.add_argument("--seed", type=int, default=0, help="split seed when no masks are given")
+    cli_outputs.add_parsers(sub)  # predict, evaluate
     return parser
 
 
@@ -389,6 +390,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
 COMMANDS = {"train": cmd_train, "config": cmd_config, "datasets": cmd_datasets,
             "generate": cmd_generate, "convert": cmd_convert, "partition": cmd_partition}
+COMMANDS.update(cli_outputs.COMMANDS)
 
 if __name__ == "__main__":
     sys.exit(main())

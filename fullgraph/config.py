@@ -151,7 +151,13 @@ class ModelConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class TrainConfig:
-    """Optimiser, epochs, seed, device and reporting."""
+    """Optimiser, epochs, seed, device and reporting; checkpoints and the saved model.
+
+    ``checkpoint_dir`` gets a checkpoint every ``checkpoint_every`` epochs and after the
+    last; ``resume`` names a checkpoint directory to continue from (see
+    ``fullgraph.checkpoint``); ``save_model`` is where the best-validation model goes
+    (see ``fullgraph.saved``).
+    """
 
     epochs: int = option(200, "training epochs (one optimiser step each)")
     lr: float = option(0.01, "Adam learning rate")
@@ -166,9 +172,20 @@ class TrainConfig:
     log_level: str = option("info", "what is printed: debug (also tracebacks), info (header, "
                             "epochs, summary), warning (warnings and errors only), error",
                             choices=LOG_LEVELS)
+    checkpoint_dir: str | None = option(None, "write checkpoints into this directory "
+                                        "(every --checkpoint-every epochs and at the end)")
+    checkpoint_every: int = option(10, "epochs between checkpoints")
+    resume: str | None = option(None, "continue the run from the checkpoint in this directory")
+    save_model: str | None = option(None, "write the best-validation model to this file "
+                                    "(load it with fullgraph.load_model)")
 
     def __post_init__(self) -> None:
         _require(self.epochs >= 1, "train", "epochs", self.epochs, ">= 1")
+        _require(self.checkpoint_every >= 1, "train", "checkpoint_every", self.checkpoint_every,
+                 ">= 1")
+        if self.checkpoint_every != 10 and self.checkpoint_dir is None:
+            warnings.warn("train option checkpoint_every has no effect without checkpoint_dir",
+                          stacklevel=3)
         _require(self.lr > 0, "train", "lr", self.lr, "> 0")
         _require(self.weight_decay >= 0, "train", "weight_decay", self.weight_decay, ">= 0")
         _require(self.eval_every >= 1, "train", "eval_every", self.eval_every, ">= 1")

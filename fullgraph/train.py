@@ -4,7 +4,8 @@ Full-graph training: one optimiser step (Adam) per epoch, evaluation on the trai
 validation and test masks after it, and the model with the best validation accuracy
 kept (its test accuracy is the reported result). Fixed seeds give identical results
 on CPU: parameters come from ``torch.manual_seed(seed)`` and every dropout mask is
-keyed by (seed, epoch, stage, vertex), see ``fullgraph.ops.dropout``.
+keyed by (seed, epoch, stage, vertex), see ``fullgraph.ops.dropout``. So a run
+resumed from a checkpoint (``fullgraph.checkpoint``) goes on bit for bit.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from typing import Any
 
 import torch
 
+from fullgraph.checkpoint import Checkpointer, run_facts
 from fullgraph.comm.group import Comm
 from fullgraph.comm.primitives import all_gather_object
 from fullgraph.config import Config
@@ -83,6 +85,10 @@ def check_before_launch(cfg: Config, dataset: Dataset, workers: int) -> None:
         DataError: the partition file is unreadable or for another graph.
     """
     check_device(cfg.train.device)
+    if cfg.train.resume:  # a checkpoint of another run: refused before any worker starts
+        from fullgraph.checkpoint import check_resumable
+
+        check_resumable(cfg, dataset)
     if cfg.runtime.spmm_backend == "numba" and not kernels.HAVE_NUMBA:
         raise MissingExtraError(missing_message("numba", "runtime.spmm_backend: 'numba'") +
                                 " (or use --spmm-backend torch)")
@@ -158,18 +164,21 @@ def train(dataset: Dataset, cfg: Config, *, reporter: Reporter | None = None,
     optimizer = torch.optim.Adam(model.parameters(), lr=cfg.train.lr,
                                  weight_decay=cfg.train.weight_decay)
     world = comm.world_size if comm is not None else 1
+    rank = comm.rank if comm is not None else 0
+    ckpt = Checkpointer(dataset, cfg, rank, dtype, run_facts(cfg, world, plan))
+    state = ckpt.resume(model, optimizer)
     reporter.header(_header_lines(dataset, model, cfg, device, setup_s, world)
-                    + strategy.describe(model, plan) + (header or []),
+                    + strategy.describe(model, plan) + (header or []) + ckpt.header_lines(),
                     {"config": cfg.to_dict(), "dataset": dataset.summary(),
                      "program": model.signature(), "device": str(device), "workers": world,
-                     "threads": torch.get_num_threads(), "setup_s": setup_s})
+                     "threads": torch.get_num_threads(), "setup_s": setup_s,
+                     "resumed_after": state.epoch})
     profiler = Profiler(comm, device, strategy.work(model, plan))
-    records: list[EpochRecord] = []
+    records: list[EpochRecord] = state.records
     profiles: list[Any] = []
-    best: tuple[float, int, float, float, dict[str, Any] | None] = (
-        -1.0, 0, float("nan"), float("nan"), None)
+    best: tuple[float, int, float, float, dict[str, Any] | None] = state.best
     start = time.perf_counter()
-    for epoch in range(1, cfg.train.epochs + 1):
+    for epoch in range(state.epoch + 1, cfg.train.epochs + 1):
         profiler.begin()
         phase(f"epoch {epoch} training step")
         stats = strategy.train_step(model, plan, optimizer, seed=step_seed(cfg.train.seed, epoch))
@@ -195,8 +204,22 @@ def train(dataset: Dataset, cfg: Config, *, reporter: Reporter | None = None,
             for hook in (strategy, *adapters):
                 hook.between_epochs(model, plan, epoch, prof)
             profiler.work = strategy.work(model, plan)  # the plan may have changed
+        ckpt.after_epoch(epoch, model, optimizer, best, records)
     phase("done")
-    return _finish(records, profiles, best, time.perf_counter() - start, model, reporter)
+    result = _finish(records, profiles, best, time.perf_counter() - start, model, reporter)
+    if cfg.train.save_model and rank == 0:
+        _save_model(cfg, result, dataset, world)
+    return result
+
+
+def _save_model(cfg: Config, result: TrainResult, dataset: Dataset, world: int) -> None:
+    from fullgraph.saved import save_model
+
+    save_model(cfg.train.save_model, result.model, cfg, dataset,  # type: ignore[arg-type]
+               {"best_epoch": result.best_epoch, "val_acc": result.best_val,
+                "test_acc": result.test_at_best, "train_acc": result.train_at_best,
+                "epochs": len(result.epochs), "strategy": cfg.runtime.strategy,
+                "workers": world})
 
 
 def _finish(records: list[EpochRecord], profiles: list[list[EpochProfile]], best: tuple,

@@ -1,0 +1,277 @@
+"""Checkpoints of a training run: written atomically by one worker, resumable anywhere.
+
+Every strategy keeps a whole replica of the model on every worker (gradients are
+all-reduced), so rank 0's parameters are the model in its single-process form: a
+checkpoint belongs to the model, not to the strategy, and a run checkpointed with one
+strategy and worker count may resume with another.
+
+A checkpoint holds what the loop needs to go on as if never stopped: parameters and
+buffers, the Adam state, the epoch, the best-validation state (its accuracies and
+parameters) and the epoch records so far. Every dropout mask is a function of
+(seed, epoch, stage, vertex) (``fullgraph.ops.dropout``), so the seed and the epoch
+are the whole random state of training; the torch CPU generator is saved as well, for
+anything else that draws from it. On CPU, a resumed run with the same strategy and
+worker count is bit-equal to the uninterrupted one.
+
+It also holds a fingerprint: digests of the dataset (topology, features, labels,
+masks), the model options and the optimisation options (lr, weight decay, seed). A
+resume with another fingerprint is refused, naming the differences. The strategy,
+worker count and partition are recorded but not checked: they decide where rows are
+computed, not what is computed.
+
+File: ``DIR/checkpoint.pt``, tensors and plain containers only (read with
+``torch.load(weights_only=True)``). It is written to ``DIR/.checkpoint.pt.<pid>.tmp``,
+flushed to disk, then renamed over the previous one: a reader finds the previous
+checkpoint or the new one, never part of one, even when the writer is killed.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from fullgraph.config import Config
+from fullgraph.errors import ConfigError
+from fullgraph.graph.data import Dataset
+from fullgraph.report import EpochRecord
+
+FORMAT = "fullgraph-checkpoint"
+VERSION = 1
+FILE_NAME = "checkpoint.pt"
+
+Best = tuple  # (val, epoch, test, train, params or None), as kept by ``train``
+
+
+def no_best() -> Best:
+    """The best-validation state before any evaluation."""
+    return (-1.0, 0, float("nan"), float("nan"), None)
+
+
+@dataclass
+class LoopState:
+    """Where the training loop stands after ``epoch`` epochs."""
+
+    epoch: int = 0
+    best: Best = field(default_factory=no_best)
+    records: list[EpochRecord] = field(default_factory=list)
+
+
+def digest(*tensors: Tensor) -> str:
+    """A short BLAKE2 digest of the tensors' dtypes, shapes and bytes."""
+    h = hashlib.blake2b(digest_size=16)
+    for t in tensors:
+        t = t.detach().cpu().contiguous()
+        h.update(f"{t.dtype}{tuple(t.shape)};".encode())
+        if t.numel():
+            h.update(t.reshape(-1).view(torch.uint8).numpy().data)
+    return h.hexdigest()
+
+
+def dataset_fingerprint(dataset: Dataset) -> dict[str, Any]:
+    """Sizes and content digests of a dataset as trained on (options applied)."""
+    g, d = dataset.graph, dataset.data
+    return {"vertices": g.num_nodes, "edges": g.num_edges, "features": d.num_features,
+            "classes": d.num_classes, "topology": digest(g.indptr, g.indices),
+            "feature values": digest(d.features), "labels": digest(d.labels),
+            "masks": digest(d.train_mask, d.val_mask, d.test_mask)}
+
+
+def model_fingerprint(cfg: Config, dtype: torch.dtype) -> dict[str, Any]:
+    """The options the model is built from (those with an effect) and its dtype."""
+    return {"name": cfg.model.name, "hidden": cfg.model.hidden,
+            **cfg.model.build_options(), "dtype": str(dtype).replace("torch.", "")}
+
+
+def run_fingerprint(dataset: Dataset, cfg: Config, dtype: torch.dtype) -> dict[str, Any]:
+    """What must match for a checkpoint to continue this run."""
+    return {"dataset": dataset_fingerprint(dataset), "model": model_fingerprint(cfg, dtype),
+            "optimiser": {"lr": cfg.train.lr, "weight_decay": cfg.train.weight_decay,
+                          "seed": cfg.train.seed}}
+
+
+def differences(saved: Any, current: Any, where: str = "") -> list[str]:
+    """``where.key: A in the checkpoint, B here`` for every leaf that differs."""
+    if isinstance(saved, dict) and isinstance(current, dict):
+        out = []
+        for key in sorted(set(saved) | set(current), key=str):
+            out += differences(saved.get(key), current.get(key),
+                               f"{where}.{key}" if where else str(key))
+        return out
+    return [] if saved == current else [f"{where}: {saved!r} in the checkpoint, {current!r} here"]
+
+
+def check_fingerprint(saved: dict[str, Any], current: dict[str, Any], source: str) -> None:
+    """Refuse a checkpoint of another dataset, model or optimisation, naming each difference.
+
+    Raises:
+        ConfigError: some part differs.
+    """
+    diffs = differences(saved, current)
+    if diffs:
+        parts = sorted({d.split(".", 1)[0] for d in diffs})
+        raise ConfigError(f"{source}: the checkpoint is of another {' and '.join(parts)}: "
+                          + "; ".join(diffs))
+
+
+def run_facts(cfg: Config, world: int, plan: Any) -> dict[str, Any]:
+    """Strategy, worker count and partition of a run (recorded, never checked)."""
+    book = getattr(plan, "book", None)
+    return {"strategy": cfg.runtime.strategy, "workers": world,
+            "partition": None if book is None else digest(torch.as_tensor(book.part_of))}
+
+
+def to_cpu(tree: Any) -> Any:
+    """``tree`` with every tensor copied to the CPU (dicts, lists and tuples followed)."""
+    if isinstance(tree, Tensor):
+        return tree.detach().to("cpu", copy=True)
+    if isinstance(tree, dict):
+        return {k: to_cpu(v) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(to_cpu(v) for v in tree)
+    return tree
+
+
+def write_atomic(path: Path, payload: Any) -> None:
+    """``torch.save`` to a temporary file beside ``path``, fsync, then rename over it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(payload, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    try:  # make the rename itself durable
+        fd = os.open(path.parent, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def read(directory: str | Path, what: str = "train.resume") -> dict[str, Any]:
+    """The checkpoint in ``directory``, loaded with ``weights_only=True``.
+
+    Raises:
+        ConfigError: there is none, or the file is not a fullgraph checkpoint.
+    """
+    path = Path(directory) / FILE_NAME
+    if not path.is_file():
+        raise ConfigError(f"{what}: no checkpoint in {directory} ({FILE_NAME} not found)")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # unpickling errors of every kind
+        raise ConfigError(f"{what}: {path} is not a readable checkpoint: "
+                          f"{str(exc).splitlines()[0]}") from None
+    if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
+        raise ConfigError(f"{what}: {path} is not a fullgraph checkpoint")
+    if ckpt.get("version") != VERSION:
+        raise ConfigError(f"{what}: {path} has checkpoint version {ckpt.get('version')}; "
+                          f"this fullgraph reads version {VERSION}")
+    return ckpt
+
+
+def check_resumable(cfg: Config, dataset: Dataset, dtype: torch.dtype = torch.float32) -> None:
+    """Refuse ``train.resume`` if it holds no checkpoint of this run (see ``Checkpointer``).
+
+    Raises:
+        ConfigError: as ``Checkpointer.resume`` would.
+    """
+    if cfg.train.resume is not None:
+        _checked(read(cfg.train.resume), run_fingerprint(dataset, cfg, dtype), cfg)
+
+
+def _checked(ckpt: dict[str, Any], fingerprint: dict[str, Any], cfg: Config) -> dict[str, Any]:
+    source = cfg.train.resume
+    check_fingerprint(ckpt["fingerprint"], fingerprint, f"train.resume: {source}")
+    if ckpt["epoch"] > cfg.train.epochs:
+        raise ConfigError(f"train.resume: {source} is at epoch {ckpt['epoch']}, past "
+                          f"train.epochs {cfg.train.epochs}")
+    return ckpt
+
+
+class Checkpointer:
+    """Resumes a run from ``train.resume`` and writes checkpoints to ``train.checkpoint_dir``.
+
+    Args:
+        dataset: the run's dataset (for the fingerprint, computed only when needed).
+        cfg: the run's options.
+        rank: this worker's rank; only rank 0 writes.
+        dtype: of the parameters.
+        facts: strategy, worker count and partition (``run_facts``).
+    """
+
+    def __init__(self, dataset: Dataset, cfg: Config, rank: int, dtype: torch.dtype,
+                 facts: dict[str, Any]) -> None:
+        self.dataset, self.cfg, self.dtype, self.facts = dataset, cfg, dtype, facts
+        self.writer = rank == 0 and cfg.train.checkpoint_dir is not None
+        self.resumed_from: dict[str, Any] | None = None
+        self._fingerprint: dict[str, Any] | None = None
+
+    @property
+    def fingerprint(self) -> dict[str, Any]:
+        if self._fingerprint is None:
+            self._fingerprint = run_fingerprint(self.dataset, self.cfg, self.dtype)
+        return self._fingerprint
+
+    def resume(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> LoopState:
+        """Restore ``model`` and ``optimizer`` from ``train.resume``; a fresh state if unset.
+
+        Raises:
+            ConfigError: no usable checkpoint there, one of another run (see
+                ``check_fingerprint``), or one past ``train.epochs``.
+        """
+        source = self.cfg.train.resume
+        if source is None:
+            return LoopState()
+        ckpt = _checked(read(source), self.fingerprint, self.cfg)
+        model.load_state_dict(ckpt["model"])
+        optimizer.load_state_dict(ckpt["optimizer"])
+        torch.set_rng_state(ckpt["rng"])
+        best = ckpt["best"]
+        self.resumed_from = {"epoch": ckpt["epoch"], **ckpt["run"]}
+        return LoopState(ckpt["epoch"],
+                         (best["val"], best["epoch"], best["test"], best["train"], best["params"]),
+                         [EpochRecord(**r) for r in ckpt["records"]])
+
+    def header_lines(self) -> list[str]:
+        """A report line on where the run resumed from, if it did."""
+        r = self.resumed_from
+        if r is None:
+            return []
+        return [f"resume   from {self.cfg.train.resume} after epoch {r['epoch']} (saved by "
+                f"strategy {r['strategy']} on {r['workers']} worker(s))"]
+
+    def after_epoch(self, epoch: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                    best: Best, records: list[EpochRecord]) -> None:
+        """Write a checkpoint after every ``checkpoint_every``-th epoch and the last one."""
+        t = self.cfg.train
+        if not self.writer or (epoch % t.checkpoint_every and epoch != t.epochs):
+            return
+        assert t.checkpoint_dir is not None
+        payload = {
+            "format": FORMAT, "version": VERSION, "epoch": epoch,
+            "model": to_cpu(model.state_dict()), "optimizer": to_cpu(optimizer.state_dict()),
+            "best": {"val": best[0], "epoch": best[1], "test": best[2], "train": best[3],
+                     "params": to_cpu(best[4])},
+            "records": [dataclasses.asdict(r) for r in records],
+            "rng": torch.get_rng_state(), "fingerprint": self.fingerprint, "run": self.facts,
+            "config_json": json.dumps(self.cfg.to_dict(), default=str)}
+        path = Path(t.checkpoint_dir) / FILE_NAME
+        write_atomic(path, payload)
+        for stale in path.parent.glob(f".{FILE_NAME}.*.tmp"):  # left by a killed writer
+            stale.unlink(missing_ok=True)

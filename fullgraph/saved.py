@@ -1,0 +1,164 @@
+"""Saved models: ``train --save-model``, ``fullgraph.load_model``, predict and evaluate.
+
+A saved model is the best-validation model of a run in its single-process form (every
+strategy keeps a whole replica of the parameters, so rank 0 writes it whatever the
+strategy and worker count), with the options to rebuild it and the data options it
+was trained under (feature storage, row normalisation, split seed). It is a
+``torch.save`` dict of tensors and plain containers, read with ``weights_only=True``.
+
+``load_model(path)`` gives a ``SavedModel``: a plain ``torch.nn.Module`` that maps
+(graph, features) of a whole graph to logits on one device.
+"""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from fullgraph.checkpoint import dataset_fingerprint, to_cpu, write_atomic
+from fullgraph.config import Config
+from fullgraph.errors import ConfigError
+from fullgraph.graph.csr import Graph
+from fullgraph.graph.data import Dataset
+from fullgraph.models import build_model
+from fullgraph.models.base import GNN
+from fullgraph.models.stages import LayerInput, StageContext, propagation_inputs
+from fullgraph.models.walk import GraphRunner, walk
+
+FORMAT = "fullgraph-model"
+VERSION = 1
+DATA_OPTIONS = ("dataset", "feature_dtype", "normalize_features", "split_seed")
+"""The ``data`` options a saved model keeps: which dataset, and how it was prepared."""
+
+
+class SavedModel(nn.Module):
+    """A trained model as a plain module: ``model(graph, features)`` -> (N, C) logits.
+
+    Args:
+        program: the stage program (a ``GNN``) with its trained parameters.
+        meta: what the file says about the model and its training (``options``,
+            ``data``, ``dataset``, ``trained``).
+
+    Attributes:
+        program: the model's stages (its parameters are this module's).
+        meta: as given.
+    """
+
+    def __init__(self, program: GNN, meta: dict[str, Any]) -> None:
+        super().__init__()
+        self.program = program
+        self.meta = meta
+
+    def forward(self, graph: Graph | Tensor, features: Tensor) -> Tensor:
+        """Logits of every vertex.
+
+        Args:
+            graph: a fullgraph ``Graph``, or a (2, E) ``edge_index`` (row 0 sources,
+                row 1 destinations) over ``features.shape[0]`` vertices.
+            features: (N, F) input features.
+        """
+        return self._run(graph, features, stop=None)
+
+    def embed(self, graph: Graph | Tensor, features: Tensor) -> Tensor:
+        """The last hidden layer's rows (the input of the last layer), (N, hidden).
+
+        Raises:
+            ValueError: the model has one layer, so no hidden layer.
+        """
+        starts = [s.index for s in self.program.stages if isinstance(s, LayerInput)]
+        if len(starts) < 2:
+            raise ValueError("a one-layer model has no hidden layer to take embeddings from")
+        return self._run(graph, features, stop=starts[-1])
+
+    def _run(self, graph: Graph | Tensor, features: Tensor, stop: int | None) -> Tensor:
+        n = int(features.shape[0])
+        if not isinstance(graph, Graph):
+            graph = Graph.from_edges(graph[0], graph[1], n)
+        if graph.num_nodes != n:
+            raise ValueError(f"the graph has {graph.num_nodes} vertices but features have {n} rows")
+        if features.shape[1] != self.program.in_dim:
+            raise ValueError(f"the model takes {self.program.in_dim} feature columns, "
+                             f"got {features.shape[1]}")
+        param = next(self.program.parameters())
+        graph, norms = propagation_inputs(self.program, graph.to(param.device), param.dtype)
+        ctx = StageContext(torch.arange(n, device=param.device), 0, self.training,
+                           torch.arange(graph.num_edges, device=param.device))
+        return walk(self.program, GraphRunner(graph, norms, ctx),
+                    features.to(param.device, param.dtype), stop=stop)
+
+
+def save_model(path: str | Path, model: GNN, cfg: Config, dataset: Dataset,
+               trained: dict[str, Any]) -> None:
+    """Write ``model`` (single-process form) with its options to ``path``, atomically.
+
+    Args:
+        path: the file to write.
+        model: the trained model.
+        cfg: the run's options (model and data sections are kept).
+        dataset: the dataset it was trained on (its fingerprint is kept).
+        trained: facts about the run (best epoch, accuracies, strategy, workers).
+    """
+    data = dataclasses.asdict(cfg.data)
+    param = next(model.parameters())
+    payload = {
+        "format": FORMAT, "version": VERSION,
+        "model": {"name": cfg.model.name, "in_dim": model.in_dim, "hidden": cfg.model.hidden,
+                  "out_dim": model.out_dim, "options": cfg.model.build_options(),
+                  "dtype": str(param.dtype).replace("torch.", "")},
+        "data": {k: data[k] for k in DATA_OPTIONS},
+        "dataset": dataset_fingerprint(dataset),
+        "trained": trained,
+        "state_dict": to_cpu(model.state_dict())}
+    write_atomic(Path(path), payload)
+
+
+def load_model(path: str | Path) -> SavedModel:
+    """The model saved at ``path`` (by ``train --save-model``), on the CPU, in eval mode.
+
+    Raises:
+        ConfigError: the file is missing or not a saved fullgraph model.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"model: {path} not found")
+    try:
+        saved = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # unpickling errors of every kind
+        raise ConfigError(f"model: {path} is not readable: {str(exc).splitlines()[0]}") from None
+    if not isinstance(saved, dict) or saved.get("format") != FORMAT:
+        raise ConfigError(f"model: {path} is not a saved fullgraph model")
+    if saved.get("version") != VERSION:
+        raise ConfigError(f"model: {path} has format version {saved.get('version')}; this "
+                          f"fullgraph reads version {VERSION}")
+    m = saved["model"]
+    program = build_model(m["name"], m["in_dim"], m["hidden"], m["out_dim"], **m["options"])
+    program = program.to(getattr(torch, m["dtype"]))
+    program.load_state_dict(saved["state_dict"])
+    meta = {k: saved[k] for k in ("model", "data", "dataset", "trained")}
+    return SavedModel(program, meta).eval()
+
+
+def load_dataset_for(model: SavedModel, dataset: str | None = None,
+                     root: str | None = None) -> Dataset:
+    """``dataset`` (default: the one trained on) prepared as the model's training data was."""
+    from fullgraph.config import DataConfig
+    from fullgraph.graph import datasets
+
+    opts = dict(model.meta["data"])
+    if dataset is not None:
+        opts["dataset"] = dataset
+    return datasets.load_for(DataConfig(root=root, **opts))
+
+
+@torch.no_grad()
+def accuracy(model: SavedModel, dataset: Dataset) -> dict[str, tuple[int, int]]:
+    """(correct, total) of ``model`` on each split of ``dataset``."""
+    d = dataset.data
+    pred = model(dataset.graph, d.features).argmax(dim=1)
+    hit = pred == d.labels
+    return {name: (int((hit & mask).sum()), int(mask.sum()))
+            for name, mask in (("train", d.train_mask), ("val", d.val_mask),
+                               ("test", d.test_mask))}

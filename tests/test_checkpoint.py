@@ -1,0 +1,188 @@
+"""Checkpoints: exact resume for every strategy, resume on another strategy or worker
+count, refusal of another run's checkpoint, and atomic writes.
+
+The distributed runs share two spawns: one of 2 workers (every strategy: uninterrupted,
+stopped after 2 epochs, resumed; and data -> tensor), one of 3 workers (resuming the
+2-worker data checkpoint). Rank 0 writes its losses to ``losses.json``; parameters are
+compared through the checkpoints themselves.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from harness import run_ranks
+
+from fullgraph import checkpoint
+from fullgraph.config import Config, ModelConfig, RuntimeConfig, TrainConfig
+from fullgraph.errors import ConfigError
+from fullgraph.graph.synthetic import sbm
+from fullgraph.train import check_before_launch, train
+
+EPOCHS, STOP = 4, 2
+MODEL = ModelConfig(name="gat", hidden=5, heads=2, dropout=0.5, attn_dropout=0.3)
+STRATEGIES = ("data", "tensor", "p2p")
+
+
+def make_dataset():
+    return sbm(67, 3, avg_degree=5.0, num_features=9, seed=11)
+
+
+def config(strategy: str, epochs: int, out: Path | None, resume: Path | None = None,
+           every: int = 1, model: ModelConfig = MODEL) -> Config:
+    where = {} if out is None else {"checkpoint_dir": str(out), "checkpoint_every": every}
+    return Config(model=model, runtime=RuntimeConfig(strategy=strategy),
+                  train=TrainConfig(epochs=epochs, lr=0.05, **where,
+                                    resume=None if resume is None else str(resume)))
+
+
+def losses(result) -> list[float]:
+    return [r.loss for r in result.epochs]
+
+
+def assert_same_params(dir_a: Path, dir_b: Path, exact: bool = True) -> None:
+    a, b = checkpoint.read(dir_a), checkpoint.read(dir_b)
+    assert a["epoch"] == b["epoch"] and a["model"].keys() == b["model"].keys()
+    for key, value in a["model"].items():
+        if exact:
+            assert torch.equal(value, b["model"][key]), key
+        else:
+            torch.testing.assert_close(value, b["model"][key], rtol=1e-4, atol=1e-6)
+    if exact:  # the Adam state too
+        for i, state in a["optimizer"]["state"].items():
+            for name, value in state.items():
+                assert torch.equal(value, b["optimizer"]["state"][i][name]), (i, name)
+
+
+def test_single_process_resume_is_bit_equal(tmp_path):
+    ds = make_dataset()
+    full = train(ds, config("single", EPOCHS, tmp_path / "full", every=3))
+    first = train(ds, config("single", STOP, tmp_path / "part", every=3))
+    assert checkpoint.read(tmp_path / "part")["epoch"] == STOP  # the end is always written
+    resumed = train(ds, config("single", EPOCHS, tmp_path / "part", resume=tmp_path / "part"))
+    assert losses(resumed) == losses(full) and losses(first) == losses(full)[:STOP]
+    assert resumed.epochs[:STOP] == first.epochs  # the history is kept, timings included
+    assert (resumed.best_epoch, resumed.best_val, resumed.test_at_best) == (
+        full.best_epoch, full.best_val, full.test_at_best)
+    for (ka, va), (kb, vb) in zip(full.model.state_dict().items(),
+                                  resumed.model.state_dict().items()):
+        assert ka == kb and torch.equal(va, vb), ka  # the best-validation model
+    assert_same_params(tmp_path / "full", tmp_path / "part")
+
+
+def _two_workers(comm, out: str) -> None:
+    """Every strategy: uninterrupted, stopped after STOP epochs, resumed; data -> tensor."""
+    out_dir, ds, record = Path(out), make_dataset(), {}
+    for s in STRATEGIES:
+        record[f"{s} full"] = losses(train(ds, config(s, EPOCHS, out_dir / f"{s}-full"), comm=comm))
+        train(ds, config(s, STOP, out_dir / f"{s}-part"), comm=comm)
+        if s == "data" and comm.rank == 0:  # kept for the 3-worker resume
+            shutil.copytree(out_dir / "data-part", out_dir / "stop2")
+        if s == "data":  # another strategy resumes the data checkpoint (written elsewhere)
+            cross = train(ds, config("tensor", EPOCHS, out_dir / "data-to-tensor",
+                                     resume=out_dir / "data-part"), comm=comm)
+            record["data -> tensor"] = losses(cross)
+        resumed = train(ds, config(s, EPOCHS, out_dir / f"{s}-part", resume=out_dir / f"{s}-part"),
+                        comm=comm)
+        record[f"{s} resumed"] = losses(resumed)
+    if comm.rank == 0:
+        (out_dir / "losses.json").write_text(json.dumps(record))
+
+
+def _three_workers(comm, out: str) -> None:
+    out_dir, ds = Path(out), make_dataset()
+    # data-part was resumed in place to EPOCHS: use the copy saved after STOP epochs
+    resumed = train(ds, config("data", EPOCHS, out_dir / "data-3", resume=out_dir / "stop2"),
+                    comm=comm)
+    if comm.rank == 0:
+        (out_dir / "losses3.json").write_text(json.dumps(losses(resumed)))
+
+
+@pytest.fixture(scope="module")
+def two_worker_runs(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ckpt2")
+    run_ranks(_two_workers, 2, out, str(out))
+    return out, json.loads((out / "losses.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def single_losses():
+    return losses(train(make_dataset(), config("single", EPOCHS, None)))
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_distributed_resume_is_bit_equal(two_worker_runs, strategy):
+    out, record = two_worker_runs
+    assert len(record[f"{strategy} full"]) == EPOCHS
+    assert record[f"{strategy} resumed"] == record[f"{strategy} full"]
+    assert_same_params(out / f"{strategy}-full", out / f"{strategy}-part")
+
+
+@pytest.mark.dist
+def test_resume_with_another_strategy(two_worker_runs, single_losses):
+    out, record = two_worker_runs
+    torch.testing.assert_close(record["data -> tensor"], single_losses, rtol=1e-5, atol=1e-6)
+    assert checkpoint.read(out / "data-to-tensor")["run"]["strategy"] == "tensor"
+    assert_same_params(out / "data-to-tensor", out / "data-full", exact=False)
+
+
+@pytest.mark.dist
+def test_resume_on_another_worker_count(two_worker_runs, single_losses, tmp_path):
+    out, _ = two_worker_runs
+    saved = checkpoint.read(out / "stop2")
+    assert (saved["epoch"], saved["run"]["workers"]) == (STOP, 2)
+    run_ranks(_three_workers, 3, tmp_path, str(out))
+    three = json.loads((out / "losses3.json").read_text())
+    torch.testing.assert_close(three, single_losses, rtol=1e-5, atol=1e-6)
+    assert checkpoint.read(out / "data-3")["run"]["workers"] == 3
+    assert_same_params(out / "data-3", out / "data-full", exact=False)
+
+
+def test_checkpoint_of_another_run_is_refused_naming_the_difference(tmp_path):
+    ds = make_dataset()
+    train(ds, config("single", STOP, tmp_path))
+    other_model = dataclasses.replace(MODEL, hidden=7)
+    with pytest.raises(ConfigError, match=r"^train.resume: .*: the checkpoint is of another "
+                       r"model: model.hidden: 5 in the checkpoint, 7 here$"):
+        train(ds, config("single", EPOCHS, None, resume=tmp_path, model=other_model))
+    other_data = make_dataset()
+    other_data.data.labels[0] = (other_data.data.labels[0] + 1) % 3
+    with pytest.raises(ConfigError, match=r"another dataset: dataset.labels: '[0-9a-f]+' in the "
+                       r"checkpoint, '[0-9a-f]+' here$"):
+        train(other_data, config("single", EPOCHS, None, resume=tmp_path))
+    # found before any worker starts, too; another strategy or worker count is no mismatch
+    with pytest.raises(ConfigError, match=r"is at epoch 2, past train.epochs 1$"):
+        check_before_launch(config("data", 1, None, resume=tmp_path), ds, 2)
+    check_before_launch(config("data", EPOCHS, None, resume=tmp_path), ds, 2)
+    with pytest.raises(ConfigError, match=r"no checkpoint in .*nowhere \(checkpoint.pt not found"):
+        train(ds, config("single", EPOCHS, None, resume=tmp_path / "nowhere"))
+
+
+def test_checkpoint_every_without_a_directory_warns():
+    with pytest.warns(UserWarning, match="checkpoint_every has no effect without checkpoint_dir"):
+        TrainConfig(checkpoint_every=5)
+
+
+def test_failed_write_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    """A write that dies after part of the file leaves the previous checkpoint whole."""
+    ds = make_dataset()
+    train(ds, config("single", STOP, tmp_path))
+    before = (tmp_path / checkpoint.FILE_NAME).read_bytes()
+    real_save = torch.save
+
+    def partial_save(obj, f, *args, **kwargs):
+        real_save(obj, f, *args, **kwargs)
+        f.truncate(100)  # half-written, then the writer dies
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(torch, "save", partial_save)
+    with pytest.raises(KeyboardInterrupt):
+        train(ds, config("single", EPOCHS, tmp_path, resume=tmp_path))
+    assert (tmp_path / checkpoint.FILE_NAME).read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == [checkpoint.FILE_NAME]
+    assert checkpoint.read(tmp_path)["epoch"] == STOP
