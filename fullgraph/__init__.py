@@ -8,6 +8,19 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
+from typing import Any  # noqa: E402
+
 from fullgraph.errors import DataError, FullgraphError  # noqa: E402
 
-__all__ = ["DataError", "FullgraphError", "__version__"]
+__all__ = ["DataError", "FitResult", "FullgraphError", "__version__", "fit"]
+
+_LAZY = {"fit": "fullgraph.api", "FitResult": "fullgraph.api"}
+
+
+def __getattr__(name: str) -> Any:
+    """``fit`` and ``FitResult`` on first use, so ``import fullgraph`` stays light."""
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'fullgraph' has no attribute {name!r}")
