@@ -15,8 +15,6 @@ from fullgraph.errors import ConfigError
 from fullgraph.graph.formats.pyg import to_pyg
 from fullgraph.graph.synthetic import sbm
 
-pytestmark = pytest.mark.dist
-
 
 def test_import_fullgraph_stays_light() -> None:
     code = ("import sys, fullgraph; assert callable(fullgraph.__getattr__); "
@@ -26,6 +24,7 @@ def test_import_fullgraph_stays_light() -> None:
     assert out.stdout.strip() == "False"
 
 
+@pytest.mark.dist
 def test_readme_example_trains_on_two_workers(readme_api_run) -> None:
     ns, where = readme_api_run
     result = ns["result"]
@@ -40,6 +39,7 @@ def test_readme_example_trains_on_two_workers(readme_api_run) -> None:
     assert (where / "cora-run.jsonl").is_file()
 
 
+@pytest.mark.dist
 def test_launched_workers_return_the_single_process_model(readme_api_run) -> None:
     """The model rank 0 hands back is the one the single-process executor trains."""
     launched = readme_api_run[0]["result"]
@@ -52,6 +52,7 @@ def test_launched_workers_return_the_single_process_model(readme_api_run) -> Non
         torch.testing.assert_close(p, q, atol=1e-5, rtol=1e-4, msg=name)
 
 
+@pytest.mark.dist
 def test_in_memory_dataset_on_launched_tensor_workers(tmp_path) -> None:
     ds = sbm(67, 3, avg_degree=5.0, num_features=9, seed=11)
     opts = dict(model="sage", epochs=3, hidden=5, lr=0.05)
