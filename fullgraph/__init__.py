@@ -8,9 +8,12 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from typing import Any  # noqa: E402
+from typing import TYPE_CHECKING, Any  # noqa: E402
 
 from fullgraph.errors import DataError, FullgraphError  # noqa: E402
+
+if TYPE_CHECKING:  # for type checkers and editors; at run time __getattr__ loads them
+    from fullgraph.api import FitResult, fit
 
 __all__ = ["DataError", "FitResult", "FullgraphError", "__version__", "fit"]
 

@@ -2,6 +2,7 @@
 returning the single-process model, PyG ``Data`` (real and duck-typed) and bad input."""
 from __future__ import annotations
 
+import json
 import math
 import subprocess
 import sys
@@ -36,7 +37,11 @@ def test_readme_example_trains_on_two_workers(readme_api_run) -> None:
     best = result.history[result.best_epoch - 1]
     assert best["test_acc"] == result.test_accuracy and best["val_acc"] == result.val_accuracy
     assert isinstance(ns["model"], torch.nn.Module) and not ns["model"].training
-    assert (where / "cora-run.jsonl").is_file()
+    run = json.loads((where / "cora-run.jsonl").read_text().splitlines()[0])
+    expected = result.config.to_dict()
+    expected["train"]["progress"] = "off"  # fit is not verbose
+    assert run["event"] == "run" and run["config"] == expected  # the options reached them
+    assert run["config"]["data"]["normalize_features"] is True
 
 
 @pytest.mark.dist
@@ -88,3 +93,21 @@ def test_pyg_data_real_and_duck_typed_train_alike() -> None:
 def test_bad_input_is_one_clear_error(call, match) -> None:
     with pytest.raises(ConfigError, match=match):
         call()
+
+
+def test_a_failed_launch_raises(monkeypatch) -> None:
+    """A worker failure (the launcher's non-zero exit) is an error, not an empty result."""
+    from fullgraph import launch
+
+    seen = {}
+
+    def failing(argv, workers, **kwargs):
+        seen.update(argv=argv, workers=workers, module=kwargs["module"])
+        return 1
+
+    monkeypatch.setattr(launch, "launch_local", failing)
+    ds = sbm(67, 3, avg_degree=5.0, num_features=9, seed=11)
+    with pytest.raises(fullgraph.FullgraphError, match="a worker failed"):
+        fullgraph.fit(ds, strategy="data", workers=2, epochs=1, partitioner="chunk")
+    assert seen["workers"] == 2 and seen["module"] == "fullgraph.api"
+    assert seen["argv"][:2] == ["train", "--config"]
