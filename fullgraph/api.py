@@ -247,6 +247,10 @@ def _worker_main(argv: list[str]) -> int:
     import fullgraph.train as training
     from fullgraph import cli
 
+    if not os.environ.get(RESULT_ENV):
+        print(f"fullgraph.api: the entry point of the workers of fullgraph.fit ({RESULT_ENV} "
+              "is not set); use `fullgraph train` from a shell", file=sys.stderr)
+        return 2
     real_train = training.train
 
     def train_and_keep(*args: Any, **kwargs: Any) -> Any:

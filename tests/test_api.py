@@ -111,3 +111,11 @@ def test_a_failed_launch_raises(monkeypatch) -> None:
         fullgraph.fit(ds, strategy="data", workers=2, epochs=1, partitioner="chunk")
     assert seen["workers"] == 2 and seen["module"] == "fullgraph.api"
     assert seen["argv"][:2] == ["train", "--config"]
+
+
+def test_the_worker_entry_point_alone_says_what_it_is(monkeypatch, capsys) -> None:
+    from fullgraph.api import RESULT_ENV, _worker_main
+
+    monkeypatch.delenv(RESULT_ENV, raising=False)
+    assert _worker_main(["train", "--epochs", "1"]) == 2
+    assert "use `fullgraph train`" in capsys.readouterr().err
