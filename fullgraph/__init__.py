@@ -9,14 +9,26 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 from pathlib import Path  # noqa: E402
-from typing import TYPE_CHECKING  # noqa: E402
+from typing import TYPE_CHECKING, Any  # noqa: E402
 
 from fullgraph.errors import DataError, FullgraphError  # noqa: E402
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # for type checkers and editors; at run time __getattr__ loads them
+    from fullgraph.api import FitResult, fit
     from fullgraph.saved import SavedModel
 
-__all__ = ["DataError", "FullgraphError", "__version__", "load_model"]
+__all__ = ["DataError", "FitResult", "FullgraphError", "__version__", "fit", "load_model"]
+
+_LAZY = {"fit": "fullgraph.api", "FitResult": "fullgraph.api"}
+
+
+def __getattr__(name: str) -> Any:
+    """``fit`` and ``FitResult`` on first use, so ``import fullgraph`` stays light."""
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'fullgraph' has no attribute {name!r}")
 
 
 def load_model(path: str | Path) -> SavedModel:

@@ -1,5 +1,5 @@
 """Command-line entry point: ``fullgraph train | config | datasets | generate | convert |
-partition``.
+partition | predict | evaluate | report``.
 
 argparse -> one frozen ``Config`` -> train. Every option of ``Config`` is exactly one
 flag, generated from the dataclass fields (a test pins the list); a config file
@@ -195,6 +195,11 @@ def build_parser() -> argparse.ArgumentParser:
     p_conv.add_argument("--input", help="ogb: directory in the OGB raw layout")
     p_conv.add_argument("--seed", type=int, default=0, help="split seed when no masks are given")
     cli_outputs.add_parsers(sub)  # predict, evaluate
+
+    p_rep = sub.add_parser("report", help="PNG figures and an HTML summary of a run's "
+                           "--metrics-out file (needs matplotlib: fullgraph[plots])")
+    p_rep.add_argument("metrics", help="the JSON-lines file of `train --metrics-out`")
+    p_rep.add_argument("--out", required=True, help="directory for the figures and index.html")
     return parser
 
 
@@ -388,9 +393,18 @@ def cmd_convert(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    from fullgraph.plots import write_report
+
+    for path in write_report(args.metrics, args.out):
+        print(f"wrote {path}")
+    return 0
+
+
 COMMANDS = {"train": cmd_train, "config": cmd_config, "datasets": cmd_datasets,
             "generate": cmd_generate, "convert": cmd_convert, "partition": cmd_partition}
 COMMANDS.update(cli_outputs.COMMANDS)
+COMMANDS["report"] = cmd_report
 
 if __name__ == "__main__":
     sys.exit(main())

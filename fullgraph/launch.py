@@ -132,11 +132,13 @@ class WorkerExit:
 
 
 def launch_local(argv: list[str], workers: int, *, timeout_s: float, run_dir: str | None,
-                 threads: int | None, keep_run_dir: bool = False) -> int:
-    """Run ``fullgraph <argv>`` as ``workers`` local processes; return the exit code.
+                 threads: int | None, keep_run_dir: bool = False,
+                 module: str = "fullgraph.cli") -> int:
+    """Run ``python -m <module> <argv>`` as ``workers`` local processes; return the exit code.
 
     A temporary run directory (``run_dir`` None) is removed after success unless
-    ``keep_run_dir``; after a failure it is kept and its path printed.
+    ``keep_run_dir``; after a failure it is kept and its path printed. ``module`` is the
+    workers' entry point: the CLI, or the Python API's (``fullgraph.api``).
     """
     temporary = run_dir is None
     path = Path(run_dir or tempfile.mkdtemp(prefix="fullgraph-run-"))
@@ -146,7 +148,7 @@ def launch_local(argv: list[str], workers: int, *, timeout_s: float, run_dir: st
             old.unlink()
     procs: list[subprocess.Popen] = []
     try:
-        _start(procs, argv, workers, path, threads or threads_per_worker(workers))
+        _start(procs, [module, *argv], workers, path, threads or threads_per_worker(workers))
     except OSError as err:
         for p in procs:
             p.kill()
@@ -169,7 +171,7 @@ def _start(procs: list[subprocess.Popen], argv: list[str], workers: int, run_dir
                    MASTER_PORT=str(port), OMP_NUM_THREADS=str(threads),
                    FULLGRAPH_THREADS=str(threads),
                    **{RUN_DIR_ENV: str(run_dir), SUPERVISED_ENV: "1"})
-        cmd = [sys.executable, "-m", "fullgraph.cli", *argv]
+        cmd = [sys.executable, "-m", *argv]  # argv[0]: the module to run
         if rank == 0:
             procs.append(subprocess.Popen(cmd, env=env))
         else:

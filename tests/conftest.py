@@ -20,3 +20,27 @@ def shared_datasets() -> Path:
     if not path.is_dir():
         pytest.skip(f"shared datasets not found at {path} (set FULLGRAPH_SHARED_DATASETS)")
     return path
+
+
+@pytest.fixture(scope="session")
+def readme_api_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
+    """The README's Python API example run as written (2 launched workers on Cora), in a
+    fresh directory with its own dataset root; its namespace and that directory. Shared
+    by the API and report tests, so the workers are started once."""
+    import re
+
+    text = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+    section = text.split("## Python API", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, re.S)
+    assert code, "README.md: no python block under '## Python API'"
+    where = tmp_path_factory.mktemp("readme-api")
+    patch = pytest.MonkeyPatch()
+    patch.setenv("FULLGRAPH_DATA", str(where / "data"))
+    patch.setenv("OMP_NUM_THREADS", "1")
+    patch.chdir(where)
+    try:
+        namespace: dict = {"__name__": "readme_example"}
+        exec(compile(code.group(1), "README.md (Python API)", "exec"), namespace)
+    finally:
+        patch.undo()
+    return namespace, where

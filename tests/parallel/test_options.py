@@ -65,6 +65,7 @@ def test_config_files_take_the_declared_sections(chunky):
 
 def test_default_config_has_every_declared_section():
     cfg = Config()
-    assert set(cfg.options) == {"partition", "data_parallel", "tensor_parallel", "p2p"}
+    assert set(cfg.options) == {"partition", "data_parallel", "tensor_parallel", "p2p",
+                                "task_parallel"}
     assert set(cfg.to_dict()) == {"data", "model", "train", "runtime", "launch", "partition",
-                                  "data_parallel", "tensor_parallel", "p2p"}
+                                  "data_parallel", "tensor_parallel", "p2p", "task_parallel"}

@@ -1,0 +1,273 @@
+"""The Python API: ``fullgraph.fit`` trains a model from a notebook or a script.
+
+``fit`` takes a dataset (a name or processed directory, a fullgraph ``Dataset``, or a
+PyG ``Data``: any object with ``x``, ``y``, ``edge_index`` and optionally the three
+masks), the options of ``fullgraph train`` as keyword arguments (flag names with
+``_`` for ``-``: ``hidden=32``, ``dep_mode="depcache"``, ...), and returns a
+``FitResult``: the per-epoch history, the trained model (the best-validation
+parameters, on the CPU) and its test accuracy.
+
+With ``workers=1`` it trains in this process. With more it starts local workers with
+the launcher of ``fullgraph train --workers N``: an in-memory dataset is first
+written once as a processed dataset in a temporary directory, the options go to the
+workers as a config file, and rank 0 hands back the history and the model's
+parameters through a file. Every strategy replicates the parameters on each worker
+and is exact, so rank 0's model is the model (and equals the single-process one up
+to float rounding). Run as ``python -m fullgraph.api train --config FILE``, this
+module is that worker entry point.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fullgraph.errors import ConfigError, FullgraphError
+
+RESULT_ENV = "FULLGRAPH_FIT_RESULT"
+"""Where rank 0 of a launched ``fit`` writes its result (set for the workers)."""
+QUIET_ENV = "FULLGRAPH_FIT_QUIET"
+"""Set for the workers of a ``fit`` that is not verbose: rank 0 prints no table."""
+
+
+@dataclass
+class FitResult:
+    """What ``fit`` returns.
+
+    Attributes:
+        history: one dict per epoch: epoch, loss, train_acc, val_acc, test_acc
+            (NaN on epochs without evaluation), epoch_s, forward_s, backward_s,
+            optimizer_s.
+        model: the trained model at its best-validation epoch, on the CPU, in eval
+            mode; a ``torch.nn.Module`` (a ``fullgraph.models.base.GNN``).
+        test_accuracy: test accuracy at the best-validation epoch.
+        val_accuracy: the best validation accuracy.
+        train_accuracy: train accuracy at the best-validation epoch.
+        best_epoch: the epoch the model is from.
+        total_s: seconds of training (without setup).
+        config: the ``fullgraph.config.Config`` of the run.
+    """
+
+    history: list[dict[str, float]]
+    model: torch.nn.Module
+    test_accuracy: float
+    val_accuracy: float
+    train_accuracy: float
+    best_epoch: int
+    total_s: float
+    config: Any = field(repr=False)
+
+    @property
+    def losses(self) -> list[float]:
+        """The training loss of every epoch."""
+        return [row["loss"] for row in self.history]
+
+
+def fit(data: Any = "cora", *, model: str = "gcn", strategy: str = "single",
+        workers: int = 1, epochs: int = 200, verbose: bool = False,
+        **options: Any) -> FitResult:
+    """Train a model on ``data`` and return the history, the model and its accuracy.
+
+    Args:
+        data: a dataset name or processed dataset directory (``fullgraph datasets``),
+            a ``fullgraph.graph.data.Dataset``, or a PyG ``Data`` (default: ``"cora"``).
+        model: gcn, sage, gat or gin (default: ``"gcn"``).
+        strategy: single, data, tensor or p2p (default: ``"single"``).
+        workers: local worker processes; 1 trains in this process (default: 1).
+        epochs: training epochs (default: 200).
+        verbose: print the run header, the per-epoch table and the summary
+            (default: False; launched workers print theirs to this process's stdout).
+        **options: any other option of ``fullgraph train``, named as its flag with
+            ``_`` for ``-`` (``hidden=32``, ``lr=0.005``, ``partitioner="chunk"``,
+            ``metrics_out="run.jsonl"``, ...).
+
+    Raises:
+        ConfigError: an unknown option or a bad value (the message names it).
+        DataError: the data cannot be read or is inconsistent.
+        FullgraphError: a launched worker failed (its error is printed to stderr).
+    """
+    from fullgraph.graph.data import Dataset
+
+    options.update(model=model, strategy=strategy, workers=workers, epochs=epochs)
+    if "dataset" in options:
+        raise ConfigError("fit: give the dataset as the first argument, not dataset=")
+    if isinstance(data, (str, Path)):
+        options["dataset"] = str(data)
+        dataset = None
+    else:
+        dataset = data if isinstance(data, Dataset) else _from_pyg(data)
+        options["dataset"] = dataset.name
+    cfg = config_from_options(options)
+    if workers == 1:
+        return _fit_here(cfg, dataset, verbose)
+    return _fit_launched(cfg, dataset, verbose)
+
+
+def config_from_options(options: dict[str, Any]) -> Any:
+    """A ``Config`` from keyword options named as the ``fullgraph train`` flags.
+
+    Raises:
+        ConfigError: an option that is no flag of ``fullgraph train`` (the message lists
+            them), or a value its section refuses.
+    """
+    from fullgraph.cli import flag_names
+    from fullgraph.config import config_from_dict
+
+    by_name = {flag.replace("-", "_"): key for key, flag in flag_names().items()}
+    tree: dict[str, dict[str, Any]] = {}
+    for name, value in options.items():
+        if name not in by_name:
+            raise ConfigError(f"fit: unknown option {name!r}; expected one of "
+                              f"{', '.join(sorted(by_name))}")
+        section, key = by_name[name]
+        tree.setdefault(section, {})[key] = value
+    return config_from_dict(tree, source="fit")
+
+
+def _from_pyg(data: Any) -> Any:
+    from fullgraph.graph.formats.pyg import from_pyg
+
+    if not all(hasattr(data, key) for key in ("x", "y", "edge_index")):
+        raise ConfigError(f"fit: data must be a dataset name, a fullgraph Dataset or a PyG "
+                          f"Data with x, y and edge_index; got {type(data).__name__}")
+    return from_pyg(data, name="pyg")
+
+
+def _with_data_options(dataset: Any, cfg: Any) -> Any:
+    """``dataset`` as ``load_for`` would give it: stored dtype, normalised features."""
+    from fullgraph.graph.data import Dataset
+
+    data = dataset.data
+    if data.features.dtype != torch.float32 or cfg.data.feature_dtype != "float32":
+        data = data.with_feature_dtype(cfg.data.feature_dtype)
+    if cfg.data.normalize_features:
+        data = data.row_normalized()
+    return Dataset(dataset.name, dataset.graph, data, dict(dataset.info))
+
+
+def _fit_here(cfg: Any, dataset: Any, verbose: bool) -> FitResult:
+    import io
+
+    from fullgraph.graph import datasets
+    from fullgraph.report import Reporter
+    from fullgraph.train import check_before_launch, train
+
+    dataset = datasets.load_for(cfg.data) if dataset is None else \
+        _with_data_options(dataset, cfg)
+    check_before_launch(cfg, dataset, 1)
+    reporter = Reporter(cfg.train.epochs, metrics_out=cfg.train.metrics_out,
+                        progress=cfg.train.progress if verbose else "off",
+                        stream=None if verbose else io.StringIO())
+    try:
+        result = train(dataset, cfg, reporter=reporter)
+    finally:
+        reporter.close()
+    return _result(_payload(result), result.model.cpu(), cfg)
+
+
+def _fit_launched(cfg: Any, dataset: Any, verbose: bool) -> FitResult:
+    import dataclasses
+
+    from fullgraph import launch
+    from fullgraph.config import DataConfig
+    from fullgraph.graph import datasets, store
+    from fullgraph.train import build, check_before_launch
+
+    launch.check_workers(cfg.launch.workers, cfg.launch.oversubscribe)
+    with tempfile.TemporaryDirectory(prefix="fullgraph-fit-") as tmp:
+        if dataset is not None:  # the workers read it from disk, as any processed dataset
+            store.save_dataset(dataset, Path(tmp) / "dataset")
+            data = dataclasses.asdict(cfg.data) | {"dataset": str(Path(tmp) / "dataset")}
+            cfg = dataclasses.replace(cfg, data=DataConfig(**data))
+        dataset = datasets.load_for(cfg.data)
+        check_before_launch(cfg, dataset, cfg.launch.workers)
+        config_file, result_file = Path(tmp) / "config.json", Path(tmp) / "result.pt"
+        tree = cfg.to_dict()
+        tree["train"]["progress"] = "auto" if verbose else "off"
+        config_file.write_text(json.dumps(tree))
+        # the launcher hands this process's environment to the workers
+        with _environment({RESULT_ENV: str(result_file), QUIET_ENV: "" if verbose else "1"}):
+            code = launch.launch_local(["train", "--config", str(config_file)],
+                                       cfg.launch.workers, timeout_s=cfg.launch.timeout_s,
+                                       run_dir=cfg.launch.run_dir, threads=cfg.runtime.threads,
+                                       keep_run_dir=cfg.launch.keep_run_dir, module=__name__)
+        if code != 0:
+            raise FullgraphError(f"fit: a worker failed (exit code {code}); its error is "
+                                 "printed above")
+        payload = torch.load(result_file, weights_only=True)
+        model = build(dataset, cfg)
+        model.load_state_dict(payload.pop("state_dict"))
+    return _result(payload, model, cfg)
+
+
+@contextlib.contextmanager
+def _environment(values: dict[str, str]) -> Iterator[None]:
+    """Set environment variables for the duration of the block, then restore them."""
+    saved = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                del os.environ[key]
+            else:
+                os.environ[key] = value
+
+
+def _payload(result: Any) -> dict[str, Any]:
+    """A ``TrainResult`` as plain types (loadable with ``weights_only=True``)."""
+    return {"history": [asdict(r) for r in result.epochs], "best_epoch": result.best_epoch,
+            "best_val": result.best_val, "test_at_best": result.test_at_best,
+            "train_at_best": result.train_at_best, "total_s": result.total_s}
+
+
+def _result(payload: dict[str, Any], model: torch.nn.Module, cfg: Any) -> FitResult:
+    model.eval()
+    return FitResult(history=payload["history"], model=model,
+                     test_accuracy=payload["test_at_best"], val_accuracy=payload["best_val"],
+                     train_accuracy=payload["train_at_best"], best_epoch=payload["best_epoch"],
+                     total_s=payload["total_s"], config=cfg)
+
+
+def _worker_main(argv: list[str]) -> int:
+    """``fullgraph <argv>`` as a launched worker; rank 0 writes its result to RESULT_ENV.
+
+    The CLI's worker loads the dataset, joins the process group and calls
+    ``fullgraph.train.train``; the call is wrapped here to keep what it returns.
+    """
+    import fullgraph.train as training
+    from fullgraph import cli
+
+    if not os.environ.get(RESULT_ENV):
+        print(f"fullgraph.api: the entry point of the workers of fullgraph.fit ({RESULT_ENV} "
+              "is not set); use `fullgraph train` from a shell", file=sys.stderr)
+        return 2
+    real_train = training.train
+
+    def train_and_keep(*args: Any, **kwargs: Any) -> Any:
+        result = real_train(*args, **kwargs)
+        if os.environ.get("RANK", "0") == "0":
+            out = Path(os.environ[RESULT_ENV])
+            tmp = out.with_name(out.name + ".tmp")
+            state = {k: v.detach().cpu() for k, v in result.model.state_dict().items()}
+            torch.save({**_payload(result), "state_dict": state}, tmp)
+            tmp.replace(out)
+        return result
+
+    training.train = train_and_keep
+    if os.environ.get(QUIET_ENV):  # the table; errors still go to stderr
+        sys.stdout = open(os.devnull, "w")
+    return cli.main(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(_worker_main(sys.argv[1:]))

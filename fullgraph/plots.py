@@ -1,0 +1,254 @@
+"""``fullgraph report``: PNG figures and a one-page HTML summary of a run's metrics file.
+
+Figures (``FIGURES``), each ``FIGURE_PX`` pixels: loss and accuracy per epoch
+(the best-validation epoch marked), per-rank compute / transfer / waiting time per
+epoch as stacked bars (medians over epochs; the slowest rank, the one the others
+waited for, outlined and labelled), bytes sent per epoch by communication phase
+(stacked by rank), and epoch time over the run (log scale when the first epochs
+are much slower than the rest). ``index.html`` shows the run header, the final
+numbers, the per-rank table and the figures.
+
+matplotlib is an optional extra (``pip install 'fullgraph[plots]'``); it is drawn
+through ``matplotlib.figure.Figure`` only, never pyplot, so a notebook's pyplot
+state is left alone.
+"""
+from __future__ import annotations
+
+import html
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from fullgraph.errors import ConfigError
+from fullgraph.runlog import RankRow, RunLog, phases, rank_rows, read_run_log, slowest_rank
+
+FIGURE_PX = (960, 480)
+DPI = 100
+FIGURES = ("training.png", "ranks.png", "bytes.png", "epoch_time.png")
+COLORS = {"compute": "#4c72b0", "transfer": "#dd8452", "waiting": "#c44e52",
+          "train": "#55a868", "val": "#8172b3", "test": "#dd8452"}
+
+
+def require_matplotlib() -> None:
+    """Raise a one-line error naming the extra when matplotlib is missing.
+
+    Raises:
+        ConfigError: matplotlib cannot be imported.
+    """
+    from fullgraph.extras import MissingExtraError, require
+
+    try:
+        require("matplotlib", "fullgraph report")
+    except MissingExtraError as err:  # a usage error of this command: exit code 2
+        raise ConfigError(str(err)) from None
+
+
+def write_report(metrics: str | Path, out: str | Path) -> list[Path]:
+    """Write the figures and ``index.html`` of the run in ``metrics`` into ``out``.
+
+    Returns:
+        The files written, the page last.
+
+    Raises:
+        ConfigError: matplotlib is not installed.
+        DataError: ``metrics`` is not a readable metrics file.
+    """
+    require_matplotlib()
+    log = read_run_log(metrics)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = rank_rows(log)
+    slow = slowest_rank(log, rows)
+    drawers = (_training, _ranks, _bytes, _epoch_time)
+    written = []
+    for name, draw in zip(FIGURES, drawers):
+        fig = _figure()
+        draw(fig, log, rows, slow)
+        fig.savefig(out / name, dpi=DPI)
+        written.append(out / name)
+    page = out / "index.html"
+    page.write_text(render_page(log, rows, slow), encoding="ascii")
+    return written + [page]
+
+
+def _figure() -> Any:
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=(FIGURE_PX[0] / DPI, FIGURE_PX[1] / DPI), dpi=DPI,
+                  layout="constrained")
+
+
+def _training(fig: Any, log: RunLog, rows: list[RankRow], slow: int | None) -> None:
+    loss_ax, acc_ax = fig.subplots(1, 2)
+    epochs = [e["epoch"] for e in log.epochs]
+    loss_ax.plot(epochs, [e["loss"] for e in log.epochs], color=COLORS["compute"])
+    loss_ax.set(title="training loss", xlabel="epoch", ylabel="loss")
+    for split in ("train", "val", "test"):
+        points = [(e["epoch"], 100 * e[f"{split}_acc"]) for e in log.epochs
+                  if not math.isnan(e[f"{split}_acc"])]
+        if points:
+            acc_ax.plot(*zip(*points), label=split, color=COLORS[split],
+                        marker="." if len(points) <= 60 else None)
+    best = (log.summary or {}).get("best_epoch")
+    if best:
+        for ax in (loss_ax, acc_ax):
+            ax.axvline(best, color="grey", linestyle="--", linewidth=1,
+                       label=f"best validation (epoch {best})")
+    acc_ax.set(title="accuracy", xlabel="epoch", ylabel="accuracy (%)", ylim=(0, 100))
+    acc_ax.legend(loc="lower right")
+    for ax in (loss_ax, acc_ax):
+        _integer_epochs(ax)
+        ax.grid(alpha=0.3)
+
+
+def _integer_epochs(ax: Any) -> None:
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
+def _ranks(fig: Any, log: RunLog, rows: list[RankRow], slow: int | None) -> None:
+    ax = fig.subplots()
+    x = list(range(len(rows)))
+    bottom = [0.0] * len(rows)
+    for label, key in (("compute", "compute_s"), ("transfer", "comm_s"),
+                       ("waiting", "wait_s")):
+        values = [1e3 * getattr(r, key) for r in rows]
+        ax.bar(x, values, bottom=bottom, width=0.6, label=label, color=COLORS[label])
+        bottom = [b + v for b, v in zip(bottom, values)]
+    for k, (row, total) in enumerate(zip(rows, bottom)):
+        text = f"{total:.1f} ms"
+        if row.rank == slow:
+            ax.bar([k], [total], width=0.6, fill=False, edgecolor="black", linewidth=2)
+            text += ", slowest rank\n(the others wait for it)"
+        ax.annotate(text, (k, total), xytext=(0, 4), textcoords="offset points",
+                    ha="center", va="bottom")
+    ax.set_xticks(x, [f"rank {r.rank}" for r in rows])
+    ax.set_ylim(0, 1.25 * max(bottom + [1e-9]))
+    note = " (one worker: all compute)" if len(rows) < 2 else "" if slow is not None else \
+        " (waiting not split: the ranks' calls differed)"
+    ax.set(title="time per epoch by rank (median over epochs)" + note, ylabel="milliseconds")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.grid(axis="y", alpha=0.3)
+
+
+def _bytes(fig: Any, log: RunLog, rows: list[RankRow], slow: int | None) -> None:
+    ax = fig.subplots()
+    names = phases(rows)
+    if not names:
+        ax.text(0.5, 0.5, "no communication (one worker)", ha="center", va="center",
+                transform=ax.transAxes, fontsize=14)
+        ax.set_axis_off()
+        return
+    y = list(range(len(names)))
+    left = [0.0] * len(names)
+    for row in rows:
+        values = [row.sent.get(p, 0.0) / 1e6 for p in names]
+        ax.barh(y, values, left=left, height=0.6, label=f"rank {row.rank}")
+        left = [a + v for a, v in zip(left, values)]
+    for k, total in enumerate(left):
+        ax.annotate(_megabytes(total), (total, k), xytext=(4, 0), textcoords="offset points",
+                    va="center")
+    ax.set_yticks(y, names)
+    ax.invert_yaxis()
+    ax.set_xlim(0, 1.2 * max(left))
+    ax.set(title="bytes sent per epoch by phase (mean over epochs, all ranks)",
+           xlabel="MB per epoch")
+    ax.legend(loc="lower right")
+    ax.grid(axis="x", alpha=0.3)
+
+
+def _epoch_time(fig: Any, log: RunLog, rows: list[RankRow], slow: int | None) -> None:
+    ax = fig.subplots()
+    epochs = [e["epoch"] for e in log.epochs]
+    times = [e["epoch_s"] for e in log.epochs]
+    marker = "." if len(epochs) <= 60 else None
+    for rank, recs in sorted(log.ranks.items()):  # rank 0's wall time is the epoch time
+        ax.plot([r["epoch"] for r in recs], [r["wall_s"] for r in recs], marker=marker,
+                linewidth=1, label=f"rank {rank}")
+    if not log.ranks:
+        ax.plot(epochs, times, color="black", marker=marker, label="epoch")
+    median = sorted(times)[len(times) // 2]
+    ax.axhline(median, color="grey", linestyle="--", linewidth=1,
+               label=f"median {median * 1e3:.1f} ms")
+    title = "epoch time over the run"
+    if max(times) > 10 * median:
+        ax.set_yscale("log")
+        title += " (log scale: some epochs, often the first, are much slower)"
+    ax.set(title=title, xlabel="epoch", ylabel="seconds")
+    _integer_epochs(ax)
+    ax.legend(loc="upper right")
+    ax.grid(alpha=0.3, which="both")
+
+
+def _megabytes(value: float) -> str:
+    return f"{value:.3g} MB" if value >= 0.001 else f"{value * 1e6:.0f} B"
+
+
+def header_lines(log: RunLog) -> list[str]:
+    """The run header: dataset, model, run (strategy, workers, device, training options)."""
+    ds, cfg = log.run.get("dataset", {}), log.run.get("config", {})
+    model, train = cfg.get("model", {}), cfg.get("train", {})
+    return [
+        f"dataset {ds.get('name', '?')}: {ds.get('vertices', '?')} vertices, "
+        f"{ds.get('edges', '?')} edges, {ds.get('features', '?')} features, "
+        f"{ds.get('classes', '?')} classes (train {ds.get('train', '?')} / val "
+        f"{ds.get('val', '?')} / test {ds.get('test', '?')})",
+        f"model {model.get('name', '?')}: {model.get('layers', '?')} layers, hidden "
+        f"{model.get('hidden', '?')}, dropout {model.get('dropout', '?')}, stages "
+        f"{log.run.get('program', '?')}",
+        f"run strategy {log.config('runtime', 'strategy', '?')}, "
+        f"{log.run.get('workers', '?')} worker(s), device {log.run.get('device', '?')}, "
+        f"{log.run.get('threads', '?')} threads, {len(log.epochs)} epochs, lr "
+        f"{train.get('lr', '?')}, weight decay {train.get('weight_decay', '?')}, seed "
+        f"{train.get('seed', '?')}, setup {log.run.get('setup_s', float('nan')):.2f} s",
+    ]
+
+
+def final_lines(log: RunLog) -> list[str]:
+    """The final numbers, from the summary record (or the last epoch if unfinished)."""
+    s = log.summary
+    if s is None:
+        last = log.epochs[-1]
+        return [f"unfinished run: last epoch {last['epoch']}, loss {last['loss']:.4f}"]
+    return [f"test accuracy {s['test_acc']:.2%} at the best-validation epoch "
+            f"{s['best_epoch']} (validation {s['best_val']:.2%}, train {s['train_acc']:.2%})",
+            f"final loss {log.epochs[-1]['loss']:.4f}; {len(log.epochs)} epochs in "
+            f"{s['total_s']:.2f} s, median epoch {s['median_epoch_s'] * 1e3:.1f} ms"]
+
+
+def render_page(log: RunLog, rows: list[RankRow], slow: int | None) -> str:
+    """The one-page HTML summary; the figures are files beside it."""
+    esc = html.escape
+    strategy = log.config("runtime", "strategy", "?")
+    title = (f"{log.run.get('dataset', {}).get('name', '?')} / "
+             f"{log.config('model', 'name', '?')} / {strategy}")
+    table = ["<tr><th>rank</th><th>compute ms</th><th>transfer ms</th><th>waiting ms</th>"
+             "<th>wall ms</th><th>sent MB</th><th>recv MB</th><th>peak MB</th></tr>"]
+    for r in rows:
+        mark = " (slowest)" if r.rank == slow else ""
+        cells = [f"{r.rank}{mark}"] + [f"{1e3 * v:.1f}" for v in
+                                       (r.compute_s, r.comm_s, r.wait_s, r.wall_s)]
+        cells += [f"{sum(d.values()) / 1e6:.3f}" for d in (r.sent, r.recv)]
+        cells.append(f"{r.peak_mem / 2**20:.0f}" if r.peak_mem else "-")
+        table.append("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in cells) + "</tr>")
+    figures = "\n".join(f'<img src="{name}" alt="{name}" width="{FIGURE_PX[0]}">'
+                        for name in FIGURES)
+    items = "".join(f"<li>{esc(line)}</li>" for line in header_lines(log))
+    final = "".join(f"<li>{esc(line)}</li>" for line in final_lines(log))
+    config = esc(json.dumps(log.run.get("config", {}), indent=1))
+    return f"""<!DOCTYPE html>
+<html><head><meta charset="ascii"><title>fullgraph run: {esc(title)}</title>
+<style>body{{font-family:sans-serif;max-width:1000px;margin:auto}}
+td,th{{padding:2px 10px;text-align:right}} img{{max-width:100%}}</style></head>
+<body><h1>fullgraph run: {esc(title)}</h1>
+<p>from {esc(str(log.source))}</p>
+<h2>Run</h2><ul>{items}</ul>
+<h2>Result</h2><ul>{final}</ul>
+<h2>Per rank (median per epoch)</h2><table>{"".join(table)}</table>
+<details><summary>complete configuration</summary><pre>{config}</pre></details>
+<h2>Figures</h2>
+{figures}
+</body></html>
+"""

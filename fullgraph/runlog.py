@@ -1,0 +1,147 @@
+"""Reading a run's metrics file (``--metrics-out``) back, for ``fullgraph report``.
+
+The file holds JSON lines (``fullgraph.report.Reporter``): one ``run`` record (the
+config, the dataset's counts, device, workers, threads, setup time), one ``epoch``
+record per epoch, with several workers one ``rank_epoch`` record per rank and epoch
+(``fullgraph.profile.EpochProfile`` with waiting split from transfer), and a final
+``summary`` record. Records of other kinds are skipped, so a newer writer's extra
+records do not break the report.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fullgraph.errors import DataError
+
+KNOWN_EVENTS = ("run", "epoch", "rank_epoch", "summary")
+
+
+@dataclass
+class RunLog:
+    """One run's metrics file, by record kind.
+
+    Attributes:
+        source: the file.
+        run: the ``run`` record.
+        epochs: the ``epoch`` records, in order.
+        ranks: rank -> its ``rank_epoch`` records in epoch order (empty for one worker).
+        summary: the ``summary`` record, or None for a run that did not finish.
+    """
+
+    source: Path
+    run: dict[str, Any]
+    epochs: list[dict[str, Any]]
+    ranks: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
+    summary: dict[str, Any] | None = None
+
+    def config(self, section: str, key: str, default: Any = None) -> Any:
+        """One option of the run's config (``default`` when the file lacks it)."""
+        return self.run.get("config", {}).get(section, {}).get(key, default)
+
+
+@dataclass
+class RankRow:
+    """One rank's medians per epoch (seconds) and means per epoch (bytes)."""
+
+    rank: int
+    compute_s: float
+    comm_s: float
+    wait_s: float
+    wall_s: float
+    sent: dict[str, float]
+    recv: dict[str, float]
+    peak_mem: int
+
+
+def read_run_log(path: str | Path) -> RunLog:
+    """Parse a metrics file.
+
+    Raises:
+        DataError: the file is missing, a line is not a JSON object, or it has no
+            ``run`` record or no ``epoch`` record (the message names file and line).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise DataError("metrics file not found", source=path,
+                        hint="write one with `fullgraph train --metrics-out FILE`")
+    run: dict[str, Any] | None = None
+    log = RunLog(path, {}, [])
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise DataError("not a JSON line", source=path, line=n, found=str(exc)) from None
+        if not isinstance(record, dict) or "event" not in record:
+            raise DataError("not a metrics record", source=path, line=n,
+                            expected='a JSON object with an "event" key')
+        event = record.pop("event")
+        if event == "run":
+            run = record
+        elif event == "epoch":
+            log.epochs.append(record)
+        elif event == "rank_epoch":
+            log.ranks.setdefault(int(record["rank"]), []).append(record)
+        elif event == "summary":
+            log.summary = record
+    if run is None or not log.epochs:
+        missing = "run" if run is None else "epoch"
+        raise DataError(f"no {missing} record: not a complete fullgraph metrics file",
+                        source=path, hint="write one with `fullgraph train --metrics-out FILE`")
+    log.run = run
+    return log
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[len(ordered) // 2] if ordered else 0.0
+
+
+def _mean_by_phase(records: list[dict[str, Any]], key: str) -> dict[str, float]:
+    total: dict[str, float] = {}
+    for rec in records:
+        for phase, nbytes in rec.get(key, {}).items():
+            total[phase] = total.get(phase, 0.0) + nbytes
+    return {phase: v / len(records) for phase, v in total.items()}
+
+
+def rank_rows(log: RunLog) -> list[RankRow]:
+    """Per rank, medians over epochs as ``fullgraph.profile.summary_lines`` takes them.
+
+    A one-worker run has no per-rank records: its one row is the epoch time, all
+    compute.
+    """
+    if not log.ranks:
+        wall = _median([e["epoch_s"] for e in log.epochs])
+        return [RankRow(0, wall, 0.0, 0.0, wall, {}, {}, 0)]
+    return [RankRow(rank, _median([r["compute_s"] for r in recs]),
+                    _median([r["comm_s"] for r in recs]), _median([r["wait_s"] for r in recs]),
+                    _median([r["wall_s"] for r in recs]), _mean_by_phase(recs, "bytes_sent"),
+                    _mean_by_phase(recs, "bytes_recv"), max(r.get("peak_mem", 0) for r in recs))
+            for rank, recs in sorted(log.ranks.items())]
+
+
+def slowest_rank(log: RunLog, rows: list[RankRow]) -> int | None:
+    """The rank the others waited for (largest compute), or None.
+
+    None with one worker, or when waiting could not be told from transfer (the
+    ranks' communication calls did not match; ``waiting_split`` is False).
+    """
+    if len(rows) < 2:
+        return None
+    if not all(r.get("waiting_split", False) for recs in log.ranks.values() for r in recs):
+        return None
+    return max(rows, key=lambda r: r.compute_s).rank
+
+
+def phases(rows: list[RankRow]) -> list[str]:
+    """Communication phases, the most bytes first."""
+    total: dict[str, float] = {}
+    for row in rows:
+        for phase, nbytes in row.sent.items():
+            total[phase] = total.get(phase, 0.0) + nbytes
+    return sorted(total, key=lambda p: -total[p])

@@ -1,0 +1,121 @@
+"""``fullgraph.fit``, the Python API: the README example as written, launched workers
+returning the single-process model, PyG ``Data`` (real and duck-typed) and bad input."""
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import fullgraph
+from fullgraph.errors import ConfigError
+from fullgraph.graph.formats.pyg import to_pyg
+from fullgraph.graph.synthetic import sbm
+
+
+def test_import_fullgraph_stays_light() -> None:
+    code = ("import sys, fullgraph; assert callable(fullgraph.__getattr__); "
+            "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.strip() == "False"
+
+
+@pytest.mark.dist
+def test_readme_example_trains_on_two_workers(readme_api_run) -> None:
+    ns, where = readme_api_run
+    result = ns["result"]
+    assert isinstance(result, fullgraph.FitResult)
+    assert result.config.launch.workers == 2 and result.config.runtime.strategy == "data"
+    assert [row["epoch"] for row in result.history] == list(range(1, 31))
+    assert result.losses[-1] < result.losses[0]
+    assert result.test_accuracy > 0.6  # Cora, 30 epochs
+    best = result.history[result.best_epoch - 1]
+    assert best["test_acc"] == result.test_accuracy and best["val_acc"] == result.val_accuracy
+    assert isinstance(ns["model"], torch.nn.Module) and not ns["model"].training
+    run = json.loads((where / "cora-run.jsonl").read_text().splitlines()[0])
+    expected = result.config.to_dict()
+    expected["train"]["progress"] = "off"  # fit is not verbose
+    assert run["event"] == "run" and run["config"] == expected  # the options reached them
+    assert run["config"]["data"]["normalize_features"] is True
+
+
+@pytest.mark.dist
+def test_launched_workers_return_the_single_process_model(readme_api_run) -> None:
+    """The model rank 0 hands back is the one the single-process executor trains."""
+    launched = readme_api_run[0]["result"]
+    here = fullgraph.fit(readme_api_run[1] / "data" / "cora" / "processed", epochs=30,
+                         normalize_features=True)
+    for a, b in zip(launched.history, here.history):
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-4)
+    for (name, p), (_, q) in zip(launched.model.named_parameters(),
+                                 here.model.named_parameters()):
+        torch.testing.assert_close(p, q, atol=1e-5, rtol=1e-4, msg=name)
+
+
+@pytest.mark.dist
+def test_in_memory_dataset_on_launched_tensor_workers(tmp_path) -> None:
+    ds = sbm(67, 3, avg_degree=5.0, num_features=9, seed=11)
+    opts = dict(model="sage", epochs=3, hidden=5, lr=0.05)
+    here = fullgraph.fit(ds, **opts)
+    launched = fullgraph.fit(ds, strategy="tensor", workers=2, **opts)
+    assert launched.history[-1]["loss"] == pytest.approx(here.history[-1]["loss"], rel=1e-4)
+    for p, q in zip(launched.model.parameters(), here.model.parameters()):
+        torch.testing.assert_close(p, q, atol=1e-5, rtol=1e-4)
+
+
+def test_pyg_data_real_and_duck_typed_train_alike() -> None:
+    pytest.importorskip("torch_geometric")
+    ds = sbm(67, 3, avg_degree=5.0, num_features=9, seed=11)
+    data = to_pyg(ds)
+    duck = SimpleNamespace(x=data.x, y=data.y, edge_index=data.edge_index,
+                           train_mask=data.train_mask, val_mask=data.val_mask,
+                           test_mask=data.test_mask)
+    real = fullgraph.fit(data, epochs=4, hidden=8)
+    plain = fullgraph.fit(duck, epochs=4, hidden=8)
+    assert real.losses == plain.losses and len(real.losses) == 4
+    assert real.test_accuracy == plain.test_accuracy and not math.isnan(real.test_accuracy)
+    no_masks = fullgraph.fit(SimpleNamespace(x=data.x, y=data.y, edge_index=data.edge_index),
+                             epochs=2)
+    assert len(no_masks.history) == 2  # a 60/20/20 split was drawn
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda: fullgraph.fit("cora", epochs=1, hiddne=8), "unknown option 'hiddne'.*hidden"),
+    (lambda: fullgraph.fit(42, epochs=1), "a PyG Data with x, y and edge_index; got int"),
+    (lambda: fullgraph.fit("cora", model="gnc"), "model.name: got 'gnc'"),
+    (lambda: fullgraph.fit("cora", dataset="x"), "first argument"),
+])
+def test_bad_input_is_one_clear_error(call, match) -> None:
+    with pytest.raises(ConfigError, match=match):
+        call()
+
+
+def test_a_failed_launch_raises(monkeypatch) -> None:
+    """A worker failure (the launcher's non-zero exit) is an error, not an empty result."""
+    from fullgraph import launch
+
+    seen = {}
+
+    def failing(argv, workers, **kwargs):
+        seen.update(argv=argv, workers=workers, module=kwargs["module"])
+        return 1
+
+    monkeypatch.setattr(launch, "launch_local", failing)
+    ds = sbm(67, 3, avg_degree=5.0, num_features=9, seed=11)
+    with pytest.raises(fullgraph.FullgraphError, match="a worker failed"):
+        fullgraph.fit(ds, strategy="data", workers=2, epochs=1, partitioner="chunk")
+    assert seen["workers"] == 2 and seen["module"] == "fullgraph.api"
+    assert seen["argv"][:2] == ["train", "--config"]
+
+
+def test_the_worker_entry_point_alone_says_what_it_is(monkeypatch, capsys) -> None:
+    from fullgraph.api import RESULT_ENV, _worker_main
+
+    monkeypatch.delenv(RESULT_ENV, raising=False)
+    assert _worker_main(["train", "--epochs", "1"]) == 2
+    assert "use `fullgraph train`" in capsys.readouterr().err

@@ -1,0 +1,130 @@
+"""``fullgraph report``: figures and an HTML page from a run's metrics file.
+
+The two-worker run is the README's Python API example (shared fixture); a
+one-worker run and hand-edited copies cover the other shapes of the file.
+"""
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import struct
+import sys
+from pathlib import Path
+
+import pytest
+
+import fullgraph
+from fullgraph.cli import main
+from fullgraph.graph.synthetic import sbm
+from fullgraph.plots import FIGURE_PX, FIGURES
+from fullgraph.runlog import read_run_log
+
+pytest.importorskip("matplotlib")
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    """Width and height from a PNG's signature and IHDR chunk."""
+    head = path.read_bytes()[:24]
+    assert head[:8] == b"\x89PNG\r\n\x1a\n" and head[12:16] == b"IHDR", f"{path} is no PNG"
+    return struct.unpack(">II", head[16:24])
+
+
+def report(metrics: Path, out: Path, capsys, argv: list[str] | None = None) -> str:
+    assert main(argv or ["report", str(metrics), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    for name in (*FIGURES, "index.html"):
+        assert f"wrote {out / name}" in printed
+        assert (out / name).stat().st_size > 0
+    for name in FIGURES:
+        assert png_size(out / name) == FIGURE_PX, name
+    page = (out / "index.html").read_text(encoding="ascii")
+    for name in FIGURES:
+        assert f'<img src="{name}"' in page
+    return page
+
+
+def readme_report_command() -> list[str]:
+    """The arguments of the ``fullgraph report`` command in README.md."""
+    section = (REPO_ROOT / "README.md").read_text().split("## Plots and a report", 1)[1]
+    line = next(ln for ln in section.splitlines() if ln.startswith("fullgraph report "))
+    return shlex.split(line)[1:]
+
+
+@pytest.mark.dist
+def test_readme_report_of_a_two_worker_run_marks_the_slowest_rank(readme_api_run, capsys,
+                                                                  monkeypatch) -> None:
+    """The README's command, as written, on the metrics of its Python example."""
+    argv = readme_report_command()
+    monkeypatch.chdir(readme_api_run[1])
+    metrics, out = Path(argv[1]), Path(argv[argv.index("--out") + 1])
+    assert argv[0] == "report" and metrics.is_file()
+    page = report(metrics, out, capsys, argv)
+    lines = [json.loads(line) for line in metrics.read_text().splitlines()]
+    compute: dict[int, list[float]] = {}
+    for rec in lines:
+        if rec["event"] == "rank_epoch":
+            compute.setdefault(rec["rank"], []).append(rec["compute_s"])
+    median = {rank: sorted(v)[len(v) // 2] for rank, v in compute.items()}
+    slowest = max(median, key=median.get)
+    assert f"<td>{slowest} (slowest)</td>" in page and page.count("(slowest)") == 1
+    summary = lines[-1]
+    assert f"test accuracy {summary['test_acc']:.2%} at the best-validation epoch " \
+           f"{summary['best_epoch']}" in page
+    assert "dataset cora: 2708 vertices" in page and "strategy data, 2 worker(s)" in page
+
+
+@pytest.mark.dist
+def test_report_of_an_unsplit_run_names_no_slowest_rank(readme_api_run, tmp_path,
+                                                         capsys) -> None:
+    """Ranks whose calls did not match (waiting_split false): no straggler is guessed."""
+    metrics = tmp_path / "unsplit.jsonl"
+    lines = readme_api_run[1].joinpath("cora-run.jsonl").read_text().splitlines()
+    edited = [json.loads(line) for line in lines]
+    for rec in edited:
+        if rec["event"] == "rank_epoch":
+            rec["waiting_split"] = False
+    metrics.write_text("\n".join(json.dumps(rec) for rec in edited) + "\n")
+    page = report(metrics, tmp_path / "report", capsys)
+    assert "(slowest)" not in page
+
+
+def test_report_of_a_one_worker_run(tmp_path, capsys) -> None:
+    metrics = tmp_path / "one.jsonl"
+    fullgraph.fit(sbm(67, 3, avg_degree=5.0, num_features=9, seed=11), epochs=4,
+                  eval_every=2, metrics_out=str(metrics))
+    assert len(read_run_log(metrics).epochs) == 4 and not read_run_log(metrics).ranks
+    page = report(metrics, tmp_path / "report", capsys)
+    assert "strategy single, 1 worker(s)" in page and "(slowest)" not in page
+
+
+def test_without_matplotlib_one_line_says_how_to_install_it(tmp_path, capsys,
+                                                            monkeypatch) -> None:
+    metrics = tmp_path / "run.jsonl"
+    metrics.write_text('{"event": "run"}\n')
+    for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib: ImportError
+    assert main(["report", str(metrics), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "pip install 'fullgraph[plots]'" in err, err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("content, match", [
+    (None, "metrics file not found"),
+    ('{"event": "run"}\nnot json\n', r"bad\.jsonl:2: not a JSON line"),
+    ('{"event": "run"}\n', "no epoch record"),
+    ('{"event": "epoch", "epoch": 1}\n', "no run record"),
+    ('[1, 2]\n', r"bad\.jsonl:1: not a metrics record"),
+])
+def test_a_bad_metrics_file_is_one_clear_error(tmp_path, capsys, content, match) -> None:
+    metrics = tmp_path / "bad.jsonl"
+    if content is not None:
+        metrics.write_text(content)
+    assert main(["report", str(metrics), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("fullgraph report: error: ") and err.count("\n") == 1
+    assert re.search(match, err), err
