@@ -1,0 +1,302 @@
+"""Plan before launch: per strategy, the memory each worker needs, the bytes each epoch
+moves and a predicted epoch time (``fullgraph plan``, ``--strategy auto``).
+
+Memory follows NeutronTask's Table 1: graph topology, features (of owned rows),
+parameters and optimiser state (Adam: parameter, gradient and two moments),
+intermediate data (every stage's output rows, kept for the backward) and neighbour
+replicas (rows of other workers' vertices held here: fetched halos, DepCache's
+replicated inputs). Counts come from the partition and the stage program exactly as
+the strategies' setup builds them (``parallel.rowplan.plan_rows`` for data
+parallelism, the row / column placements for tensor and task parallelism); widths
+from the program. Work per worker (edge x columns aggregated, GEMM flops, bytes and
+message rounds) is turned into seconds by ``predict_seconds`` with rates measured on
+this machine (``plan_rates``). An epoch is a training step plus one evaluation
+forward, as ``train`` times it: aggregation and halos count 3 times (forward,
+backward, evaluation), transforms 4 times (forward, two backward GEMMs, evaluation).
+
+Everything here is a pure function of (program, graph, partition, options), tested
+without processes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from fullgraph.graph.csr import Graph
+from fullgraph.models.stages import StageProgram
+from fullgraph.models.walk import describe
+from fullgraph.parallel import costmodel, taskmodel
+from fullgraph.parallel.rowplan import RowPlan, plan_rows
+from fullgraph.partition import PartitionBook
+
+CATEGORIES = ("topology", "features", "params", "intermediate", "replicas")
+"""NeutronTask Table 1's memory categories, in table order."""
+AGG_PASSES, GEMM_PASSES = 3, 4
+"""Per epoch: aggregations / halo transfers and GEMMs counted this many times."""
+ADAM_COPIES = 4
+"""Parameter, gradient, Adam's two moments."""
+INDEX = 8
+"""Bytes of an int64 index."""
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One strategy (and mode) the planner prices.
+
+    Attributes:
+        label: as printed, e.g. ``data/hybrid``.
+        strategy: the registered strategy name.
+        overrides: config section -> option -> value that select the mode.
+    """
+
+    label: str
+    strategy: str
+    overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+CANDIDATES = (
+    Candidate("data/depcomm", "data", {"data_parallel": {"mode": "depcomm"}}),
+    Candidate("data/depcache", "data", {"data_parallel": {"mode": "depcache"}}),
+    Candidate("data/hybrid", "data", {"data_parallel": {"mode": "hybrid"}}),
+    Candidate("tensor", "tensor"),
+    Candidate("tensor/chunks", "tensor", {"tensor_parallel": {"num_chunks": 4}}),
+    Candidate("p2p", "p2p"),
+    Candidate("task", "task"),
+)
+
+
+@dataclass
+class RankCost:
+    """One worker's needs for one epoch.
+
+    Attributes:
+        memory: category -> bytes (``CATEGORIES``).
+        host_only: bytes of ``memory`` kept in host memory, not on the device
+            (chunked tensor parallelism streams its topology from there).
+        bytes_moved: bytes this worker receives per epoch (halos, re-placements,
+            gradient all-reduce).
+        edge_dims: edges x columns aggregated per forward pass.
+        flops: GEMM flops per forward pass.
+        rounds: blocking communication rounds per epoch.
+    """
+
+    memory: dict[str, int]
+    host_only: int = 0
+    bytes_moved: int = 0
+    edge_dims: int = 0
+    flops: int = 0
+    rounds: int = 0
+
+    @property
+    def total(self) -> int:
+        return sum(self.memory.values())
+
+    @property
+    def device(self) -> int:
+        return self.total - self.host_only
+
+
+@dataclass(frozen=True)
+class PlanRates:
+    """Unit costs of the time model, in seconds (measured by ``plan_rates``).
+
+    Attributes:
+        edge: per edge x column aggregated (one thread).
+        flop: per GEMM flop (one thread).
+        byte: per byte received from another worker.
+        latency: per blocking communication round.
+        slowdown: compute slowdown from sharing cores (workers / cores, at least 1).
+        overhead: per epoch, what does not grow with the graph (interpreter, autograd,
+            kernel launches): the program's epoch on a tiny graph.
+    """
+
+    edge: float
+    flop: float
+    byte: float
+    latency: float
+    slowdown: float = 1.0
+    overhead: float = 0.0
+
+
+def _mem(**values: int) -> dict[str, int]:
+    return {c: int(values.get(c, 0)) for c in CATEGORIES}
+
+
+def param_bytes(program: StageProgram) -> int:
+    """Parameters and Adam's state, in bytes."""
+    return sum(p.numel() * p.element_size() for p in program.parameters()) * ADAM_COPIES
+
+
+def _grad_sync(program: StageProgram, world: int) -> int:
+    """Bytes a worker receives in a ring all-reduce of the gradients."""
+    size = sum(p.numel() * p.element_size() for p in program.parameters())
+    return int(2 * size * (world - 1) / world) if world > 1 else 0
+
+
+def _gemm_flops(stage: Any, rows: int) -> int:
+    return 2 * rows * sum(p.numel() for p in stage.parameters() if p.dim() == 2)
+
+
+def data_cost(program: StageProgram, graph: Graph, rows: RowPlan, world: int,
+              feat_dim: int, itemsize: int = 4) -> RankCost:
+    """One data-parallel worker (any dependency mode) from its ``RowPlan``."""
+    owned = rows.owned.numel()
+    topo = inter = halo = edge_dims = flops = moved = rounds = 0
+    for s, (info, stage) in enumerate(zip(describe(program), program.stages)):
+        width = int(stage.out_dim)
+        if info.is_edge:
+            width = 0  # its coefficients are counted per edge below
+        inter += rows.rows[s].numel() * width * itemsize
+        block = rows.blocks[s]
+        if block is None:
+            flops += _gemm_flops(stage, rows.rows[s].numel())
+            continue
+        edges = block.graph.num_edges
+        topo += (block.graph.num_dst + 1 + 2 * edges) * INDEX + edges * itemsize
+        edge_dims += edges * int(stage.in_dim)
+        if info.is_edge:
+            inter += edges * int(stage.out_dim) * itemsize * 2
+        fetched = rows.fetched[s].numel()
+        if fetched and not rows.shares_halo[s]:
+            halo += fetched * int(stage.in_dim) * itemsize
+            moved += AGG_PASSES * fetched * int(stage.in_dim) * itemsize
+            rounds += AGG_PASSES
+    replicas = (rows.input_rows.numel() - owned) * feat_dim * itemsize + halo
+    moved += _grad_sync(program, world)
+    return RankCost(_mem(topology=topo, features=owned * feat_dim * itemsize,
+                         params=param_bytes(program), intermediate=inter, replicas=replicas),
+                    bytes_moved=moved, edge_dims=edge_dims, flops=flops,
+                    rounds=rounds + (2 if world > 1 else 0))
+
+
+def data_rows(program: StageProgram, graph: Graph, book: PartitionBook, rank: int,
+              mode: str, rates: costmodel.Rates | None = None,
+              itemsize: int = 4) -> RowPlan:
+    """The RowPlan data parallelism builds on ``rank`` in ``mode`` (hybrid needs rates)."""
+    owned = book.part_to_gids(rank)
+    src = np.unique(graph.indices[_in_edge_slice(graph, owned.numpy())].numpy())
+    direct = torch.from_numpy(src[book.part_of.numpy()[src] != rank])
+    if mode == "depcache":
+        cached = torch.ones(direct.numel(), dtype=torch.bool)
+    elif mode == "hybrid":
+        if rates is None:
+            raise ValueError("data_rows: mode 'hybrid' needs the cost model's rates")
+        cache, comm = costmodel.dependency_costs(program, graph, owned, direct, rates, itemsize)
+        cached = costmodel.choose_cached(cache, comm)
+    elif mode == "depcomm":
+        cached = torch.zeros(direct.numel(), dtype=torch.bool)
+    else:
+        raise ValueError(f"data_rows: unknown mode {mode!r}")
+    fetch = torch.zeros(graph.num_dst, dtype=torch.bool)
+    fetch[direct[~cached]] = True
+    return plan_rows(program, graph, owned, fetch, owner=book.part_of)
+
+
+def _in_edge_slice(graph: Graph, rows: np.ndarray) -> np.ndarray:
+    indptr = graph.indptr.numpy()
+    starts, counts = indptr[rows], np.diff(indptr)[rows]
+    return (np.repeat(starts - np.cumsum(counts) + counts, counts)
+            + np.arange(int(counts.sum()), dtype=np.int64))
+
+
+def _even(total: int, parts: int) -> list[int]:
+    return [total // parts + (1 if i < total % parts else 0) for i in range(parts)]
+
+
+def _whole_topology(graph: Graph, itemsize: int, norms: int) -> int:
+    """CSR and its transpose (the backward) plus the edge norms."""
+    return 2 * (graph.num_dst + 1 + graph.num_edges) * INDEX + norms * graph.num_edges * itemsize
+
+
+def tensor_cost(program: StageProgram, graph: Graph, rank: int, world: int, feat_dim: int,
+                chunks: int | None = None, itemsize: int = 4) -> RankCost:
+    """One tensor-parallel worker: rows for T stages, a column slice of every vertex
+    for P stages, the whole topology (in host memory when chunked)."""
+    n, rows = graph.num_dst, _even(graph.num_dst, world)[rank]
+    topo = _whole_topology(graph, itemsize, max(1, len(program.norms)))
+    inter = edge_dims = flops = moved = rounds = 0
+    on_rows = True
+    for info, stage in zip(describe(program), program.stages):
+        d_in, cols = int(stage.in_dim), _cols(int(stage.in_dim), world)
+        if info.is_propagate:
+            if on_rows:  # split: my rows' other columns out, my columns of others' rows in
+                moved += AGG_PASSES * (n - rows) * cols * itemsize
+                rounds += AGG_PASSES
+            on_rows = False
+            inter += n * cols * itemsize
+            edge_dims += graph.num_edges * cols
+            continue
+        if not on_rows:  # gather back to rows
+            moved += AGG_PASSES * rows * (d_in - cols) * itemsize
+            rounds += AGG_PASSES
+        on_rows = True
+        if info.is_edge:
+            inter += graph.num_edges * int(stage.out_dim) * itemsize * 2
+            edge_dims += graph.num_edges * d_in // world
+            rounds += 2 * AGG_PASSES
+            continue
+        inter += rows * int(stage.out_dim) * itemsize
+        flops += _gemm_flops(stage, rows)
+    moved += _grad_sync(program, world)
+    return RankCost(_mem(topology=topo, features=rows * feat_dim * itemsize,
+                         params=param_bytes(program), intermediate=inter),
+                    host_only=topo if chunks else 0, bytes_moved=moved, edge_dims=edge_dims,
+                    flops=flops, rounds=rounds + 2 + (chunks or 0))
+
+
+def _cols(dim: int, world: int) -> int:
+    """Columns a worker propagates under the ``balanced`` column split."""
+    return dim // world + dim % world if dim >= world else dim
+
+
+def task_costs(program: StageProgram, graph: Graph, world: int, feat_dim: int,
+               split: taskmodel.TaskSplit, itemsize: int = 4) -> list[RankCost]:
+    """Every worker of task parallelism: the T group on rows, the P group on columns."""
+    n, out = graph.num_dst, []
+    for rank in range(world):
+        on_t = rank < split.num_t
+        group = split.num_t if on_t else split.num_p
+        rows = _even(n, split.num_t)[rank] if on_t else 0
+        inter = edge_dims = flops = moved = rounds = 0
+        for info, stage in zip(describe(program), program.stages):
+            d_in = int(stage.in_dim)
+            if info.is_propagate and not on_t:
+                cols = _even(d_in, group)[rank - split.num_t]
+                inter += n * cols * itemsize
+                edge_dims += graph.num_edges * cols
+                moved += AGG_PASSES * n * cols * itemsize
+                rounds += AGG_PASSES
+            elif not info.is_propagate and on_t:
+                inter += rows * int(stage.out_dim) * itemsize
+                flops += _gemm_flops(stage, rows)
+                if info.is_edge:
+                    edge_dims += graph.num_edges * d_in // group
+            elif info.is_propagate:  # the T rank sends its rows and gets them back
+                moved += AGG_PASSES * rows * d_in * itemsize
+                rounds += AGG_PASSES
+        topo = 0 if on_t else _whole_topology(graph, itemsize, max(1, len(program.norms)))
+        out.append(RankCost(_mem(topology=topo, features=rows * feat_dim * itemsize,
+                                 params=param_bytes(program), intermediate=inter),
+                            bytes_moved=moved + _grad_sync(program, world),
+                            edge_dims=edge_dims, flops=flops, rounds=rounds + 2))
+    return out
+
+
+def predict_seconds(cost: RankCost, rates: PlanRates) -> float:
+    """One epoch of one worker: compute (slowed by shared cores) plus communication."""
+    compute = (AGG_PASSES * cost.edge_dims * rates.edge + GEMM_PASSES * cost.flops * rates.flop
+               + rates.overhead)
+    return compute * rates.slowdown + cost.bytes_moved * rates.byte + cost.rounds * rates.latency
+
+
+def epoch_seconds(label: str, costs: list[RankCost], rates: PlanRates,
+                  split: taskmodel.TaskSplit | None = None) -> float:
+    """The epoch: the slowest worker; task parallelism's groups take turns, so its T and
+    P groups' slowest add up."""
+    times = [predict_seconds(c, rates) for c in costs]
+    if label == "task" and split is not None:
+        return max(times[:split.num_t]) + max(times[split.num_t:])
+    return max(times)
