@@ -1,5 +1,5 @@
 """Command-line entry point: ``fullgraph train | config | datasets | generate | convert |
-partition | predict | evaluate | report``.
+partition | predict | evaluate | report | plan``.
 
 argparse -> one frozen ``Config`` -> train. Every option of ``Config`` is exactly one
 flag, generated from the dataclass fields (a test pins the list); a config file
@@ -196,6 +196,10 @@ def build_parser() -> argparse.ArgumentParser:
     p_conv.add_argument("--seed", type=int, default=0, help="split seed when no masks are given")
     cli_outputs.add_parsers(sub)  # predict, evaluate
 
+    p_plan = sub.add_parser("plan", help="memory, traffic and epoch time of every strategy, "
+                            "and the one to use (same options as train; nothing is trained)")
+    _add_config_flags(p_plan)
+
     p_rep = sub.add_parser("report", help="PNG figures and an HTML summary of a run's "
                            "--metrics-out file (needs matplotlib: fullgraph[plots])")
     p_rep.add_argument("metrics", help="the JSON-lines file of `train --metrics-out`")
@@ -240,6 +244,16 @@ def cmd_train(args: argparse.Namespace) -> int:
     from fullgraph import launch
 
     cfg = _config_at_log_level(args)
+    if cfg.runtime.strategy == "auto":  # resolved once, here: every worker runs the same
+        if launch.under_launcher():
+            raise FullgraphError("--strategy auto is resolved before the workers start; under "
+                                 "torchrun run `fullgraph plan` and pass its strategy")
+        from fullgraph.graph import datasets
+        from fullgraph.planner import resolve_config
+
+        cfg, flags = resolve_config(cfg, datasets.load_for(cfg.data))
+        print(f"strategy auto: {' '.join(flags)} (see `fullgraph plan`)", file=sys.stderr)
+        args.argv = [*args.argv, *flags]
     if launch.under_launcher():
         conflict = launch.torchrun_conflict(cfg.launch.workers)
         if conflict:  # every worker refuses; one says why
@@ -405,6 +419,18 @@ COMMANDS = {"train": cmd_train, "config": cmd_config, "datasets": cmd_datasets,
             "generate": cmd_generate, "convert": cmd_convert, "partition": cmd_partition}
 COMMANDS.update(cli_outputs.COMMANDS)
 COMMANDS["report"] = cmd_report
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from fullgraph.graph import datasets
+    from fullgraph.planner import plan_run, rss_bytes, table_lines
+
+    cfg, base = _config_at_log_level(args), rss_bytes()
+    print("\n".join(table_lines(plan_run(cfg, datasets.load_for(cfg.data), base_rss=base))))
+    return 0
+
+
+COMMANDS["plan"] = cmd_plan
 
 if __name__ == "__main__":
     sys.exit(main())

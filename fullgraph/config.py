@@ -42,6 +42,12 @@ def strategy_names() -> tuple[str, ...]:
     return tuple(STRATEGIES)
 
 
+def strategy_choices() -> tuple[str, ...]:
+    """What ``runtime.strategy`` accepts: the registered strategies, and ``auto`` (the
+    planner's recommendation, resolved before the workers start: ``fullgraph.planner``)."""
+    return (*strategy_names(), "auto")
+
+
 def activation_names() -> tuple[str, ...]:
     """The names ``model.activation`` accepts: those of ``models.layers.ACTIVATIONS``."""
     from fullgraph.models.layers import ACTIVATIONS
@@ -202,14 +208,14 @@ class TrainConfig:
 class RuntimeConfig:
     """Which executor runs the program, and process-wide kernel / thread settings."""
 
-    strategy: str = option("single", "how the work is split over workers",
-                           choices=strategy_names)
+    strategy: str = option("single", "how the work is split over workers (auto: the one "
+                           "`fullgraph plan` recommends)", choices=strategy_choices)
     spmm_backend: str = option("auto", "CPU SpMM kernels (numba: pip install "
                                "'fullgraph[fast]')", choices=SPMM_BACKENDS)
     threads: int | None = option(None, "threads per worker; unset: the cores / workers")
 
     def __post_init__(self) -> None:
-        strategies = strategy_names()
+        strategies = strategy_choices()
         _require(self.strategy in strategies, "runtime", "strategy", self.strategy,
                  " | ".join(strategies))
         _require(self.spmm_backend in SPMM_BACKENDS, "runtime", "spmm_backend",

@@ -10,6 +10,7 @@ RAM per worker, and its device part within ``--device-memory`` when one is given
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import threading
@@ -279,6 +280,19 @@ def resolve_auto(cfg: Any, dataset: Dataset) -> tuple[P.Candidate, list[str]]:
         return P.Candidate("single", "single"), ["--strategy", "single"]
     cand = plan_run(cfg, dataset).recommended.candidate
     return cand, candidate_flags(cand)
+
+
+def resolve_config(cfg: Any, dataset: Dataset) -> tuple[Any, list[str]]:
+    """``cfg`` with ``--strategy auto`` replaced by the recommendation (unchanged when
+    the strategy is a concrete one), and the flags that select it."""
+    if cfg.runtime.strategy != "auto":
+        return cfg, []
+    cand, flags = resolve_auto(cfg, dataset)
+    options = dict(cfg.options)
+    for section, values in cand.overrides.items():
+        options[section] = dataclasses.replace(options[section], **values)
+    runtime = dataclasses.replace(cfg.runtime, strategy=cand.strategy)
+    return dataclasses.replace(cfg, runtime=runtime, options=options), flags
 
 
 def candidate_flags(cand: P.Candidate) -> list[str]:
