@@ -423,7 +423,8 @@ COMMANDS["report"] = cmd_report
 
 def cmd_plan(args: argparse.Namespace) -> int:
     from fullgraph.graph import datasets
-    from fullgraph.planner import plan_run, rss_bytes, table_lines
+    from fullgraph.plan_measure import rss_bytes
+    from fullgraph.planner import plan_run, table_lines
 
     cfg, base = _config_at_log_level(args), rss_bytes()
     print("\n".join(table_lines(plan_run(cfg, datasets.load_for(cfg.data), base_rss=base))))

@@ -40,6 +40,9 @@ ADAM_COPIES = 4
 """Parameter, gradient, Adam's two moments."""
 INDEX = 8
 """Bytes of an int64 index."""
+BASE_ROUNDS = 4
+"""Rounds every distributed epoch makes: barrier, gradient all-reduce, loss and
+accuracy reductions."""
 
 
 @dataclass(frozen=True)
@@ -109,6 +112,7 @@ class PlanRates:
         byte: per byte received from another worker.
         latency: per blocking communication round.
         slowdown: compute slowdown from sharing cores (workers / cores, at least 1).
+        bandwidth: memory bytes per second (the task scheduling model's).
         overhead: per epoch, what does not grow with the graph (interpreter, autograd,
             kernel launches): the program's epoch on a tiny graph.
     """
@@ -119,6 +123,7 @@ class PlanRates:
     latency: float
     slowdown: float = 1.0
     overhead: float = 0.0
+    bandwidth: float = 1e10
 
 
 def _mem(**values: int) -> dict[str, int]:
@@ -169,7 +174,7 @@ def data_cost(program: StageProgram, graph: Graph, rows: RowPlan, world: int,
     return RankCost(_mem(topology=topo, features=owned * feat_dim * itemsize,
                          params=param_bytes(program), intermediate=inter, replicas=replicas),
                     bytes_moved=moved, edge_dims=edge_dims, flops=flops,
-                    rounds=rounds + (2 if world > 1 else 0))
+                    rounds=rounds + (BASE_ROUNDS if world > 1 else 0))
 
 
 def data_rows(program: StageProgram, graph: Graph, book: PartitionBook, rank: int,
@@ -244,7 +249,7 @@ def tensor_cost(program: StageProgram, graph: Graph, rank: int, world: int, feat
     return RankCost(_mem(topology=topo, features=rows * feat_dim * itemsize,
                          params=param_bytes(program), intermediate=inter),
                     host_only=topo if chunks else 0, bytes_moved=moved, edge_dims=edge_dims,
-                    flops=flops, rounds=rounds + 2 + (chunks or 0))
+                    flops=flops, rounds=rounds + BASE_ROUNDS + (chunks or 0))
 
 
 def _cols(dim: int, world: int) -> int:
@@ -281,7 +286,7 @@ def task_costs(program: StageProgram, graph: Graph, world: int, feat_dim: int,
         out.append(RankCost(_mem(topology=topo, features=rows * feat_dim * itemsize,
                                  params=param_bytes(program), intermediate=inter),
                             bytes_moved=moved + _grad_sync(program, world),
-                            edge_dims=edge_dims, flops=flops, rounds=rounds + 2))
+                            edge_dims=edge_dims, flops=flops, rounds=rounds + BASE_ROUNDS))
     return out
 
 

@@ -10,12 +10,7 @@ RAM per worker, and its device part within ``--device-memory`` when one is given
 """
 from __future__ import annotations
 
-import dataclasses
-import os
-import socket
-import threading
-import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -24,10 +19,16 @@ from fullgraph import plan as P
 from fullgraph.graph.data import Dataset
 from fullgraph.memory import parse_bytes
 from fullgraph.models import build_model
-from fullgraph.graph.csr import Graph
-from fullgraph.models.stages import StageContext, StageProgram, propagation_inputs
+from fullgraph.models.stages import StageProgram, propagation_inputs
 from fullgraph.parallel import costmodel, taskmodel
 from fullgraph.partition import PartitionBook, partition
+from fullgraph.plan_measure import (
+    available_ram,
+    candidate_config,
+    executor_overhead,
+    plan_rates,
+    rss_bytes,
+)
 
 
 @dataclass
@@ -62,94 +63,6 @@ class PlanResult:
     workers: int
 
 
-def rss_bytes() -> int:
-    """This process's resident size now (Linux /proc; 0 where unknown)."""
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return 0
-
-
-def available_ram() -> int:
-    """MemAvailable of /proc/meminfo (or physical memory where it is missing)."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-
-
-def measure_link(nbytes: int = 8 << 20) -> tuple[float, float]:
-    """(seconds per byte, seconds per round) over a local socket pair, as local workers'
-    gloo traffic moves."""
-    a, b = socket.socketpair()
-    payload = bytes(nbytes)
-
-    def drain(sock: socket.socket, total: int) -> None:
-        got = 0
-        while got < total:
-            got += len(sock.recv(1 << 20))
-
-    def round_trip(size: int) -> float:
-        reader = threading.Thread(target=drain, args=(b, size))
-        reader.start()
-        t0 = time.perf_counter()
-        a.sendall(payload[:size])
-        reader.join()
-        return time.perf_counter() - t0
-
-    try:
-        round_trip(nbytes)  # warm-up
-        per_byte = min(round_trip(nbytes) for _ in range(2)) / nbytes
-        latency = min(round_trip(64) for _ in range(5))
-    finally:
-        a.close()
-        b.close()
-    return per_byte, latency
-
-
-def measure_overhead(program: StageProgram, feat_dim: int, n: int = 16) -> float:
-    """Seconds of one epoch (forward, backward, evaluation forward) of ``program`` on a
-    ring of ``n`` vertices: the part of an epoch that does not grow with the graph."""
-    ids = torch.arange(n)
-    graph, norms = propagation_inputs(program, Graph(torch.arange(n + 1), (ids + 1) % n, n))
-    x = torch.randn(n, feat_dim)
-    ctx = StageContext(ids, 0, True, torch.arange(graph.num_edges))
-    best = float("inf")
-    for _ in range(3):
-        t0 = time.perf_counter()
-        program(graph, norms, x, ctx).sum().backward()
-        with torch.no_grad():
-            program(graph, norms, x, StageContext(ids, 0, False, ctx.eids))
-        best = min(best, time.perf_counter() - t0)
-    program.zero_grad(set_to_none=True)
-    return best
-
-
-def plan_rates(graph: Graph, workers: int, program: StageProgram,
-               feat_dim: int) -> P.PlanRates:
-    """Rates measured here at the thread count each worker gets: aggregation, GEMM,
-    the local link, the fixed per-epoch overhead; cores shared by workers."""
-    from fullgraph.comm.group import single_comm
-
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    before = torch.get_num_threads()
-    torch.set_num_threads(max(1, (cores or 1) // workers))
-    try:
-        machine = taskmodel.measure_machine(single_comm())
-        edge = costmodel.measure_edge_cost(graph)
-        overhead = measure_overhead(program, feat_dim)
-    finally:
-        torch.set_num_threads(before)
-    byte, latency = measure_link()
-    return P.PlanRates(edge, 1.0 / machine.flops, byte, latency,
-                       slowdown=max(1.0, workers / (cores or 1)), overhead=overhead)
-
-
 def _program(dataset: Dataset, cfg: Any) -> StageProgram:
     return build_model(cfg.model.name, dataset.data.num_features, cfg.model.hidden,
                        dataset.data.num_classes, **cfg.model.build_options())
@@ -162,17 +75,23 @@ def _book(cfg: Any, dataset: Dataset, workers: int) -> PartitionBook:
     return partition(dataset.graph, workers, opts.method, seed=opts.seed)
 
 
-def price(cfg: Any, dataset: Dataset, rates: P.PlanRates) -> list[Estimate]:
-    """Every candidate for ``cfg.launch.workers`` workers (task needs 2 or more)."""
+def price(cfg: Any, dataset: Dataset, rates: P.PlanRates,
+          overheads: bool = True) -> list[Estimate]:
+    """Every candidate for ``cfg.launch.workers`` workers (task needs 2 or more); each
+    candidate's executor overhead measured here unless ``overheads`` is False (then
+    ``rates.overhead`` for all)."""
     workers = cfg.launch.workers
     program = _program(dataset, cfg)
     graph, _ = propagation_inputs(program, dataset.graph)
     feat = dataset.data.num_features
     if workers == 1:
-        return [Estimate(P.Candidate("single", "single"), [c := P.data_cost(
-            program, graph, P.data_rows(program, graph, PartitionBook.from_assignment(
-                torch.zeros(graph.num_dst, dtype=torch.int64), 1), 0, "depcomm"), 1, feat)],
-            P.predict_seconds(c, rates))]
+        one = PartitionBook.from_assignment(torch.zeros(graph.num_dst, dtype=torch.int64), 1)
+        cost = P.data_cost(program, graph, P.data_rows(program, graph, one, 0, "depcomm"), 1,
+                           feat)
+        cand = P.Candidate("single", "single")
+        r = rates if not overheads else replace(rates, overhead=executor_overhead(
+            cfg, cand, feat, dataset.data.num_classes))
+        return [Estimate(cand, [cost], P.predict_seconds(cost, r))]
     book = _book(cfg, dataset, workers)
     dep_rates = costmodel.Rates(rates.byte, rates.edge, rates.flop * 64)
     out = []
@@ -188,12 +107,14 @@ def price(cfg: Any, dataset: Dataset, rates: P.PlanRates) -> list[Estimate]:
             costs = [P.tensor_cost(program, graph, r, workers, feat, chunks)
                      for r in range(workers)]
         else:
-            machine = taskmodel.Machine(1.0 / rates.flop, 1.0 / max(rates.byte, 1e-12))
+            machine = taskmodel.Machine(1.0 / rates.flop, rates.bandwidth)
             t, p = taskmodel.predict_times(program, graph.num_dst, graph.num_edges, machine,
                                            cfg.options["task_parallel"].gamma)
             split = taskmodel.choose_split(workers, t, p)
             costs = P.task_costs(program, graph, workers, feat, split)
-        out.append(Estimate(cand, costs, P.epoch_seconds(cand.label, costs, rates, split)))
+        r = rates if not overheads else replace(rates, overhead=executor_overhead(
+            cfg, cand, feat, dataset.data.num_classes))
+        out.append(Estimate(cand, costs, P.epoch_seconds(cand.label, costs, r, split)))
     return out
 
 
@@ -203,12 +124,12 @@ def device_budget(cfg: Any) -> int | None:
 
 
 def plan_run(cfg: Any, dataset: Dataset, *, base_rss: int | None = None,
-             rates: P.PlanRates | None = None) -> PlanResult:
-    """Price every candidate, mark the ones that do not fit, recommend the fastest."""
+             rates: P.PlanRates | None = None, overheads: bool = True) -> PlanResult:
+    """Price every candidate, mark the ones that do not fit, recommend the fastest
+    (rates measured here unless given; see ``price`` for ``overheads``)."""
     workers = cfg.launch.workers
-    rates = rates or plan_rates(dataset.graph, workers, _program(dataset, cfg),
-                                dataset.data.num_features)
-    estimates = price(cfg, dataset, rates)
+    rates = rates or plan_rates(dataset.graph, workers)
+    estimates = price(cfg, dataset, rates, overheads)
     process = (base_rss if base_rss is not None else rss_bytes()) + dataset_bytes(dataset)
     ram = available_ram() // workers
     budget = device_budget(cfg)
@@ -288,11 +209,7 @@ def resolve_config(cfg: Any, dataset: Dataset) -> tuple[Any, list[str]]:
     if cfg.runtime.strategy != "auto":
         return cfg, []
     cand, flags = resolve_auto(cfg, dataset)
-    options = dict(cfg.options)
-    for section, values in cand.overrides.items():
-        options[section] = dataclasses.replace(options[section], **values)
-    runtime = dataclasses.replace(cfg.runtime, strategy=cand.strategy)
-    return dataclasses.replace(cfg, runtime=runtime, options=options), flags
+    return candidate_config(cfg, cand), flags
 
 
 def candidate_flags(cand: P.Candidate) -> list[str]:

@@ -1,0 +1,141 @@
+"""Validate the planner (``fullgraph plan``) against measured runs (a script, not a test).
+
+For each graph (Cora, a dense Reddit-shaped R-MAT, a sparse products-shaped R-MAT;
+the R-MAT ones generated into a temporary root at the given scale) and each worker
+count, it prices every candidate with ``fullgraph.planner.plan_run`` and then trains
+each for ``--epochs`` epochs with ``fullgraph train --metrics-out``. Measured memory
+is the largest per-rank peak RSS of the metrics file (``peak_mem``), compared with
+the predicted worker process (interpreter, libraries, dataset) plus the candidate's
+largest per-worker total; measured epoch time is the median over epochs after the
+first of the slowest rank's wall time. It also checks the recommendation: the
+recommended candidate's measured epoch against the fastest measured.
+
+Prints one row per (graph, workers, candidate) as markdown, then the target checks
+(memory within 25%, time within 1.5x, recommended within 20% of the fastest).
+
+    python -m fullgraph.bench.plan --scale 0.5 --workers 2 4 --epochs 4
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from fullgraph.config import config_from_dict
+from fullgraph.graph import datasets, synthetic
+from fullgraph.plan_measure import rss_bytes
+from fullgraph.planner import candidate_flags, plan_run
+
+
+def graphs(scale: float) -> dict[str, dict[str, int]]:
+    """R-MAT shapes: Reddit-like (dense, wide) and products-like (sparse, narrow)."""
+    return {"rmat-dense": dict(vertices=int(6000 * scale), edges=int(300_000 * scale),
+                               features=256, classes=41),
+            "rmat-sparse": dict(vertices=int(20_000 * scale), edges=int(100_000 * scale),
+                                features=100, classes=47)}
+
+
+def make_root(scale: float) -> str:
+    root = tempfile.mkdtemp(prefix="fullgraph-plan-bench-")
+    for name, shape in graphs(scale).items():
+        ds = synthetic.rmat(shape["vertices"], shape["edges"], num_features=shape["features"],
+                            num_classes=shape["classes"], symmetrize=True, seed=0)
+        datasets.save_processed(ds, Path(root), name)
+    cora = datasets.load_for(config_from_dict({}).data)
+    datasets.save_processed(cora, Path(root), "cora")
+    return root
+
+
+def measure(root: str, dataset: str, workers: int, flags: list[str], epochs: int,
+            model: str) -> dict[str, float] | None:
+    """Train once; the slowest rank's median epoch and the largest peak RSS."""
+    out = Path(root) / "metrics.jsonl"
+    cmd = [sys.executable, "-m", "fullgraph.cli", "train", "--root", root, "--dataset", dataset,
+           "--model", model, "--workers", str(workers), "--epochs", str(epochs),
+           "--metrics-out", str(out), "--log-level", "warning", "--oversubscribe", *flags]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        print(f"# failed: {' '.join(flags)}: {proc.stderr.strip()[-300:]}", file=sys.stderr)
+        return None
+    walls: dict[int, float] = {}
+    peak = 0
+    for line in out.read_text().splitlines():
+        rec = json.loads(line)
+        if rec.get("event") == "rank_epoch":
+            peak = max(peak, int(rec["peak_mem"]))
+            if rec["epoch"] > 1:
+                walls[rec["epoch"]] = max(walls.get(rec["epoch"], 0.0), rec["wall_s"])
+    return {"epoch_s": statistics.median(walls.values()), "peak": peak}
+
+
+def run(args: argparse.Namespace) -> list[dict[str, Any]]:
+    root = make_root(args.scale)
+    base = rss_bytes()
+    rows = []
+    for dataset in args.graphs:
+        for workers in args.workers:
+            cfg = config_from_dict({"data": {"dataset": dataset, "root": root},
+                                    "model": {"name": args.model},
+                                    "launch": {"workers": workers}})
+            result = plan_run(cfg, datasets.load_for(cfg.data), base_rss=base)
+            for est in result.estimates:
+                got = measure(root, dataset, workers, candidate_flags(est.candidate),
+                              args.epochs, args.model)
+                if got is None:
+                    continue
+                rows.append({"graph": dataset, "workers": workers,
+                             "strategy": est.candidate.label,
+                             "recommended": est is result.recommended,
+                             "mem_pred": result.process_bytes + est.peak.total,
+                             "mem_meas": got["peak"], "time_pred": est.seconds,
+                             "time_meas": got["epoch_s"]})
+                print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def report(rows: list[dict[str, Any]]) -> list[str]:
+    lines = ["| graph | W | strategy | mem pred MiB | mem meas MiB | ratio | epoch pred ms | "
+             "epoch meas ms | ratio |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        mark = " (rec.)" if r["recommended"] else ""
+        lines.append(f"| {r['graph']} | {r['workers']} | {r['strategy']}{mark} | "
+                     f"{r['mem_pred'] / 2**20:.0f} | {r['mem_meas'] / 2**20:.0f} | "
+                     f"{r['mem_pred'] / r['mem_meas']:.2f} | {r['time_pred'] * 1e3:.1f} | "
+                     f"{r['time_meas'] * 1e3:.1f} | {r['time_pred'] / r['time_meas']:.2f} |")
+    mem_ok = sum(abs(r["mem_pred"] / r["mem_meas"] - 1) <= 0.25 for r in rows)
+    time_ok = sum(1 / 1.5 <= r["time_pred"] / r["time_meas"] <= 1.5 for r in rows)
+    lines.append(f"\nmemory within 25%: {mem_ok}/{len(rows)}; epoch within 1.5x: "
+                 f"{time_ok}/{len(rows)}")
+    for key in sorted({(r["graph"], r["workers"]) for r in rows}):
+        group = [r for r in rows if (r["graph"], r["workers"]) == key]
+        fastest = min(group, key=lambda r: r["time_meas"])
+        rec = next((r for r in group if r["recommended"]), None)
+        if rec is not None:
+            gap = rec["time_meas"] / fastest["time_meas"] - 1
+            lines.append(f"{key[0]} W={key[1]}: recommended {rec['strategy']} measured "
+                         f"{gap:+.0%} vs fastest {fastest['strategy']}"
+                         f"{'' if gap <= 0.2 else '  (misses the 20% target)'}")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--graphs", nargs="+", default=["cora", "rmat-dense", "rmat-sparse"])
+    parser.add_argument("--workers", type=int, nargs="+", default=[2, 4])
+    parser.add_argument("--scale", type=float, default=0.5, help="R-MAT size factor")
+    parser.add_argument("--epochs", type=int, default=4)
+    parser.add_argument("--model", default="gcn")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    print("\n".join(report(run(args))))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,162 @@
+"""What the planner measures on this machine at start (``fullgraph.planner``).
+
+- aggregation (per edge x column) and GEMM (per flop) rates at the thread count each
+  worker will get (``costmodel.measure_edge_cost``, ``taskmodel.measure_machine``);
+- the local link: per byte and per round trip between two processes over a socket
+  pair (a forked echo process), as local gloo workers talk;
+- each executor's fixed cost per epoch: one training step and one evaluation of the
+  real strategy, at world size 1, on a ring of a few vertices with the dataset's
+  widths (interpreter, autograd and the executor's own bookkeeping: the part of an
+  epoch that does not grow with the graph);
+- the share of the cores each worker gets (workers and the machine's current load);
+- this process's resident size and the RAM available.
+"""
+from __future__ import annotations
+
+import dataclasses
+import multiprocessing
+import os
+import socket
+import time
+import warnings
+from typing import Any
+
+import torch
+
+from fullgraph import plan as P
+from fullgraph.graph.csr import Graph
+from fullgraph.graph.data import Dataset, VertexData
+from fullgraph.models import build_model
+from fullgraph.parallel import build_strategy, costmodel, taskmodel
+
+
+def rss_bytes() -> int:
+    """This process's resident size now (Linux /proc; 0 where unknown)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def available_ram() -> int:
+    """MemAvailable of /proc/meminfo (or physical memory where it is missing)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def _echo(sock: socket.socket) -> None:
+    """Child: send back a one-byte ack for every message (length-prefixed)."""
+    while True:
+        head = sock.recv(8)
+        if len(head) < 8:
+            return
+        size, got = int.from_bytes(head, "little"), 0
+        while got < size:
+            got += len(sock.recv(min(1 << 20, size - got)))
+        sock.sendall(b"k")
+
+
+def measure_link(nbytes: int = 4 << 20, trips: int = 10) -> tuple[float, float]:
+    """(seconds per byte, seconds per round trip) to a forked process over a socket pair."""
+    a, b = socket.socketpair()
+    child = multiprocessing.get_context("fork").Process(target=_echo, args=(b,), daemon=True)
+    child.start()
+
+    def send(size: int) -> float:
+        t0 = time.perf_counter()
+        a.sendall(size.to_bytes(8, "little") + bytes(size))
+        a.recv(1)
+        return time.perf_counter() - t0
+
+    try:
+        send(nbytes)  # warm-up
+        latency = sorted(send(1) for _ in range(trips))[trips // 2]
+        per_byte = max(0.0, min(send(nbytes) for _ in range(2)) - latency) / nbytes
+    finally:
+        a.close()
+        b.close()
+        child.join(timeout=5)
+    return per_byte, latency
+
+
+def tiny_dataset(feat_dim: int, classes: int, n: int = 32) -> Dataset:
+    """A symmetric ring of ``n`` vertices with the given widths."""
+    ids = torch.arange(n)
+    indptr = torch.arange(0, 2 * n + 1, 2)
+    indices = torch.stack([(ids - 1) % n, (ids + 1) % n], dim=1).reshape(-1)
+    third = n // 3
+    masks = [torch.zeros(n, dtype=torch.bool) for _ in range(3)]
+    for i, m in enumerate(masks):
+        m[i * third:(i + 1) * third] = True
+    data = VertexData(torch.randn(n, feat_dim), torch.arange(n) % classes, *masks, classes)
+    return Dataset("plan-ring", Graph(indptr, indices, n), data)
+
+
+def candidate_config(cfg: Any, cand: P.Candidate) -> Any:
+    """``cfg`` running ``cand``: its strategy and its option overrides."""
+    options = dict(cfg.options)
+    for section, values in cand.overrides.items():
+        options[section] = dataclasses.replace(options[section], **values)
+    runtime = dataclasses.replace(cfg.runtime, strategy=cand.strategy)
+    return dataclasses.replace(cfg, runtime=runtime, options=options)
+
+
+def executor_overhead(cfg: Any, cand: P.Candidate, feat_dim: int, classes: int) -> float:
+    """Seconds of one epoch (training step and evaluation) of ``cand``'s executor at world
+    size 1 on ``tiny_dataset`` (task parallelism, which needs 2 workers, is timed as
+    tensor parallelism, whose executor it shares)."""
+    if cand.strategy == "task":
+        cand = P.Candidate("tensor", "tensor")
+    run_cfg = candidate_config(cfg, cand)
+    dataset = tiny_dataset(feat_dim, classes)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        strategy = build_strategy(run_cfg)
+        program = build_model(cfg.model.name, feat_dim, cfg.model.hidden, classes,
+                              **cfg.model.build_options())
+        plan = strategy.setup(dataset, program, torch.device("cpu"), None)
+    optimizer = torch.optim.Adam(program.parameters(), lr=0.0)
+    best = float("inf")
+    for step in range(4):  # the first warms up
+        t0 = time.perf_counter()
+        strategy.train_step(program, plan, optimizer, seed=step)
+        strategy.evaluate(program, plan)
+        best = min(best, time.perf_counter() - t0) if step else best
+    return best
+
+
+def plan_rates(graph: Graph, workers: int) -> P.PlanRates:
+    """Rates measured here at the thread count each worker gets: aggregation and GEMM,
+    the local link; cores shared by workers (``overhead`` is per candidate, see
+    ``executor_overhead``)."""
+    from fullgraph.comm.group import single_comm
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    before = torch.get_num_threads()
+    torch.set_num_threads(max(1, (cores or 1) // workers))
+    try:
+        machine = taskmodel.measure_machine(single_comm())
+        edge = costmodel.measure_edge_cost(graph)
+    finally:
+        torch.set_num_threads(before)
+    byte, latency = measure_link()
+    return P.PlanRates(edge, 1.0 / machine.flops, byte, latency,
+                       slowdown=core_share(workers, cores or 1), bandwidth=machine.bandwidth)
+
+
+def core_share(workers: int, cores: int) -> float:
+    """How much slower each worker computes than alone on its threads: the workers plus
+    the other processes running now (the 1-minute load average, less this one) share
+    the cores."""
+    try:
+        others = max(0.0, os.getloadavg()[0] - 1.0)
+    except OSError:
+        others = 0.0
+    return max(1.0, (workers + others) / cores)
