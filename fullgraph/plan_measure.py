@@ -95,7 +95,9 @@ def tiny_dataset(feat_dim: int, classes: int, n: int = 32) -> Dataset:
     masks = [torch.zeros(n, dtype=torch.bool) for _ in range(3)]
     for i, m in enumerate(masks):
         m[i * third:(i + 1) * third] = True
-    data = VertexData(torch.randn(n, feat_dim), torch.arange(n) % classes, *masks, classes)
+    train, val, test = masks
+    data = VertexData(torch.randn(n, feat_dim), torch.arange(n) % classes, train, val, test,
+                      classes)
     return Dataset("plan-ring", Graph(indptr, indices, n), data)
 
 

@@ -189,6 +189,11 @@ def explain(result: PlanResult) -> list[str]:
     nxt = (f"{others[0].candidate.label} next at {others[0].seconds * 1e3:.1f} ms"
            if others else "no other strategy fits")
     skipped = [e.candidate.label for e in result.estimates if not e.fits]
+    if not best.fits:
+        return [f"recommended: {best.candidate.label} "
+                f"({' '.join(candidate_flags(best.candidate))}), the fastest, but nothing fits",
+                "why: every strategy needs more memory than there is (see NO above): use more "
+                "workers, a smaller model, or --device-memory with tensor parallelism"]
     return [f"recommended: {best.candidate.label} ({' '.join(candidate_flags(best.candidate))})",
             f"why: the fastest predicted epoch that fits, {best.seconds * 1e3:.1f} ms ({nxt}); "
             f"it moves {_fmt(best.bytes_moved)} and needs {_fmt(best.peak.total)} per worker"

@@ -1,0 +1,176 @@
+"""The planner: exact counts on tiny graphs (no processes), `fullgraph plan` on Cora and
+``--strategy auto`` resolving to a concrete strategy before any worker starts."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from fullgraph import plan as P
+from fullgraph import planner
+from fullgraph.cli import main
+from fullgraph.config import config_from_dict, strategy_names
+from fullgraph.graph.csr import Graph
+from fullgraph.models import build_model, propagation_inputs
+from fullgraph.partition import PartitionBook
+from fullgraph.plan_measure import tiny_dataset
+
+F, H, C = 9, 5, 3
+
+
+def path6() -> tuple[Graph, PartitionBook]:
+    """0-1-2-3-4-5 (both directions), parts {0,1,2} and {3,4,5}."""
+    src = np.arange(5)
+    graph = Graph.from_edges(src, src + 1, 6, symmetrize=True)
+    return graph, PartitionBook.from_assignment(torch.tensor([0, 0, 0, 1, 1, 1]), 2)
+
+
+def gcn():
+    torch.manual_seed(0)
+    program = build_model("gcn", F, H, C, num_layers=2)
+    graph, book = path6()
+    return program, propagation_inputs(program, graph)[0], book
+
+
+def params(program) -> int:
+    return sum(p.numel() for p in program.parameters()) * 4
+
+
+def test_depcomm_fetches_the_one_boundary_row_at_each_propagation():
+    program, graph, book = gcn()
+    cost = P.data_cost(program, graph, P.data_rows(program, graph, book, 0, "depcomm"), 2, F)
+    # vertex 3 fetched by both P stages (widths H and C): forward, backward, evaluation
+    assert cost.memory["replicas"] == (H + C) * 4
+    assert cost.bytes_moved == 3 * (H + C) * 4 + params(program)  # + ring all-reduce 2(R-1)/R
+    assert cost.memory["features"] == 3 * F * 4
+    assert cost.memory["params"] == 4 * params(program)
+    # in-edges of 0, 1, 2 with self-loops: 2 + 3 + 3, at both P stages' widths
+    assert cost.edge_dims == 8 * H + 8 * C
+
+
+def test_depcache_replicates_the_two_hop_inputs_and_moves_only_gradients():
+    program, graph, book = gcn()
+    cost = P.data_cost(program, graph, P.data_rows(program, graph, book, 0, "depcache"), 2, F)
+    assert cost.memory["replicas"] == 2 * F * 4  # features of 3 and 4
+    assert cost.bytes_moved == params(program)
+    comm = P.data_cost(program, graph, P.data_rows(program, graph, book, 0, "depcomm"), 2, F)
+    assert cost.edge_dims > comm.edge_dims  # the recomputed row of vertex 3
+
+
+def test_tensor_holds_the_whole_topology_and_moves_columns():
+    program, graph, _ = gcn()
+    costs = [P.tensor_cost(program, graph, r, 2, F) for r in range(2)]
+    edges = graph.num_edges
+    assert all(c.memory["topology"] == 2 * (7 + edges) * 8 + edges * 4 for c in costs)
+    assert costs[0].memory["replicas"] == 0
+    # TTPT TTPT. Split before each P stage: the other rank's 3 rows x my columns
+    # (balanced: H // 2 + H % 2 = 3, C // 2 + C % 2 = 2); gather before the T stage after
+    # each P: my 3 rows x the other's columns (5 - 3, 3 - 2); each 3 times (fwd, bwd, eval)
+    split = 3 * (3 * 3 * 4 + 3 * 2 * 4)
+    gather = 3 * (3 * 2 * 4 + 3 * 1 * 4)
+    assert costs[0].bytes_moved == split + gather + params(program)
+    chunked = P.tensor_cost(program, graph, 0, 2, F, chunks=4)
+    assert chunked.device == chunked.total - chunked.memory["topology"]
+
+
+def test_task_groups_split_rows_and_topology():
+    from fullgraph.parallel.taskmodel import TaskSplit
+
+    program, graph, _ = gcn()
+    costs = P.task_costs(program, graph, 3, F, TaskSplit(1, 2))
+    assert costs[0].memory["topology"] == 0 and costs[0].memory["features"] == 6 * F * 4
+    assert costs[1].memory["topology"] > 0 and costs[1].memory["features"] == 0
+    assert costs[0].edge_dims == 0 and costs[1].flops == 0
+
+
+def test_predicted_seconds_add_compute_bytes_and_rounds():
+    rates = P.PlanRates(edge=1e-9, flop=1e-10, byte=1e-8, latency=1e-4, slowdown=2.0,
+                        overhead=1e-3)
+    cost = P.RankCost(P._mem(), bytes_moved=1000, edge_dims=1000, flops=1000, rounds=3)
+    expected = (3 * 1000 * 1e-9 + 4 * 1000 * 1e-10 + 1e-3) * 2 + 1000 * 1e-8 + 3e-4
+    assert P.predict_seconds(cost, rates) == pytest.approx(expected)
+
+
+RATES = P.PlanRates(edge=1e-9, flop=1e-11, byte=1e-9, latency=1e-5)
+
+
+def tiny_cfg(workers: int, **extra):
+    return config_from_dict({"launch": {"workers": workers}, **extra})
+
+
+def test_plan_prices_every_candidate_and_marks_what_does_not_fit(monkeypatch):
+    dataset = tiny_dataset(F, C, n=24)
+    cfg = tiny_cfg(2, partition={"method": "chunk"})
+    result = planner.plan_run(cfg, dataset, base_rss=0, rates=RATES, overheads=False)
+    assert [e.candidate.label for e in result.estimates] == [c.label for c in P.CANDIDATES]
+    assert result.recommended.fits
+    assert result.recommended.seconds == min(e.seconds for e in result.estimates)
+    monkeypatch.setattr(planner, "available_ram", lambda: 2 * 1024)
+    squeezed = planner.plan_run(cfg, dataset, base_rss=0, rates=RATES, overheads=False)
+    assert not any(e.fits for e in squeezed.estimates)
+    lines = planner.table_lines(squeezed)
+    assert all("NO: needs" in line for line in lines[2:2 + len(P.CANDIDATES)])
+    assert "nothing fits" in lines[-2]
+
+
+def test_device_budget_leaves_chunked_tensor_as_the_one_that_fits():
+    dataset = tiny_dataset(F, C, n=24)
+    free = planner.plan_run(tiny_cfg(2, partition={"method": "chunk"}), dataset, base_rss=0,
+                            rates=RATES, overheads=False)
+    chunked = next(e for e in free.estimates if e.candidate.label == "tensor/chunks")
+    others = min(max(c.device for c in e.costs) for e in free.estimates if e is not chunked)
+    budget = max(c.device for c in chunked.costs)
+    assert budget < others
+    cfg = tiny_cfg(2, partition={"method": "chunk"}, tensor_parallel={"device_memory": str(budget)})
+    result = planner.plan_run(cfg, dataset, base_rss=0, rates=RATES, overheads=False)
+    assert [e.candidate.label for e in result.estimates if e.fits] == ["tensor/chunks"]
+    assert result.recommended.candidate.label == "tensor/chunks"
+
+
+def test_auto_with_one_worker_is_single_and_flags_select_the_candidate():
+    cand, flags = planner.resolve_auto(tiny_cfg(1), tiny_dataset(F, C))
+    assert cand.strategy == "single" and flags == ["--strategy", "single"]
+    assert planner.candidate_flags(P.CANDIDATES[2]) == ["--strategy", "data", "--dep-mode",
+                                                        "hybrid"]
+    assert planner.candidate_flags(P.CANDIDATES[4]) == ["--strategy", "tensor",
+                                                        "--num-chunks", "4"]
+
+
+@pytest.fixture
+def cora_env(shared_datasets, monkeypatch):
+    monkeypatch.setenv("FULLGRAPH_DATA", str(shared_datasets))
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+
+
+def test_cli_plan_on_cora_prints_every_strategy_and_a_recommendation(cora_env, capsys):
+    assert main(["plan", "--dataset", "cora", "--workers", "2"]) == 0
+    out = capsys.readouterr().out
+    for cand in P.CANDIDATES:
+        assert f"\n{cand.label} " in out
+    for category in P.CATEGORIES:
+        assert category in out
+    rec = [line for line in out.splitlines() if line.startswith(("recommended:", "why:"))]
+    assert len(rec) == 2 and "--strategy " in rec[0]
+
+
+def test_strategy_auto_is_resolved_before_the_workers_launch(cora_env, monkeypatch, capsys):
+    from fullgraph import launch
+
+    seen: list[list[str]] = []
+    monkeypatch.setattr(planner, "plan_rates", lambda graph, workers: RATES)  # measured above
+    monkeypatch.setattr(planner, "executor_overhead", lambda *a: 1e-3)
+    monkeypatch.setattr(launch, "launch_local", lambda argv, *a, **k: seen.append(argv) or 0)
+    assert main(["train", "--dataset", "cora", "--workers", "2", "--strategy", "auto",
+                 "--epochs", "1"]) == 0
+    argv = seen[0]
+    chosen = argv[len(argv) - 1 - argv[::-1].index("--strategy") + 1]
+    assert chosen in strategy_names() and chosen != "auto"
+    assert f"strategy auto: --strategy {chosen}" in capsys.readouterr().err
+
+
+def test_strategy_auto_under_an_external_launcher_is_refused(cora_env, monkeypatch, capsys):
+    from fullgraph import launch
+
+    monkeypatch.setattr(launch, "under_launcher", lambda: True)
+    assert main(["train", "--workers", "2", "--strategy", "auto"]) == 2
+    assert "resolved before the workers start" in capsys.readouterr().err
