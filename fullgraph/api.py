@@ -80,7 +80,8 @@ def fit(data: Any = "cora", *, model: str = "gcn", strategy: str = "single",
         data: a dataset name or processed dataset directory (``fullgraph datasets``),
             a ``fullgraph.graph.data.Dataset``, or a PyG ``Data`` (default: ``"cora"``).
         model: gcn, sage, gat or gin (default: ``"gcn"``).
-        strategy: single, data, tensor or p2p (default: ``"single"``).
+        strategy: single, data, tensor, p2p, task, or auto (the one ``fullgraph plan``
+            recommends) (default: ``"single"``).
         workers: local worker processes; 1 trains in this process (default: 1).
         epochs: training epochs (default: 200).
         verbose: print the run header, the per-epoch table and the summary
@@ -106,6 +107,11 @@ def fit(data: Any = "cora", *, model: str = "gcn", strategy: str = "single",
         dataset = data if isinstance(data, Dataset) else _from_pyg(data)
         options["dataset"] = dataset.name
     cfg = config_from_options(options)
+    if cfg.runtime.strategy == "auto":  # the planner's choice, made once before any worker
+        from fullgraph.graph import datasets
+        from fullgraph.planner import resolve_config
+
+        cfg = resolve_config(cfg, dataset or datasets.load_for(cfg.data))[0]
     if workers == 1:
         return _fit_here(cfg, dataset, verbose)
     return _fit_launched(cfg, dataset, verbose)

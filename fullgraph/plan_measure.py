@@ -51,8 +51,9 @@ def available_ram() -> int:
     return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
-def _echo(sock: socket.socket) -> None:
+def _echo(sock: socket.socket, other: socket.socket) -> None:
     """Child: send back a one-byte ack for every message (length-prefixed)."""
+    other.close()  # the parent's end, inherited: the child sees EOF when the parent closes
     while True:
         head = sock.recv(8)
         if len(head) < 8:
@@ -66,7 +67,8 @@ def _echo(sock: socket.socket) -> None:
 def measure_link(nbytes: int = 4 << 20, trips: int = 10) -> tuple[float, float]:
     """(seconds per byte, seconds per round trip) to a forked process over a socket pair."""
     a, b = socket.socketpair()
-    child = multiprocessing.get_context("fork").Process(target=_echo, args=(b,), daemon=True)
+    child = multiprocessing.get_context("fork").Process(target=_echo, args=(b, a),
+                                                         daemon=True)
     child.start()
 
     def send(size: int) -> float:

@@ -142,7 +142,9 @@ def cora_env(shared_datasets, monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
 
 
-def test_cli_plan_on_cora_prints_every_strategy_and_a_recommendation(cora_env, capsys):
+def test_cli_plan_on_cora_prints_every_strategy_and_a_recommendation(cora_env, capsys,
+                                                                     monkeypatch):
+    monkeypatch.setattr(planner, "executor_overhead", lambda *a: 1e-3)  # timed below
     assert main(["plan", "--dataset", "cora", "--workers", "2"]) == 0
     out = capsys.readouterr().out
     for cand in P.CANDIDATES:
@@ -174,3 +176,20 @@ def test_strategy_auto_under_an_external_launcher_is_refused(cora_env, monkeypat
     monkeypatch.setattr(launch, "under_launcher", lambda: True)
     assert main(["train", "--workers", "2", "--strategy", "auto"]) == 2
     assert "resolved before the workers start" in capsys.readouterr().err
+
+
+def test_executor_overhead_times_the_real_executor_and_the_link_is_measured():
+    from fullgraph.plan_measure import executor_overhead, measure_link
+
+    cfg = tiny_cfg(2)
+    seconds = executor_overhead(cfg, P.CANDIDATES[0], F, C)
+    assert 0 < seconds < 5
+    per_byte, latency = measure_link(nbytes=1 << 16, trips=3)
+    assert per_byte >= 0 and 0 < latency < 1
+
+
+def test_fit_with_strategy_auto_runs_the_concrete_strategy():
+    from fullgraph import fit
+
+    result = fit(tiny_dataset(F, C), strategy="auto", epochs=1, hidden=4)
+    assert result.config.runtime.strategy == "single"
