@@ -128,7 +128,7 @@ def executor_overhead(cfg: Any, cand: P.Candidate, feat_dim: int, classes: int) 
         plan = strategy.setup(dataset, program, torch.device("cpu"), None)
     optimizer = torch.optim.Adam(program.parameters(), lr=0.0)
     best = float("inf")
-    for step in range(4):  # the first warms up
+    for step in range(6):  # the first warms up; the least of the others (load spikes)
         t0 = time.perf_counter()
         strategy.train_step(program, plan, optimizer, seed=step)
         strategy.evaluate(program, plan)
@@ -155,12 +155,14 @@ def plan_rates(graph: Graph, workers: int) -> P.PlanRates:
                        slowdown=core_share(workers, cores or 1), bandwidth=machine.bandwidth)
 
 
-def core_share(workers: int, cores: int) -> float:
-    """How much slower each worker computes than alone on its threads: the workers plus
-    the other processes running now (the 1-minute load average, less this one) share
-    the cores."""
-    try:
-        others = max(0.0, os.getloadavg()[0] - 1.0)
-    except OSError:
-        others = 0.0
-    return max(1.0, (workers + others) / cores)
+def core_share(workers: int, cores: int, load: float | None = None) -> float:
+    """How much slower a worker computes than this process measured: the rates were
+    measured beside the other processes running now (the 1-minute load average less
+    this one), the workers will run beside them and each other."""
+    if load is None:
+        try:
+            load = os.getloadavg()[0]
+        except OSError:
+            load = 1.0
+    others = max(0.0, load - 1.0)
+    return max(1.0, (others + workers) / max(float(cores), others + 1.0))

@@ -188,6 +188,14 @@ def test_executor_overhead_times_the_real_executor_and_the_link_is_measured():
     assert per_byte >= 0 and 0 < latency < 1
 
 
+def test_core_share_counts_the_workers_beside_the_load_the_rates_were_measured_in():
+    from fullgraph.plan_measure import core_share
+
+    assert core_share(2, 2, load=1.0) == 1.0  # idle machine, a core each
+    assert core_share(4, 2, load=1.0) == 2.0  # two workers per core
+    assert core_share(2, 2, load=5.0) == pytest.approx(6 / 5)  # measured at 2/5 of a core
+
+
 def test_fit_with_strategy_auto_runs_the_concrete_strategy():
     from fullgraph import fit
 

@@ -10,6 +10,10 @@ largest per-worker total; measured epoch time is the median over epochs after th
 first of the slowest rank's wall time. It also checks the recommendation: the
 recommended candidate's measured epoch against the fastest measured.
 
+The planner's intermediate data is compared with the bytes autograd saved for the
+backward (``saved_bytes`` of the profile, where the run records it), and its bytes
+per epoch with the largest rank's received bytes of one epoch (every phase).
+
 Prints one row per (graph, workers, candidate) as markdown, then the target checks
 (memory within 25%, time within 1.5x, recommended within 20% of the fastest).
 
@@ -64,14 +68,17 @@ def measure(root: str, dataset: str, workers: int, flags: list[str], epochs: int
         print(f"# failed: {' '.join(flags)}: {proc.stderr.strip()[-300:]}", file=sys.stderr)
         return None
     walls: dict[int, float] = {}
-    peak = 0
+    peak = saved = recv = 0
     for line in out.read_text().splitlines():
         rec = json.loads(line)
         if rec.get("event") == "rank_epoch":
             peak = max(peak, int(rec["peak_mem"]))
+            saved = max(saved, int(rec.get("saved_bytes", 0)))
+            recv = max(recv, sum(rec["bytes_recv"].values()))
             if rec["epoch"] > 1:
                 walls[rec["epoch"]] = max(walls.get(rec["epoch"], 0.0), rec["wall_s"])
-    return {"epoch_s": statistics.median(walls.values()), "peak": peak}
+    return {"epoch_s": statistics.median(walls.values()), "peak": peak, "saved": saved,
+            "recv": recv}
 
 
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -94,19 +101,30 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                              "recommended": est is result.recommended,
                              "mem_pred": result.process_bytes + est.peak.total,
                              "mem_meas": got["peak"], "time_pred": est.seconds,
+                             "inter_pred": max(c.memory["intermediate"] for c in est.costs),
+                             "inter_meas": got["saved"], "moved_pred": est.bytes_moved,
+                             "moved_meas": got["recv"],
                              "time_meas": got["epoch_s"]})
                 print(json.dumps(rows[-1]), flush=True)
     return rows
 
 
+def _pair(row: dict[str, Any], key: str) -> str:
+    meas = row.get(f"{key}_meas", 0)
+    text = f"{row[f'{key}_pred'] / 2**20:.2f} / {meas / 2**20:.2f}" if meas else "- / -"
+    return text
+
+
 def report(rows: list[dict[str, Any]]) -> list[str]:
-    lines = ["| graph | W | strategy | mem pred MiB | mem meas MiB | ratio | epoch pred ms | "
-             "epoch meas ms | ratio |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| graph | W | strategy | peak pred MiB | peak meas MiB | ratio | intermediate "
+             "pred / saved MiB | moved pred / recv MiB | epoch pred ms | epoch meas ms | ratio |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         mark = " (rec.)" if r["recommended"] else ""
         lines.append(f"| {r['graph']} | {r['workers']} | {r['strategy']}{mark} | "
                      f"{r['mem_pred'] / 2**20:.0f} | {r['mem_meas'] / 2**20:.0f} | "
-                     f"{r['mem_pred'] / r['mem_meas']:.2f} | {r['time_pred'] * 1e3:.1f} | "
+                     f"{r['mem_pred'] / r['mem_meas']:.2f} | {_pair(r, 'inter')} | "
+                     f"{_pair(r, 'moved')} | {r['time_pred'] * 1e3:.1f} | "
                      f"{r['time_meas'] * 1e3:.1f} | {r['time_pred'] / r['time_meas']:.2f} |")
     mem_ok = sum(abs(r["mem_pred"] / r["mem_meas"] - 1) <= 0.25 for r in rows)
     time_ok = sum(1 / 1.5 <= r["time_pred"] / r["time_meas"] <= 1.5 for r in rows)
