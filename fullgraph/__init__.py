@@ -1,8 +1,8 @@
 """fullgraph: full-graph GNN training across many workers.
 
 One model definition (a stage program of transform / edge / propagate stages) and
-several executors of it: single-process (the reference), data, tensor and hybrid
-(peer-to-peer) parallelism. See README.md for what is planned beyond these.
+several executors of it: single-process (the reference), data, tensor, hybrid
+(peer-to-peer) and task parallelism. See README.md for what is planned beyond these.
 """
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Byte sizes: reading them from the command line, and accounting for them on a device.
+"""Byte sizes: reading them from the command line, accounting for them on a device, and
+counting the intermediate data autograd saves for the backward pass.
 
 A ground-floor module (it imports nothing of fullgraph), so that kernels, schedules
 and strategies can all use it.
@@ -6,8 +7,11 @@ and strategies can all use it.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
+import torch
 from torch import Tensor
 
 _UNITS = {"": 1, "B": 1, "K": 2**10, "KB": 2**10, "KIB": 2**10, "M": 2**20, "MB": 2**20,
@@ -55,3 +59,40 @@ class MemoryAccount:
 
     def release(self, nbytes: int) -> None:
         self.current -= nbytes
+
+
+class SavedBytes:
+    """Counts the bytes autograd saves for the backward pass while it is active: the
+    intermediate data a training step holds between its forward and its backward.
+
+    Each saved tensor counts once (by storage address and size) however many
+    operations save it; parameters and ``exclude`` tensors (the model's own state) are
+    not counted. Tensors that a recomputed (checkpointed) region would save are not
+    saved, so they are not counted either.
+
+        with SavedBytes(model.parameters()) as saved:
+            loss = forward()
+        saved.bytes  # intermediate data held for loss.backward()
+    """
+
+    def __init__(self, exclude: Iterable[Tensor] = ()) -> None:
+        self._skip = {t.data_ptr() for t in exclude}
+        self._seen: set[tuple[int, int]] = set()
+        self.bytes = 0
+        self._hooks: Any = None
+
+    def _pack(self, t: Tensor) -> Tensor:
+        if t.numel() and t.data_ptr() not in self._skip:
+            key = (t.data_ptr(), t.numel() * t.element_size())
+            if key not in self._seen:
+                self._seen.add(key)
+                self.bytes += key[1]
+        return t
+
+    def __enter__(self) -> SavedBytes:
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._hooks.__exit__(*exc)

@@ -60,6 +60,7 @@ class EpochProfile:
     bytes_sent: dict[str, int] = field(default_factory=dict)
     bytes_recv: dict[str, int] = field(default_factory=dict)
     peak_mem: int = 0
+    saved_bytes: int = 0
     edges_local: int = 0
     edges_redundant: int = 0
     edge_dims: int = 0
@@ -168,16 +169,18 @@ def summary_lines(profiles: list[list[EpochProfile]]) -> list[str]:
                      "sent": sum(sum(p.bytes_sent.values()) for p in per_rank) / len(per_rank),
                      "recv": sum(sum(p.bytes_recv.values()) for p in per_rank) / len(per_rank),
                      "mem": max(p.peak_mem for p in per_rank),
+                     "saved": max(p.saved_bytes for p in per_rank),
                      "edges": per_rank[-1].edges_local + per_rank[-1].edges_redundant,
                      "redundant": per_rank[-1].edges_redundant,
                      "edge_dims": per_rank[-1].edge_dims})
     lines = ["per-rank medians per epoch:",
              "rank  compute_s   cpu_s  comm_s  wait_s  wall_s   sent_MB   recv_MB  peak_MB"
-             "     edges  redundant"]
+             "  saved_MB     edges  redundant"]
     for r in rows:
         lines.append(f"{r['rank']:>4} {r['compute']:>9.3f} {r['cpu']:>7.3f} {r['comm']:>7.3f} "
                      f"{r['wait']:>7.3f} {r['wall']:>7.3f} {r['sent'] / 1e6:>9.2f} "
-                     f"{r['recv'] / 1e6:>9.2f} {r['mem'] / 2**20:>8.0f} {r['edges']:>9d} "
+                     f"{r['recv'] / 1e6:>9.2f} {r['mem'] / 2**20:>8.0f} "
+                     f"{r['saved'] / 2**20:>9.2f} {r['edges']:>9d} "
                      f"{r['redundant']:>10d}")
     comp = [r["compute"] for r in rows]
     work = [r["edge_dims"] for r in rows]

@@ -190,6 +190,7 @@ def train(dataset: Dataset, cfg: Config, *, reporter: Reporter | None = None,
                 best = (acc["val"], epoch, acc["test"], acc["train"],
                         copy.deepcopy(model.state_dict()))
         prof = profiler.end(epoch)
+        prof.saved_bytes = int(stats.extra.get("saved_bytes", 0))
         rec = EpochRecord(epoch, stats.loss, acc["train"], acc["val"], acc["test"], prof.wall_s,
                           stats.forward_s, stats.backward_s, stats.optimizer_s)
         records.append(rec)

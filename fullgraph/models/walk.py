@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import cast
 
+import torch.utils.checkpoint
 from torch import Tensor
 
 from fullgraph.graph.csr import Graph
@@ -147,6 +148,20 @@ class Runner:
         for a fixed normalisation)."""
         raise NotImplementedError
 
+    def transform_run(self, stages: list[int], program: StageProgram, h: Tensor,
+                      carry: Carry) -> Tensor:
+        """Run consecutive T stages ``stages``; by default one after another, each
+        reading its layer input from ``carry`` and a layer-opening stage adding its
+        output there."""
+        infos = describe(program)
+        for s in stages:
+            src = infos[s].layer_input_from
+            h = self.transform(s, program.stages[s], h,
+                               None if src is None else carry.layer_inputs[src])
+            if infos[s].opens_layer:
+                carry.layer_inputs[s] = h
+        return h
+
     def propagate_run(self, stages: list[int], program: StageProgram, h: Tensor,
                       carry: Carry) -> Tensor:
         """Run consecutive P stages ``stages``; by default one after another."""
@@ -178,23 +193,45 @@ def walk(program: StageProgram, runner: Runner, h: Tensor, *, start: int = 0,
     carry = Carry() if carry is None else carry
     s = start
     while s < stop:
-        info, stage = infos[s], program.stages[s]
-        if info.is_propagate:
-            run = [s]
-            while run[-1] + 1 < stop and infos[run[-1] + 1].is_propagate:
-                run.append(run[-1] + 1)
-            h = runner.propagate_run(run, program, h, carry)
-            s = run[-1] + 1
-            continue
+        info = infos[s]
         if info.is_edge:
-            carry.edge_weights[s] = runner.edge(s, stage, h)
+            carry.edge_weights[s] = runner.edge(s, program.stages[s], h)
+            s += 1
+            continue
+        run = [s]  # a run of consecutive stages of one kind, T or P
+        while run[-1] + 1 < stop and infos[run[-1] + 1].kind is info.kind:
+            run.append(run[-1] + 1)
+        if info.is_propagate:
+            h = runner.propagate_run(run, program, h, carry)
         else:
-            src = info.layer_input_from
-            h = runner.transform(s, stage, h, None if src is None else carry.layer_inputs[src])
-            if info.opens_layer:
-                carry.layer_inputs[s] = h
-        s += 1
+            h = runner.transform_run(run, program, h, carry)
+        s = run[-1] + 1
     return h
+
+
+def recomputed_transform_run(runner: Runner, stages: list[int], program: StageProgram,
+                             h: Tensor, carry: Carry) -> Tensor:
+    """``runner.transform_run`` of ``stages`` whose activations are not kept: autograd
+    keeps only the run's inputs and recomputes the stages in the backward pass
+    (``torch.utils.checkpoint``; NeutronTask §5.1 recomputation). Exact, because every
+    stage is a deterministic function of its inputs, the step seed and the row ids
+    (keyed dropout). The stages must not communicate (no ``ctx.row_sum``): they run
+    again, on this worker alone, during the backward pass."""
+    infos = describe(program)
+    outside = sorted({src for s in stages if (src := infos[s].layer_input_from) is not None
+                      and src not in stages})
+    opened = [s for s in stages if infos[s].opens_layer]
+
+    def region(x: Tensor, *layer_inputs: Tensor) -> tuple[Tensor, ...]:
+        local = Carry(layer_inputs=dict(zip(outside, layer_inputs)))
+        out = Runner.transform_run(runner, stages, program, x, local)
+        return (out, *(local.layer_inputs[s] for s in opened))
+
+    outs = torch.utils.checkpoint.checkpoint(
+        region, h, *(carry.layer_inputs[i] for i in outside), use_reentrant=False)
+    for s, value in zip(opened, outs[1:]):
+        carry.layer_inputs[s] = value
+    return outs[0]
 
 
 class GraphRunner(Runner):

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fullgraph.graph.data import Dataset
+from fullgraph.memory import SavedBytes
 from fullgraph.models.stages import StageProgram
 from fullgraph.models.walk import describe
 from fullgraph.partition.options import PartitionOptions
@@ -82,7 +83,8 @@ class Work:
 
 @dataclass
 class StepStats:
-    """Timings and loss of one training step (one epoch)."""
+    """Timings and loss of one training step (one epoch); ``extra["saved_bytes"]``: the
+    intermediate data autograd held between the forward and the backward pass."""
 
     loss: float
     forward_s: float
@@ -182,15 +184,17 @@ class Strategy(ABC, Generic[PlanT]):
         model.train()
         optimizer.zero_grad(set_to_none=True)
         t0 = time.perf_counter()
-        result = self.forward(model, plan, training=True, seed=seed)
-        loss = self.loss(result, plan)
+        with SavedBytes(model.parameters()) as saved:
+            result = self.forward(model, plan, training=True, seed=seed)
+            loss = self.loss(result, plan)
         t1 = time.perf_counter()
         loss.backward()
         self.sync_grads(model, plan)
         t2 = time.perf_counter()
         optimizer.step()
         t3 = time.perf_counter()
-        return StepStats(self.reduce_loss(loss, plan), t1 - t0, t2 - t1, t3 - t2)
+        return StepStats(self.reduce_loss(loss, plan), t1 - t0, t2 - t1, t3 - t2,
+                         {"saved_bytes": saved.bytes})
 
     @torch.no_grad()
     def evaluate(self, model: StageProgram, plan: PlanT) -> dict[str, tuple[int, int]]:

@@ -36,7 +36,7 @@ from fullgraph.graph.blocks import Block, build_block, in_edges
 from fullgraph.graph.csr import Graph
 from fullgraph.memory import MemoryAccount
 from fullgraph.models.stages import EdgeTransform, StageContext, StageProgram
-from fullgraph.models.walk import Carry, Runner, describe, walk
+from fullgraph.models.walk import Carry, Runner, describe, recomputed_transform_run, walk
 from fullgraph.ops import spmm
 from fullgraph.ops.chunked import Chunk, chunked_spmm
 from fullgraph.parallel.base import LocalResult, Plan, Work
@@ -65,6 +65,8 @@ class ColumnPlan(Plan):
             them and none is shared.
         out_rows: when a program ends on a P stage, the rows each rank outputs (None:
             ``row_counts``), and ``out_gids`` their global ids on this rank.
+        recompute: keep no activations of runs of T stages; recompute them in the
+            backward pass (``recomputed_transform_run``).
     """
 
     comm: Comm
@@ -82,6 +84,7 @@ class ColumnPlan(Plan):
 
     column_split: str = "balanced"
     col_ranks: tuple[int, ...] | None = None
+    recompute: bool = False
     out_rows: list[int] | None = None
     out_gids: Tensor | None = None
 
@@ -131,7 +134,16 @@ class PlacementRunner(Runner):
         return h
 
     def transform(self, s: int, stage: Any, h: Tensor, layer_input: Tensor | None) -> Tensor:
-        return stage(self._rows(h, stage.in_dim), self.ctx, layer_input)
+        # rows already: transform_run gathers before a run (and a recomputed run must
+        # not look at the placement, which has moved on by the backward pass)
+        return stage(h, self.ctx, layer_input)
+
+    def transform_run(self, stages: list[int], program: StageProgram, h: Tensor,
+                      carry: Carry) -> Tensor:
+        h = self._rows(h, program.stages[stages[0]].in_dim)  # the gather is not recomputed
+        if self.plan.recompute:
+            return recomputed_transform_run(self, stages, program, h, carry)
+        return super().transform_run(stages, program, h, carry)
 
     def edge(self, s: int, stage: Any, h: Tensor) -> Tensor:
         return _edge_weights(self.plan, stage, self._rows(h, stage.in_dim), self.ctx)

@@ -86,6 +86,9 @@ class TaskParallel(DistributedStrategy[TaskPlan]):
             subgraphs: pipeline every hand-off into the P group over this many
                 subgraphs, each source row sent once and reused (default: 1, no
                 pipeline).
+            recompute: the T group keeps no activations of its runs of T stages and
+                recomputes them in the backward pass (§5.1, Fig. 8c); exact (default:
+                False).
         """
 
         split: str = option("auto", "workers of the T and P groups as T:P, e.g. 1:3; auto: "
@@ -94,6 +97,8 @@ class TaskParallel(DistributedStrategy[TaskPlan]):
                               "memory traffic with its arithmetic, in [0, 1]")
         subgraphs: int = option(1, "pipeline each hand-off into the P group over this many "
                                 "subgraphs; 1: no pipeline")
+        recompute: bool = option(False, "recompute the T stages' activations in the backward "
+                                 "pass instead of keeping them")
 
         def __post_init__(self) -> None:
             split_counts(self.split)  # raises on a malformed split
@@ -106,6 +111,10 @@ class TaskParallel(DistributedStrategy[TaskPlan]):
 
     def setup(self, dataset: Dataset, program: StageProgram, device: torch.device,
               comm: Comm | None = None, dtype: torch.dtype = torch.float32) -> TaskPlan:
+        if self.options.recompute and program.reduces_rows:
+            raise ValueError("--recompute: this model's T stages reduce over all rows (batch "
+                             "normalisation), a collective that cannot run again in the "
+                             "backward pass; train without --recompute or --batch-norm")
         if comm is None or comm.world_size < 2:
             raise ValueError("strategy 'task' runs the T and P stages on different workers: "
                              "it needs at least 2 workers (--workers 2)")
@@ -138,7 +147,7 @@ class TaskParallel(DistributedStrategy[TaskPlan]):
             gids=gids.to(device), features=data.features[gids].to(dtype).to(device),
             col_ranks=split.p_ranks, out_rows=out_rows,
             out_gids=None if out_gids is None else out_gids.to(device),
-            split=split, machine=machine)
+            split=split, machine=machine, recompute=self.options.recompute)
         if has_edge_stage(program):
             plan.edges = edge_plan(graph, row_counts, comm)
             plan.edges.block = plan.edges.block.to(device)
@@ -179,6 +188,8 @@ class TaskParallel(DistributedStrategy[TaskPlan]):
                          f"{split.predicted_p * 1e3:.2f} ms on one worker")
         else:
             lines.append(f"task     split {split.num_t}:{split.num_p} given (--task-split)")
+        if plan.recompute:
+            lines.append("task     T-stage activations recomputed in the backward pass")
         if plan.chunks is not None:
             lines.append(f"task     {len(plan.chunks)} subgraphs pipelined into the P group, "
                          "each source row sent once and reused")

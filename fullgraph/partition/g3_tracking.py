@@ -391,8 +391,8 @@ def select_kernels(use_numba: bool | None) -> Kernels:
         ValueError: ``use_numba=True`` but numba is not installed.
     """
     if use_numba and JIT_KERNELS is None:
-        raise ValueError("use_numba=True but numba is not installed: pip install numba "
-                         "(or fullgraph's 'fast' extra), or pass use_numba=False")
+        raise ValueError("use_numba=True but numba is not installed: pip install "
+                         "'fullgraph[fast]', or pass use_numba=False")
     if use_numba is False or JIT_KERNELS is None:
         return PY_KERNELS
     return JIT_KERNELS

@@ -27,8 +27,8 @@ default weights, one part got 453k vertices and another 146k.
 METIS draws its random choices from ``seed``; the same seed and pymetis build give
 the same book. ``num_parts=1`` never calls METIS (nor needs pymetis).
 
-pymetis is an optional dependency (``pip install pymetis``, or the ``metis`` extra of
-fullgraph); it is imported on first use.
+pymetis is a dependency of fullgraph, imported on first use; without it (a broken
+install) the call says how to install it.
 
 This module must not import torch.distributed or anything above the partition layer.
 

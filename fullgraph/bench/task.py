@@ -1,0 +1,193 @@
+"""NeutronTask's measurements at this machine's scale (a script, not a test).
+
+On one cached R-MAT graph (``--vertices``, ``--edges``, ``--features``; 16 classes,
+hidden 64, 2 layers, 2 propagations when decoupled) every configuration is trained
+for ``--epochs`` epochs through the real launcher (``fullgraph train --workers N``,
+gloo, one thread per worker) and read back from its ``--metrics-out`` file. Per
+configuration:
+
+- ``saved MB``: the intermediate data autograd holds between forward and backward
+  on the worker holding the most (``SavedBytes``: every saved tensor once,
+  parameters excluded) -- NeutronTask Fig. 10's "memory per GPU" without the graph;
+- ``RSS MB``: peak resident memory of the largest worker (graph, features,
+  replicas, allocator slack included);
+- ``MB/epoch``: bytes sent per epoch, all workers (Fig. 15);
+- ``epoch s``: median epoch wall time after the first epoch. Workers share this
+  host's cores, so times are for ratios within one run only.
+
+Tables:
+1. memory and bytes (Figs. 10 and 15): data parallelism (DepComm, DepCache), tensor
+   parallelism, task parallelism coupled, task-decoupled, task-decoupled +
+   recomputation, at ``--workers`` workers, coupled and decoupled models;
+2. the scheduling model (§5.2): predicted T and P times and the split it picks,
+   against the measured per-group compute and the epoch time of every split;
+3. the subgraph pipeline (Fig. 14a): ``--subgraphs`` 1, 2 and 4.
+
+    python -m fullgraph.bench.task
+    python -m fullgraph.bench.task --vertices 4000 --edges 40000 --epochs 3   # quick
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from fullgraph.runlog import read_run_log
+
+CLASSES, HIDDEN = 16, 64
+
+
+def dataset_dir(args: argparse.Namespace) -> Path:
+    """The R-MAT dataset, generated once into the cache; returns its processed directory."""
+    from fullgraph.graph import store, synthetic
+
+    where = Path(args.cache) / (f"task-rmat-{args.vertices}-{args.edges}-{args.features}-"
+                                f"{CLASSES}-{args.seed}")
+    if not store.is_cached(where):
+        ds = synthetic.rmat(args.vertices, args.edges // 2, seed=args.seed,
+                            num_features=args.features, num_classes=CLASSES, symmetrize=True)
+        store.save_dataset(ds, where)
+    return where
+
+
+def run(args: argparse.Namespace, data: Path, workers: int, flags: list[str]) -> dict[str, Any]:
+    """Train one configuration through the launcher; its numbers from the metrics file."""
+    with tempfile.TemporaryDirectory(prefix="fullgraph-bench-task-") as tmp:
+        metrics = Path(tmp) / "m.jsonl"
+        cmd = [sys.executable, "-m", "fullgraph.cli", "train", "--dataset", str(data),
+               "--hidden", str(HIDDEN), "--epochs", str(args.epochs), "--workers",
+               str(workers), "--oversubscribe", "--progress", "off", "--quiet",
+               "--metrics-out", str(metrics), "--threads", "1", *flags]
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        if done.returncode != 0:
+            return {"error": (done.stderr or done.stdout).strip().splitlines()[-1:]}
+        log = read_run_log(metrics)
+    ranks = {r: recs[1:] or recs for r, recs in log.ranks.items()}  # drop epoch 1 (warm-up)
+    epochs = log.epochs[1:] or log.epochs
+    return {
+        "saved_mb": max(max(x.get("saved_bytes", 0) for x in recs) for recs in ranks.values())
+        / 2**20,
+        "rss_mb": max(max(x.get("peak_mem", 0) for x in recs) for recs in ranks.values()) / 2**20,
+        "mb_epoch": statistics.median(
+            sum(sum(x["bytes_sent"].values()) for x in (recs[i] for recs in ranks.values()))
+            for i in range(len(epochs))) / 1e6,
+        "epoch_s": statistics.median(e["epoch_s"] for e in epochs),
+        "compute_s": {r: statistics.median(x["compute_s"] for x in recs)
+                      for r, recs in ranks.items()},
+        "test_acc": (log.summary or {}).get("test_acc"),
+    }
+
+
+MEMORY_ROWS = [
+    ("data, DepComm", ["--strategy", "data", "--dep-mode", "depcomm"]),
+    ("data, DepCache", ["--strategy", "data", "--dep-mode", "depcache"]),
+    ("tensor", ["--strategy", "tensor"]),
+    ("task", ["--strategy", "task"]),
+    ("task + recompute", ["--strategy", "task", "--recompute"]),
+]
+
+
+def memory_table(args: argparse.Namespace, data: Path) -> list[str]:
+    lines = [f"### Memory and bytes per epoch, {args.workers} workers (Figs. 10 and 15)", "",
+             "| strategy | model | saved MB (max worker) | RSS MB (max worker) | MB/epoch, "
+             "all workers | epoch s |", "|---|---|---:|---:|---:|---:|"]
+    for label, flags in MEMORY_ROWS:
+        for form, extra in (("coupled", []), ("decoupled", ["--decoupled", "--num-props", "2"])):
+            r = run(args, data, args.workers, flags + extra)
+            print(json.dumps({"table": "memory", "config": label, "model": form, **r}),
+                  flush=True)
+            if "error" in r:
+                lines.append(f"| {label} | {form} | failed: {r['error']} | | | |")
+                continue
+            lines.append(f"| {label} | {form} | {r['saved_mb']:.2f} | {r['rss_mb']:.0f} | "
+                         f"{r['mb_epoch']:.2f} | {r['epoch_s']:.3f} |")
+    return lines
+
+
+def schedule_table(args: argparse.Namespace, data: Path) -> list[str]:
+    """Predicted T / P times and split against every split measured (decoupled GCN)."""
+    import torch
+
+    from fullgraph.comm.group import single_comm
+    from fullgraph.graph import store
+    from fullgraph.models import build_model
+    from fullgraph.parallel.taskmodel import choose_split, measure_machine, predict_times
+
+    ds = store.load_dataset(data)
+    model = build_model("gcn", ds.data.num_features, HIDDEN, CLASSES, num_layers=2,
+                        decoupled=True, num_props=2)
+    machine = measure_machine(single_comm())
+    t_time, p_time = predict_times(model, ds.graph.num_dst, ds.graph.num_edges, machine, 0.5,
+                                   torch.empty(0).element_size())
+    pick = choose_split(args.workers, t_time, p_time)
+    lines = [f"### Scheduling model, {args.workers} workers, decoupled GCN (§5.2)", "",
+             f"{machine.describe()}; predicted forward on one worker: T {t_time * 1e3:.1f} ms, "
+             f"P {p_time * 1e3:.1f} ms; split chosen {pick.num_t}:{pick.num_p}", "",
+             "| split | epoch s | T-group compute s (max) | P-group compute s (max) |",
+             "|---|---:|---:|---:|"]
+    for num_t in range(1, args.workers):
+        split = f"{num_t}:{args.workers - num_t}"
+        r = run(args, data, args.workers, ["--strategy", "task", "--decoupled", "--num-props",
+                                           "2", "--task-split", split])
+        print(json.dumps({"table": "schedule", "split": split, **r}), flush=True)
+        if "error" in r:
+            lines.append(f"| {split} | failed: {r['error']} | | |")
+            continue
+        comp = r["compute_s"]
+        t_max = max(comp[k] for k in comp if k < num_t)
+        p_max = max(comp[k] for k in comp if k >= num_t)
+        mark = " (chosen)" if num_t == pick.num_t else ""
+        lines.append(f"| {split}{mark} | {r['epoch_s']:.3f} | {t_max:.3f} | {p_max:.3f} |")
+    return lines
+
+
+def pipeline_table(args: argparse.Namespace, data: Path) -> list[str]:
+    lines = [f"### Subgraph pipeline, {args.workers} workers, decoupled GCN (Fig. 14a)", "",
+             "| subgraphs | epoch s | MB/epoch |", "|---:|---:|---:|"]
+    for s in (1, 2, 4):
+        r = run(args, data, args.workers, ["--strategy", "task", "--decoupled", "--num-props",
+                                           "2", "--subgraphs", str(s)])
+        print(json.dumps({"table": "pipeline", "subgraphs": s, **r}), flush=True)
+        if "error" in r:
+            lines.append(f"| {s} | failed: {r['error']} | |")
+            continue
+        lines.append(f"| {s} | {r['epoch_s']:.3f} | {r['mb_epoch']:.2f} |")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--vertices", type=int, default=20_000)
+    p.add_argument("--edges", type=int, default=400_000, help="edges after symmetrisation")
+    p.add_argument("--features", type=int, default=128)
+    p.add_argument("--workers", type=int, default=4)
+    p.add_argument("--epochs", type=int, default=6, help="epochs per run (the first is "
+                   "left out of the medians)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--cache", default="/tmp/fullgraph-bench")
+    p.add_argument("--tables", default="memory,schedule,pipeline")
+    args = p.parse_args(argv)
+    if args.workers < 2:
+        p.error("--workers: task parallelism needs at least 2")
+    data = dataset_dir(args)
+    print(f"python -m fullgraph.bench.task {' '.join(sys.argv[1:] if argv is None else argv)}")
+    print(f"{datetime.date.today()}, {platform.machine()} {os.cpu_count()} cores, "
+          f"R-MAT {args.vertices} vertices, {args.edges} edges, {args.features} features, "
+          f"{args.workers} workers, {args.epochs} epochs per run\n")
+    tables = {"memory": memory_table, "schedule": schedule_table, "pipeline": pipeline_table}
+    for name in args.tables.split(","):
+        print("\n".join(tables[name](args, data)) + "\n", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
