@@ -61,7 +61,7 @@ def test_choices_are_read_from_the_registries(monkeypatch):
     choices = {a.option_strings[0]: a.choices for a in config_actions()}
     assert list(choices["--model"]) == list(models.MODELS)
     assert list(choices["--partitioner"]) == list(PARTITIONERS)
-    assert list(choices["--strategy"]) == list(STRATEGIES)
+    assert list(choices["--strategy"]) == [*STRATEGIES, "auto"]  # auto: the planner's choice
     assert list(choices["--dep-mode"]) == list(MODES)
     assert list(choices["--p2p-schedule"]) == list(SCHEDULES)
 
