@@ -187,7 +187,8 @@ def explain(result: PlanResult) -> list[str]:
     others = sorted((e for e in result.estimates if e is not best and e.fits),
                     key=lambda e: e.seconds)
     nxt = (f"{others[0].candidate.label} next at {others[0].seconds * 1e3:.1f} ms"
-           if others else "no other strategy fits")
+           if others else "the only one on 1 worker" if result.workers == 1
+           else "no other strategy fits")
     skipped = [e.candidate.label for e in result.estimates if not e.fits]
     if not best.fits:
         return [f"recommended: {best.candidate.label} "
