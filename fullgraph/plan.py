@@ -10,7 +10,7 @@ the strategies' setup builds them (``parallel.rowplan.plan_rows`` for data
 parallelism, the row / column placements for tensor and task parallelism); widths
 from the program. Work per worker (edge x columns aggregated, GEMM flops, bytes and
 message rounds) is turned into seconds by ``predict_seconds`` with rates measured on
-this machine (``plan_rates``). An epoch is a training step plus one evaluation
+this machine (``fullgraph.plan_measure``). An epoch is a training step plus one evaluation
 forward, as ``train`` times it: aggregation and halos count 3 times (forward,
 backward, evaluation), transforms 4 times (forward, two backward GEMMs, evaluation).
 
