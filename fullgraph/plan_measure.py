@@ -114,25 +114,44 @@ def candidate_config(cfg: Any, cand: P.Candidate) -> Any:
 
 def executor_overhead(cfg: Any, cand: P.Candidate, feat_dim: int, classes: int) -> float:
     """Seconds of one epoch (training step and evaluation) of ``cand``'s executor at world
-    size 1 on ``tiny_dataset`` (task parallelism, which needs 2 workers, is timed as
-    tensor parallelism, whose executor it shares)."""
-    if cand.strategy == "task":
+    size 1 on ``tiny_dataset`` (see ``executor_overheads``)."""
+    return executor_overheads(cfg, [cand], feat_dim, classes)[cand.label]
+
+
+def _tiny_run(cfg: Any, cand: P.Candidate, dataset: Dataset) -> Any:
+    """A closure running one epoch of ``cand`` on ``dataset`` in this process."""
+    if cand.strategy == "task":  # needs 2 workers; it shares tensor parallelism's executor
         cand = P.Candidate("tensor", "tensor")
-    run_cfg = candidate_config(cfg, cand)
-    dataset = tiny_dataset(feat_dim, classes)
+    data = dataset.data
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        strategy = build_strategy(run_cfg)
-        program = build_model(cfg.model.name, feat_dim, cfg.model.hidden, classes,
-                              **cfg.model.build_options())
+        strategy = build_strategy(candidate_config(cfg, cand))
+        program = build_model(cfg.model.name, data.num_features, cfg.model.hidden,
+                              data.num_classes, **cfg.model.build_options())
         plan = strategy.setup(dataset, program, torch.device("cpu"), None)
     optimizer = torch.optim.Adam(program.parameters(), lr=0.0)
-    best = float("inf")
-    for step in range(6):  # the first warms up; the least of the others (load spikes)
-        t0 = time.perf_counter()
+
+    def epoch(step: int) -> None:
         strategy.train_step(program, plan, optimizer, seed=step)
         strategy.evaluate(program, plan)
-        best = min(best, time.perf_counter() - t0) if step else best
+    return epoch
+
+
+def executor_overheads(cfg: Any, cands: list[P.Candidate], feat_dim: int, classes: int,
+                       rounds: int = 5) -> dict[str, float]:
+    """Per candidate, seconds of one epoch of its executor at world size 1 on
+    ``tiny_dataset``: the least over ``rounds`` rounds that time every candidate in
+    turn (a load spike then hits one round, not one candidate)."""
+    dataset = tiny_dataset(feat_dim, classes)
+    runs = {c.label: _tiny_run(cfg, c, dataset) for c in cands}
+    for run in runs.values():
+        run(0)  # warm-up
+    best = dict.fromkeys(runs, float("inf"))
+    for step in range(1, rounds + 1):
+        for label, run in runs.items():
+            t0 = time.perf_counter()
+            run(step)
+            best[label] = min(best[label], time.perf_counter() - t0)
     return best
 
 

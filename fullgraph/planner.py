@@ -25,7 +25,7 @@ from fullgraph.partition import PartitionBook, partition
 from fullgraph.plan_measure import (
     available_ram,
     candidate_config,
-    executor_overhead,
+    executor_overheads,
     plan_rates,
     rss_bytes,
 )
@@ -77,45 +77,46 @@ def _book(cfg: Any, dataset: Dataset, workers: int) -> PartitionBook:
 
 def price(cfg: Any, dataset: Dataset, rates: P.PlanRates,
           overheads: bool = True) -> list[Estimate]:
-    """Every candidate for ``cfg.launch.workers`` workers (task needs 2 or more); each
-    candidate's executor overhead measured here unless ``overheads`` is False (then
-    ``rates.overhead`` for all)."""
+    """Every candidate for ``cfg.launch.workers`` workers (task needs 2 or more; one
+    worker: ``single``); each candidate's executor overhead measured here unless
+    ``overheads`` is False (then ``rates.overhead`` for all)."""
     workers = cfg.launch.workers
     program = _program(dataset, cfg)
     graph, _ = propagation_inputs(program, dataset.graph)
-    feat = dataset.data.num_features
-    if workers == 1:
-        one = PartitionBook.from_assignment(torch.zeros(graph.num_dst, dtype=torch.int64), 1)
-        cost = P.data_cost(program, graph, P.data_rows(program, graph, one, 0, "depcomm"), 1,
-                           feat)
-        cand = P.Candidate("single", "single")
-        r = rates if not overheads else replace(rates, overhead=executor_overhead(
-            cfg, cand, feat, dataset.data.num_classes))
-        return [Estimate(cand, [cost], P.predict_seconds(cost, r))]
-    book = _book(cfg, dataset, workers)
-    dep_rates = costmodel.Rates(rates.byte, rates.edge, rates.flop * 64)
+    cands = [P.Candidate("single", "single")] if workers == 1 else list(P.CANDIDATES)
+    measured = (executor_overheads(cfg, cands, dataset.data.num_features,
+                                   dataset.data.num_classes) if overheads else {})
+    book = _book(cfg, dataset, workers) if workers > 1 else PartitionBook.from_assignment(
+        torch.zeros(graph.num_dst, dtype=torch.int64), 1)
     out = []
-    for cand in P.CANDIDATES:
-        split = None
-        if cand.strategy in ("data", "p2p"):
-            mode = cand.overrides.get("data_parallel", {}).get("mode", "depcomm")
-            costs = [P.data_cost(program, graph, P.data_rows(program, graph, book, r, mode,
-                                                             dep_rates), workers, feat)
-                     for r in range(workers)]
-        elif cand.strategy == "tensor":
-            chunks = cand.overrides.get("tensor_parallel", {}).get("num_chunks")
-            costs = [P.tensor_cost(program, graph, r, workers, feat, chunks)
-                     for r in range(workers)]
-        else:
-            machine = taskmodel.Machine(1.0 / rates.flop, rates.bandwidth)
-            t, p = taskmodel.predict_times(program, graph.num_dst, graph.num_edges, machine,
-                                           cfg.options["task_parallel"].gamma)
-            split = taskmodel.choose_split(workers, t, p)
-            costs = P.task_costs(program, graph, workers, feat, split)
-        r = rates if not overheads else replace(rates, overhead=executor_overhead(
-            cfg, cand, feat, dataset.data.num_classes))
+    for cand in cands:
+        costs, split = _costs(cfg, cand, program, graph, book, rates,
+                              dataset.data.num_features)
+        r = replace(rates, overhead=measured[cand.label]) if overheads else rates
         out.append(Estimate(cand, costs, P.epoch_seconds(cand.label, costs, r, split)))
     return out
+
+
+def _costs(cfg: Any, cand: P.Candidate, program: StageProgram, graph: Any,
+           book: PartitionBook, rates: P.PlanRates,
+           feat: int) -> tuple[list[P.RankCost], taskmodel.TaskSplit | None]:
+    """Every worker's costs under ``cand`` (and task parallelism's split)."""
+    workers = book.num_parts
+    if cand.strategy in ("data", "p2p", "single"):
+        mode = cand.overrides.get("data_parallel", {}).get("mode", "depcomm")
+        dep_rates = costmodel.Rates(rates.byte, rates.edge, rates.flop * 64)
+        return [P.data_cost(program, graph, P.data_rows(program, graph, book, r, mode,
+                                                        dep_rates), workers, feat)
+                for r in range(workers)], None
+    if cand.strategy == "tensor":
+        chunks = cand.overrides.get("tensor_parallel", {}).get("num_chunks")
+        return [P.tensor_cost(program, graph, r, workers, feat, chunks)
+                for r in range(workers)], None
+    machine = taskmodel.Machine(1.0 / rates.flop, rates.bandwidth)
+    t, p = taskmodel.predict_times(program, graph.num_dst, graph.num_edges, machine,
+                                   cfg.options["task_parallel"].gamma)
+    split = taskmodel.choose_split(workers, t, p)
+    return P.task_costs(program, graph, workers, feat, split), split
 
 
 def device_budget(cfg: Any) -> int | None:

@@ -144,7 +144,8 @@ def cora_env(shared_datasets, monkeypatch):
 
 def test_cli_plan_on_cora_prints_every_strategy_and_a_recommendation(cora_env, capsys,
                                                                      monkeypatch):
-    monkeypatch.setattr(planner, "executor_overhead", lambda *a: 1e-3)  # timed below
+    monkeypatch.setattr(planner, "executor_overheads",
+                        lambda cfg, cands, *a: {c.label: 1e-3 for c in cands})  # timed below
     assert main(["plan", "--dataset", "cora", "--workers", "2"]) == 0
     out = capsys.readouterr().out
     for cand in P.CANDIDATES:
@@ -160,7 +161,8 @@ def test_strategy_auto_is_resolved_before_the_workers_launch(cora_env, monkeypat
 
     seen: list[list[str]] = []
     monkeypatch.setattr(planner, "plan_rates", lambda graph, workers: RATES)  # measured above
-    monkeypatch.setattr(planner, "executor_overhead", lambda *a: 1e-3)
+    monkeypatch.setattr(planner, "executor_overheads",
+                        lambda cfg, cands, *a: {c.label: 1e-3 for c in cands})
     monkeypatch.setattr(launch, "launch_local", lambda argv, *a, **k: seen.append(argv) or 0)
     assert main(["train", "--dataset", "cora", "--workers", "2", "--strategy", "auto",
                  "--epochs", "1"]) == 0
