@@ -20,7 +20,8 @@ TRAIN_FLAGS = sorted("""
 --backend --timeout --run-dir --keep-run-dir --oversubscribe --partitioner --partition-file
 --partition-seed --dep-mode --byte-cost --edge-cost --vertex-cost --device-memory --num-chunks
 --column-split --pipeline --nn-device --p2p-schedule --bin-memory --bin-size
---checkpoint-dir --checkpoint-every --resume --save-model --task-split --task-gamma --subgraphs
+--checkpoint-dir --checkpoint-every --resume --save-model
+--task-split --task-gamma --subgraphs --recompute
 """.split())
 
 

@@ -49,15 +49,14 @@ def check_all(comm, cases):
 
 
 # On 3 workers (odd, uneven parts) every pair of axes in full: each model and form
-# with each partitioner under two schedules, shifted so that every (model/form,
-# schedule) and every (partitioner, schedule) pair also appears (64 of the 128
-# combinations); on 1, 2 and 4 every model and form with the partitioner, schedule
-# and bin size rotating so that each world size sees all four of each, keeping the
-# suite's time in bounds.
+# with each partitioner, the schedule shifted so that every (model/form, schedule)
+# and every (partitioner, schedule) pair also appears (32 of the 128 combinations);
+# on 1, 2 and 4 every model and form with the partitioner, schedule and bin size
+# rotating so that each world size sees all four of each, keeping the suite's time
+# in bounds.
 PAIRS = list(itertools.product(MODELS, [False, True]))
-FULL = [(m, d, part, SCHEDULE_NAMES[(i + k + shift) % 4], BIN_SIZES[(i + k) % 3])
-        for i, (m, d) in enumerate(PAIRS) for k, part in enumerate(PARTITIONERS)
-        for shift in (0, 2)]
+FULL = [(m, d, part, SCHEDULE_NAMES[(i + k) % 4], BIN_SIZES[(i + k) % 3])
+        for i, (m, d) in enumerate(PAIRS) for k, part in enumerate(PARTITIONERS)]
 
 
 def rotated(shift: int) -> list[tuple]:
@@ -65,7 +64,10 @@ def rotated(shift: int) -> list[tuple]:
              BIN_SIZES[i % 3]) for i, (m, d) in enumerate(PAIRS)]
 
 
-CASES = {1: rotated(0), 2: rotated(1), 3: FULL, 4: rotated(3)}
+# one worker (nothing pushed) and four (the most processes on 2 cores) run half of
+# their rotation: the four models coupled on one, decoupled on four, each under all
+# four schedules
+CASES = {1: rotated(0)[::2], 2: rotated(1), 3: FULL, 4: rotated(3)[1::2]}
 
 
 @pytest.mark.dist
