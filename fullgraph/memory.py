@@ -82,7 +82,9 @@ class SavedBytes:
         self._hooks: Any = None
 
     def _pack(self, t: Tensor) -> Tensor:
-        if t.numel() and t.data_ptr() not in self._skip:
+        # a sparse tensor (the graph's adjacency, kept by a sparse product) has no
+        # single storage to key by, and it is the graph, not intermediate data
+        if t.layout is torch.strided and t.numel() and t.data_ptr() not in self._skip:
             key = (t.data_ptr(), t.numel() * t.element_size())
             if key not in self._seen:
                 self._seen.add(key)

@@ -100,3 +100,7 @@ def test_saved_bytes_counts_each_tensor_once_and_skips_parameters():
         with torch.no_grad():
             torch.relu(layer(x))
     assert saved.bytes == 0
+    adjacency = torch.eye(7).to_sparse_csr()  # kept by the sparse product: not counted
+    with SavedBytes() as saved:
+        (adjacency @ x.requires_grad_()).sum()
+    assert saved.bytes == 0
