@@ -4,7 +4,8 @@ hand-computed bytes between its groups, and refuses impossible splits.
 The T group (ranks 0..N_t-1) runs T and E stages on row blocks, the P group the P
 stages on column slices of every vertex. World sizes 2-5, the four models coupled and
 decoupled, the split from the scheduling model or given, with and without the
-subgraph pipeline: every value of every axis appears (a rotation, not the product).
+subgraph pipeline, with and without recomputation: every value of every axis
+appears (a rotation, not the product).
 """
 from __future__ import annotations
 
@@ -30,31 +31,33 @@ SPLITS = {2: ["auto", "1:1"], 3: ["auto", "1:2", "2:1"], 4: ["auto", "1:3", "3:1
           5: ["auto", "2:3", "4:1"]}
 
 
-def cases_for(world: int) -> list[tuple[str, bool, str, int]]:
+def cases_for(world: int) -> list[tuple[str, bool, str, int, bool]]:
     """Half of the model x coupled/decoupled combinations on each world size (2 and 3
     together run all eight, and so do 4 and 5); splits and subgraph counts rotate, so
-    every split of every world size and S in {1, 3} appear."""
+    every split of every world size, S in {1, 3} and recomputation on and off appear."""
     splits = SPLITS[world]
     combos = [(m, d) for m in MODELS for d in (False, True)]
     half = combos[world % 2::2]
-    return [(name, decoupled, splits[i % len(splits)], 1 + 2 * ((i + world // 2) % 2))
-            for i, (name, decoupled) in enumerate(half)]
+    return [(name, decoupled, splits[i % len(splits)], 1 + 2 * ((i + world // 2) % 2),
+             (i + world) % 2 == 1) for i, (name, decoupled) in enumerate(half)]
 
 
 def check_task(comm, cases):
     dataset = make_dataset()
     refs = {}
-    for name, decoupled, split, subgraphs in cases:
+    for name, decoupled, split, subgraphs, recompute in cases:
         if (name, decoupled) not in refs:
             model = make_model(name, decoupled, 9, 3)
             losses, (out, _), _ = run_epochs(SingleProcess(), dataset, model, None)
             refs[name, decoupled] = (losses, out, model)
         ref_losses, ref_out, ref_model = refs[name, decoupled]
         model = make_model(name, decoupled, 9, 3)
-        strategy = TaskParallel(TaskParallel.Options(split=split, subgraphs=subgraphs))
+        strategy = TaskParallel(TaskParallel.Options(split=split, subgraphs=subgraphs,
+                                                     recompute=recompute))
         losses, (out, gids), plan = run_epochs(strategy, dataset, model, comm)
         where = (f"{name} decoupled={decoupled} split={split} S={subgraphs} "
-                 f"rank {comm.rank}/{comm.world_size}")
+                 f"recompute={recompute} rank {comm.rank}/{comm.world_size}")
+        assert plan.recompute == recompute, where
         if split != "auto":
             assert f"{plan.split.num_t}:{plan.split.num_p}" == split, where
         torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), msg=where)
