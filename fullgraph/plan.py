@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from fullgraph.comm.placement import even_counts
 from fullgraph.graph.csr import Graph
 from fullgraph.models.stages import StageProgram
 from fullgraph.models.walk import describe
@@ -207,10 +208,6 @@ def _in_edge_slice(graph: Graph, rows: np.ndarray) -> np.ndarray:
             + np.arange(int(counts.sum()), dtype=np.int64))
 
 
-def _even(total: int, parts: int) -> list[int]:
-    return [total // parts + (1 if i < total % parts else 0) for i in range(parts)]
-
-
 def _whole_topology(graph: Graph, itemsize: int, norms: int) -> int:
     """CSR and its transpose (the backward) plus the edge norms."""
     return 2 * (graph.num_dst + 1 + graph.num_edges) * INDEX + norms * graph.num_edges * itemsize
@@ -220,7 +217,7 @@ def tensor_cost(program: StageProgram, graph: Graph, rank: int, world: int, feat
                 chunks: int | None = None, itemsize: int = 4) -> RankCost:
     """One tensor-parallel worker: rows for T stages, a column slice of every vertex
     for P stages, the whole topology (in host memory when chunked)."""
-    n, rows = graph.num_dst, _even(graph.num_dst, world)[rank]
+    n, rows = graph.num_dst, even_counts(graph.num_dst, world)[rank]
     topo = _whole_topology(graph, itemsize, max(1, len(program.norms)))
     inter = edge_dims = flops = moved = rounds = 0
     on_rows = True
@@ -264,12 +261,12 @@ def task_costs(program: StageProgram, graph: Graph, world: int, feat_dim: int,
     for rank in range(world):
         on_t = rank < split.num_t
         group = split.num_t if on_t else split.num_p
-        rows = _even(n, split.num_t)[rank] if on_t else 0
+        rows = even_counts(n, split.num_t)[rank] if on_t else 0
         inter = edge_dims = flops = moved = rounds = 0
         for info, stage in zip(describe(program), program.stages):
             d_in = int(stage.in_dim)
             if info.is_propagate and not on_t:
-                cols = _even(d_in, group)[rank - split.num_t]
+                cols = even_counts(d_in, group)[rank - split.num_t]
                 inter += n * cols * itemsize
                 edge_dims += graph.num_edges * cols
                 moved += AGG_PASSES * n * cols * itemsize

@@ -37,6 +37,11 @@ if TYPE_CHECKING:
     from fullgraph.comm.group import Comm
 
 
+def even_counts(total: int, parts: int) -> list[int]:
+    """``total`` split into ``parts`` near-equal contiguous counts (the first get one more)."""
+    return [total // parts + (1 if p < total % parts else 0) for p in range(parts)]
+
+
 @dataclass(frozen=True)
 class RowColLayout:
     """Row blocks and column slices of an (N, D) tensor over R ranks.
@@ -64,19 +69,15 @@ class RowColLayout:
         object.__setattr__(self, "row_counts", rows)
         object.__setattr__(self, "col_counts", cols)
 
-    @staticmethod
-    def _even(total: int, parts: int) -> list[int]:
-        return [total // parts + (1 if p < total % parts else 0) for p in range(parts)]
-
     @classmethod
     def even(cls, num_rows: int, num_cols: int, world_size: int) -> RowColLayout:
         """Near-equal contiguous blocks of rows and columns (the first ranks get one more)."""
-        return cls(cls._even(num_rows, world_size), cls._even(num_cols, world_size))
+        return cls(even_counts(num_rows, world_size), even_counts(num_cols, world_size))
 
     @classmethod
     def for_rows(cls, row_counts: Sequence[int], num_cols: int) -> RowColLayout:
         """Given row blocks (e.g. partition sizes) and near-equal column slices."""
-        return cls(row_counts, cls._even(num_cols, len(row_counts)))
+        return cls(row_counts, even_counts(num_cols, len(row_counts)))
 
     @classmethod
     def balanced(cls, row_counts: Sequence[int], num_cols: int) -> RowColLayout:

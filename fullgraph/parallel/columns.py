@@ -30,7 +30,13 @@ from torch import Tensor
 from fullgraph.comm.exchange import ExchangeTable
 from fullgraph.comm.group import Comm
 from fullgraph.comm.halo import halo_fetch
-from fullgraph.comm.placement import RowColLayout, cols_to_rows, gather_rows, rows_to_cols
+from fullgraph.comm.placement import (
+    RowColLayout,
+    cols_to_rows,
+    even_counts,
+    gather_rows,
+    rows_to_cols,
+)
 from fullgraph.comm.reduce import row_sum
 from fullgraph.graph.blocks import Block, build_block, in_edges
 from fullgraph.graph.csr import Graph
@@ -98,10 +104,9 @@ class ColumnPlan(Plan):
         """Rows as ``row_counts``, ``dim`` columns over the column ranks."""
         if dim not in self.layouts:
             if self.col_ranks is not None:
-                owners = self.col_ranks
                 cols = [0] * len(self.row_counts)
-                for i, r in enumerate(owners):
-                    cols[r] = dim // len(owners) + (1 if i < dim % len(owners) else 0)
+                for r, count in zip(self.col_ranks, even_counts(dim, len(self.col_ranks))):
+                    cols[r] = count
                 self.layouts[dim] = RowColLayout(self.row_counts, cols)
             elif self.column_split == "balanced":
                 self.layouts[dim] = RowColLayout.balanced(self.row_counts, dim)

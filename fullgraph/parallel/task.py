@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import torch
 
 from fullgraph.comm.group import Comm
+from fullgraph.comm.placement import even_counts
 from fullgraph.fields import option
 from fullgraph.graph.data import Dataset
 from fullgraph.memory import MemoryAccount
@@ -59,10 +60,6 @@ class TaskPlan(ColumnPlan):
 
     split: TaskSplit | None = None
     machine: str = ""
-
-
-def _even(total: int, parts: int) -> list[int]:
-    return [total // parts + (1 if i < total % parts else 0) for i in range(parts)]
 
 
 @register
@@ -125,13 +122,13 @@ class TaskParallel(DistributedStrategy[TaskPlan]):
             raise ValueError(f"--subgraphs {self.options.subgraphs} is more than the graph's "
                              f"{n} vertices")
         split, machine = self._split(program, graph.num_dst, graph.num_edges, comm, dtype)
-        row_counts = _even(n, split.num_t) + [0] * split.num_p
+        row_counts = even_counts(n, split.num_t) + [0] * split.num_p
         start = sum(row_counts[:comm.rank])
         gids = torch.arange(start, start + row_counts[comm.rank])
         # the output ends on the P group's rows when the last stage is a P stage that
         # is not pipelined (a pipelined segment ends with its gather to the T rows)
         on_p = describe(program)[-1].is_propagate and self.options.subgraphs == 1
-        out_rows = [0] * split.num_t + _even(n, split.num_p) if on_p else None
+        out_rows = [0] * split.num_t + even_counts(n, split.num_p) if on_p else None
         out_gids = None
         if out_rows is not None:
             lo = sum(out_rows[:comm.rank])

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from fullgraph.comm.group import Comm
+from fullgraph.comm.placement import even_counts
 from fullgraph.fields import option
 from fullgraph.graph.data import Dataset
 from fullgraph.memory import MemoryAccount, parse_bytes
@@ -121,7 +122,7 @@ class TensorParallel(DistributedStrategy[ColumnPlan]):
         # chunked propagation streams the topology and edge weights from host memory
         graph_device = torch.device("cpu") if self._chunked else rows_device
         n, world = graph.num_dst, comm.world_size
-        row_counts = [n // world + (1 if r < n % world else 0) for r in range(world)]
+        row_counts = even_counts(n, world)
         start = sum(row_counts[:comm.rank])
         gids = torch.arange(start, start + row_counts[comm.rank])
         data = dataset.data

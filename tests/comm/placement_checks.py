@@ -22,7 +22,7 @@ from fullgraph.comm import (
     rows_to_cols,
 )
 from fullgraph.comm.halo import _HaloFetch, _HaloScatterAdd
-from fullgraph.comm.placement import _ColsToRows, _RowsToCols
+from fullgraph.comm.placement import _ColsToRows, _RowsToCols, even_counts
 
 
 def fresh_counter(comm: Comm, **changes) -> Comm:
@@ -224,7 +224,7 @@ def check_shared_columns(comm: Comm) -> None:
     """Balanced layout: D // R columns each plus D % R replicated ones; values, gradients."""
     world, r = comm.world_size, comm.rank
     n, d = 10, 7
-    layout = RowColLayout.balanced(RowColLayout._even(n, world), d)
+    layout = RowColLayout.balanced(even_counts(n, world), d)
     full = rnd(11, n, d)
     mine = full[layout.row_slice(r)].clone().requires_grad_(True)
     cols = rows_to_cols(mine, layout, comm)
