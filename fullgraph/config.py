@@ -252,9 +252,43 @@ class LaunchConfig:
         _require(self.timeout_s > 0, "launch", "timeout_s", self.timeout_s, "> 0")
 
 
+ADAPT_MODES = ("off", "adjust")
+
+
+@dataclass(frozen=True, kw_only=True)
+class AdaptConfig:
+    """The resource-aware runtime (NeutronCloud): injected slowdowns and adaptation.
+
+    ``mode=adjust`` re-chooses DepCache / DepComm for every remote dependency after
+    each epoch from measured costs (data parallelism; exact). ``inject`` makes chosen
+    workers slow on a seeded schedule (sleep or a real CPU throttle), for studying
+    adaptation; see ``fullgraph.adapt.inject`` for the spec.
+    """
+
+    mode: str = option("off", "adapt to measured worker speed: off, or adjust (online "
+                       "DepCache/DepComm choice, exact; --strategy data)", choices=ADAPT_MODES)
+    cache_budget_mb: float | None = option(None, "adjust: most MB of DepCache storage cost "
+                                           "(NeutronCloud formula 12) per worker; unset: no "
+                                           "limit")
+    inject: str | None = option(None, "slow workers down on a seeded schedule, e.g. "
+                                "'sleep:p=0.1,s=auto,n=5' or 'cpu:load=1,ranks=1,at=3'")
+
+    def __post_init__(self) -> None:
+        _require(self.mode in ADAPT_MODES, "adapt", "mode", self.mode, " | ".join(ADAPT_MODES))
+        _require(self.cache_budget_mb is None or self.cache_budget_mb >= 0, "adapt",
+                 "cache_budget_mb", self.cache_budget_mb, ">= 0 or unset")
+        if self.inject is not None:
+            from fullgraph.adapt.inject import parse
+
+            try:
+                parse(self.inject)
+            except ValueError as exc:
+                raise ConfigError(f"adapt.inject: {exc}") from None
+
+
 CORE_SECTIONS: dict[str, type] = {"data": DataConfig, "model": ModelConfig,
                                   "train": TrainConfig, "runtime": RuntimeConfig,
-                                  "launch": LaunchConfig}
+                                  "launch": LaunchConfig, "adapt": AdaptConfig}
 
 
 def option_sections() -> dict[str, type]:
@@ -284,6 +318,7 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     launch: LaunchConfig = field(default_factory=LaunchConfig)
+    adapt: AdaptConfig = field(default_factory=AdaptConfig)
     options: dict[str, Any] = field(default_factory=_default_options)
 
     def __post_init__(self) -> None:

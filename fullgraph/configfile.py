@@ -19,7 +19,8 @@ from fullgraph.fields import choices_of, help_of
 
 # core section field -> flag name, where the plain ``--field`` would be unclear; the
 # strategies declare theirs (``Strategy.flags``, ``parallel.base.SHARED_FLAGS``)
-FLAG_NAMES = {("model", "name"): "model", ("launch", "timeout_s"): "timeout"}
+FLAG_NAMES = {("model", "name"): "model", ("launch", "timeout_s"): "timeout",
+              ("adapt", "mode"): "adapt", ("adapt", "cache_budget_mb"): "cache-budget"}
 RESERVED_FLAGS = ("config", "help", "version", "quiet")
 
 

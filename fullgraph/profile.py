@@ -68,6 +68,7 @@ class EpochProfile:
     wait_by_phase: dict[str, float] = field(default_factory=dict)
     waiting_split: bool = False
     calls: list[tuple[str, float]] = field(default_factory=list)
+    events: list[dict[str, Any]] = field(default_factory=list)
 
 
 class Profiler:
@@ -78,6 +79,12 @@ class Profiler:
         self.device = device
         self.work = work
         self._start: tuple[float, float, dict[str, Any]] | None = None
+        self._events: list[dict[str, Any]] = []
+
+    def note(self, event: dict[str, Any]) -> None:
+        """Record what a runtime adapter did or injected; it goes into the
+        ``events`` of the next epoch that ends (the one it shaped)."""
+        self._events.append(event)
 
     def begin(self) -> None:
         if self.comm is not None:
@@ -101,7 +108,11 @@ class Profiler:
                             edges_local=getattr(self.work, "edges_local", 0),
                             edges_redundant=getattr(self.work, "edges_redundant", 0),
                             edge_dims=getattr(self.work, "edge_dims", 0),
-                            comm_by_phase=by_phase, calls=calls)
+                            comm_by_phase=by_phase, calls=calls, events=self._take_events())
+
+    def _take_events(self) -> list[dict[str, Any]]:
+        events, self._events = self._events, []
+        return events
 
     def _counters(self) -> dict[str, Any]:
         if self.comm is None:

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from fullgraph.adapt import build_adapters
 from fullgraph.checkpoint import Checkpointer, run_facts
 from fullgraph.comm.group import Comm
 from fullgraph.comm.primitives import all_gather_object
@@ -167,18 +168,41 @@ def train(dataset: Dataset, cfg: Config, *, reporter: Reporter | None = None,
     rank = comm.rank if comm is not None else 0
     ckpt = Checkpointer(dataset, cfg, rank, dtype, run_facts(cfg, world, plan))
     state = ckpt.resume(model, optimizer)
-    reporter.header(_header_lines(dataset, model, cfg, device, setup_s, world)
-                    + strategy.describe(model, plan) + (header or []) + ckpt.header_lines(),
-                    {"config": cfg.to_dict(), "dataset": dataset.summary(),
-                     "program": model.signature(), "device": str(device), "workers": world,
-                     "threads": torch.get_num_threads(), "setup_s": setup_s,
-                     "resumed_after": state.epoch})
     profiler = Profiler(comm, device, strategy.work(model, plan))
+    hooks = [*adapters, *build_adapters(cfg, strategy, model, plan, rank, world, profiler.note)]
+    strategy.step_hooks = [h for h in hooks if hasattr(h, "on_loss")]
+    try:
+        reporter.header(_header_lines(dataset, model, cfg, device, setup_s, world)
+                        + strategy.describe(model, plan) + (header or [])
+                        + [line for h in hooks for line in getattr(h, "header", list)()]
+                        + ckpt.header_lines(),
+                        {"config": cfg.to_dict(), "dataset": dataset.summary(),
+                         "program": model.signature(), "device": str(device), "workers": world,
+                         "threads": torch.get_num_threads(), "setup_s": setup_s,
+                         "resumed_after": state.epoch})
+        result = _epochs(strategy, model, plan, optimizer, cfg, state, ckpt, profiler, hooks,
+                         reporter, comm, phase)
+    finally:
+        for hook in hooks:
+            getattr(hook, "close", lambda: None)()
+    if cfg.train.save_model and rank == 0:
+        _save_model(cfg, result, dataset, world)
+    return result
+
+
+def _epochs(strategy: Strategy, model: GNN, plan: Plan, optimizer: torch.optim.Optimizer,
+            cfg: Config, state: Any, ckpt: Checkpointer, profiler: Profiler,
+            hooks: Sequence[Any], reporter: Reporter, comm: Comm | None,
+            phase: Any) -> TrainResult:
+    """The epochs after ``state.epoch``: step, evaluate, report, adapt, checkpoint."""
+    world = comm.world_size if comm is not None else 1
     records: list[EpochRecord] = state.records
     profiles: list[Any] = []
     best: tuple[float, int, float, float, dict[str, Any] | None] = state.best
     start = time.perf_counter()
     for epoch in range(state.epoch + 1, cfg.train.epochs + 1):
+        for hook in hooks:
+            getattr(hook, "before_epoch", lambda _: None)(epoch)
         profiler.begin()
         phase(f"epoch {epoch} training step")
         stats = strategy.train_step(model, plan, optimizer, seed=step_seed(cfg.train.seed, epoch))
@@ -200,17 +224,15 @@ def train(dataset: Dataset, cfg: Config, *, reporter: Reporter | None = None,
             gathered = split_waiting(all_gather_object(prof, comm, "metrics"))
             profiles.append(gathered)
             reporter.ranks([asdict(p) for p in gathered])
+            prof = gathered[comm.rank]  # the hooks see waiting split from transfer
         if epoch < cfg.train.epochs:
             phase(f"epoch {epoch} adjustment")
-            for hook in (strategy, *adapters):
+            for hook in (strategy, *hooks):
                 hook.between_epochs(model, plan, epoch, prof)
             profiler.work = strategy.work(model, plan)  # the plan may have changed
         ckpt.after_epoch(epoch, model, optimizer, best, records)
     phase("done")
-    result = _finish(records, profiles, best, time.perf_counter() - start, model, reporter)
-    if cfg.train.save_model and rank == 0:
-        _save_model(cfg, result, dataset, world)
-    return result
+    return _finish(records, profiles, best, time.perf_counter() - start, model, reporter)
 
 
 def _save_model(cfg: Config, result: TrainResult, dataset: Dataset, world: int) -> None:

@@ -15,7 +15,7 @@ import dataclasses
 import time
 import warnings
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
 
@@ -122,6 +122,9 @@ class Strategy(ABC, Generic[PlanT]):
 
     options: Any
     """This strategy's ``Options`` (subclasses narrow the type)."""
+    step_hooks: Sequence[Any] = ()
+    """Runtime adapters called inside ``train_step`` (``before_forward``, ``on_loss``);
+    set by ``train``."""
 
     def __init__(self, options: Any = None) -> None:
         self.options = options if options is not None else self.Options()
@@ -184,10 +187,14 @@ class Strategy(ABC, Generic[PlanT]):
         model.train()
         optimizer.zero_grad(set_to_none=True)
         t0 = time.perf_counter()
+        for hook in self.step_hooks:
+            hook.before_forward()
         with SavedBytes(model.parameters()) as saved:
             result = self.forward(model, plan, training=True, seed=seed)
             loss = self.loss(result, plan)
         t1 = time.perf_counter()
+        for hook in self.step_hooks:
+            loss = hook.on_loss(loss)
         loss.backward()
         self.sync_grads(model, plan)
         t2 = time.perf_counter()

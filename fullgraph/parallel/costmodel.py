@@ -148,9 +148,37 @@ def neighbourhood_sizes(graph: Graph, seeds: np.ndarray, radius: int,
     return verts, edges
 
 
-def dependency_costs(program: StageProgram, graph: Graph, owned: Tensor, direct: Tensor,
-                     rates: Rates, itemsize: int) -> tuple[Tensor, Tensor]:
-    """Per direct remote dependency: (DepCache cost, DepComm cost) in seconds.
+@dataclass(frozen=True)
+class DependencyWork:
+    """Rate-free work of each direct remote dependency, from which costs follow.
+
+    Attributes:
+        vertex: (R,) float64, sum over P / E stages of ``|B(v)| x d_s``: vertex x
+            columns DepCache computes for it (formula 5's vertex term, unit-free).
+        edge: (R,) float64, the same for the ball's in-edges (formula 5's edge term).
+        storage: (R,) float64, formula 12: ``sum_s (|B(v)| + |E(B(v))|) x d_s``
+            elements, times ``itemsize``: bytes DepCache keeps for it.
+        comm_bytes: bytes DepComm moves per dependency per epoch (formula 7: every
+            fetching stage's row forward and its gradient backward), the same for all.
+    """
+
+    vertex: np.ndarray
+    edge: np.ndarray
+    storage: np.ndarray
+    comm_bytes: float
+
+    def cache_cost(self, rates: Rates) -> np.ndarray:
+        """(R,) seconds DepCache costs each dependency at ``rates``."""
+        return self.vertex * rates.vertex + self.edge * rates.edge
+
+    def comm_cost(self, rates: Rates) -> float:
+        """Seconds DepComm costs any one dependency at ``rates``."""
+        return self.comm_bytes * rates.byte
+
+
+def dependency_work(program: StageProgram, graph: Graph, owned: Tensor, direct: Tensor,
+                    itemsize: int) -> DependencyWork:
+    """The work of each direct remote dependency (see ``DependencyWork``).
 
     Args:
         program: the stage program.
@@ -158,29 +186,39 @@ def dependency_costs(program: StageProgram, graph: Graph, owned: Tensor, direct:
         owned: (|V_i|,) gids this worker owns.
         direct: (R,) gids of its direct remote dependencies (in-neighbours of ``owned``
             owned elsewhere).
-        rates: unit costs.
         itemsize: bytes per element of the vertex rows.
-
-    Returns:
-        Two (R,) float64 tensors, see the module docstring.
     """
     stages = stage_costs(program)
-    comm_dims = sum(c.dim for c in stages if c.fetches)
-    comm = torch.full((direct.numel(),), comm_dims * itemsize * 2 * rates.byte,
-                      dtype=torch.float64)
+    comm_bytes = float(sum(c.dim for c in stages if c.fetches) * itemsize * 2)
     radius = max((c.radius for c in stages), default=-1)
-    cache = torch.zeros(direct.numel(), dtype=torch.float64)
+    vertex = np.zeros(direct.numel(), dtype=np.float64)
+    edge, storage = np.zeros_like(vertex), np.zeros_like(vertex)
     if radius < 0 or direct.numel() == 0:
-        return cache, comm
+        return DependencyWork(vertex, edge, storage, comm_bytes)
     stop = np.zeros(graph.num_dst, dtype=bool)
     stop[owned.numpy()] = True
     stop[direct.numpy()] = True
     verts, edges = neighbourhood_sizes(graph, direct.numpy(), radius, stop)
-    total = np.zeros(direct.numel(), dtype=np.float64)
     for c in stages:
         if c.radius >= 0:
-            total += (verts[:, c.radius] * rates.vertex + edges[:, c.radius] * rates.edge) * c.dim
-    return torch.from_numpy(total), comm
+            vertex += verts[:, c.radius] * c.dim
+            edge += edges[:, c.radius] * c.dim
+    storage = (vertex + edge) * itemsize
+    return DependencyWork(vertex, edge, storage, comm_bytes)
+
+
+def dependency_costs(program: StageProgram, graph: Graph, owned: Tensor, direct: Tensor,
+                     rates: Rates, itemsize: int) -> tuple[Tensor, Tensor]:
+    """Per direct remote dependency: (DepCache cost, DepComm cost) in seconds.
+
+    Args as ``dependency_work``, with the unit costs ``rates``.
+
+    Returns:
+        Two (R,) float64 tensors, see the module docstring.
+    """
+    work = dependency_work(program, graph, owned, direct, itemsize)
+    comm = torch.full((direct.numel(),), work.comm_cost(rates), dtype=torch.float64)
+    return torch.from_numpy(work.cache_cost(rates)), comm
 
 
 def choose_cached(cache_cost: Tensor, comm_cost: Tensor) -> Tensor:

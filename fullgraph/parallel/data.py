@@ -19,6 +19,7 @@ global training count, so N workers reproduce the single-process executor.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -90,6 +91,31 @@ class DataPlan(Plan):
     tables: list[ExchangeTable | None] = field(default_factory=list)
     weights: list[Tensor | None] = field(default_factory=list)
     edge_pos: list[Tensor | None] = field(default_factory=list)
+    clock: StageClock | None = None
+
+
+@dataclass
+class StageClock:
+    """Seconds and work of this worker's training forward passes, per stage kind.
+
+    ``seconds["T"]`` over ``units["T"]`` (rows x output columns of T stages) and
+    ``seconds["PE"]`` over ``units["PE"]`` (edges x input columns of P / E stages) are
+    the measured per-vertex and per-edge costs of NeutronCloud's formulas 5-6.
+    Exchanges are outside the timed spans. Set ``DataPlan.clock`` to turn it on.
+    """
+
+    seconds: dict[str, float] = field(default_factory=lambda: {"T": 0.0, "PE": 0.0})
+    units: dict[str, float] = field(default_factory=lambda: {"T": 0.0, "PE": 0.0})
+
+    def add(self, kind: str, seconds: float, units: float) -> None:
+        self.seconds[kind] += seconds
+        self.units[kind] += units
+
+    def take(self) -> tuple[dict[str, float], dict[str, float]]:
+        """The totals since the last take, and reset."""
+        out = (dict(self.seconds), dict(self.units))
+        self.seconds, self.units = {"T": 0.0, "PE": 0.0}, {"T": 0.0, "PE": 0.0}
+        return out
 
 
 @register
@@ -254,6 +280,15 @@ class _RowRunner(Runner):
         self.owned_sum = partial(row_sum, comm=plan.comm, rows=plan.rows.owned.numel(),
                                  phase="row-sum")
         self.halo: Tensor | None = None
+        self.clock = plan.clock if training else None
+
+    def _timed(self, kind: str, units: int, run: Any) -> Tensor:
+        if self.clock is None:
+            return run()
+        t0 = time.perf_counter()
+        out = run()
+        self.clock.add(kind, time.perf_counter() - t0, units)
+        return out
 
     def _ctx(self, s: int, eids: Tensor | None = None) -> StageContext:
         return StageContext(self.rows.rows[s], self.seed, self.training, eids,
@@ -264,7 +299,8 @@ class _RowRunner(Runner):
         x = h if rows.in_pos[s] is None else h[rows.in_pos[s]]
         if layer_input is not None and rows.layer_pos[s] is not None:
             layer_input = layer_input[rows.layer_pos[s]]
-        return stage(x, self._ctx(s), layer_input)
+        return self._timed("T", x.shape[0] * stage.out_dim,
+                           lambda: stage(x, self._ctx(s), layer_input))
 
     def _sources(self, s: int, h: Tensor) -> Tensor:
         if not self.rows.shares_halo[s]:
@@ -274,8 +310,10 @@ class _RowRunner(Runner):
 
     def edge(self, s: int, stage: Any, h: Tensor) -> Tensor:
         block = self.rows.block(s)
-        return stage(block.graph, h[block.dst_pos], self._sources(s, h),
-                     self._ctx(s, block.eids))
+        src = self._sources(s, h)
+        return self._timed("PE", block.graph.num_edges * stage.in_dim,
+                           lambda: stage(block.graph, h[block.dst_pos], src,
+                                         self._ctx(s, block.eids)))
 
     def propagate(self, s: int, stage: Any, h: Tensor, edge_weights: Tensor | None) -> Tensor:
         plan = self.plan
@@ -284,7 +322,10 @@ class _RowRunner(Runner):
         else:
             pos = plan.edge_pos[s]
             weight = edge_weights if pos is None else edge_weights[pos]
-        return stage(self.rows.block(s).graph, self._sources(s, h), weight)
+        src = self._sources(s, h)
+        graph = self.rows.block(s).graph
+        return self._timed("PE", graph.num_edges * stage.in_dim,
+                           lambda: stage(graph, src, weight))
 
 
 def _remote_in_neighbours(graph: Graph, owned: Tensor, part_of: Tensor, rank: int) -> Tensor:

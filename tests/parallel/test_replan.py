@@ -1,38 +1,29 @@
 """Changing the dependency plan between epochs, through ``train``'s epoch hook, stays
-exact: half of every worker's remote dependencies switch between DepComm and DepCache
-before epoch 3, and 6 epochs still equal single-process training (float64, dropout on).
+exact. NeutronCloud's online adjuster (Algorithm 3 and ``replan``) runs after every
+epoch, with unit costs forced so that a different DepCache set is chosen each time
+(all, none, half, ...), or measured with one worker slowed down by injected sleep;
+6 epochs equal single-process training (float64, dropout on) for the four models on
+2, 3 and 4 workers, and the profile follows the plan (recomputed edges appear and
+vanish with the DepCache set).
 """
 from __future__ import annotations
 
+import dataclasses
+
+import numpy as np
 import pytest
 import torch
 from harness import run_ranks
 
-from fullgraph.config import Config, ModelConfig, RuntimeConfig, TrainConfig
+from fullgraph.adapt.adjuster import OnlineAdjuster
+from fullgraph.config import AdaptConfig, Config, ModelConfig, RuntimeConfig, TrainConfig
 from fullgraph.graph.synthetic import sbm
+from fullgraph.parallel.costmodel import Rates
 from fullgraph.parallel.data import DataParallel
 from fullgraph.partition import PartitionOptions
 from fullgraph.train import train
 
-EPOCHS, SWITCH_AT = 6, 3
-
-
-class SwitchHalf:
-    """Runtime adapter: before epoch ``at``, flip every other remote dependency
-    between DepComm and DepCache; records what it saw."""
-
-    def __init__(self, strategy: DataParallel, at: int) -> None:
-        self.strategy, self.at = strategy, at
-        self.seen: list[tuple[int, int, int]] = []  # (epoch, profile epoch, redundant edges)
-        self.switched = 0
-
-    def between_epochs(self, model, plan, epoch, profile) -> None:
-        self.seen.append((epoch, profile.epoch, profile.edges_redundant))
-        if epoch == self.at - 1:
-            flip = torch.zeros_like(plan.deps.cached)
-            flip[::2] = True
-            self.switched = int(flip.sum())
-            self.strategy.replan(model, plan, plan.deps.cached ^ flip)
+EPOCHS = 6
 
 
 def config(name: str, strategy: str) -> Config:
@@ -42,35 +33,107 @@ def config(name: str, strategy: str) -> Config:
                   runtime=RuntimeConfig(strategy=strategy))
 
 
-def check_switch(comm, cases):
-    dataset = sbm(67, 3, avg_degree=5.0, num_features=9, seed=11)
-    for name, mode in cases:
-        ref = train(dataset, config(name, "single"), dtype=torch.float64)
+# ------------------------------------------------ the online adjuster (NeutronCloud)
+# after epoch e, the share of each worker's dependencies the forced unit costs make
+# worth caching (1: all DepCache, 0: all DepComm)
+FORCED = {1: 1.0, 2: 0.0, 3: 0.5, 4: 1.0, 5: 0.3}
+
+
+class ForcedAdjuster:
+    """The real ``OnlineAdjuster`` (Algorithm 3, ``replan``) with unit costs that force a
+    different DepCache set after every epoch; records each epoch's set."""
+
+    def __init__(self, strategy: DataParallel) -> None:
+        self.strategy, self.inner, self.sets, self.redundant = strategy, None, [], []
+
+    def rates(self, epoch, profile):
+        pre, start = self.inner.pre, self.inner.start_rates
+        cost = pre.vertex * start.vertex + pre.edge * start.edge  # ascending within owners
+        share = FORCED[epoch]
+        bar = 0.0 if cost.size == 0 or share == 0.0 else \
+            float(np.quantile(cost, share)) * (2.0 if share == 1.0 else 1.0)
+        return Rates(bar / pre.comm_bytes, start.edge, start.vertex)
+
+    def between_epochs(self, model, plan, epoch, profile) -> None:
+        if self.inner is None:  # collective: every rank builds it after epoch 1
+            self.inner = OnlineAdjuster(self.strategy, model, plan, None, lambda e: None,
+                                        rates_for=self.rates)
+        self.redundant.append(profile.edges_redundant)
+        self.inner.between_epochs(model, plan, epoch, profile)
+        self.sets.append(plan.deps.cached.clone())
+
+
+class Events:
+    """Records the profile events every rank sees."""
+
+    def __init__(self) -> None:
+        self.kinds: set[str] = set()
+
+    def between_epochs(self, model, plan, epoch, profile) -> None:
+        self.kinds |= {e["kind"] for e in profile.events}
+
+
+def dataset():
+    return sbm(67, 3, avg_degree=5.0, num_features=9, seed=11)
+
+
+def reference(name):
+    """Single-process losses and parameters (computed once, before the spawn)."""
+    ref = train(dataset(), config(name, "single"), dtype=torch.float64)
+    return [r.loss for r in ref.epochs], {k: p.detach() for k, p in ref.model.named_parameters()}
+
+
+def check_adjust(comm, cases, refs):
+    for name, mode, inject in cases:
+        where = f"{name} from {mode} rank {comm.rank}/{comm.world_size}, inject {inject}"
+        ref_losses, ref_params = refs[name]
         strategy = DataParallel(DataParallel.Options(mode=mode), PartitionOptions(method="metis"))
-        adapter = SwitchHalf(strategy, SWITCH_AT)
-        got = train(dataset, config(name, "data"), comm=comm, strategy=strategy,
-                    adapters=[adapter], dtype=torch.float64)
-        where = f"{name} from {mode} rank {comm.rank}/{comm.world_size}"
-        assert [e for e, _, _ in adapter.seen] == list(range(1, EPOCHS)), where
-        assert all(e == p for e, p, _ in adapter.seen), where
-        # the profile follows the plan: recomputed edges appear (depcomm) or shrink
-        redundant = [r for _, _, r in adapter.seen]
-        before, after = redundant[SWITCH_AT - 2], redundant[SWITCH_AT - 1]
-        assert (after > before) if mode == "depcomm" else (after < before), (where, redundant)
-        assert adapter.switched > 0, where
+        cfg = config(name, "data")
+        if inject:  # the measured, cost-driven adjuster, with rank 1 slowed down
+            cfg = dataclasses.replace(cfg, adapt=AdaptConfig(
+                mode="adjust", inject="sleep:s=0.02,p=0,at=2+4,n=1,ranks=1"))
+            adapter = Events()
+        else:
+            adapter = ForcedAdjuster(strategy)
+        got = train(dataset(), cfg, comm=comm, strategy=strategy, adapters=[adapter],
+                    dtype=torch.float64)
+        if inject:
+            assert "adjust" in adapter.kinds, where
+            assert ("inject" in adapter.kinds) == (comm.rank == 1), (where, adapter.kinds)
+        else:
+            sets = {tuple(c.tolist()) for c in adapter.sets}
+            assert len(sets) >= 3 or plan_is_trivial(adapter), (where, sets)
+            # all cached for epoch 2, all fetched for epoch 3: the profile follows
+            all_cached, none_cached = adapter.sets[0].all(), not adapter.sets[1].any()
+            assert all_cached and none_cached, where
+            if adapter.inner.pre.size and adapter.inner.pre.prefix.max() > 0:
+                assert adapter.redundant[1] > 0 == adapter.redundant[2], (where,
+                                                                           adapter.redundant)
         torch.testing.assert_close(torch.tensor([r.loss for r in got.epochs]),
-                                   torch.tensor([r.loss for r in ref.epochs]), msg=where)
-        assert got.best_epoch == ref.best_epoch == EPOCHS
-        assert got.test_at_best == ref.test_at_best, where
-        for (k, p), (_, q) in zip(got.model.named_parameters(), ref.model.named_parameters()):
-            assert p.dtype == torch.float64
-            torch.testing.assert_close(p, q, msg=f"{where} parameter {k}")
+                                   torch.tensor(ref_losses), msg=where)
+        for k, p in got.model.named_parameters():
+            torch.testing.assert_close(p, ref_params[k], msg=f"{where} parameter {k}")
 
 
-CASES = [("gcn", "depcomm"), ("gat", "depcache"), ("gat", "depcomm"), ("gcn", "depcache")]
+def plan_is_trivial(adapter: ForcedAdjuster) -> bool:
+    return adapter.inner is not None and adapter.inner.pre.size < 2
+
+
+# every model on every world size; starting modes and the injected run rotate
+ADJUST_CASES = {
+    2: [("gcn", "depcomm", False), ("sage", "hybrid", False), ("gat", "depcache", False),
+        ("gin", "depcomm", False), ("sage", "depcomm", True)],
+    3: [("gcn", "depcache", False), ("sage", "depcomm", False), ("gat", "hybrid", False),
+        ("gin", "depcache", False), ("gcn", "hybrid", True)],
+    4: [("gcn", "hybrid", False), ("sage", "depcache", False), ("gat", "depcomm", False),
+        ("gin", "hybrid", False), ("gin", "depcomm", True)],
+}
 
 
 @pytest.mark.dist
-@pytest.mark.parametrize("world_size", [2, 3])
-def test_switching_half_the_dependencies_mid_run_stays_exact(tmp_path, world_size):
-    run_ranks(check_switch, world_size, tmp_path, CASES)
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+def test_online_adjustment_stays_exact_forced_every_epoch_and_under_injection(tmp_path,
+                                                                              world_size):
+    cases = ADJUST_CASES[world_size]
+    refs = {name: reference(name) for name in {c[0] for c in cases}}
+    run_ranks(check_adjust, world_size, tmp_path, cases, refs)

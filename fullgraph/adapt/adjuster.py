@@ -1,0 +1,130 @@
+"""Online DepCache / DepComm adjustment of data parallelism (NeutronCloud §4.2).
+
+At start (``OnlineAdjuster.__init__``, collective): Algorithm 2 over this worker's
+direct remote dependencies (``fullgraph.parallel.adjust.preprocess``), ordered by
+DepCache cost at the unit costs the data strategy measured or was given.
+
+After every epoch (``between_epochs``, collective): this worker's unit costs are
+measured from the epoch just run, Algorithm 3 (``adjust``) picks the DepCache set
+within ``--cache-budget``, and if any worker's set changed, every worker switches
+its plan through ``DataParallel.replan`` (only index tables change; no feature data
+moves: every worker holds the replicated inputs). The switch is exact: training
+equals the single-process executor whatever the sets are.
+
+Measured unit costs (this worker's own, per epoch, the median of the last
+``WINDOW`` epochs to damp noise):
+- T_v', T_e': the training forward's T-stage and P / E-stage seconds (``StageClock``)
+  per row x column and per edge x column, scaled so that together they account for
+  all of this worker's compute time in the epoch (wall - transfer - waiting): the
+  backward pass and the rest are charged to the stages in proportion;
+- T_c': the halo exchanges' transfer seconds (waiting for peers excluded, see
+  ``fullgraph.profile``) per byte moved. The collective exchange cannot tell peers
+  apart, so one value serves every owner j; an epoch that moved no halo bytes keeps
+  the previous value.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from fullgraph.adapt.base import Adapter, Note
+from fullgraph.comm import primitives as prim
+from fullgraph.parallel import costmodel
+from fullgraph.parallel.adjust import Decision, adjust, preprocess
+from fullgraph.parallel.data import DataParallel, DataPlan, StageClock
+
+WINDOW = 3
+"""Epochs whose measured unit costs are combined (median) for one adjustment."""
+
+RatesFor = Callable[[int, Any], costmodel.Rates]
+
+
+class OnlineAdjuster(Adapter):
+    """Algorithm 3 after every epoch, on the plan of a ``DataParallel`` strategy.
+
+    Args:
+        strategy: the data-parallel strategy whose plan is adjusted.
+        model: the stage program.
+        plan: its plan (after ``setup``).
+        budget_bytes: the cache budget C_i (None: no limit).
+        note: where adjustment events go (``Profiler.note``).
+        rates_for: (epoch, profile) -> unit costs, replacing the measurement (tests
+            force switches with it); None: measured.
+    """
+
+    def __init__(self, strategy: DataParallel, model: Any, plan: DataPlan,
+                 budget_bytes: float | None, note: Note, rates_for: RatesFor | None = None) -> None:
+        self.strategy, self.budget, self.note, self.rates_for = \
+            strategy, budget_bytes, note, rates_for
+        t0 = time.perf_counter()
+        if plan.deps.rates is None:
+            plan.deps.rates = costmodel.resolve_rates(plan.comm, plan.graph, None, None, None)
+        self.start_rates = plan.deps.rates
+        itemsize = torch.empty(0, dtype=plan.dtype).element_size()
+        owned = plan.book.part_to_gids(plan.comm.rank)
+        work = costmodel.dependency_work(model, plan.graph, owned, plan.deps.direct, itemsize)
+        owner = plan.book.part_of[plan.deps.direct].numpy()
+        self.pre = preprocess(work, owner, self.start_rates)
+        self.preprocess_s = time.perf_counter() - t0
+        if plan.device.type == "cpu":
+            plan.clock = StageClock()
+        self.history: list[costmodel.Rates] = []
+        self.byte = self.start_rates.byte
+
+    def header(self) -> list[str]:
+        budget = "no limit" if self.budget is None else f"{self.budget / 2**20:.1f} MB"
+        return [f"adapt    adjust (exact): DepCache/DepComm re-chosen after every epoch from "
+                f"measured costs, cache budget {budget}; preprocessing "
+                f"{self.preprocess_s:.3f} s on rank 0"]
+
+    def measure(self, plan: DataPlan, profile: Any) -> costmodel.Rates:
+        """This epoch's unit costs on this worker (see the module docstring)."""
+        seconds, units = plan.clock.take() if plan.clock is not None else ({}, {})
+        timed = seconds.get("T", 0.0) + seconds.get("PE", 0.0)
+        scale = max(1.0, profile.compute_s / timed) if timed > 0 else 1.0
+        start = self.start_rates
+        vertex = scale * seconds["T"] / units["T"] if units.get("T") else start.vertex
+        edge = scale * seconds["PE"] / units["PE"] if units.get("PE") else start.edge
+        moved = sum(profile.bytes_sent.get(p, 0) + profile.bytes_recv.get(p, 0)
+                    for p in ("halo", "halo-grad")) / 2
+        transfer = sum(profile.comm_by_phase.get(p, 0.0) for p in ("halo", "halo-grad"))
+        if moved > 0:
+            self.byte = transfer / moved
+        return costmodel.Rates(self.byte, edge, vertex, ("byte", "edge", "vertex"))
+
+    def between_epochs(self, model: Any, plan: Any, epoch: int, profile: Any) -> None:
+        t0 = time.perf_counter()
+        if self.rates_for is not None:
+            rates = self.rates_for(epoch, profile)
+            if plan.clock is not None:
+                plan.clock.take()
+        else:
+            self.history = (self.history + [self.measure(plan, profile)])[-WINDOW:]
+            rates = _median(self.history)
+        decision = adjust(self.pre, rates, self.budget)
+        cached = torch.from_numpy(decision.cached)
+        changed = torch.tensor([int(not torch.equal(cached, plan.deps.cached))])
+        if plan.comm.world_size > 1:
+            prim.all_reduce_(changed, plan.comm, "adjust", op="max")
+        if int(changed):
+            self.strategy.replan(model, plan, cached)
+        self.note(_event(decision, rates, bool(int(changed)), time.perf_counter() - t0))
+
+
+def _median(history: list[costmodel.Rates]) -> costmodel.Rates:
+    return costmodel.Rates(statistics.median(r.byte for r in history),
+                           statistics.median(r.edge for r in history),
+                           statistics.median(r.vertex for r in history), history[-1].measured)
+
+
+def _event(decision: Decision, rates: costmodel.Rates, switched: bool,
+           seconds: float) -> dict[str, Any]:
+    cached = int(decision.cached.sum())
+    return {"kind": "adjust", "cached": cached, "fetched": int(decision.cached.size - cached),
+            "wanted": decision.wanted, "demand_bytes": decision.demand,
+            "budget_bound": decision.budget_bound, "switched": switched, "seconds": seconds,
+            "rates": {"byte": rates.byte, "edge": rates.edge, "vertex": rates.vertex}}

@@ -1,0 +1,215 @@
+"""Resource fluctuation injected into a run, seeded and the same on every run.
+
+NeutronCloud (§2.1, §6.1 "Heterogeneity Simulation") makes a worker slow by adding
+sleep to some epochs: each worker, each epoch, with probability p, a slowdown starts
+and lasts n epochs. Two kinds are injected here, both from one spec string
+(``--inject``), items separated by ``;``:
+
+- ``sleep:p=0.1,s=auto,n=5`` the paper's method: ``s`` seconds added to every epoch
+  of the slowdown, half before the forward pass and half at the start of the
+  backward pass (so both passes' exchanges wait for it); ``s=auto`` (default) is
+  twice this worker's mean epoch time over the epochs without injection before it;
+- ``cpu:p=0.1,load=1,n=5`` a throttle that really takes CPU away: for the
+  slowdown's epochs ``load`` busy processes run pinned to the worker's core, so the
+  worker's measured per-vertex and per-edge costs change, not only its wall clock
+  (with ``load`` busy processes the worker gets about 1 / (load + 1) of its core).
+
+Common keys: ``n`` epochs per slowdown (default 5), ``p`` start probability per
+epoch (default 0.1), ``ranks=1+3`` the workers it applies to (default all),
+``at=4+9`` epochs where a slowdown starts for certain (besides the random ones),
+``seed`` (default 0). Slowdowns start at epoch 2 or later (epoch 1 is the baseline)
+and do not overlap within one item: while one lasts, no other starts.
+
+``schedule`` is a pure function of (spec, rank, epochs): the same on every run.
+"""
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+
+import numpy as np
+
+KINDS = ("sleep", "cpu")
+_KEYS = {"sleep": {"p", "s", "n", "ranks", "at", "seed"},
+         "cpu": {"p", "load", "n", "ranks", "at", "seed"}}
+
+
+@dataclass(frozen=True)
+class InjectSpec:
+    """One ``--inject`` item (see the module docstring for the keys)."""
+
+    kind: str
+    p: float = 0.1
+    seconds: float | None = None
+    epochs: int = 5
+    load: int = 1
+    ranks: tuple[int, ...] | None = None
+    at: tuple[int, ...] = ()
+    seed: int = 0
+
+    def describe(self) -> str:
+        what = (f"sleep {'auto (2x mean epoch)' if self.seconds is None else f'{self.seconds} s'}"
+                if self.kind == "sleep" else f"cpu throttle, {self.load} busy process(es)")
+        where = "every rank" if self.ranks is None else \
+            "rank " + ",".join(str(r) for r in self.ranks)
+        forced = f", forced at epoch {','.join(map(str, self.at))}" if self.at else ""
+        return f"{what}, p={self.p} per epoch for {self.epochs} epochs on {where}{forced}, " \
+               f"seed {self.seed}"
+
+
+def parse(text: str) -> list[InjectSpec]:
+    """Parse an ``--inject`` string; raise ValueError naming the bad part."""
+    specs = []
+    for item in (t.strip() for t in text.split(";")):
+        if not item:
+            continue
+        kind, _, rest = item.partition(":")
+        kind = kind.strip()
+        if kind not in KINDS:
+            raise ValueError(f"--inject {item!r}: unknown kind {kind!r}; expected one of "
+                             f"{', '.join(KINDS)}")
+        specs.append(_parse_item(kind, rest, item))
+    if not specs:
+        raise ValueError(f"--inject {text!r}: no item (expected e.g. 'sleep:p=0.1,n=5')")
+    return specs
+
+
+def _parse_item(kind: str, rest: str, item: str) -> InjectSpec:
+    values: dict[str, str] = {}
+    for pair in (t.strip() for t in rest.split(",") if t.strip()):
+        key, eq, value = pair.partition("=")
+        if not eq or key not in _KEYS[kind]:
+            raise ValueError(f"--inject {item!r}: bad key {pair!r}; {kind} takes "
+                             f"{', '.join(sorted(_KEYS[kind]))} as key=value")
+        values[key] = value.strip()
+    try:
+        spec = InjectSpec(
+            kind, p=float(values.get("p", 0.1)),
+            seconds=None if values.get("s", "auto") == "auto" else float(values["s"]),
+            epochs=int(values.get("n", 5)), load=int(values.get("load", 1)),
+            ranks=tuple(int(r) for r in values["ranks"].split("+")) if "ranks" in values
+            else None,
+            at=tuple(int(e) for e in values["at"].split("+")) if "at" in values else (),
+            seed=int(values.get("seed", 0)))
+    except ValueError as exc:
+        raise ValueError(f"--inject {item!r}: {exc}") from None
+    _check(spec, item)
+    return spec
+
+
+def _check(spec: InjectSpec, item: str) -> None:
+    problems = []
+    if not 0.0 <= spec.p <= 1.0:
+        problems.append(f"p={spec.p} is not a probability")
+    if spec.seconds is not None and not (spec.seconds >= 0 and math.isfinite(spec.seconds)):
+        problems.append(f"s={spec.seconds} must be seconds >= 0 or auto")
+    if spec.epochs < 1:
+        problems.append(f"n={spec.epochs} must be >= 1")
+    if spec.load < 1:
+        problems.append(f"load={spec.load} must be >= 1")
+    if spec.ranks is not None and min(spec.ranks) < 0:
+        problems.append(f"ranks={spec.ranks} must be >= 0")
+    if spec.at and min(spec.at) < 2:
+        problems.append(f"at={spec.at}: slowdowns start at epoch 2 or later")
+    if problems:
+        raise ValueError(f"--inject {item!r}: {'; '.join(problems)}")
+
+
+def check_world(specs: list[InjectSpec], world_size: int) -> None:
+    """Raise if an item names a rank the run does not have."""
+    for spec in specs:
+        bad = [r for r in spec.ranks or () if r >= world_size]
+        if bad:
+            raise ValueError(f"--inject {spec.kind}: ranks {bad} do not exist with "
+                             f"{world_size} worker(s)")
+
+
+def schedule(spec: InjectSpec, rank: int, epochs: int) -> list[tuple[int, int]]:
+    """The slowdowns of ``rank`` over epochs 1..``epochs``: (first, last) epochs.
+
+    One draw per epoch from a generator seeded by (seed, rank, kind), whether or not a
+    slowdown is on, so the schedule of one epoch does not depend on earlier ones.
+    """
+    if spec.ranks is not None and rank not in spec.ranks:
+        return []
+    rng = np.random.default_rng([spec.seed, rank, KINDS.index(spec.kind)])
+    draws = rng.random(epochs + 1)
+    out: list[tuple[int, int]] = []
+    for epoch in range(2, epochs + 1):
+        if out and epoch <= out[-1][1]:
+            continue
+        if draws[epoch] < spec.p or epoch in spec.at:
+            out.append((epoch, min(epochs, epoch + spec.epochs - 1)))
+    return out
+
+
+_SPIN = ("import os, sys\nparent = int(sys.argv[1])\nwhile os.getppid() == parent:\n"
+         "    for _ in range(200000):\n        pass\n")
+
+
+class Throttle:
+    """Busy processes pinned to this worker's core while a cpu slowdown lasts.
+
+    The worker's threads are pinned to one core (``core``) for the slowdown and
+    released after; each busy process exits by itself if the worker dies.
+    """
+
+    def __init__(self, core: int) -> None:
+        self.core = core
+        self.load = 0
+        self._procs: list[subprocess.Popen] = []
+        self._saved: dict[int, set[int]] = {}
+
+    @property
+    def active(self) -> bool:
+        return bool(self._procs)
+
+    def start(self, load: int) -> None:
+        if self._procs:
+            return
+        self.load = load
+        cores = {self.core}
+        for tid in _threads():
+            try:
+                self._saved[tid] = os.sched_getaffinity(tid)
+                os.sched_setaffinity(tid, cores)
+            except OSError:  # a thread that ended meanwhile
+                pass
+        for _ in range(load):
+            proc = subprocess.Popen([sys.executable, "-c", _SPIN, str(os.getpid())],
+                                    stdin=subprocess.DEVNULL)
+            os.sched_setaffinity(proc.pid, cores)
+            self._procs.append(proc)
+
+    def stop(self) -> None:
+        for proc in self._procs:
+            proc.terminate()
+        for proc in self._procs:
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=5)
+        self._procs, self.load = [], 0
+        for tid, cores in self._saved.items():
+            try:
+                os.sched_setaffinity(tid, cores)
+            except OSError:
+                pass
+        self._saved = {}
+
+
+def _threads() -> list[int]:
+    try:
+        return [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:
+        return [0]
+
+
+def core_for(rank: int) -> int:
+    """The core a worker's throttle pins to: rank-th of the cores it may use."""
+    cores = sorted(os.sched_getaffinity(0))
+    return cores[rank % len(cores)]

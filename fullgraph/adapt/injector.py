@@ -1,0 +1,91 @@
+"""The adapter that applies ``--inject`` slowdowns to this worker (see ``inject``)."""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from fullgraph.adapt.base import Adapter, Note
+from fullgraph.adapt.inject import InjectSpec, Throttle, core_for, schedule
+
+
+class _SleepInBackward(torch.autograd.Function):
+    """Identity whose backward first sleeps: delays every exchange of the backward pass."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, seconds: float) -> Tensor:
+        ctx.seconds = seconds
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
+        time.sleep(ctx.seconds)
+        return grad, None
+
+
+class Injector(Adapter):
+    """Sleeps and CPU throttles of one worker, on the schedule of its specs.
+
+    Args:
+        specs: the parsed ``--inject`` items.
+        rank: this worker's rank.
+        epochs: the run's epochs.
+        note: where events go (``Profiler.note``).
+    """
+
+    def __init__(self, specs: list[InjectSpec], rank: int, epochs: int, note: Note) -> None:
+        self.specs, self.rank, self.note = specs, rank, note
+        self.events = [(spec, first, last) for spec in specs
+                       for first, last in schedule(spec, rank, epochs)]
+        self.throttle = Throttle(core_for(rank)) if any(s.kind == "cpu" for s in specs) \
+            else None
+        self.sleep_s = 0.0
+        self.injected = False
+        self.clean_walls: list[float] = []
+
+    def header(self) -> list[str]:
+        return [f"inject   {spec.describe()}" for spec in self.specs]
+
+    def before_epoch(self, epoch: int) -> None:
+        sleep, load = 0.0, 0
+        for spec, first, last in self.events:
+            if not first <= epoch <= last:
+                continue
+            if spec.kind == "sleep":
+                seconds = spec.seconds if spec.seconds is not None else self._auto_seconds()
+                sleep += seconds
+                self.note({"kind": "inject", "what": "sleep", "seconds": seconds,
+                           "first": first, "last": last})
+            else:
+                load = max(load, spec.load)
+                self.note({"kind": "inject", "what": "cpu", "load": spec.load,
+                           "first": first, "last": last})
+        self.sleep_s, self.injected = sleep, bool(sleep or load)
+        if self.throttle is not None:
+            if self.throttle.active and self.throttle.load != load:
+                self.throttle.stop()
+            if load:
+                self.throttle.start(load)
+
+    def _auto_seconds(self) -> float:
+        walls = self.clean_walls
+        return 2.0 * sum(walls) / len(walls) if walls else 0.0
+
+    def before_forward(self) -> None:
+        if self.sleep_s:
+            time.sleep(self.sleep_s / 2)
+
+    def on_loss(self, loss: Tensor) -> Tensor:
+        if not self.sleep_s:
+            return loss
+        return _SleepInBackward.apply(loss, self.sleep_s / 2)
+
+    def between_epochs(self, model: Any, plan: Any, epoch: int, profile: Any) -> None:
+        if not self.injected:
+            self.clean_walls.append(profile.wall_s)
+
+    def close(self) -> None:
+        if self.throttle is not None:
+            self.throttle.stop()

@@ -1,0 +1,116 @@
+"""Fluctuation injection: the spec, its seeded schedule, the sleeps and the CPU throttle."""
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+import torch
+
+from fullgraph.adapt.inject import (
+    InjectSpec,
+    Throttle,
+    check_world,
+    core_for,
+    parse,
+    schedule,
+)
+from fullgraph.adapt.injector import Injector
+from fullgraph.config import AdaptConfig
+from fullgraph.errors import ConfigError
+
+
+def test_parse_reads_every_key_and_the_defaults():
+    sleep, cpu = parse("sleep:p=0.2,s=1.5,n=3,ranks=1+2,at=4+7,seed=9; cpu:load=2")
+    assert sleep == InjectSpec("sleep", p=0.2, seconds=1.5, epochs=3, ranks=(1, 2), at=(4, 7),
+                               seed=9)
+    assert cpu == InjectSpec("cpu", load=2)  # p 0.1, n 5, every rank, seed 0
+    assert parse("sleep")[0].seconds is None  # auto: twice the mean clean epoch
+    assert "rank 1,2" in sleep.describe() and "forced at epoch 4,7" in sleep.describe()
+
+
+@pytest.mark.parametrize("text, message", [
+    ("net:rate=1mbit", "unknown kind 'net'"),
+    ("sleep:load=2", "bad key 'load=2'"),
+    ("sleep:p", "bad key 'p'"),
+    ("sleep:p=1.5", "p=1.5 is not a probability"),
+    ("sleep:s=-1", "must be seconds >= 0"),
+    ("cpu:n=0", "n=0 must be >= 1"),
+    ("cpu:at=1", "start at epoch 2 or later"),
+    ("sleep:p=often", "could not convert"),
+    (" ; ", "no item"),
+])
+def test_parse_names_what_is_wrong(text, message):
+    with pytest.raises(ValueError, match=message):
+        parse(text)
+
+
+def test_config_refuses_a_bad_spec_and_check_world_a_missing_rank():
+    with pytest.raises(ConfigError, match=r"adapt.inject: --inject 'cpu:n=0'"):
+        AdaptConfig(inject="cpu:n=0")
+    with pytest.raises(ValueError, match=r"ranks \[3\] do not exist with 3 worker"):
+        check_world(parse("sleep:ranks=1+3"), 3)
+
+
+def test_schedule_is_seeded_per_rank_and_does_not_overlap():
+    spec = parse("sleep:p=0.3,n=3,seed=5")[0]
+    runs = [schedule(spec, rank, 60) for rank in range(3)]
+    assert runs == [schedule(spec, rank, 60) for rank in range(3)]  # identical across runs
+    assert runs[0] != runs[1]  # each worker draws its own
+    for events in runs:
+        assert events and all(2 <= a <= b <= 60 and b - a <= 2 for a, b in events)
+        assert all(b1 < a2 for (_, b1), (a2, _) in zip(events, events[1:]))
+    # about p of the epochs without a slowdown start one
+    starts = sum(len(e) for e in runs)
+    assert 8 <= starts <= 40, runs
+    assert schedule(parse("sleep:p=0,at=3+5,n=1,ranks=2")[0], 2, 6) == [(3, 3), (5, 5)]
+    assert schedule(parse("sleep:p=0,at=3,ranks=2")[0], 1, 6) == []
+    assert schedule(parse("cpu:p=1,n=4")[0], 0, 9) == [(2, 5), (6, 9)]
+
+
+def test_injector_sleeps_half_before_forward_half_in_backward_and_notes_it():
+    notes = []
+    inj = Injector(parse("sleep:p=0,s=0.2,at=2,n=1,ranks=0"), 0, 4, notes.append)
+    inj.before_epoch(1)
+    assert inj.sleep_s == 0 and not notes
+    inj.between_epochs(None, None, 1, type("P", (), {"wall_s": 0.05})())
+    inj.before_epoch(2)
+    assert notes == [{"kind": "inject", "what": "sleep", "seconds": 0.2, "first": 2, "last": 2}]
+    x = torch.ones(3, requires_grad=True)
+    t0 = time.perf_counter()
+    inj.before_forward()
+    t1 = time.perf_counter()
+    loss = inj.on_loss((x * 2).sum())
+    assert loss.item() == 6.0
+    t2 = time.perf_counter()
+    loss.backward()
+    t3 = time.perf_counter()
+    assert t1 - t0 >= 0.1 and t2 - t1 < 0.1 and t3 - t2 >= 0.1
+    assert x.grad.tolist() == [2.0, 2.0, 2.0]
+
+
+def test_auto_sleep_is_twice_the_mean_clean_epoch():
+    inj = Injector(parse("sleep:p=0,at=3,n=1"), 0, 5, lambda e: None)
+    for epoch, wall in ((1, 0.1), (2, 0.3)):
+        inj.before_epoch(epoch)
+        inj.between_epochs(None, None, epoch, type("P", (), {"wall_s": wall})())
+    inj.before_epoch(3)
+    assert inj.sleep_s == pytest.approx(0.4)
+    inj.between_epochs(None, None, 3, type("P", (), {"wall_s": 5.0})())  # injected: not clean
+    assert inj.clean_walls == [0.1, 0.3]
+
+
+def test_throttle_pins_busy_processes_to_the_core_and_removes_them():
+    before = os.sched_getaffinity(0)
+    throttle = Throttle(core_for(0))
+    throttle.start(2)
+    try:
+        procs = list(throttle._procs)
+        assert len(procs) == 2 and throttle.active
+        assert all(os.sched_getaffinity(p.pid) == {throttle.core} for p in procs)
+        assert os.sched_getaffinity(0) == {throttle.core}
+        assert all(p.poll() is None for p in procs)
+    finally:
+        throttle.stop()
+    assert all(p.poll() is not None for p in procs) and not throttle.active
+    assert os.sched_getaffinity(0) == before
