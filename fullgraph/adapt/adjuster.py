@@ -74,6 +74,7 @@ class OnlineAdjuster(Adapter):
             plan.clock = StageClock()
         self.history: list[costmodel.Rates] = []
         self.byte = self.start_rates.byte
+        note({"kind": "preprocess", "seconds": self.preprocess_s, "dependencies": self.pre.size})
 
     def header(self) -> list[str]:
         budget = "no limit" if self.budget is None else f"{self.budget / 2**20:.1f} MB"
