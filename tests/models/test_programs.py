@@ -413,3 +413,12 @@ def test_bad_dropout_is_refused_when_building(options):
         build_model("gcn", IN_DIM, HIDDEN, OUT_DIM, **options)
     with pytest.raises(ValueError, match="dropout"):
         build_model("gat", IN_DIM, HIDDEN, OUT_DIM, attn_dropout=options.get("dropout", 1.0))
+
+
+def test_model_config_hops_reach_tagcn_and_warn_elsewhere():
+    cfg = ModelConfig(name="tagcn", hops=2, layers=1)
+    m = build_model(cfg.name, IN_DIM, cfg.hidden, OUT_DIM, **cfg.build_options())
+    assert m.signature() == "TTPTPT"
+    for other in (dict(name="gcn"), dict(name="tagcn", decoupled=True)):
+        with pytest.warns(UserWarning, match="hops has no effect"):
+            ModelConfig(hops=2, **other)
