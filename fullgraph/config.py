@@ -96,7 +96,8 @@ class DataConfig:
 @dataclass(frozen=True, kw_only=True)
 class ModelConfig:
     """Model architecture; ``heads``/``out_heads``/``attn_dropout`` are GAT's only,
-    ``batch_norm`` (inside the MLP, statistics over all vertices) GIN's only."""
+    ``batch_norm`` (inside the MLP, statistics over all vertices) GIN's only, ``hops``
+    the coupled TAGCN's only (its decoupled form has ``num_props`` hops)."""
 
     name: str = option("gcn", "model architecture", choices=model_names)
     hidden: int = option(16, "hidden width (per head for gat)")
@@ -113,6 +114,7 @@ class ModelConfig:
     attn_dropout: float | None = option(None, "gat: dropout on attention weights; unset: "
                                         "--dropout")
     batch_norm: bool = option(False, "gin: batch normalisation inside the MLP")
+    hops: int = option(3, "tagcn: hops K of each coupled layer's filter")
 
     def __post_init__(self) -> None:
         names = model_names()
@@ -120,6 +122,7 @@ class ModelConfig:
         _require(self.hidden >= 1, "model", "hidden", self.hidden, ">= 1")
         _require(self.layers >= 1, "model", "layers", self.layers, ">= 1")
         _require(self.num_props >= 1, "model", "num_props", self.num_props, ">= 1")
+        _require(self.hops >= 1, "model", "hops", self.hops, ">= 1")
         _require(self.heads >= 1 and self.out_heads >= 1, "model", "heads",
                  (self.heads, self.out_heads), ">= 1")
         activations = activation_names()
@@ -137,6 +140,9 @@ class ModelConfig:
                  self.batch_norm, f"False for model {self.name!r} (batch_norm is GIN's)")
         _require(not (self.batch_norm and self.decoupled), "model", "batch_norm",
                  self.batch_norm, "False with decoupled=True (the coupled GIN has it)")
+        if self.hops != 3 and (self.name != "tagcn" or self.decoupled):
+            warnings.warn("model option hops has no effect here (it applies to the coupled "
+                          "tagcn; a decoupled model has --num-props hops)", stacklevel=3)
         if self.num_props != 2 and not self.decoupled:
             warnings.warn("model option num_props has no effect without decoupled=True",
                           stacklevel=3)
@@ -152,6 +158,8 @@ class ModelConfig:
                         attn_dropout=self.attn_dropout)
         if self.name == "gin":
             opts.update(batch_norm=self.batch_norm)
+        if self.name == "tagcn":
+            opts.update(hops=self.hops)
         return opts
 
 

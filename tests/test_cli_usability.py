@@ -45,7 +45,8 @@ def test_every_option_has_help_choices_and_its_default_once(capsys):
     text = capsys.readouterr().out
     assert exit_.value.code == 0
     assert "(default: None)" not in text
-    assert "--model {gcn,sage,gat,gin}" in text and "--dep-mode {depcomm,depcache,hybrid}" in text
+    assert "--model {gcn,sage,gat,gin,tagcn}" in text
+    assert "--dep-mode {depcomm,depcache,hybrid}" in text
     assert "config section [data_parallel]" in text and "exit codes:" in text
 
 

@@ -16,17 +16,19 @@ from fullgraph.models.stages import (
     Transform,
     propagation_inputs,
 )
+from fullgraph.models.tagcn import TAGCN
 
-MODELS: dict[str, type[GNN]] = {"gcn": GCN, "sage": GraphSAGE, "gat": GAT, "gin": GIN}
+MODELS: dict[str, type[GNN]] = {"gcn": GCN, "sage": GraphSAGE, "gat": GAT, "gin": GIN,
+                               "tagcn": TAGCN}
 
 
 def build_model(name: str, in_dim: int, hidden: int, out_dim: int, **options) -> GNN:
-    """Build the model called ``name`` (gcn, sage, gat, gin) with ``options``."""
+    """Build the model called ``name`` (gcn, sage, gat, gin, tagcn) with ``options``."""
     if name not in MODELS:
         raise ValueError(f"unknown model {name!r}; expected one of {', '.join(MODELS)}")
     return MODELS[name](in_dim, hidden, out_dim, **options)
 
 
-__all__ = ["GAT", "GCN", "GIN", "GNN", "GraphSAGE", "MODELS", "EdgeTransform", "LayerInput",
-           "Propagate", "StageContext", "StageKind", "StageProgram", "Transform", "build_model",
-           "propagation_inputs"]
+__all__ = ["GAT", "GCN", "GIN", "GNN", "TAGCN", "GraphSAGE", "MODELS", "EdgeTransform",
+           "LayerInput", "Propagate", "StageContext", "StageKind", "StageProgram", "Transform",
+           "build_model", "propagation_inputs"]

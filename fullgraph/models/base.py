@@ -8,7 +8,7 @@ residual options through, and builds the StageProgram. [PyG BasicGNN]
 Coupled form (L layers): ``[LayerInput, conv]`` x L, activation after every layer but
 the last. Decoupled form (NeutronTP §4.1, NeutronTask §5.1): an L-layer MLP of T
 stages, then (for attention models) one E stage, then K parameter-free P stages
-over a graph with self-loops.
+over a graph with self-loops (TAGCN: its own parameter-free filter, see ``tagcn``).
 """
 from __future__ import annotations
 
@@ -36,6 +36,8 @@ class GNN(StageProgram):
 
     model_name = "gnn"
     coupled_self_loops = True
+    # the decoupled form's propagation graph; every model but TAGCN adds self-loops
+    decoupled_self_loops = True
     # the decoupled form's MLP layers: "glorot" or "linear" (see layers.init_linear),
     # as the coupled layers of the model's reference implementation
     mlp_init = "glorot"
@@ -67,7 +69,8 @@ class GNN(StageProgram):
         if decoupled:
             stages.extend(self.propagation(out_dim, num_props))
         name = f"{self.model_name}{'-decoupled' if decoupled else ''}"
-        super().__init__(stages, self_loops=True if decoupled else self.coupled_self_loops,
+        super().__init__(stages, self_loops=(self.decoupled_self_loops if decoupled
+                                             else self.coupled_self_loops),
                          name=name)
 
     def conv(self, layer: int, in_dim: int, out_dim: int, *, act: str | None,

@@ -91,6 +91,11 @@ def mlp_reference(model, x: torch.Tensor) -> torch.Tensor:
     ("gin", {"decoupled": True, "num_props": 4}, "TT TTPPPP"),
     ("gat", {"decoupled": True, "num_props": 3}, "TT TTEPPP"),
     ("gat", {"decoupled": True, "num_props": 1, "num_layers": 3}, "TT TT TTEP"),
+    # TAGCN, K = 3: Horner on the projections unless the input is much narrower
+    ("tagcn", {}, "TTPTPTPT TTPTPTPT"),
+    ("tagcn", {"aggregate_first": True}, "TPTPTPT TPTPTPT"),
+    ("tagcn", {"hops": 1}, "TPT TTPT"),  # K = 1: the narrower side, as GCN
+    ("tagcn", {"decoupled": True, "num_props": 2}, "TT TT TPTPT"),
 ])
 def test_signatures(name, options, expected):
     m = build_model(name, IN_DIM, HIDDEN, OUT_DIM, **options)
@@ -193,6 +198,42 @@ def test_decoupled_mean_and_sum_against_dense(name):
     ref = mlp_reference(m, x)
     for _ in range(K):
         ref = prop @ ref
+    torch.testing.assert_close(run(m, graph, x), ref, **F64)
+
+
+def test_tagcn_propagates_without_self_loops_and_picks_the_narrow_order():
+    graph = random_graph(loops=4)
+    for decoupled in (False, True):
+        m = build_model("tagcn", IN_DIM, HIDDEN, OUT_DIM, decoupled=decoupled)
+        pg, norms = propagation_inputs(m, graph)
+        assert m.self_loops is False and not pg.has_self_loops() and set(norms) == {"gcn"}
+    # K = 3 propagates 6 x in (aggregate first) or 3 x out columns per layer
+    wide = build_model("tagcn", 4, 16, 9, num_layers=1)
+    assert wide.signature() == "TPTPTPT"
+    assert [s.in_dim for s in wide.stages if isinstance(s, Propagate)] == [4, 8, 12]
+    assert build_model("tagcn", 4, 16, 8, num_layers=1).signature() == "TTPTPTPT"
+
+
+@pytest.mark.parametrize("K", [1, 3])
+def test_tagcn_decoupled_is_mlp_then_sum_of_hops(K):
+    graph = random_graph(loops=4)  # input loops are dropped
+    torch.manual_seed(0)
+    m = build_model("tagcn", IN_DIM, HIDDEN, OUT_DIM, decoupled=True, num_props=K,
+                    dropout=0.0).double()
+    x = features()
+    a = dense_adjacency(graph, with_loops=False)
+    deg = a.sum(1)
+    d_inv_sqrt = torch.where(deg > 0, deg.rsqrt(), torch.zeros_like(deg))
+    a_hat = d_inv_sqrt[:, None] * a * d_inv_sqrt[None, :]
+    h = x
+    for s in m.stages:
+        if isinstance(s, Dense) and s.lin is not None:
+            h = F.linear(h, s.lin.weight, s.bias)
+            h = torch.relu(h) if s.act_name == "relu" else h
+    ref, hop = h.clone(), h
+    for _ in range(K):
+        hop = a_hat @ hop
+        ref = ref + hop
     torch.testing.assert_close(run(m, graph, x), ref, **F64)
 
 
@@ -334,6 +375,7 @@ def test_residual_gcn_against_dense(aggregate_first):
     (lambda: build_model("gat", 4, 4, 2, num_layers=-1), "num_layers"),
     (lambda: build_model("gin", 4, 4, 2, residual=True), "residual"),
     (lambda: build_model("gcn", 4, 4, 2, decoupled=True, num_props=0), "num_props"),
+    (lambda: build_model("tagcn", 4, 4, 2, hops=0), "hops"),
     (lambda: build_model("sage", 4, 4, 2, activation="swish"), "activation"),
     (lambda: Propagate(4, "max"), "norm"),
     (lambda: StageProgram([Dense(4, 4)], self_loops=True, name="x"), "LayerInput"),
@@ -348,7 +390,8 @@ def test_invalid_options_raise_value_error(call, match):
 
 @pytest.mark.parametrize("field, value", [("dropout", 1.0), ("dropout", -0.1),
                                           ("attn_dropout", 1.5), ("input_dropout", 1.0),
-                                          ("layers", 0), ("name", "mlp"), ("num_props", 0)])
+                                          ("layers", 0), ("name", "mlp"), ("num_props", 0),
+                                          ("hops", 0)])
 def test_model_config_rejects_bad_values(field, value):
     with pytest.raises(ConfigError, match=field if field != "attn_dropout" else "attn"):
         ModelConfig(**{field: value})
@@ -370,3 +413,12 @@ def test_bad_dropout_is_refused_when_building(options):
         build_model("gcn", IN_DIM, HIDDEN, OUT_DIM, **options)
     with pytest.raises(ValueError, match="dropout"):
         build_model("gat", IN_DIM, HIDDEN, OUT_DIM, attn_dropout=options.get("dropout", 1.0))
+
+
+def test_model_config_hops_reach_tagcn_and_warn_elsewhere():
+    cfg = ModelConfig(name="tagcn", hops=2, layers=1)
+    m = build_model(cfg.name, IN_DIM, cfg.hidden, OUT_DIM, **cfg.build_options())
+    assert m.signature() == "TTPTPT"
+    for other in (dict(name="gcn"), dict(name="tagcn", decoupled=True)):
+        with pytest.warns(UserWarning, match="hops has no effect"):
+            ModelConfig(hops=2, **other)

@@ -1,7 +1,8 @@
 """Every coupled model equals its PyTorch Geometric counterpart: outputs and gradients.
 
-For GCN, GraphSAGE, GAT and GIN we build a 2-layer fullgraph stage program and the
-equivalent PyG stack (``GCNConv`` / ``SAGEConv`` / ``GATConv`` / ``GINConv``, ReLU
+For GCN, GraphSAGE, GAT, GIN and TAGCN we build a 2-layer fullgraph stage program and
+the equivalent PyG stack (``GCNConv`` / ``SAGEConv`` / ``GATConv`` / ``GINConv`` /
+``TAGConv``, ReLU
 between layers, no dropout), copy our parameters into PyG's modules and compare, in
 float64, the logits and the gradients of every parameter and of the input features
 for a fixed random linear loss. The graph is a random symmetric graph without
@@ -148,6 +149,41 @@ def gin_pairs(model, pyg: PygStack) -> list:
     return pairs
 
 
+class Cat:
+    """PyG parameters that one of ours holds side by side (TAGCN's hop weights when it
+    aggregates first): ``grad`` is theirs concatenated along the input columns."""
+
+    def __init__(self, params: list) -> None:
+        self.params = params
+
+    @property
+    def grad(self) -> torch.Tensor:
+        return torch.cat([p.grad for p in self.params], dim=1)
+
+
+def tagcn_pairs(model, pyg: PygStack) -> list:
+    """Projection first: ``X W_K``, then roots ``W_{K-1} .. W_0``; aggregate first: one
+    weight ``[W_K .. W_1]`` on ``[A^K X .. A X]`` and the root ``W_0``."""
+    pairs: list = []
+    for layer, conv in enumerate(pyg.convs):
+        dense = [s for s in layer_stages(model, layer) if isinstance(s, Dense)]
+        lins = list(conv.lins)
+        if len(dense) == 1:
+            (d,) = dense
+            blocks = lins[:0:-1]  # W_K .. W_1
+            with torch.no_grad():
+                for block, w in zip(blocks, d.lin.weight.split(conv.in_channels, dim=1)):
+                    block.weight.copy_(w)
+            pairs.append((d.lin.weight, Cat([b.weight for b in blocks])))
+            pair(d.root.weight, lins[0].weight, pairs)
+        else:
+            pair(dense[0].lin.weight, lins[-1].weight, pairs)
+            for d, lin in zip(dense[1:], lins[-2::-1]):
+                pair(d.root.weight, lin.weight, pairs)
+        pair(one(dense, lambda s: s.bias is not None).bias, conv.bias, pairs)
+    return pairs
+
+
 def build_pair(case: str, dtype: torch.dtype, seed: int = 0):
     """(our model, PyG model, parameter pairs) for ``case``, weights copied."""
     torch.manual_seed(seed)
@@ -187,6 +223,12 @@ def build_pair(case: str, dtype: torch.dtype, seed: int = 0):
             for conv in pyg.convs:
                 conv.eps.fill_(eps)
         pairs = gin_pairs(ours, pyg)
+    elif name == "tagcn":
+        ours = build_model("tagcn", IN_DIM, HIDDEN, OUT_DIM, num_layers=2, dropout=0.0,
+                           aggregate_first={"agg_first": True, "agg_last": False}[variant])
+        pyg = PygStack([pyg_nn.TAGConv(IN_DIM, HIDDEN), pyg_nn.TAGConv(HIDDEN, OUT_DIM)])
+        ours, pyg = ours.to(dtype), pyg.to(dtype)
+        pairs = tagcn_pairs(ours, pyg)
     else:  # pragma: no cover
         raise AssertionError(case)
     # a zero bias would hide a bias that is added at the wrong place: randomise all
@@ -219,7 +261,8 @@ def run_both(case: str, dtype: torch.dtype):
 
 
 CASES = ["gcn:agg_first", "gcn:agg_last", "sage:agg_first", "sage:agg_last",
-         "gat:concat_1", "gat:concat_avg3", "gin:0.0", "gin:0.3", "gin_bn:0.3"]
+         "gat:concat_1", "gat:concat_avg3", "gin:0.0", "gin:0.3", "gin_bn:0.3",
+         "tagcn:agg_first", "tagcn:agg_last"]
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -293,6 +336,17 @@ def init_pairs(name: str, first: bool | None = None) -> list:
                       (upd.lin2.weight, conv.nn[2].weight), (upd.lin2.bias, conv.nn[2].bias)]
         return pairs
     ours = build_model(name, INIT_IN, INIT_HIDDEN, INIT_OUT, dropout=0.0, aggregate_first=first)
+    if name == "tagcn":
+        convs = [pyg_nn.TAGConv(i, o) for i, o in dims]
+        pairs = []
+        for layer, conv in enumerate(convs):
+            dense = [s for s in layer_stages(ours, layer) if isinstance(s, Dense)]
+            weights = [w for s in dense for m in (s.lin, s.root) if m is not None
+                       for w in m.weight.split(conv.in_channels, dim=1)]
+            # ours in hop order K .. 0 in both aggregation orders
+            pairs += list(zip(weights, [lin.weight for lin in conv.lins][::-1]))
+            pairs.append((one(dense, lambda s: s.bias is not None).bias, conv.bias))
+        return pairs
     Conv = pyg_nn.GCNConv if name == "gcn" else pyg_nn.SAGEConv
     pyg = PygStack([Conv(i, o) for i, o in dims])
     pairs = []
@@ -309,7 +363,8 @@ def init_pairs(name: str, first: bool | None = None) -> list:
     return pairs
 
 
-@pytest.mark.parametrize("case", ["gcn:True", "gcn:False", "sage:True", "sage:False", "gin"])
+@pytest.mark.parametrize("case", ["gcn:True", "gcn:False", "sage:True", "sage:False", "gin",
+                                  "tagcn:True", "tagcn:False"])
 def test_initialisation_matches_pyg_layers(case):
     """Each parameter is drawn from the distribution of its PyG peer: same support
     (max |w| within 2% of the largest entry of PyG's for weights), same spread (std within

@@ -97,7 +97,12 @@ PAIRWISE = [(m, d, part, MODES[(i + k) % 3]) for i, (m, d) in enumerate(PAIRS)
             for k, part in enumerate(PARTITIONERS)]
 ROTATED = [(m, d, PARTITIONERS[i % 3], mode)
            for i, (m, d, mode) in enumerate(itertools.product(MODELS, [False, True], MODES))]
-CASES = {1: [c for c in ROTATED if c[3] == "depcomm"], 2: ROTATED, 3: PAIRWISE, 4: ROTATED}
+# TAGCN on 2 and 3 workers: both layer orders, both forms, every mode once
+TAGCN = {2: [("tagcn", False, "metis", "depcomm"),
+             ("tagcn:agg_first", False, "random", "depcache")],
+         3: [("tagcn", True, "chunk", "depcache"), ("tagcn", False, "metis", "hybrid")]}
+CASES = {1: [c for c in ROTATED if c[3] == "depcomm"], 2: ROTATED + TAGCN[2],
+         3: PAIRWISE + TAGCN[3], 4: ROTATED}
 assert all({(m, d, "hybrid") for m in MODELS for d in (False, True)} <=
            {(c[0], c[1], c[3]) for c in CASES[w]} for w in (2, 3, 4))
 

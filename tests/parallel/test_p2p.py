@@ -67,7 +67,9 @@ def rotated(shift: int) -> list[tuple]:
 # one worker (nothing pushed) and four (the most processes on 2 cores) run half of
 # their rotation: the four models coupled on one, decoupled on four, each under all
 # four schedules
-CASES = {1: rotated(0)[::2], 2: rotated(1), 3: FULL, 4: rotated(3)[1::2]}
+# and TAGCN once (its K hops, each reading the layer input, in bins)
+CASES = {1: rotated(0)[::2], 2: rotated(1) + [("tagcn", False, "g3", "multi-level", 5)],
+         3: FULL, 4: rotated(3)[1::2]}
 
 
 @pytest.mark.dist

@@ -31,15 +31,21 @@ SPLITS = {2: ["auto", "1:1"], 3: ["auto", "1:2", "2:1"], 4: ["auto", "1:3", "3:1
           5: ["auto", "2:3", "4:1"]}
 
 
+# TAGCN on 2 and 3 workers: decoupled (pipelined, recomputed) and coupled
+TAGCN = {2: [("tagcn", True, "1:1", 3, True)], 3: [("tagcn:agg_first", False, "auto", 1, False)]}
+
+
 def cases_for(world: int) -> list[tuple[str, bool, str, int, bool]]:
     """Half of the model x coupled/decoupled combinations on each world size (2 and 3
     together run all eight, and so do 4 and 5); splits and subgraph counts rotate, so
-    every split of every world size, S in {1, 3} and recomputation on and off appear."""
+    every split of every world size, S in {1, 3} and recomputation on and off appear.
+    TAGCN once each on 2 and 3."""
     splits = SPLITS[world]
     combos = [(m, d) for m in MODELS for d in (False, True)]
     half = combos[world % 2::2]
     return [(name, decoupled, splits[i % len(splits)], 1 + 2 * ((i + world // 2) % 2),
-             (i + world) % 2 == 1) for i, (name, decoupled) in enumerate(half)]
+             (i + world) % 2 == 1) for i, (name, decoupled) in enumerate(half)
+            ] + TAGCN.get(world, [])
 
 
 def check_task(comm, cases):

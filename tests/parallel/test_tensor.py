@@ -32,12 +32,14 @@ def check_tensor(comm, cases):
 
 
 CASES = [(m, d) for m in MODELS for d in (False, True)]
+# TAGCN (a split and a gather around each of its K hops), both layer orders
+TAGCN = {2: [("tagcn", False)], 3: [("tagcn:agg_first", False)]}
 
 
 @pytest.mark.dist
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4])
 def test_tensor_parallel_matches_single(tmp_path, world_size):
-    run_ranks(check_tensor, world_size, tmp_path, CASES)
+    run_ranks(check_tensor, world_size, tmp_path, CASES + TAGCN.get(world_size, []))
 
 
 def check_rounds(comm):
