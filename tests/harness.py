@@ -62,5 +62,19 @@ def run_ranks(fn: Callable[..., Any], world_size: int, tmp_path: Path | str, *ar
     store = Path(tmp_path) / "store"
     if store.exists():  # a stale file store would hang the rendezvous
         os.remove(store)
-    mp.spawn(_rank_main, args=(fn, world_size, str(store), timeout_s, args),
-             nprocs=world_size, join=True)
+    mp.start_processes(_rank_main, args=(fn, world_size, str(store), timeout_s, args),
+                       nprocs=world_size, join=True, start_method=START_METHOD)
+
+
+START_METHOD = os.environ.get("FULLGRAPH_TEST_START", "forkserver")
+"""How rank processes start. ``forkserver``: forked from one server process per test
+session that has already imported torch (and the parts of it that the optimisers
+import on first use) and fullgraph, so a rank starts in milliseconds instead of
+paying those imports again; ``spawn`` (``FULLGRAPH_TEST_START=spawn``): a fresh
+interpreter per rank."""
+PRELOAD = ["torch", "torch._dynamo", "torch.distributed", "fullgraph.train", "fullgraph.cli",
+           "harness"]
+if START_METHOD == "forkserver":
+    import multiprocessing
+
+    multiprocessing.get_context("forkserver").set_forkserver_preload(PRELOAD)

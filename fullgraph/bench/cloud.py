@@ -82,7 +82,7 @@ def run(args: argparse.Namespace, data: Path, flags: list[str], epochs: int) -> 
             "total_s": sum(e["epoch_s"] for e in log.epochs), "ranks": log.ranks}
 
 
-def time_table(args: argparse.Namespace, data: Path) -> tuple[list[str], dict[str, Any]]:
+def time_table(args: argparse.Namespace, data: Path) -> tuple[list[str], dict[Any, Any]]:
     injections = [("stable", []), ("sleep", ["--inject", args.sleep]),
                   ("cpu throttle", ["--inject", args.throttle])]
     results = {(c, i): run(args, data, flags + inj, args.epochs)
@@ -112,7 +112,7 @@ def time_table(args: argparse.Namespace, data: Path) -> tuple[list[str], dict[st
     return lines, results
 
 
-def preprocess_table(args: argparse.Namespace, results: dict[str, Any]) -> list[str]:
+def preprocess_table(args: argparse.Namespace, results: dict[Any, Any]) -> list[str]:
     r = results["hybrid + online adjustment", "stable"]
     if "error" in r:
         return [f"preprocessing: run failed: {r['error']}"]

@@ -13,6 +13,7 @@ import itertools
 
 import pytest
 import torch
+from adjust_checks import ADJUST_CASES, check_adjust, reference
 from cases import MODELS, make_dataset, make_model, run_epochs
 from harness import run_ranks
 
@@ -107,12 +108,6 @@ assert all({(m, d, "hybrid") for m in MODELS for d in (False, True)} <=
            {(c[0], c[1], c[3]) for c in CASES[w]} for w in (2, 3, 4))
 
 
-@pytest.mark.dist
-@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
-def test_data_parallel_matches_single(tmp_path, world_size):
-    run_ranks(check_all, world_size, tmp_path, CASES[world_size])
-
-
 def check_float32(comm):
     """float32: same program, per-row sums in the same order; only GEMMs over other row
     subsets round differently, so 1e-5 relative (a few float32 ulps) is ample."""
@@ -129,11 +124,6 @@ def check_float32(comm):
         torch.testing.assert_close(out, ref_out[gids], rtol=1e-5, atol=1e-6)
         for p, q in zip(model.parameters(), ref_model.parameters()):
             torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
-
-
-@pytest.mark.dist
-def test_data_parallel_float32(tmp_path):
-    run_ranks(check_float32, 3, tmp_path)
 
 
 def check_depcomm_bytes(comm):
@@ -166,12 +156,6 @@ def check_depcomm_bytes(comm):
     assert int(totals[0]) == int(totals[1])
 
 
-@pytest.mark.dist
-@pytest.mark.parametrize("world_size", [2, 3])
-def test_depcomm_byte_counts(tmp_path, world_size):
-    run_ranks(check_depcomm_bytes, world_size, tmp_path)
-
-
 def check_measured_costs(comm):
     """No unit cost given: all three are measured, the byte cost is the same on every
     worker, the run header says so, and the run is exact whatever the split."""
@@ -198,9 +182,28 @@ def check_measured_costs(comm):
     assert "(measured byte, edge, vertex)" in line
 
 
+# the other checks share the spawned worlds of the exactness rotation (spawns are the
+# slow part): float32 and byte counts, the measured-cost path, online adjustment
+EXTRA = {1: [], 2: ["depcomm_bytes", "measured_costs"], 3: ["float32", "depcomm_bytes"], 4: []}
+
+
+def check_world(comm, cases, refs):
+    check_all(comm, cases)
+    for name in EXTRA[comm.world_size]:
+        globals()[f"check_{name}"](comm)
+    if comm.world_size in ADJUST_CASES:
+        check_adjust(comm, ADJUST_CASES[comm.world_size], refs)
+
+
 @pytest.mark.dist
-def test_measured_cost_path(tmp_path):
-    run_ranks(check_measured_costs, 2, tmp_path)
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+def test_data_parallel_matches_single(tmp_path, world_size):
+    """Exactness rotation (module docstring), plus on some worlds: float32, DepComm byte
+    counts, the measured-cost path, and online adjustment with forced and measured
+    switches (``adjust_checks``)."""
+    cases = ADJUST_CASES.get(world_size, [])
+    refs = {name: reference(name) for name in {c[0] for c in cases}}
+    run_ranks(check_world, world_size, tmp_path, CASES[world_size], refs)
 
 
 def test_bad_unit_cost_is_refused():

@@ -67,5 +67,6 @@ def test_default_config_has_every_declared_section():
     cfg = Config()
     assert set(cfg.options) == {"partition", "data_parallel", "tensor_parallel", "p2p",
                                 "task_parallel"}
-    assert set(cfg.to_dict()) == {"data", "model", "train", "runtime", "launch", "partition",
-                                  "data_parallel", "tensor_parallel", "p2p", "task_parallel"}
+    assert set(cfg.to_dict()) == {"data", "model", "train", "runtime", "launch", "adapt",
+                                  "partition", "data_parallel", "tensor_parallel", "p2p",
+                                  "task_parallel"}
