@@ -30,7 +30,7 @@ def test_parse_reads_every_key_and_the_defaults():
 
 
 @pytest.mark.parametrize("text, message", [
-    ("net:rate=1mbit", "unknown kind 'net'"),
+    ("disk:rate=1mbit", "unknown kind 'disk'"),
     ("sleep:load=2", "bad key 'load=2'"),
     ("sleep:p", "bad key 'p'"),
     ("sleep:p=1.5", "p=1.5 is not a probability"),
@@ -114,3 +114,50 @@ def test_throttle_pins_busy_processes_to_the_core_and_removes_them():
         throttle.stop()
     assert all(p.poll() is not None for p in procs) and not throttle.active
     assert os.sched_getaffinity(0) == before
+
+
+def test_net_spec_and_its_checks():
+    (spec,) = parse("net:rate=50mbit,delay=10ms,ranks=1,p=0,at=3")
+    assert (spec.rate, spec.delay, spec.ranks, spec.at) == ("50mbit", "10ms", (1,), (3,))
+    assert "link at 50mbit, delay 10ms" in spec.describe()
+    for text, message in (("net:p=0.1", "needs rate"), ("net:rate=fast", "not a tc rate"),
+                          ("net:delay=5", "not a tc time")):
+        with pytest.raises(ValueError, match=message):
+            parse(text)
+
+
+def test_net_injection_without_an_own_interface_is_refused(monkeypatch):
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
+    with pytest.raises(ValueError, match="GLOO_SOCKET_IFNAME does not name"):
+        Injector(parse("net:rate=1mbit"), 0, 5, lambda e: None)
+
+
+SHAPE = """
+import subprocess, sys
+from fullgraph.adapt.inject import LinkShaper
+show = lambda: subprocess.run(["tc", "qdisc", "show", "dev", sys.argv[1]], text=True,
+                              capture_output=True).stdout.strip()
+shaper = LinkShaper(sys.argv[1])
+print(show()); shaper.start("10mbit", None); print(show()); shaper.stop(); print(show())
+"""
+
+
+@pytest.mark.multihost
+def test_link_shaper_swaps_the_queue_and_puts_it_back():
+    from fullgraph.bench import netlink
+
+    why = netlink.available()
+    if why:
+        pytest.skip(why)
+    import subprocess
+    import sys
+
+    with netlink.two_hosts("100mbit") as link:
+        host = link.hosts[0]
+        done = subprocess.run(netlink.netns_cmd(host, [sys.executable, "-c", SHAPE, host.veth]),
+                              capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    before, during, after = done.stdout.splitlines()
+    assert "tbf" in before and "100Mbit" in before, done.stdout
+    assert "tbf" in during and "10Mbit" in during, done.stdout
+    assert "tbf" in after and "100Mbit" in after, done.stdout

@@ -26,9 +26,9 @@ def build_adapters(cfg: Any, strategy: Any, model: Any, plan: Any, rank: int, wo
         specs = parse(opts.inject)
         try:
             check_world(specs, world)
+            adapters.append(Injector(specs, rank, cfg.train.epochs, note))
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
-        adapters.append(Injector(specs, rank, cfg.train.epochs, note))
     if opts.mode == "adjust":
         from fullgraph.adapt.adjuster import OnlineAdjuster
         from fullgraph.parallel.data import DataParallel

@@ -12,7 +12,14 @@ and lasts n epochs. Two kinds are injected here, both from one spec string
 - ``cpu:p=0.1,load=1,n=5`` a throttle that really takes CPU away: for the
   slowdown's epochs ``load`` busy processes run pinned to the worker's core, so the
   worker's measured per-vertex and per-edge costs change, not only its wall clock
-  (with ``load`` busy processes the worker gets about 1 / (load + 1) of its core).
+  (with ``load`` busy processes the worker gets about 1 / (load + 1) of its core);
+- ``net:rate=50mbit,p=0.1,n=5`` the worker's network link slowed: for the
+  slowdown's epochs its own interface (the one ``GLOO_SOCKET_IFNAME`` names) sends
+  through a ``tc`` token bucket at ``rate`` (or a ``netem`` queue when a
+  ``delay=10ms`` is asked for, which needs the kernel's sch_netem), then gets its
+  previous queue back. It needs root, iproute2 and a worker that owns its interface,
+  as the emulated hosts of ``fullgraph.bench.cloud --link`` do (several workers
+  behind one emulated host share its link: give the item to one of them).
 
 Common keys: ``n`` epochs per slowdown (default 5), ``p`` start probability per
 epoch (default 0.1), ``ranks=1+3`` the workers it applies to (default all),
@@ -26,15 +33,19 @@ from __future__ import annotations
 
 import math
 import os
+import re
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
 
 import numpy as np
 
-KINDS = ("sleep", "cpu")
-_KEYS = {"sleep": {"p", "s", "n", "ranks", "at", "seed"},
-         "cpu": {"p", "load", "n", "ranks", "at", "seed"}}
+KINDS = ("sleep", "cpu", "net")
+_COMMON = {"p", "n", "ranks", "at", "seed"}
+_KEYS = {"sleep": _COMMON | {"s"}, "cpu": _COMMON | {"load"}, "net": _COMMON | {"rate", "delay"}}
+_TC_RATE = re.compile(r"^\d+(\.\d+)?([kmgt]?(bit|bps))$", re.I)
+_TC_TIME = re.compile(r"^\d+(\.\d+)?(s|ms|us)$")
 
 
 @dataclass(frozen=True)
@@ -46,13 +57,20 @@ class InjectSpec:
     seconds: float | None = None
     epochs: int = 5
     load: int = 1
+    rate: str | None = None
+    delay: str | None = None
     ranks: tuple[int, ...] | None = None
     at: tuple[int, ...] = ()
     seed: int = 0
 
     def describe(self) -> str:
-        what = (f"sleep {'auto (2x mean epoch)' if self.seconds is None else f'{self.seconds} s'}"
-                if self.kind == "sleep" else f"cpu throttle, {self.load} busy process(es)")
+        if self.kind == "sleep":
+            seconds = "auto (2x mean epoch)" if self.seconds is None else f"{self.seconds} s"
+            what = f"sleep {seconds}"
+        elif self.kind == "cpu":
+            what = f"cpu throttle, {self.load} busy process(es)"
+        else:
+            what = f"link at {self.rate or 'full rate'}, delay {self.delay or '0'}"
         where = "every rank" if self.ranks is None else \
             "rank " + ",".join(str(r) for r in self.ranks)
         forced = f", forced at epoch {','.join(map(str, self.at))}" if self.at else ""
@@ -90,6 +108,7 @@ def _parse_item(kind: str, rest: str, item: str) -> InjectSpec:
             kind, p=float(values.get("p", 0.1)),
             seconds=None if values.get("s", "auto") == "auto" else float(values["s"]),
             epochs=int(values.get("n", 5)), load=int(values.get("load", 1)),
+            rate=values.get("rate"), delay=values.get("delay"),
             ranks=tuple(int(r) for r in values["ranks"].split("+")) if "ranks" in values
             else None,
             at=tuple(int(e) for e in values["at"].split("+")) if "at" in values else (),
@@ -112,6 +131,12 @@ def _check(spec: InjectSpec, item: str) -> None:
         problems.append(f"load={spec.load} must be >= 1")
     if spec.ranks is not None and min(spec.ranks) < 0:
         problems.append(f"ranks={spec.ranks} must be >= 0")
+    if spec.kind == "net" and spec.rate is None and spec.delay is None:
+        problems.append("net needs rate=... (e.g. 50mbit) or delay=... (e.g. 10ms)")
+    if spec.rate is not None and not _TC_RATE.match(spec.rate):
+        problems.append(f"rate={spec.rate} is not a tc rate such as 50mbit")
+    if spec.delay is not None and not _TC_TIME.match(spec.delay):
+        problems.append(f"delay={spec.delay} is not a tc time such as 10ms")
     if spec.at and min(spec.at) < 2:
         problems.append(f"at={spec.at}: slowdowns start at epoch 2 or later")
     if problems:
@@ -213,3 +238,66 @@ def core_for(rank: int) -> int:
     """The core a worker's throttle pins to: rank-th of the cores it may use."""
     cores = sorted(os.sched_getaffinity(0))
     return cores[rank % len(cores)]
+
+
+class LinkShaper:
+    """This worker's own interface sent through ``tc netem`` while a net slowdown lasts.
+
+    ``start`` remembers the interface's root queue (a ``tbf`` shaper, as the emulated
+    hosts have, or the kernel default) and replaces it; ``stop`` puts it back.
+    """
+
+    def __init__(self, device: str) -> None:
+        self.device = device
+        self._restore: list[str] | None = None
+
+    @property
+    def active(self) -> bool:
+        return self._restore is not None
+
+    def start(self, rate: str | None, delay: str | None) -> None:
+        if self._restore is not None:
+            return
+        shown = _tc("qdisc", "show", "dev", self.device).split()
+        if len(shown) > 1 and shown[1] == "tbf":
+            opts = dict(zip(shown[shown.index("rate"):][::2], shown[shown.index("rate"):][1::2]))
+            self._restore = ["qdisc", "replace", "dev", self.device, "root", "tbf", "rate",
+                             opts["rate"], "burst", opts.get("burst", "256Kb"), "latency",
+                             opts.get("lat", "50ms")]
+        else:
+            self._restore = ["qdisc", "del", "dev", self.device, "root"]
+        if delay is None:  # rate only: a token bucket, in every kernel
+            queue = ["tbf", "rate", str(rate), "burst", "32kb", "latency", "400ms"]
+        else:  # netem: delay, and rate if given (sch_netem must be available)
+            queue = ["netem", "delay", delay] + (["rate", rate] if rate else [])
+        try:
+            _tc("qdisc", "replace", "dev", self.device, "root", *queue)
+        except RuntimeError as exc:
+            self._restore = None
+            raise RuntimeError(f"--inject net: {exc} (a delay needs the kernel's netem "
+                               "queue, sch_netem; a rate alone does not)") from None
+
+    def stop(self) -> None:
+        if self._restore is not None:
+            _tc(*self._restore)
+            self._restore = None
+
+
+def link_device() -> str:
+    """The interface a net slowdown shapes; raise ValueError saying why there is none."""
+    device = os.environ.get("GLOO_SOCKET_IFNAME")
+    why = ("GLOO_SOCKET_IFNAME does not name this worker's interface" if not device else
+           "it needs root" if os.geteuid() != 0 else
+           "iproute2's 'tc' is not installed" if shutil.which("tc") is None else "")
+    if why:
+        raise ValueError(f"--inject net: {why}; net slowdowns shape a worker's own network "
+                         "interface, as in `python -m fullgraph.bench.cloud --link 1gbit`")
+    assert device is not None
+    return device
+
+
+def _tc(*args: str) -> str:
+    done = subprocess.run(["tc", *args], capture_output=True, text=True, timeout=30)
+    if done.returncode != 0:
+        raise RuntimeError(f"tc {' '.join(args)}: {done.stderr.strip()}")
+    return done.stdout

@@ -8,7 +8,14 @@ import torch
 from torch import Tensor
 
 from fullgraph.adapt.base import Adapter, Note
-from fullgraph.adapt.inject import InjectSpec, Throttle, core_for, schedule
+from fullgraph.adapt.inject import (
+    InjectSpec,
+    LinkShaper,
+    Throttle,
+    core_for,
+    link_device,
+    schedule,
+)
 
 
 class _SleepInBackward(torch.autograd.Function):
@@ -41,6 +48,8 @@ class Injector(Adapter):
                        for first, last in schedule(spec, rank, epochs)]
         self.throttle = Throttle(core_for(rank)) if any(s.kind == "cpu" for s in specs) \
             else None
+        self.shaper = LinkShaper(link_device()) if any(s.kind == "net" for s in specs) \
+            else None
         self.sleep_s = 0.0
         self.injected = False
         self.clean_walls: list[float] = []
@@ -49,11 +58,15 @@ class Injector(Adapter):
         return [f"inject   {spec.describe()}" for spec in self.specs]
 
     def before_epoch(self, epoch: int) -> None:
-        sleep, load = 0.0, 0
+        sleep, load, net = 0.0, 0, None
         for spec, first, last in self.events:
             if not first <= epoch <= last:
                 continue
-            if spec.kind == "sleep":
+            if spec.kind == "net":
+                net = spec
+                self.note({"kind": "inject", "what": "net", "rate": spec.rate,
+                           "delay": spec.delay, "first": first, "last": last})
+            elif spec.kind == "sleep":
                 seconds = spec.seconds if spec.seconds is not None else self._auto_seconds()
                 sleep += seconds
                 self.note({"kind": "inject", "what": "sleep", "seconds": seconds,
@@ -62,7 +75,12 @@ class Injector(Adapter):
                 load = max(load, spec.load)
                 self.note({"kind": "inject", "what": "cpu", "load": spec.load,
                            "first": first, "last": last})
-        self.sleep_s, self.injected = sleep, bool(sleep or load)
+        self.sleep_s, self.injected = sleep, bool(sleep or load or net)
+        if self.shaper is not None:
+            if net is None:
+                self.shaper.stop()
+            else:
+                self.shaper.start(net.rate, net.delay)
         if self.throttle is not None:
             if self.throttle.active and self.throttle.load != load:
                 self.throttle.stop()
@@ -89,3 +107,5 @@ class Injector(Adapter):
     def close(self) -> None:
         if self.throttle is not None:
             self.throttle.stop()
+        if self.shaper is not None:
+            self.shaper.stop()

@@ -28,9 +28,11 @@ Workers share this host's cores: times are for ratios within one run only.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import os
 import platform
+import secrets
 import statistics
 import subprocess
 import sys
@@ -64,41 +66,68 @@ def dataset_dir(args: argparse.Namespace) -> Path:
 
 
 def run(args: argparse.Namespace, data: Path, flags: list[str], epochs: int) -> dict[str, Any]:
-    """Train one configuration through the launcher; the parsed metrics file."""
+    """Train one configuration through the launcher (or, with ``--link``, one process per
+    rank in the emulated hosts, as torchrun would start them); the parsed metrics."""
     with tempfile.TemporaryDirectory(prefix="fullgraph-bench-cloud-") as tmp:
         metrics = Path(tmp) / "m.jsonl"
         cmd = [sys.executable, "-m", "fullgraph.cli", "train", "--dataset", str(data),
                "--model", "gcn", "--hidden", str(HIDDEN), "--epochs", str(epochs),
-               "--workers", str(args.workers), "--oversubscribe", "--progress", "off",
-               "--quiet", "--metrics-out", str(metrics), "--threads", "1",
+               "--progress", "off", "--quiet", "--metrics-out", str(metrics), "--threads", "1",
                "--strategy", "data", "--partitioner", "metis", *flags]
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        done = subprocess.run(cmd, env=env, capture_output=True, text=True)
-        if done.returncode != 0:
-            return {"error": (done.stderr or done.stdout).strip().splitlines()[-1:]}
+        if args.link_ctx is not None:
+            failed = run_in_hosts(args, cmd, env)
+        else:
+            done = subprocess.run([*cmd, "--workers", str(args.workers), "--oversubscribe"],
+                                  env=env, capture_output=True, text=True)
+            failed = None if done.returncode == 0 else \
+                (done.stderr or done.stdout).strip().splitlines()[-1:]
+        if failed:
+            return {"error": failed}
         log = read_run_log(metrics)
     walls = [e["epoch_s"] for e in log.epochs[1:] or log.epochs]
     return {"mean_s": statistics.fmean(walls), "median_s": statistics.median(walls),
             "total_s": sum(e["epoch_s"] for e in log.epochs), "ranks": log.ranks}
 
 
+def run_in_hosts(args: argparse.Namespace, cmd: list[str], env: dict[str, str]) -> list[str] | None:
+    """Rank r in emulated host r % 2 (``bench.netlink``); None, or why it failed."""
+    from fullgraph.bench import netlink
+
+    codes = netlink.run_ranks(args.link_ctx, args.workers, lambda r: cmd, env=env,
+                              timeout_s=args.run_timeout,
+                              master_port=29700 + secrets.randbelow(200))
+    bad = [r for r, c in enumerate(codes) if c != 0]
+    return [f"ranks {bad} exited with {[codes[r] for r in bad]}"] if bad else None
+
+
+def injections(args: argparse.Namespace) -> list[tuple[str, list[str]]]:
+    out = [("stable", []), ("sleep", ["--inject", args.sleep]),
+           ("cpu throttle", ["--inject", args.throttle])]
+    if args.link_ctx is not None:
+        out.append(("network", ["--inject", args.net]))
+    return out
+
+
 def time_table(args: argparse.Namespace, data: Path) -> tuple[list[str], dict[Any, Any]]:
-    injections = [("stable", []), ("sleep", ["--inject", args.sleep]),
-                  ("cpu throttle", ["--inject", args.throttle])]
+    injections_ = injections(args)
     results = {(c, i): run(args, data, flags + inj, args.epochs)
-               for c, flags in CONFIGS for i, inj in injections}
+               for c, flags in CONFIGS for i, inj in injections_}
     base = results["static DepComm", "stable"]
     lines = [f"### Per-epoch time and fluctuation-induced delay, {args.workers} workers "
              "(Figs. 7 and 8)", "",
-             f"sleep: `{args.sleep}`; cpu throttle: `{args.throttle}`. Mean epoch after the "
-             "first, s (x: against static DepComm stable); delay: mean under injection minus "
-             "the same configuration stable.", "",
-             "| configuration | stable | sleep | delay | cpu throttle | delay |",
-             "| --- | --- | --- | --- | --- | --- |"]
+             f"sleep: `{args.sleep}`; cpu throttle: `{args.throttle}`"
+             + (f"; network: `{args.net}` over a {args.link} emulated link (ranks 0, 2 in "
+                "one namespace, 1, 3 in the other)" if args.link_ctx is not None else "")
+             + ". Mean epoch after the first, s (x: against static DepComm stable); delay: "
+             "mean under injection minus the same configuration stable.", "",
+             "| configuration | stable | " + " | ".join(f"{i} | delay" for i, _ in
+                                                       injections_[1:]) + " |",
+             "| --- " * (2 * len(injections_)) + "|"]
     for c, _ in CONFIGS:
         cells = []
         stable = results[c, "stable"]
-        for i, _ in injections:
+        for i, _ in injections_:
             r = results[c, i]
             if "error" in r:
                 cells.append(f"failed: {r['error']}")
@@ -192,6 +221,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--long-epochs", type=int, default=100, help="epochs of the Fig. 17 run")
     p.add_argument("--sleep", default="sleep:p=0.1,s=auto,n=5,seed=1")
     p.add_argument("--throttle", default="cpu:p=0.1,load=2,n=5,seed=1")
+    p.add_argument("--link", default="", help="run the workers in two emulated hosts joined "
+                   "by a link of this rate (e.g. 1gbit; needs root and iproute2) and add "
+                   "network injection (--net)")
+    p.add_argument("--net", default="net:rate=20mbit,p=0.1,n=5,seed=1,ranks=0+1")
+    p.add_argument("--run-timeout", type=float, default=1800.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--cache", default="/tmp/fullgraph-bench")
     p.add_argument("--plot", default="", help="PNG path for the Fig. 17 plot")
@@ -200,6 +234,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.workers < 2:
         p.error("--workers: needs at least 2")
     data = dataset_dir(args)
+    with contextlib.ExitStack() as stack:
+        args.link_ctx = None
+        if args.link:
+            from fullgraph.bench import netlink
+
+            args.link_ctx = stack.enter_context(netlink.two_hosts(args.link))
+        return report(args, data, argv)
+
+
+def report(args: argparse.Namespace, data: Path, argv: list[str] | None) -> int:
     print(f"python -m fullgraph.bench.cloud {' '.join(sys.argv[1:] if argv is None else argv)}")
     print(f"{datetime.date.today()}, {platform.machine()} {os.cpu_count()} cores, "
           f"R-MAT {args.vertices} vertices, {args.edges} edges, {args.features} features, "

@@ -186,8 +186,12 @@ def netns_cmd(host: Host, cmd: Sequence[str]) -> list[str]:
 
 
 def run_ranks(link: Link, world: int, cmd_for_rank: Callable[[int], list[str]],
-              env: dict[str, str] | None = None, timeout_s: float | None = None) -> list[int]:
+              env: dict[str, str] | None = None, timeout_s: float | None = None,
+              master_port: int | None = None) -> list[int]:
     """Run rank r's command in namespace r % 2 with GLOO_SOCKET_IFNAME; exit codes.
+
+    With ``master_port``, each rank also gets the environment torchrun gives its
+    workers (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR = host A's address).
 
     Every rank is its own session (killed as a group). When one rank fails the others
     are killed (they would only wait for it until the collective timeout), and so are
@@ -202,9 +206,12 @@ def run_ranks(link: Link, world: int, cmd_for_rank: Callable[[int], list[str]],
     try:
         for r in range(world):
             host = link.host_of(r)
+            rank_env = {} if master_port is None else {
+                "RANK": str(r), "LOCAL_RANK": str(r // 2), "WORLD_SIZE": str(world),
+                "MASTER_ADDR": link.hosts[0].addr, "MASTER_PORT": str(master_port)}
             procs.append(subprocess.Popen(
                 netns_cmd(host, cmd_for_rank(r)), stdout=sys.stderr, start_new_session=True,
-                env={**base, "GLOO_SOCKET_IFNAME": host.veth}))
+                env={**base, **rank_env, "GLOO_SOCKET_IFNAME": host.veth}))
         while True:
             codes = [p.poll() for p in procs]
             if all(c is not None for c in codes):
