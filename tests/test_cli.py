@@ -22,6 +22,7 @@ TRAIN_FLAGS = sorted("""
 --column-split --pipeline --nn-device --p2p-schedule --bin-memory --bin-size
 --checkpoint-dir --checkpoint-every --resume --save-model
 --task-split --task-gamma --subgraphs --recompute
+--adapt --cache-budget --inject --shares
 """.split())
 
 

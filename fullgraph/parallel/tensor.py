@@ -3,7 +3,9 @@
 Every worker holds the whole graph topology. T stages run on ``Shard(0)``: worker r
 owns a contiguous block of about N/R vertices and their whole rows. P stages run on
 ``Shard(1)``: every vertex, a slice of about D/R columns, with the full graph and no
-communication (propagation is linear and column-independent). The executor keeps
+communication (propagation is linear and column-independent). With ``shares`` (or
+after ``replan``, which ``--adapt adjust`` calls from measured speeds) both splits
+follow given relative speeds instead. The executor keeps
 track of the current placement and changes it only when the next stage needs the
 other one (NeutronTP §3.1):
 - before a P stage on rows: ``split`` (rows -> columns, all-to-all);
