@@ -12,7 +12,13 @@ import pytest
 import torch
 
 from fullgraph.adapt import build_adapters
-from fullgraph.adapt.shares import MIN_SHARE, ShareBalancer, changed, target_shares
+from fullgraph.adapt.shares import (
+    MIN_SHARE,
+    WINDOW,
+    ShareBalancer,
+    changed,
+    target_shares,
+)
 from fullgraph.comm.placement import check_counts, even_counts, share_counts
 from fullgraph.config import AdaptConfig, Config, RuntimeConfig
 from fullgraph.errors import ConfigError
@@ -77,12 +83,17 @@ def test_no_thrash_when_speeds_are_equal_or_drift_a_little():
     assert changed([0.5, 0.5], [0.6, 0.4])
     assert changed([0.95, 0.05], [0.94, 0.06])  # a small share moving by a fifth
     balancer = ShareBalancer(Recorder(), FakePlan(), lambda e: None)
-    noisy = [[1.0, 1.02], [0.98, 1.0], [1.03, 1.0], [1.0, 0.97], [1.0, 1.0]]
-    assert all(balancer.decide(s, e) is None for e, s in enumerate(noisy, 1))
+    assert balancer.decide([1.0, 0.1], 1) is None  # warm-up: not measured
+    noisy = [[1.0, 1.08], [0.93, 1.0], [1.1, 1.0], [1.0, 0.9], [1.0, 1.0], [1.07, 0.96]]
+    assert all(balancer.decide(s, e) is None for e, s in enumerate(noisy, 2))
+    assert [0.1] not in [h[1:] for h in balancer.history]
     # rank 1 at half speed: one switch once the median sees it, then none
-    decisions = [balancer.decide(s, e) for e, s in enumerate([[1.0, 0.5]] * 4 + [[1.0, 0.52]], 6)]
-    assert decisions[0] is None and decisions[1] == pytest.approx([2 / 3, 1 / 3])
-    assert balancer.shares == decisions[1] and decisions[2:] == [None] * 3
+    epochs = range(8, 8 + WINDOW + 3)
+    decisions = [balancer.decide([1.0, 0.5 + 0.02 * (e % 2)], e) for e in epochs]
+    switches = [d for d in decisions if d is not None]
+    assert len(switches) == 1 and switches[0] == pytest.approx([2 / 3, 1 / 3], abs=0.01)
+    assert decisions.index(switches[0]) == WINDOW // 2  # the median's delay
+    assert balancer.shares == switches[0]
 
 
 def dataset():

@@ -12,7 +12,8 @@ After every epoch (``between_epochs``, collective):
   gathered; its work is the mean of its fraction of the rows and its fraction of the
   propagated columns (from the plan, the same on every worker); speed = work /
   compute seconds;
-- each worker's speed is the median of the last ``WINDOW`` epochs (damping noise);
+- each worker's speed is the median of the last ``WINDOW`` epochs (damping noise),
+  the first ``WARMUP`` epochs left out;
   the target shares are the speeds normalised, none below ``MIN_SHARE``;
 - the plan is switched (``TensorParallel.replan``) only when some worker's share
   changes by more than ``THRESHOLD`` of itself, so equal speeds never re-plan.
@@ -33,11 +34,13 @@ from fullgraph.adapt.base import Adapter, Note
 from fullgraph.comm import primitives as prim
 from fullgraph.models.walk import describe
 
-WINDOW = 3
+WINDOW = 5
 """Epochs whose measured speeds are combined (median) for one decision."""
+WARMUP = 1
+"""First epochs not measured (one-time costs: lazily built indexes, allocator growth)."""
 MIN_SHARE = 0.05
 """No worker's share falls below this fraction of the whole."""
-THRESHOLD = 0.05
+THRESHOLD = 0.1
 """Re-plan only when a worker's share changes by more than this fraction of itself."""
 
 SpeedsFor = Callable[[int, list[float]], Sequence[float]]
@@ -122,6 +125,8 @@ class ShareBalancer(Adapter):
     def decide(self, speeds: Sequence[float], epoch: int) -> list[float] | None:
         """Record this epoch's measured speeds; the new shares (now current), or None
         to keep the current ones."""
+        if epoch <= WARMUP and self.speeds_for is None:
+            return None
         self.history = (self.history + [list(speeds)])[-WINDOW:]
         self.smooth = [statistics.median(h[r] for h in self.history) for r in range(len(speeds))]
         if self.speeds_for is not None:
