@@ -24,6 +24,7 @@ from fullgraph.config import AdaptConfig, Config, RuntimeConfig
 from fullgraph.errors import ConfigError
 from fullgraph.graph.synthetic import sbm
 from fullgraph.models import build_model
+from fullgraph.parallel.single import SingleProcess
 from fullgraph.parallel.tensor import TensorParallel
 
 
@@ -133,3 +134,7 @@ def test_adapt_adjust_builds_the_balancer_for_tensor_only():
     budget = dataclasses.replace(cfg, adapt=AdaptConfig(mode="adjust", cache_budget_mb=1.0))
     with pytest.raises(ConfigError, match="--cache-budget applies to --strategy data"):
         build_adapters(budget, strategy, model, plan, 0, 1, lambda e: None)
+    single = dataclasses.replace(cfg, runtime=RuntimeConfig(strategy="single"))
+    with pytest.raises(ConfigError, match="works on --strategy data .* or tensor .* "
+                                          "the run uses 'single'"):
+        build_adapters(single, SingleProcess(), model, plan, 0, 1, lambda e: None)

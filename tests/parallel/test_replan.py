@@ -9,7 +9,8 @@ vanish with the DepCache set).
 Tensor parallelism's speed-proportional shares (``ShareBalancer``, ``replan``) run in
 the same spawns on 2 and 3 workers: shares forced to change after every epoch (very
 unequal ones leave a worker without columns), given row and column counts, and the
-measured balancer with one worker slowed down; coupled and decoupled models.
+measured balancer with one worker slowed down; coupled and decoupled models, whole,
+chunked and pipelined propagation.
 """
 from __future__ import annotations
 
@@ -168,10 +169,10 @@ class ForcedCounts:
 
 def check_shares(comm, cases, refs):
     world = comm.world_size
-    for name, decoupled, how in cases:
-        where = f"tensor {name} decoupled={decoupled} {how} rank {comm.rank}/{world}"
+    for name, decoupled, how, opts in cases:
+        where = f"tensor {name} decoupled={decoupled} {how} {opts} rank {comm.rank}/{world}"
         ref_losses, ref_params = refs[name, decoupled]
-        strategy = TensorParallel()
+        strategy = TensorParallel(opts)
         cfg = config(name, "tensor", decoupled)
         seen = Events()
         if how == "inject":  # the measured balancer, built by --adapt adjust
@@ -208,11 +209,13 @@ class Built:
         self.inner.between_epochs(model, plan, epoch, profile)
 
 
-SHARE_CASES = {
-    2: [("gcn", False, "forced"), ("gat", True, "forced"), ("sage", False, "counts"),
-        ("gin", True, "inject")],
-    3: [("gat", False, "forced"), ("gcn", True, "forced"), ("gin", False, "counts"),
-        ("sage", True, "inject")],
+CHUNKS, PIPELINE, PLAIN = (TensorParallel.Options(num_chunks=3),
+                           TensorParallel.Options(pipeline=True), TensorParallel.Options())
+SHARE_CASES = {  # chunked and pipelined propagation re-cut with the rows too
+    2: [("gcn", False, "forced", CHUNKS), ("gat", True, "forced", PLAIN),
+        ("sage", False, "counts", PLAIN), ("gin", True, "inject", PLAIN)],
+    3: [("gat", False, "forced", PLAIN), ("gcn", True, "forced", PIPELINE),
+        ("gin", False, "counts", CHUNKS), ("sage", True, "inject", PLAIN)],
 }
 
 
@@ -229,5 +232,5 @@ def test_online_adjustment_stays_exact_forced_every_epoch_and_under_injection(tm
     cases = ADJUST_CASES[world_size]
     refs = {name: reference(name) for name in {c[0] for c in cases}}
     share_cases = SHARE_CASES.get(world_size, [])
-    share_refs = {(n, d): reference(n, d) for n, d, _ in share_cases}
+    share_refs = {(n, d): reference(n, d) for n, d, _, _ in share_cases}
     run_ranks(check_all, world_size, tmp_path, cases, refs, share_cases, share_refs)
