@@ -113,6 +113,8 @@ def test_shares_option_and_replan_reject_bad_counts():
     strategy = TensorParallel(TensorParallel.Options(shares="3"))
     plan = strategy.setup(dataset(), model, torch.device("cpu"))
     assert plan.shares == (3.0,) and plan.row_counts == [30] and plan.layout(4).col_counts == (4,)
+    assert strategy.describe(model, plan) == ["tensor   shares 3: rows 30, columns split in "
+                                              "the same proportion"]
     with pytest.raises(ValueError, match="replan: 2 shares for 1 workers"):
         strategy.replan(model, plan, [1.0, 1.0])
     with pytest.raises(ValueError, match="replan row_counts: need 1 non-negative counts "

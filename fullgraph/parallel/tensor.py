@@ -239,6 +239,14 @@ class TensorParallel(DistributedStrategy[ColumnPlan]):
             plan.first_reads = first_reads(plan.chunks)
 
     def describe(self, model: StageProgram, plan: ColumnPlan) -> list[str]:
+        lines = []
+        if plan.shares is not None:
+            given = ":".join(f"{w:g}" for w in plan.shares)
+            lines.append(f"tensor   shares {given}: rows {'/'.join(map(str, plan.row_counts))}, "
+                         f"columns split in the same proportion")
+        return lines + self._describe_chunks(plan)
+
+    def _describe_chunks(self, plan: ColumnPlan) -> list[str]:
         if plan.chunks is None:
             return []
         account = plan.account
