@@ -268,13 +268,15 @@ class AdaptConfig:
     """The resource-aware runtime (NeutronCloud): injected slowdowns and adaptation.
 
     ``mode=adjust`` re-chooses DepCache / DepComm for every remote dependency after
-    each epoch from measured costs (data parallelism; exact). ``inject`` makes chosen
+    each epoch from measured costs (data parallelism), or re-splits rows and columns
+    in proportion to measured speed (tensor parallelism); both exact. ``inject`` makes chosen
     workers slow on a seeded schedule (sleep or a real CPU throttle), for studying
     adaptation; see ``fullgraph.adapt.inject`` for the spec.
     """
 
-    mode: str = option("off", "adapt to measured worker speed: off, or adjust (online "
-                       "DepCache/DepComm choice, exact; --strategy data)", choices=ADAPT_MODES)
+    mode: str = option("off", "adapt to measured worker speed: off, or adjust (exact: online "
+                       "DepCache/DepComm choice for --strategy data, speed-proportional "
+                       "shares for tensor)", choices=ADAPT_MODES)
     cache_budget_mb: float | None = option(None, "adjust: most MB of DepCache storage cost "
                                            "(NeutronCloud formula 12) per worker; unset: no "
                                            "limit")

@@ -3,7 +3,8 @@
 ``build_adapters`` turns the ``adapt`` config section into this worker's adapters:
 - ``--inject``: seeded slowdowns of chosen workers (``inject``, ``injector``);
 - ``--adapt adjust``: online DepCache / DepComm adjustment of data parallelism
-  (``adjuster``; exact: training equals the single-process executor).
+  (``adjuster``), or rows and columns of tensor parallelism in proportion to measured
+  speed (``shares``); both exact: training equals the single-process executor.
 """
 from __future__ import annotations
 
@@ -30,15 +31,31 @@ def build_adapters(cfg: Any, strategy: Any, model: Any, plan: Any, rank: int, wo
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
     if opts.mode == "adjust":
-        from fullgraph.adapt.adjuster import OnlineAdjuster
-        from fullgraph.parallel.data import DataParallel
-
-        if not isinstance(strategy, DataParallel):
-            raise ConfigError(f"--adapt adjust works on --strategy data (DepCache/DepComm); "
-                              f"the run uses {cfg.runtime.strategy!r}")
-        budget = None if opts.cache_budget_mb is None else opts.cache_budget_mb * 2**20
-        adapters.append(OnlineAdjuster(strategy, model, plan, budget, note))
+        adapters.append(_adjuster(cfg, strategy, model, plan, note))
     return adapters
+
+
+def _adjuster(cfg: Any, strategy: Any, model: Any, plan: Any, note: Note) -> Adapter:
+    """``--adapt adjust``: DepCache/DepComm for data, speed-proportional shares for tensor."""
+    from fullgraph.parallel.data import DataParallel
+    from fullgraph.parallel.tensor import TensorParallel
+
+    opts = cfg.adapt
+    if isinstance(strategy, TensorParallel):
+        from fullgraph.adapt.shares import ShareBalancer
+
+        if opts.cache_budget_mb is not None:
+            raise ConfigError("--cache-budget applies to --strategy data (DepCache); "
+                              "--strategy tensor adjusts row and column shares")
+        return ShareBalancer(strategy, plan, note)
+    if not isinstance(strategy, DataParallel):
+        raise ConfigError(f"--adapt adjust works on --strategy data (DepCache/DepComm) or "
+                          f"tensor (speed-proportional shares); the run uses "
+                          f"{cfg.runtime.strategy!r}")
+    from fullgraph.adapt.adjuster import OnlineAdjuster
+
+    budget = None if opts.cache_budget_mb is None else opts.cache_budget_mb * 2**20
+    return OnlineAdjuster(strategy, model, plan, budget, note)
 
 
 __all__ = ["Adapter", "build_adapters"]

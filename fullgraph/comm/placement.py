@@ -42,6 +42,41 @@ def even_counts(total: int, parts: int) -> list[int]:
     return [total // parts + (1 if p < total % parts else 0) for p in range(parts)]
 
 
+def share_counts(total: int, shares: Sequence[float], minimum: int = 0) -> list[int]:
+    """``total`` split into contiguous counts in proportion to ``shares``.
+
+    Every part first gets ``minimum`` (when ``total`` allows it for all parts), the
+    rest is split by the largest remainder, ties to the lower part, so the counts sum
+    to ``total`` exactly and equal shares give ``even_counts``.
+
+    Raises:
+        ValueError: a share is negative or not finite, or none is positive.
+    """
+    weights = [float(w) for w in shares]
+    if not weights or any(not w >= 0 or w == float("inf") for w in weights) \
+            or sum(weights) <= 0:
+        raise ValueError(f"shares must be finite, non-negative and not all zero, one per "
+                         f"part; got {list(shares)}")
+    base = minimum if minimum * len(weights) <= total else 0
+    rest, norm = total - base * len(weights), sum(weights)
+    exact = [rest * w / norm for w in weights]
+    counts = [int(x) for x in exact]
+    order = sorted(range(len(weights)), key=lambda p: (counts[p] - exact[p], p))
+    for p in order[:rest - sum(counts)]:
+        counts[p] += 1
+    return [base + c for c in counts]
+
+
+def check_counts(counts: Sequence[int], total: int, parts: int, what: str) -> list[int]:
+    """``counts`` as ints after checking there is one per part, none negative, and
+    that they sum to ``total``; the ValueError names ``what``."""
+    out = [int(c) for c in counts]
+    if len(out) != parts or any(c < 0 for c in out) or sum(out) != total:
+        raise ValueError(f"{what}: need {parts} non-negative counts summing to {total}, "
+                         f"got {list(counts)}")
+    return out
+
+
 @dataclass(frozen=True)
 class RowColLayout:
     """Row blocks and column slices of an (N, D) tensor over R ranks.

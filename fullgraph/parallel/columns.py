@@ -36,6 +36,7 @@ from fullgraph.comm.placement import (
     even_counts,
     gather_rows,
     rows_to_cols,
+    share_counts,
 )
 from fullgraph.comm.reduce import row_sum
 from fullgraph.graph.blocks import Block, build_block, in_edges
@@ -73,6 +74,12 @@ class ColumnPlan(Plan):
             ``row_counts``), and ``out_gids`` their global ids on this rank.
         recompute: keep no activations of runs of T stages; recompute them in the
             backward pass (``recomputed_transform_run``).
+        shares: relative speed of each rank (tensor parallelism): every P stage's
+            columns are split in proportion (``share_counts``, no shared columns);
+            None: ``column_split``.
+        col_counts: given column counts per P-stage width (override ``shares``).
+        source: the dataset's vertex data, from which rows are re-taken when the
+            row blocks change (``TensorParallel.replan``).
     """
 
     comm: Comm
@@ -93,6 +100,9 @@ class ColumnPlan(Plan):
     recompute: bool = False
     out_rows: list[int] | None = None
     out_gids: Tensor | None = None
+    shares: tuple[float, ...] | None = None
+    col_counts: dict[int, list[int]] = field(default_factory=dict)
+    source: Any = None
 
     def device_graph(self) -> Graph:
         """The graph on the propagation device (cached)."""
@@ -108,6 +118,10 @@ class ColumnPlan(Plan):
                 for r, count in zip(self.col_ranks, even_counts(dim, len(self.col_ranks))):
                     cols[r] = count
                 self.layouts[dim] = RowColLayout(self.row_counts, cols)
+            elif dim in self.col_counts:
+                self.layouts[dim] = RowColLayout(self.row_counts, self.col_counts[dim])
+            elif self.shares is not None:
+                self.layouts[dim] = RowColLayout(self.row_counts, share_counts(dim, self.shares))
             elif self.column_split == "balanced":
                 self.layouts[dim] = RowColLayout.balanced(self.row_counts, dim)
             else:

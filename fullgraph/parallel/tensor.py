@@ -3,7 +3,9 @@
 Every worker holds the whole graph topology. T stages run on ``Shard(0)``: worker r
 owns a contiguous block of about N/R vertices and their whole rows. P stages run on
 ``Shard(1)``: every vertex, a slice of about D/R columns, with the full graph and no
-communication (propagation is linear and column-independent). The executor keeps
+communication (propagation is linear and column-independent). With ``shares`` (or
+after ``replan``, which ``--adapt adjust`` calls from measured speeds) both splits
+follow given relative speeds instead. The executor keeps
 track of the current placement and changes it only when the next stage needs the
 other one (NeutronTP §3.1):
 - before a P stage on rows: ``split`` (rows -> columns, all-to-all);
@@ -27,12 +29,13 @@ module holds the strategy: its options, setup and report.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
 
 from fullgraph.comm.group import Comm
-from fullgraph.comm.placement import even_counts
+from fullgraph.comm.placement import check_counts, even_counts, share_counts
 from fullgraph.fields import option
 from fullgraph.graph.data import Dataset
 from fullgraph.memory import MemoryAccount, parse_bytes
@@ -52,6 +55,18 @@ from fullgraph.schedule.pipeline import first_reads
 
 COLUMN_SPLITS = ("balanced", "even")
 """``column_split``: equal work and bytes per worker, or near-equal slices."""
+
+
+def parse_shares(text: str) -> tuple[float, ...]:
+    """``"2,1.5,1"`` -> (2.0, 1.5, 1.0); ValueError unless non-negative numbers, not all 0."""
+    try:
+        shares = tuple(float(part) for part in text.split(","))
+    except ValueError:
+        shares = ()
+    if not shares or any(not 0 <= w < float("inf") for w in shares) or sum(shares) <= 0:
+        raise ValueError(f"shares {text!r}: expected comma-separated non-negative numbers, "
+                         f"not all zero, one per worker (e.g. 2,1)")
+    return shares
 
 
 @register
@@ -83,6 +98,11 @@ class TensorParallel(DistributedStrategy[ColumnPlan]):
                 remaining ones propagated by every worker, so work and bytes are equal
                 on every worker; ``even``: near-equal slices, no repeated work, up to
                 one column more on some workers (default: ``balanced``).
+            shares: relative speeds of the workers, e.g. ``"2,1"``: vertex rows and
+                every propagation's columns are split in proportion (at least one row
+                each; a worker may get no columns), replacing ``column_split``;
+                ``--adapt adjust`` changes them between epochs from measured speeds
+                (default: None, even rows and ``column_split`` columns).
         """
 
         device_memory: str | None = option(None, "device budget for propagation, e.g. 2GB: "
@@ -96,6 +116,8 @@ class TensorParallel(DistributedStrategy[ColumnPlan]):
                                 "chunk's aggregation")
         nn_device: str | None = option(None, "run the dense (T / E) stages on this device, "
                                        "e.g. cpu; unset: --device")
+        shares: str | None = option(None, "relative worker speeds, e.g. 2,1: rows and columns "
+                                    "split in proportion; unset: even")
 
         def __post_init__(self) -> None:
             if self.column_split not in COLUMN_SPLITS:
@@ -104,6 +126,18 @@ class TensorParallel(DistributedStrategy[ColumnPlan]):
                 parse_bytes(self.device_memory)  # raises on a bad size
             if self.num_chunks is not None and self.num_chunks < 1:
                 raise ValueError(f"num_chunks must be >= 1, got {self.num_chunks}")
+            if self.shares is not None:
+                parse_shares(self.shares)
+
+        def share_list(self, world: int) -> tuple[float, ...] | None:
+            """The shares for ``world`` workers (None: not given)."""
+            if self.shares is None:
+                return None
+            shares = parse_shares(self.shares)
+            if len(shares) != world:
+                raise ValueError(f"tensor_parallel.shares {self.shares!r} gives {len(shares)} "
+                                 f"shares for {world} workers")
+            return shares
 
     options: Options
 
@@ -121,28 +155,66 @@ class TensorParallel(DistributedStrategy[ColumnPlan]):
         rows_device = self.model_device(device)  # where T stages and vertex rows live
         # chunked propagation streams the topology and edge weights from host memory
         graph_device = torch.device("cpu") if self._chunked else rows_device
-        n, world = graph.num_dst, comm.world_size
-        row_counts = even_counts(n, world)
-        start = sum(row_counts[:comm.rank])
-        gids = torch.arange(start, start + row_counts[comm.rank])
+        shares = self.options.share_list(comm.world_size)
+        n = graph.num_dst
+        row_counts = (even_counts(n, comm.world_size) if shares is None
+                      else share_counts(n, shares, minimum=1))
         data = dataset.data
-        masks = {"train": data.train_mask, "val": data.val_mask, "test": data.test_mask}
         plan = ColumnPlan(
-            device=device, labels=data.labels[gids].to(rows_device),
-            masks={k: v[gids].to(rows_device) for k, v in masks.items()},
-            num_train_global=int(data.train_mask.sum()), comm=comm,
+            device=device, labels=data.labels[:0], masks={}, comm=comm,
+            num_train_global=int(data.train_mask.sum()),
             graph=graph.to(graph_device),
             norms={k: v.to(graph_device) for k, v in norms.items()},
-            row_counts=row_counts, gids=gids.to(rows_device),
-            features=data.features[gids].to(dtype).to(rows_device),
-            column_split=self.options.column_split)
+            row_counts=row_counts, gids=torch.empty(0, dtype=torch.long),
+            features=data.features[:0],
+            column_split=self.options.column_split, shares=shares, source=data)
+        self._place_rows(program, plan, row_counts, rows_device, dtype)
+        return plan
+
+    def _place_rows(self, program: StageProgram, plan: ColumnPlan, row_counts: list[int],
+                    rows_device: torch.device, dtype: torch.dtype) -> None:
+        """This rank's rows, their edge plan (collective) and chunks for ``row_counts``."""
+        data, comm = plan.source, plan.comm
+        start = sum(row_counts[:comm.rank])
+        gids = torch.arange(start, start + row_counts[comm.rank])
+        masks = {"train": data.train_mask, "val": data.val_mask, "test": data.test_mask}
+        plan.row_counts, plan.layouts = row_counts, {}
+        plan.gids, plan.labels = gids.to(rows_device), data.labels[gids].to(rows_device)
+        plan.masks = {k: v[gids].to(rows_device) for k, v in masks.items()}
+        plan.features = data.features[gids].to(dtype).to(rows_device)
         if has_edge_stage(program):
-            plan.edges = edge_plan(graph, row_counts, comm)
+            plan.edges = edge_plan(plan.graph, row_counts, comm)
             plan.edges.block = plan.edges.block.to(rows_device)
         self._chunk(program, plan, dtype)
-        if plan.account is not None and rows_device == device:
+        if plan.account is not None and rows_device == plan.device:
             count_resident(program, plan, dtype)
-        return plan
+
+    def replan(self, program: StageProgram, plan: ColumnPlan, shares: Sequence[float],
+               *, row_counts: Sequence[int] | None = None,
+               col_counts: Mapping[int, Sequence[int]] | None = None) -> None:
+        """Split rows and columns anew between epochs (collective: every worker calls it
+        with the same arguments). Exact: only where rows and columns are computed
+        changes, every worker holds the whole input to re-take its rows from.
+
+        Args:
+            program: the stage program.
+            plan: this worker's plan (from ``setup``).
+            shares: relative speeds, one per worker; rows (at least one each) and every
+                propagation's columns are split in proportion.
+            row_counts: given row counts instead (summing to the vertex count).
+            col_counts: given column counts for some P-stage widths (summing to it).
+        """
+        world, n = plan.comm.world_size, plan.graph.num_dst
+        if len(shares) != world:
+            raise ValueError(f"replan: {len(shares)} shares for {world} workers")
+        shares = tuple(float(w) for w in shares)
+        rows = share_counts(n, shares, minimum=1) if row_counts is None \
+            else check_counts(row_counts, n, world, "replan row_counts")
+        cols = {int(d): check_counts(c, int(d), world, f"replan col_counts[{d}]")
+                for d, c in (col_counts or {}).items()}
+        plan.shares, plan.col_counts = shares, cols
+        dtype = plan.features.dtype
+        self._place_rows(program, plan, rows, plan.features.device, dtype)
 
     @property
     def _chunked(self) -> bool:
@@ -167,6 +239,14 @@ class TensorParallel(DistributedStrategy[ColumnPlan]):
             plan.first_reads = first_reads(plan.chunks)
 
     def describe(self, model: StageProgram, plan: ColumnPlan) -> list[str]:
+        lines = []
+        if plan.shares is not None:
+            given = ":".join(f"{w:g}" for w in plan.shares)
+            lines.append(f"tensor   shares {given}: rows {'/'.join(map(str, plan.row_counts))}, "
+                         f"columns split in the same proportion")
+        return lines + self._describe_chunks(plan)
+
+    def _describe_chunks(self, plan: ColumnPlan) -> list[str]:
         if plan.chunks is None:
             return []
         account = plan.account

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from adjust_checks import SHARE_CASES, check_shares, reference
 from cases import MODELS, make_dataset, make_model, run_epochs
 from harness import run_ranks
 
@@ -36,10 +37,21 @@ CASES = [(m, d) for m in MODELS for d in (False, True)]
 TAGCN = {2: [("tagcn", False)], 3: [("tagcn:agg_first", False)]}
 
 
+def check_world(comm, cases, share_cases, share_refs):
+    check_tensor(comm, cases)
+    if share_cases:
+        check_shares(comm, share_cases, share_refs)
+
+
 @pytest.mark.dist
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4])
 def test_tensor_parallel_matches_single(tmp_path, world_size):
-    run_ranks(check_tensor, world_size, tmp_path, CASES + TAGCN.get(world_size, []))
+    """Exactness for every model and form; on 2 and 3 workers also speed-proportional
+    shares switched between epochs (``adjust_checks.check_shares``)."""
+    share_cases = SHARE_CASES.get(world_size, [])
+    share_refs = {(n, d): reference(n, d) for n, d, _, _ in share_cases}
+    run_ranks(check_world, world_size, tmp_path, CASES + TAGCN.get(world_size, []),
+              share_cases, share_refs)
 
 
 def check_rounds(comm):
