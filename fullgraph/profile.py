@@ -204,7 +204,26 @@ def summary_lines(profiles: list[list[EpochProfile]]) -> list[str]:
     if min(work) > 0:
         lines.append(f"aggregation work (edges x columns) max/min {max(work)}/{min(work)} "
                      f"({max(work) / min(work):.3f}x)")
-    return lines
+    return lines + _event_lines(profiles)
+
+
+def _event_lines(profiles: list[list[EpochProfile]]) -> list[str]:
+    """What runtime adapters injected and changed (``EpochProfile.events``), per rank."""
+    out = []
+    for per_rank in profiles:
+        slowed: dict[str, int] = {}
+        switches = 0
+        for p in per_rank:
+            for e in p.events:
+                if e.get("kind") == "inject":
+                    slowed[e["what"]] = slowed.get(e["what"], 0) + 1
+                elif e.get("kind") in ("adjust", "shares") and e.get("switched"):
+                    switches += 1
+        if slowed or switches:
+            what = ", ".join(f"{n} epoch(s) of {k}" for k, n in sorted(slowed.items()))
+            out.append(f"adapt    rank {per_rank[0].rank}: injected {what or 'nothing'}; "
+                       f"plan switched {switches} time(s)")
+    return out
 
 
 def _slowest_lines(profiles: list[list[EpochProfile]], rows: list[dict[str, Any]]) -> list[str]:

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from fullgraph.adapt import build_adapters
+from fullgraph.adapt import check_options as check_adapt_options
 from fullgraph.checkpoint import Checkpointer, run_facts
 from fullgraph.comm.group import Comm
 from fullgraph.comm.primitives import all_gather_object
@@ -86,6 +87,7 @@ def check_before_launch(cfg: Config, dataset: Dataset, workers: int) -> None:
         DataError: the partition file is unreadable or for another graph.
     """
     check_device(cfg.train.device)
+    check_adapt_options(cfg, workers)
     if cfg.train.resume:  # a checkpoint of another run: refused before any worker starts
         from fullgraph.checkpoint import check_resumable
 

@@ -40,6 +40,18 @@ def test_split_waiting_takes_the_least_time_as_transfer():
     assert any(line.startswith("slowest rank 1: compute 0.870 s") for line in lines), lines
 
 
+def test_summary_counts_injected_slowdowns_and_plan_switches_per_rank():
+    a, b = _record(0, 1.0, []), _record(0, 1.0, [])
+    a.events = [{"kind": "inject", "what": "sleep"}, {"kind": "adjust", "switched": True}]
+    b.events = [{"kind": "inject", "what": "sleep"}, {"kind": "inject", "what": "cpu"},
+                {"kind": "adjust", "switched": False}, {"kind": "preprocess", "seconds": 0.1}]
+    quiet = _record(1, 1.0, [])
+    lines = summary_lines([[a, b], [quiet, quiet]])
+    assert "adapt    rank 0: injected 1 epoch(s) of cpu, 2 epoch(s) of sleep; plan switched " \
+           "1 time(s)" in lines
+    assert not any(line.startswith("adapt    rank 1") for line in lines)
+
+
 def test_unmatched_calls_are_not_split_and_say_so():
     ranks = [_record(0, 1.0, [("halo", 0.5)]), _record(1, 1.0, [("grad-sync", 0.1)])]
     split = split_waiting(ranks)

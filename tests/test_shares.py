@@ -26,6 +26,7 @@ from fullgraph.graph.synthetic import sbm
 from fullgraph.models import build_model
 from fullgraph.parallel.single import SingleProcess
 from fullgraph.parallel.tensor import TensorParallel
+from fullgraph.train import check_before_launch
 
 
 def test_share_counts_are_proportional_and_sum_exactly():
@@ -134,9 +135,15 @@ def test_adapt_adjust_builds_the_balancer_for_tensor_only():
     assert isinstance(balancer, ShareBalancer)
     assert "in proportion to each worker's measured compute speed" in balancer.header()[0]
     budget = dataclasses.replace(cfg, adapt=AdaptConfig(mode="adjust", cache_budget_mb=1.0))
-    with pytest.raises(ConfigError, match="--cache-budget applies to --strategy data"):
+    with pytest.raises(ConfigError, match="--cache-budget bounds DepCache under --adapt "
+                                          "adjust with --strategy data"):
         build_adapters(budget, strategy, model, plan, 0, 1, lambda e: None)
+    with pytest.raises(ConfigError, match="--cache-budget bounds DepCache"):  # before launch
+        check_before_launch(budget, dataset(), 2)
     single = dataclasses.replace(cfg, runtime=RuntimeConfig(strategy="single"))
     with pytest.raises(ConfigError, match="works on --strategy data .* or tensor .* "
                                           "the run uses 'single'"):
         build_adapters(single, SingleProcess(), model, plan, 0, 1, lambda e: None)
+    injected = dataclasses.replace(single, adapt=AdaptConfig(inject="sleep:ranks=2"))
+    with pytest.raises(ConfigError, match=r"ranks \[2\] do not exist with 2 worker"):
+        check_before_launch(injected, dataset(), 2)

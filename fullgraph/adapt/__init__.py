@@ -13,21 +13,46 @@ from typing import Any
 from fullgraph.adapt.base import Adapter, Note
 from fullgraph.errors import ConfigError
 
+ADJUSTABLE = ("data", "tensor")
+"""Strategies ``--adapt adjust`` works on."""
+
+
+def check_options(cfg: Any, world: int) -> None:
+    """Refuse ``adapt`` options the run cannot honour (before any worker starts).
+
+    Raises:
+        ConfigError: adjust on a strategy it does not work on, a cache budget without
+            DepCache adjustment, or an injection item naming a missing rank.
+    """
+    from fullgraph.adapt.inject import check_world, parse
+
+    opts, strategy = cfg.adapt, cfg.runtime.strategy
+    if opts.mode == "adjust" and strategy not in ADJUSTABLE:
+        raise ConfigError(f"--adapt adjust works on --strategy data (DepCache/DepComm) or "
+                          f"tensor (speed-proportional shares); the run uses {strategy!r}")
+    if opts.cache_budget_mb is not None and (opts.mode != "adjust" or strategy != "data"):
+        raise ConfigError("--cache-budget bounds DepCache under --adapt adjust with "
+                          "--strategy data; it has no effect here")
+    if opts.inject:
+        try:
+            check_world(parse(opts.inject), world)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+
 
 def build_adapters(cfg: Any, strategy: Any, model: Any, plan: Any, rank: int, world: int,
                    note: Note) -> list[Adapter]:
     """This worker's adapters for ``cfg.adapt`` (collective when adjusting)."""
-    from fullgraph.adapt.inject import check_world, parse
+    from fullgraph.adapt.inject import parse
 
+    check_options(cfg, world)
     opts = cfg.adapt
     adapters: list[Adapter] = []
     if opts.inject:
         from fullgraph.adapt.injector import Injector
 
-        specs = parse(opts.inject)
         try:
-            check_world(specs, world)
-            adapters.append(Injector(specs, rank, cfg.train.epochs, note))
+            adapters.append(Injector(parse(opts.inject), rank, cfg.train.epochs, note))
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
     if opts.mode == "adjust":
@@ -44,9 +69,6 @@ def _adjuster(cfg: Any, strategy: Any, model: Any, plan: Any, note: Note) -> Ada
     if isinstance(strategy, TensorParallel):
         from fullgraph.adapt.shares import ShareBalancer
 
-        if opts.cache_budget_mb is not None:
-            raise ConfigError("--cache-budget applies to --strategy data (DepCache); "
-                              "--strategy tensor adjusts row and column shares")
         return ShareBalancer(strategy, plan, note)
     if not isinstance(strategy, DataParallel):
         raise ConfigError(f"--adapt adjust works on --strategy data (DepCache/DepComm) or "
@@ -58,4 +80,4 @@ def _adjuster(cfg: Any, strategy: Any, model: Any, plan: Any, note: Note) -> Ada
     return OnlineAdjuster(strategy, model, plan, budget, note)
 
 
-__all__ = ["Adapter", "build_adapters"]
+__all__ = ["ADJUSTABLE", "Adapter", "build_adapters", "check_options"]
