@@ -19,8 +19,9 @@ Measured unit costs (this worker's own, per epoch, the median of the last
   backward pass and the rest are charged to the stages in proportion;
 - T_c': the halo exchanges' transfer seconds (waiting for peers excluded, see
   ``fullgraph.profile``) per byte moved. The collective exchange cannot tell peers
-  apart, so one value serves every owner j; an epoch that moved no halo bytes keeps
-  the previous value.
+  apart, so one value serves every owner j; an epoch that moved no halo bytes uses
+  the per-byte cost measured at start (a bulk all-to-all), so a worker that caches
+  everything can still go back to fetching.
 """
 from __future__ import annotations
 
@@ -93,8 +94,9 @@ class OnlineAdjuster(Adapter):
         moved = sum(profile.bytes_sent.get(p, 0) + profile.bytes_recv.get(p, 0)
                     for p in ("halo", "halo-grad")) / 2
         transfer = sum(profile.comm_by_phase.get(p, 0.0) for p in ("halo", "halo-grad"))
-        if moved > 0:
-            self.byte = transfer / moved
+        # a worker that fetched nothing cannot see its link: it prices it as measured at
+        # start, or it would keep caching everything on one epoch's latency-bound rate
+        self.byte = transfer / moved if moved > 0 else self.start_rates.byte
         return costmodel.Rates(self.byte, edge, vertex, ("byte", "edge", "vertex"))
 
     def between_epochs(self, model: Any, plan: Any, epoch: int, profile: Any) -> None:

@@ -101,3 +101,33 @@ def test_dependency_work_prices_as_dependency_costs_and_storage_follows_formula_
     np.testing.assert_allclose(np.full(direct.numel(), w.comm_cost(rates)), comm.numpy())
     np.testing.assert_allclose(w.storage, (w.vertex + w.edge) * 4)
     assert (w.storage > 0).all()
+
+
+def test_adjuster_measures_unit_costs_from_stage_times_and_halo_transfer():
+    from types import SimpleNamespace
+
+    from fullgraph.adapt.adjuster import OnlineAdjuster
+    from fullgraph.parallel.data import DataParallel
+    from fullgraph.partition import PartitionOptions
+
+    ds = sbm(40, 2, avg_degree=4.0, num_features=5, seed=1)
+    model = build_model("gcn", 5, 4, 2, num_layers=2)
+    strategy = DataParallel(DataParallel.Options(mode="depcomm", byte_cost=2e-9,
+                                                 edge_cost=1e-9, vertex_cost=3e-9),
+                            PartitionOptions(method="chunk"))
+    plan = strategy.setup(ds, model, torch.device("cpu"))
+    plan.deps.rates = Rates(2e-9, 1e-9, 3e-9)
+    notes = []
+    adj = OnlineAdjuster(strategy, model, plan, None, notes.append)
+    assert notes[0]["kind"] == "preprocess" and plan.clock is not None
+    plan.clock.add("T", 0.2, 1000)  # 0.2 s of transform over 1000 row x columns
+    plan.clock.add("PE", 0.3, 3000)
+    profile = SimpleNamespace(compute_s=1.0, bytes_sent={"halo": 400, "grad-sync": 99},
+                              bytes_recv={"halo-grad": 400}, comm_by_phase={"halo": 0.004})
+    rates = adj.measure(plan, profile)
+    # the stages account for all 1.0 s of compute: x2 over their 0.5 s
+    assert rates.vertex == pytest.approx(0.4 / 1000) and rates.edge == pytest.approx(0.6 / 3000)
+    assert rates.byte == pytest.approx(0.004 / 400)
+    # nothing fetched: the link is priced as at start; nothing timed: the start rates
+    idle = SimpleNamespace(compute_s=1.0, bytes_sent={}, bytes_recv={}, comm_by_phase={})
+    assert adj.measure(plan, idle) == Rates(2e-9, 1e-9, 3e-9, ("byte", "edge", "vertex"))
