@@ -218,7 +218,8 @@ class RuntimeConfig:
 
     strategy: str = option("single", "how the work is split over workers (auto: the one "
                            "`fullgraph plan` recommends)", choices=strategy_choices)
-    spmm_backend: str = option("auto", "CPU SpMM kernels (numba: pip install "
+    spmm_backend: str = option("auto", "CPU SpMM kernels (auto: the faster one measured on "
+                               "this machine, remembered; numba: pip install "
                                "'fullgraph[fast]')", choices=SPMM_BACKENDS)
     threads: int | None = option(None, "threads per worker; unset: the cores / workers")
 

@@ -31,7 +31,7 @@ from fullgraph.graph.data import Dataset
 from fullgraph.models import build_model
 from fullgraph.models.base import GNN
 from fullgraph.ops import kernels
-from fullgraph.ops.spmm import resolve_backend, set_backend
+from fullgraph.ops.spmm import auto_choice, describe_backend, set_auto, set_backend
 from fullgraph.parallel import build_strategy
 from fullgraph.parallel.base import EpochHook, Plan, Strategy, section_users
 from fullgraph.partition import PartitionBook
@@ -156,6 +156,10 @@ def train(dataset: Dataset, cfg: Config, *, reporter: Reporter | None = None,
     """
     configure_runtime(cfg)
     device = resolve_device(cfg.train.device, local_rank)
+    if device.type == "cpu" and cfg.runtime.spmm_backend == "auto" and comm is not None \
+            and comm.world_size > 1:  # every worker runs the kernel rank 0 chose
+        set_auto(all_gather_object(auto_choice() if comm.rank == 0 else None, comm,
+                                   "setup")[0])
     reporter = reporter or Reporter(cfg.train.epochs, enabled=False)
     phase = status.set_phase if status is not None else (lambda _: None)
     strategy = strategy or build_strategy(cfg)
@@ -283,7 +287,7 @@ def _header_lines(dataset: Dataset, model: GNN, cfg: Config, device: torch.devic
         f"model    {model.name}: {cfg.model.layers} layers, hidden {cfg.model.hidden}, "
         f"{params} parameters, stages {model.signature()}",
         f"run      strategy {cfg.runtime.strategy}, {world} worker(s), device {device}, "
-        f"{torch.get_num_threads()} threads, spmm {resolve_backend(device)}, "
+        f"{torch.get_num_threads()} threads, spmm {describe_backend(device)}, "
         f"lr {cfg.train.lr}, weight decay {cfg.train.weight_decay}, seed {cfg.train.seed}, "
         f"setup {setup_s:.2f} s",
     ]

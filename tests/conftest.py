@@ -9,6 +9,19 @@ import pytest
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Measured kernel choices (``fullgraph.ops.select``) go to a cache of this session,
+    not the user's, and are made once, here, so every process of the session (worker
+    ranks and launched CLI runs inherit the variable) reads the same choice."""
+    if "FULLGRAPH_CACHE_DIR" not in os.environ:
+        import tempfile
+
+        os.environ["FULLGRAPH_CACHE_DIR"] = tempfile.mkdtemp(prefix="fullgraph-test-cache-")
+    from fullgraph.ops.select import choose
+
+    choose()
+
+
 @pytest.fixture(scope="session")
 def shared_datasets() -> Path:
     """The offline real datasets (``<repo>/../shared/datasets``); skips when absent.

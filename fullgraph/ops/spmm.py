@@ -12,17 +12,17 @@ is a sampled dense-dense product (SDDMM) ``grad_w[e] = <grad_out[i], x[j]>``. We
 not use torch's generic sparse autograd, which measured about 2x slower than forward.
 
 Backends: ``torch`` (``torch.sparse.mm`` on a CSR tensor: CPU and CUDA) and ``numba``
-(parallel CSR loops, CPU). ``auto`` picks torch: on our 2-core machine it measured
-1.5-2x faster than our numba loop at 47-256 columns (BENCHMARKS.md). The SDDMM of
-the weight gradient uses numba on CPU when installed (torch's fallback materialises
-an (E, D) product).
+(parallel CSR loops, CPU). ``auto`` is torch on GPU and, on CPU, whichever measured
+faster on this machine (``fullgraph.ops.select``: timed once, remembered in the
+user cache directory). The SDDMM of the weight gradient uses numba on CPU when
+installed (torch's fallback materialises an (E, D) product).
 
 Shapes: N_dst, N_src vertices, E edges, D = H * C feature columns.
 """
 from __future__ import annotations
 
 import warnings
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 from torch import Tensor
@@ -31,9 +31,13 @@ from fullgraph.extras import MissingExtraError, missing_message
 from fullgraph.graph.csr import Graph
 from fullgraph.ops import kernels
 
+if TYPE_CHECKING:
+    from fullgraph.ops.select import Choice
+
 Reduce = Literal["sum", "mean"]
 Backend = Literal["auto", "numba", "torch"]
 _BACKEND: list[str] = ["auto"]  # process-wide choice, set once by the runtime
+_AUTO: list[Choice | None] = [None]  # what auto means on CPU, chosen on first use
 warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
 
 
@@ -48,11 +52,33 @@ def set_backend(name: str) -> None:
 
 
 def resolve_backend(device: torch.device) -> str:
-    """The backend ``auto`` means on ``device``."""
+    """The backend in use on ``device`` (``auto`` resolved)."""
     name = _BACKEND[0]
-    if device.type != "cpu" or name == "auto":
+    if device.type != "cpu":
         return "torch"
-    return name
+    return auto_choice().name if name == "auto" else name
+
+
+def auto_choice() -> Choice:
+    """What ``auto`` means on CPU in this process (measured or read on first use)."""
+    choice = _AUTO[0]
+    if choice is None:
+        from fullgraph.ops.select import choose
+
+        choice = _AUTO[0] = choose()
+    return choice
+
+
+def set_auto(choice: Choice) -> None:
+    """Make ``auto`` mean ``choice`` in this process (workers take rank 0's)."""
+    _AUTO[0] = choice
+
+
+def describe_backend(device: torch.device) -> str:
+    """The backend in use on ``device``, with why when ``auto`` chose it."""
+    if device.type == "cpu" and _BACKEND[0] == "auto":
+        return auto_choice().describe()
+    return resolve_backend(device)
 
 
 def spmm(graph: Graph, x: Tensor, weight: Tensor | None = None, reduce: Reduce = "sum") -> Tensor:
