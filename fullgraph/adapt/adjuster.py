@@ -6,8 +6,9 @@ DepCache cost at the unit costs the data strategy measured or was given.
 
 After every epoch (``between_epochs``, collective): this worker's unit costs are
 measured from the epoch just run, Algorithm 3 (``adjust``) picks the DepCache set
-within ``--cache-budget``, and if any worker's set changed, every worker switches
-its plan through ``DataParallel.replan`` (only index tables change; no feature data
+within ``--cache-budget``, and if any worker's set changed by more than
+``MIN_CHANGE`` of its dependencies, every worker switches its plan through
+``DataParallel.replan`` (only index tables change; no feature data
 moves: every worker holds the replicated inputs). The switch is exact: training
 equals the single-process executor whatever the sets are.
 
@@ -40,6 +41,9 @@ from fullgraph.parallel.data import DataParallel, DataPlan, StageClock
 
 WINDOW = 3
 """Epochs whose measured unit costs are combined (median) for one adjustment."""
+MIN_CHANGE = 0.02
+"""Plans switch only when some worker would move more than this share of its
+dependencies (a switch rebuilds every worker's row plan and exchange tables)."""
 
 RatesFor = Callable[[int, Any], costmodel.Rates]
 
@@ -110,7 +114,9 @@ class OnlineAdjuster(Adapter):
             rates = _median(self.history)
         decision = adjust(self.pre, rates, self.budget)
         cached = torch.from_numpy(decision.cached)
-        changed = torch.tensor([int(not torch.equal(cached, plan.deps.cached))])
+        moved = int((cached != plan.deps.cached).sum())
+        wanted = moved > MIN_CHANGE * cached.numel()
+        changed = torch.tensor([int(wanted)])
         if plan.comm.world_size > 1:
             prim.all_reduce_(changed, plan.comm, "adjust", op="max")
         if int(changed):
