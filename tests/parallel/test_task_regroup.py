@@ -17,7 +17,7 @@ from fullgraph.parallel.single import SingleProcess
 from fullgraph.parallel.task import TaskParallel
 from fullgraph.train import step_seed
 
-SEEDS, EPOCHS = (0, 1, 2), 100
+SEEDS, EPOCHS, LR = (0, 1, 2), 60, 0.03
 
 
 def cora():
@@ -26,16 +26,19 @@ def cora():
     return dataset
 
 
-def trained_accuracy(strategy, dataset, seed: int, comm: Comm | None) -> tuple[float, object]:
-    """Test accuracy of a GCN trained for ``EPOCHS`` (lr 0.01), and the plan."""
+def trained_accuracy(strategy, dataset, seed: int, comm: Comm | None) -> tuple[float, float]:
+    """Test accuracy of a GCN trained for ``EPOCHS`` at ``LR``, and the share of the
+    edges that the last training pass aggregated."""
     torch.manual_seed(seed)
     model = build_model("gcn", dataset.data.num_features, 16, dataset.data.num_classes,
                         num_layers=2, dropout=0.5)
     plan = strategy.setup(dataset, model, torch.device("cpu"), comm)
-    optimizer = torch.optim.Adam(model.parameters(), lr=0.01, weight_decay=5e-4)
+    optimizer = torch.optim.Adam(model.parameters(), lr=LR, weight_decay=5e-4)
     for epoch in range(1, EPOCHS + 1):
         strategy.train_step(model, plan, optimizer, seed=step_seed(seed, epoch))
-    return strategy.reduce_counts(strategy.evaluate(model, plan), plan)["test"], plan
+    keep = getattr(plan, "edge_keep", None)
+    used = 1.0 if keep is None else keep[0].numel() / plan.graph.num_edges
+    return strategy.reduce_counts(strategy.evaluate(model, plan), plan)["test"], used
 
 
 
@@ -46,12 +49,11 @@ def check_cora_accuracy(comm: Comm, exact: float) -> None:
                                                  deps="regroup"))
     accs = []
     for seed in SEEDS:
-        acc, plan = trained_accuracy(strategy, dataset, seed, comm)
+        acc, used = trained_accuracy(strategy, dataset, seed, comm)
         accs.append(acc)
         # the last training pass really skipped blocks: at S = 4 about 3/8 of the edges
         # between chunks
-        kept = plan.edge_keep[0].numel() / plan.graph.num_edges
-        assert 0.5 < kept < 0.9, kept
+        assert 0.5 < used < 0.9, used
     regroup = sum(accs) / len(accs)
     if comm.rank == 0:
         print(f"cora test accuracy, mean of {len(SEEDS)} seeds: exact {exact:.4f}, "
