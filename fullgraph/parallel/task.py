@@ -23,8 +23,11 @@ at start, or are given (``--task-split 1:3``). With ``--subgraphs S`` the vertic
 are cut into S pieces and every hand-off into the P group is pipelined over them:
 the piece of subgraph s is sent while the P group aggregates the rows that arrived
 before, and each source row is sent once and reused by every later subgraph that
-reads it (Algorithm 1's reuse, in its exact form: every block is aggregated).
-Exact: equals single-process training.
+reads it (Algorithm 1's reuse). The subgraphs are groups of a grid of ``--chunks M``
+chunks (``schedule/regroup.py``). With ``--task-deps exact`` (the default) every
+block is aggregated: equals single-process training. ``--task-deps regroup`` is the
+paper's approximate mode: in training the chunks are regrouped every epoch and the
+blocks whose source chunk is in a later subgraph are skipped; evaluation is exact.
 """
 from __future__ import annotations
 

@@ -47,6 +47,10 @@ def check_cora_accuracy(comm: Comm, exact: float) -> None:
     dataset = cora()
     strategy = TaskParallel(TaskParallel.Options(split="1:1", subgraphs=4, chunks=12,
                                                  deps="regroup"))
+    model = build_model("gcn", dataset.data.num_features, 16, dataset.data.num_classes)
+    header = strategy.describe(model, strategy.setup(dataset, model, torch.device("cpu"), comm))
+    assert "task     4 subgraphs of 12 chunks pipelined" in header[-2], header
+    assert "regroup (APPROXIMATE)" in header[-1], header
     accs = []
     for seed in SEEDS:
         acc, used = trained_accuracy(strategy, dataset, seed, comm)
