@@ -80,6 +80,9 @@ class ColumnPlan(Plan):
         col_counts: given column counts per P-stage width (override ``shares``).
         source: the dataset's vertex data, from which rows are re-taken when the
             row blocks change (``TensorParallel.replan``).
+        edge_keep: when ``chunks`` hold only some edges (task parallelism's regroup
+            mode), the CSR positions of those edges, which select the edge weights,
+            and the factor each selected weight is scaled by.
     """
 
     comm: Comm
@@ -103,6 +106,7 @@ class ColumnPlan(Plan):
     shares: tuple[float, ...] | None = None
     col_counts: dict[int, list[int]] = field(default_factory=dict)
     source: Any = None
+    edge_keep: tuple[Tensor, Tensor] | None = None
 
     def device_graph(self) -> Graph:
         """The graph on the propagation device (cached)."""
@@ -183,8 +187,8 @@ class PlacementRunner(Runner):
         weights = []
         for s in stages:
             src = infos[s].edge_weights_from
-            weights.append(plan.norms[program.propagate_stage(s).norm] if src is None
-                           else carry.edge_weights[src])
+            weights.append(_kept(plan, plan.norms[program.propagate_stage(s).norm]
+                                 if src is None else carry.edge_weights[src]))
         assert plan.chunks is not None
         return pipelined_propagation(h, weights, Segment(
             plan.comm, plan.layout(program.stages[stages[0]].in_dim), plan.chunks,
@@ -248,8 +252,17 @@ def _aggregate(plan: ColumnPlan, h_cols: Tensor, weight: Tensor) -> Tensor:
             graph = plan.device_graph()
             return spmm(graph, h_cols.to(plan.device), weight.to(plan.device)).to(h_cols.device)
         return spmm(plan.graph, h_cols, weight)
-    return chunked_spmm(plan.chunks, plan.graph.num_dst, h_cols, weight, plan.device,
-                        plan.account)
+    return chunked_spmm(plan.chunks, plan.graph.num_dst, h_cols, _kept(plan, weight),
+                        plan.device, plan.account)
+
+
+def _kept(plan: ColumnPlan, weight: Tensor) -> Tensor:
+    """The (scaled) weights of the edges the plan's chunks hold."""
+    if plan.edge_keep is None:
+        return weight
+    keep, scale = (t.to(weight.device) for t in plan.edge_keep)
+    scale = scale.to(weight.dtype)
+    return weight.index_select(0, keep) * (scale if weight.dim() == 1 else scale[:, None])
 
 
 def _propagate_cols(plan: ColumnPlan, h_cols: Tensor, weight: Tensor, dim: int) -> Tensor:

@@ -23,8 +23,11 @@ at start, or are given (``--task-split 1:3``). With ``--subgraphs S`` the vertic
 are cut into S pieces and every hand-off into the P group is pipelined over them:
 the piece of subgraph s is sent while the P group aggregates the rows that arrived
 before, and each source row is sent once and reused by every later subgraph that
-reads it (Algorithm 1's reuse, in its exact form: every block is aggregated).
-Exact: equals single-process training.
+reads it (Algorithm 1's reuse). The subgraphs are groups of a grid of ``--chunks M``
+chunks (``schedule/regroup.py``). With ``--task-deps exact`` (the default) every
+block is aggregated: equals single-process training. ``--task-deps regroup`` is the
+paper's approximate mode: in training the chunks are regrouped every epoch and the
+blocks whose source chunk is in a later subgraph are skipped; evaluation is exact.
 """
 from __future__ import annotations
 
@@ -39,7 +42,6 @@ from fullgraph.graph.data import Dataset
 from fullgraph.memory import MemoryAccount
 from fullgraph.models.stages import StageProgram, propagation_inputs
 from fullgraph.models.walk import describe, has_edge_stage
-from fullgraph.ops.chunked import build_chunks
 from fullgraph.parallel.base import DistributedStrategy, LocalResult, Work, register
 from fullgraph.parallel.columns import ColumnPlan, column_forward, column_work, edge_plan
 from fullgraph.parallel.taskmodel import (
@@ -51,7 +53,7 @@ from fullgraph.parallel.taskmodel import (
     split_counts,
 )
 from fullgraph.schedule.chunks import spread_chunks
-from fullgraph.schedule.pipeline import first_reads
+from fullgraph.schedule.regroup import DEPS, ChunkGrid, Subgraphs
 
 
 @dataclass
@@ -60,6 +62,7 @@ class TaskPlan(ColumnPlan):
 
     split: TaskSplit | None = None
     machine: str = ""
+    grid: ChunkGrid | None = None
 
 
 @register
@@ -68,7 +71,7 @@ class TaskParallel(DistributedStrategy[TaskPlan]):
 
     name = "task"
     section = "task_parallel"
-    flags = {"split": "task-split", "gamma": "task-gamma"}
+    flags = {"split": "task-split", "gamma": "task-gamma", "deps": "task-deps"}
 
     @dataclass(frozen=True, kw_only=True)
     class Options:
@@ -86,6 +89,12 @@ class TaskParallel(DistributedStrategy[TaskPlan]):
             recompute: the T group keeps no activations of its runs of T stages and
                 recomputes them in the backward pass (§5.1, Fig. 8c); exact (default:
                 False).
+            chunks: M, the chunks of the grid the subgraphs are grouped from (§4.2,
+                Fig. 6), at least ``subgraphs`` (default: 0, one chunk per subgraph).
+            deps: ``exact``: every block is aggregated; ``regroup`` (approximate, in
+                training only): the chunks are regrouped into subgraphs every epoch and
+                blocks from later subgraphs skipped (``schedule/regroup.py``)
+                (default: ``exact``).
         """
 
         split: str = option("auto", "workers of the T and P groups as T:P, e.g. 1:3; auto: "
@@ -96,6 +105,11 @@ class TaskParallel(DistributedStrategy[TaskPlan]):
                                 "subgraphs; 1: no pipeline")
         recompute: bool = option(False, "recompute the T stages' activations in the backward "
                                  "pass instead of keeping them")
+        chunks: int = option(0, "cut the vertices into this many chunks, grouped into the "
+                             "subgraphs; 0: one chunk per subgraph")
+        deps: str = option("exact", "exact: every block aggregated; regroup (approximate): "
+                           "chunks regrouped every epoch, blocks from later subgraphs skipped "
+                           "in training", choices=DEPS)
 
         def __post_init__(self) -> None:
             split_counts(self.split)  # raises on a malformed split
@@ -103,6 +117,14 @@ class TaskParallel(DistributedStrategy[TaskPlan]):
                 raise ValueError(f"task gamma must be in [0, 1], got {self.gamma}")
             if self.subgraphs < 1:
                 raise ValueError(f"subgraphs must be >= 1, got {self.subgraphs}")
+            if self.chunks < 0:
+                raise ValueError(f"--chunks must be >= 1 (0: one per subgraph), got {self.chunks}")
+            if 0 < self.chunks < self.subgraphs:
+                raise ValueError(f"--subgraphs {self.subgraphs} is more than --chunks "
+                                 f"{self.chunks}: every subgraph needs at least one chunk")
+            if self.deps not in DEPS:
+                raise ValueError(f"--task-deps must be one of {', '.join(DEPS)}, got "
+                                 f"{self.deps!r}")
 
     options: Options
 
@@ -120,6 +142,9 @@ class TaskParallel(DistributedStrategy[TaskPlan]):
         n = graph.num_dst
         if self.options.subgraphs > n:
             raise ValueError(f"--subgraphs {self.options.subgraphs} is more than the graph's "
+                             f"{n} vertices")
+        if self.options.chunks > n:
+            raise ValueError(f"--chunks {self.options.chunks} is more than the graph's "
                              f"{n} vertices")
         split, machine = self._split(program, graph.num_dst, graph.num_edges, comm, dtype)
         row_counts = even_counts(n, split.num_t) + [0] * split.num_p
@@ -150,10 +175,11 @@ class TaskParallel(DistributedStrategy[TaskPlan]):
             plan.edges.block = plan.edges.block.to(device)
         if self.options.subgraphs > 1:
             ranges = spread_chunks(graph.indptr, row_counts, 1,
-                                   num_chunks=self.options.subgraphs)
-            plan.chunks = build_chunks(graph.to("cpu"), ranges)
+                                   num_chunks=self.options.chunks or self.options.subgraphs)
+            plan.grid = ChunkGrid(graph.to("cpu"), ranges,
+                                  min(self.options.subgraphs, len(ranges)))
             plan.account = MemoryAccount(None)
-            plan.first_reads = first_reads(plan.chunks)
+            _use(plan, plan.grid.exact)
         return plan
 
     def _split(self, program: StageProgram, num_vertices: int, num_edges: int, comm: Comm,
@@ -187,9 +213,16 @@ class TaskParallel(DistributedStrategy[TaskPlan]):
             lines.append(f"task     split {split.num_t}:{split.num_p} given (--task-split)")
         if plan.recompute:
             lines.append("task     T-stage activations recomputed in the backward pass")
-        if plan.chunks is not None:
-            lines.append(f"task     {len(plan.chunks)} subgraphs pipelined into the P group, "
-                         "each source row sent once and reused")
+        if plan.grid is not None:
+            grid = plan.grid
+            lines.append(f"task     {grid.num_subgraphs} subgraphs of {grid.num_chunks} chunks "
+                         "pipelined into the P group, each source row sent once and reused")
+            if self.options.deps == "regroup":
+                lines.append("task     dependencies: regroup (APPROXIMATE): in training the "
+                             "chunks are regrouped every epoch and blocks from later subgraphs "
+                             "skipped; evaluation exact")
+        elif self.options.deps == "regroup":
+            lines.append("task     dependencies: regroup with one subgraph skips no block: exact")
         return lines
 
     def work(self, model: StageProgram, plan: TaskPlan) -> Work:
@@ -197,7 +230,19 @@ class TaskParallel(DistributedStrategy[TaskPlan]):
 
     def forward(self, model: StageProgram, plan: TaskPlan, *, training: bool,
                 seed: int) -> LocalResult:
+        """The program forward. With ``--task-deps regroup`` a training pass uses the
+        grouping its ``seed`` (the epoch's step seed, the same on every worker) draws;
+        evaluation (``training=False``) always aggregates every block, exactly."""
+        if plan.grid is not None:
+            regroup = training and self.options.deps == "regroup"
+            _use(plan, plan.grid.regrouped(seed) if regroup else plan.grid.exact)
         return column_forward(model, plan, training=training, seed=seed)
+
+
+def _use(plan: TaskPlan, subgraphs: Subgraphs) -> None:
+    """Pipeline the next forward pass over ``subgraphs``."""
+    plan.chunks, plan.first_reads = subgraphs.chunks, subgraphs.first_reads
+    plan.edge_keep = subgraphs.keep
 
 
 def _span(ranks: tuple[int, ...]) -> str:
