@@ -30,6 +30,9 @@ ECHO_DELAY_S = 1.0
 
 def _rank_main(rank: int, fn: Callable[..., Any], world_size: int, store: str,
                timeout_s: float, args: tuple[Any, ...]) -> None:
+    from fullgraph.ops import kernels
+
+    kernels.set_threads(1)  # numba's pool first: starting it resets OpenMP's count
     torch.set_num_threads(1)
     comm = init_comm(backend="gloo", init_method=f"file://{store}", rank=rank,
                      world_size=world_size, timeout_s=timeout_s)
