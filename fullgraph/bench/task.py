@@ -46,22 +46,16 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from fullgraph.bench.rmat import cached_rmat
 from fullgraph.runlog import read_run_log
 
 CLASSES, HIDDEN = 16, 64
 
 
 def dataset_dir(args: argparse.Namespace) -> Path:
-    """The R-MAT dataset, generated once into the cache; returns its processed directory."""
-    from fullgraph.graph import store, synthetic
-
-    where = Path(args.cache) / (f"task-rmat-{args.vertices}-{args.edges}-{args.features}-"
-                                f"{CLASSES}-{args.seed}")
-    if not store.is_cached(where):
-        ds = synthetic.rmat(args.vertices, args.edges // 2, seed=args.seed,
-                            num_features=args.features, num_classes=CLASSES, symmetrize=True)
-        store.save_dataset(ds, where)
-    return where
+    """The R-MAT dataset of ``args``, generated once into ``args.cache``."""
+    return cached_rmat(args.cache, args.vertices, args.edges, args.features, CLASSES,
+                       args.seed)
 
 
 def run(args: argparse.Namespace, data: Path, workers: int, flags: list[str]) -> dict[str, Any]:
