@@ -261,13 +261,16 @@ class LaunchConfig:
         _require(self.timeout_s > 0, "launch", "timeout_s", self.timeout_s, "> 0")
 
 
-ADAPT_MODES = ("off", "adjust")
+ADAPT_MODES = ("off", "adjust", "adjust+partial")
 
 
 @dataclass(frozen=True, kw_only=True)
 class AdaptConfig:
     """The resource-aware runtime (NeutronCloud): injected slowdowns and adaptation.
 
+    ``mode=adjust+partial`` adds partial reduce (approximate, data parallelism):
+    historical halo rows past a deadline and gradient sync among the ready majority,
+    bounded by ``staleness`` (see ``fullgraph.adapt.partial``).
     ``mode=adjust`` re-chooses DepCache / DepComm for every remote dependency after
     each epoch from measured costs (data parallelism), or re-splits rows and columns
     in proportion to measured speed (tensor parallelism); both exact. ``inject`` makes chosen
@@ -275,19 +278,28 @@ class AdaptConfig:
     adaptation; see ``fullgraph.adapt.inject`` for the spec.
     """
 
-    mode: str = option("off", "adapt to measured worker speed: off, or adjust (exact: online "
+    mode: str = option("off", "adapt to measured worker speed: off, adjust (exact: online "
                        "DepCache/DepComm choice for --strategy data, speed-proportional "
-                       "shares for tensor)", choices=ADAPT_MODES)
+                       "shares for tensor), or adjust+partial (data; approximate: also go "
+                       "on without stragglers for up to --staleness epochs)",
+                       choices=ADAPT_MODES)
     cache_budget_mb: float | None = option(None, "adjust: most MB of DepCache storage cost "
                                            "(NeutronCloud formula 12) per worker; unset: no "
                                            "limit")
     inject: str | None = option(None, "slow workers down on a seeded schedule, e.g. "
                                 "'sleep:p=0.1,s=auto,n=5' or 'cpu:load=1,ranks=1,at=3'")
+    staleness: int = option(3, "adjust+partial: K, the oldest historical halo rows used, in "
+                            "epochs; every worker synchronises every K epochs")
+    slack: float = option(0.5, "adjust+partial: alpha, the tolerated wait as a share of "
+                          "each stage's and step's warm-up time")
 
     def __post_init__(self) -> None:
         _require(self.mode in ADAPT_MODES, "adapt", "mode", self.mode, " | ".join(ADAPT_MODES))
         _require(self.cache_budget_mb is None or self.cache_budget_mb >= 0, "adapt",
                  "cache_budget_mb", self.cache_budget_mb, ">= 0 or unset")
+        _require(self.staleness >= 1, "adapt", "staleness", self.staleness, ">= 1")
+        _require(0 <= self.slack < float("inf"), "adapt", "slack", self.slack,
+                 "a finite number >= 0")
         if self.inject is not None:
             from fullgraph.adapt.inject import parse
 

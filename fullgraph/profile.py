@@ -213,16 +213,26 @@ def _event_lines(profiles: list[list[EpochProfile]]) -> list[str]:
     for per_rank in profiles:
         slowed: dict[str, int] = {}
         switches = 0
+        partial = [e for p in per_rank for e in p.events
+                   if e.get("kind") == "partial" and not e.get("sync")]
         for p in per_rank:
             for e in p.events:
                 if e.get("kind") == "inject":
                     slowed[e["what"]] = slowed.get(e["what"], 0) + 1
                 elif e.get("kind") in ("adjust", "shares") and e.get("switched"):
                     switches += 1
+        rank = per_rank[0].rank
         if slowed or switches:
             what = ", ".join(f"{n} epoch(s) of {k}" for k, n in sorted(slowed.items()))
-            out.append(f"adapt    rank {per_rank[0].rank}: injected {what or 'nothing'}; "
+            out.append(f"adapt    rank {rank}: injected {what or 'nothing'}; "
                        f"plan switched {switches} time(s)")
+        if partial:
+            skipped = sum(rank in e["skipped"] for e in partial)
+            stale = sum(e["stale_peers"] for e in partial)
+            oldest = max(e["oldest"] for e in partial)
+            out.append(f"partial  rank {rank}: {len(partial)} partial epoch(s), left out of "
+                       f"{skipped} update(s); used historical rows of {stale} peer exchange(s), "
+                       f"at most {oldest} epoch(s) old")
     return out
 
 

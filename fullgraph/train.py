@@ -200,20 +200,30 @@ def _epochs(strategy: Strategy, model: GNN, plan: Plan, optimizer: torch.optim.O
             cfg: Config, state: Any, ckpt: Checkpointer, profiler: Profiler,
             hooks: Sequence[Any], reporter: Reporter, comm: Comm | None,
             phase: Any) -> TrainResult:
-    """The epochs after ``state.epoch``: step, evaluate, report, adapt, checkpoint."""
-    world = comm.world_size if comm is not None else 1
+    """The epochs after ``state.epoch``: step, evaluate, report, adapt, checkpoint.
+
+    Under partial reduce only some epochs are collective (a hook's
+    ``collective_epoch``): the others skip evaluation, their profiles are exchanged at
+    the next collective epoch, and the adaptation hooks that communicate run only
+    right before a collective epoch (so a new plan starts on one).
+    """
     records: list[EpochRecord] = state.records
     profiles: list[Any] = []
+    unsent: list[EpochProfile] = []
     best: tuple[float, int, float, float, dict[str, Any] | None] = state.best
     start = time.perf_counter()
+    def is_collective(epoch: int) -> bool:
+        return all(getattr(h, "collective_epoch", lambda _: True)(epoch) for h in hooks)
+
     for epoch in range(state.epoch + 1, cfg.train.epochs + 1):
+        collective = is_collective(epoch)
         for hook in hooks:
             getattr(hook, "before_epoch", lambda _: None)(epoch)
         profiler.begin()
         phase(f"epoch {epoch} training step")
         stats = strategy.train_step(model, plan, optimizer, seed=step_seed(cfg.train.seed, epoch))
         acc = {"train": float("nan"), "val": float("nan"), "test": float("nan")}
-        if epoch % cfg.train.eval_every == 0 or epoch == cfg.train.epochs:
+        if collective and (epoch % cfg.train.eval_every == 0 or epoch == cfg.train.epochs):
             phase(f"epoch {epoch} evaluation")
             acc = _accuracy(strategy, model, plan)
             if acc["val"] > best[0]:
@@ -225,20 +235,35 @@ def _epochs(strategy: Strategy, model: GNN, plan: Plan, optimizer: torch.optim.O
                           stats.forward_s, stats.backward_s, stats.optimizer_s)
         records.append(rec)
         reporter.epoch(rec)
-        if comm is not None and world > 1:
+        unsent.append(prof)
+        if collective:
             phase(f"epoch {epoch} metrics")
-            gathered = split_waiting(all_gather_object(prof, comm, "metrics"))
-            profiles.append(gathered)
-            reporter.ranks([asdict(p) for p in gathered])
-            prof = gathered[comm.rank]  # the hooks see waiting split from transfer
+            prof = _exchange_profiles(unsent, comm, profiles, reporter)
+            unsent = []
         if epoch < cfg.train.epochs:
             phase(f"epoch {epoch} adjustment")
+            ahead = is_collective(epoch + 1)
             for hook in (strategy, *hooks):
-                hook.between_epochs(model, plan, epoch, prof)
+                if ahead or getattr(hook, "local_between", False):
+                    hook.between_epochs(model, plan, epoch, prof)
             profiler.work = strategy.work(model, plan)  # the plan may have changed
         ckpt.after_epoch(epoch, model, optimizer, best, records)
     phase("done")
     return _finish(records, profiles, best, time.perf_counter() - start, model, reporter)
+
+
+def _exchange_profiles(unsent: list[EpochProfile], comm: Comm | None, profiles: list[Any],
+                       reporter: Reporter) -> EpochProfile:
+    """Gather every rank's profiles of the epochs since the last exchange (collective),
+    report them and add them to ``profiles``; this rank's last one, waiting split."""
+    if comm is None or comm.world_size == 1:
+        return unsent[-1]
+    per_rank = all_gather_object(unsent, comm, "metrics")
+    for i in range(len(unsent)):
+        gathered = split_waiting([ranks[i] for ranks in per_rank])
+        profiles.append(gathered)
+        reporter.ranks([asdict(p) for p in gathered])
+    return profiles[-1][comm.rank]  # the hooks see waiting split from transfer
 
 
 def _save_model(cfg: Config, result: TrainResult, dataset: Dataset, world: int) -> None:

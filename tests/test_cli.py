@@ -22,7 +22,7 @@ TRAIN_FLAGS = sorted("""
 --column-split --pipeline --nn-device --p2p-schedule --bin-memory --bin-size
 --checkpoint-dir --checkpoint-every --resume --save-model
 --task-split --task-gamma --subgraphs --recompute --chunks --task-deps --hops
---adapt --cache-budget --inject --shares
+--adapt --cache-budget --inject --staleness --slack --shares
 """.split())
 
 

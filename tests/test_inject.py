@@ -100,6 +100,19 @@ def test_auto_sleep_is_twice_the_mean_clean_epoch():
     assert inj.clean_walls == [0.1, 0.3]
 
 
+def test_auto_sleep_ignores_epochs_in_which_another_worker_is_slowed():
+    """Rank 0's epoch 3 waits for rank 1's slowdown: it is not a clean epoch, or each
+    worker's auto sleep would grow with the others' (before the fix, 10 s epochs)."""
+    inj = Injector(parse("sleep:p=0,n=1,at=3,ranks=1;sleep:p=0,n=1,at=5,ranks=0"), 0, 6,
+                   lambda e: None, world=2)
+    for epoch, wall in ((1, 0.1), (2, 0.3), (3, 9.0), (4, 0.2)):
+        inj.before_epoch(epoch)
+        inj.between_epochs(None, None, epoch, type("P", (), {"wall_s": wall})())
+    assert inj.clean_walls == [0.1, 0.3, 0.2]
+    inj.before_epoch(5)
+    assert inj.sleep_s == pytest.approx(0.4)
+
+
 def test_throttle_pins_busy_processes_to_the_core_and_removes_them():
     before = os.sched_getaffinity(0)
     throttle = Throttle(core_for(0))

@@ -4,7 +4,10 @@
 - ``--inject``: seeded slowdowns of chosen workers (``inject``, ``injector``);
 - ``--adapt adjust``: online DepCache / DepComm adjustment of data parallelism
   (``adjuster``), or rows and columns of tensor parallelism in proportion to measured
-  speed (``shares``); both exact: training equals the single-process executor.
+  speed (``shares``); both exact: training equals the single-process executor;
+- ``--adapt adjust+partial``: adjustment plus partial reduce (``partial``), the
+  approximate mode: stale halo rows past a deadline and gradient sync among the ready
+  majority, every worker synchronised every ``--staleness`` epochs.
 """
 from __future__ import annotations
 
@@ -27,10 +30,21 @@ def check_options(cfg: Any, world: int) -> None:
     from fullgraph.adapt.inject import check_world, parse
 
     opts, strategy = cfg.adapt, cfg.runtime.strategy
+    if opts.mode == "adjust+partial":
+        if strategy != "data":
+            raise ConfigError(f"--adapt adjust+partial (partial reduce) works on --strategy "
+                              f"data; the run uses {strategy!r}")
+        if cfg.launch.backend == "nccl" or cfg.train.device.startswith("cuda"):
+            raise ConfigError("--adapt adjust+partial matches its messages by tag, which "
+                              "needs the gloo backend (CPU); NCCL matches by order")
+        if cfg.model.batch_norm:
+            raise ConfigError("--adapt adjust+partial: batch normalisation sums over every "
+                              "worker's rows in the forward pass, a collective a straggler "
+                              "would block; train without --batch-norm")
     if opts.mode == "adjust" and strategy not in ADJUSTABLE:
         raise ConfigError(f"--adapt adjust works on --strategy data (DepCache/DepComm) or "
                           f"tensor (speed-proportional shares); the run uses {strategy!r}")
-    if opts.cache_budget_mb is not None and (opts.mode != "adjust" or strategy != "data"):
+    if opts.cache_budget_mb is not None and (opts.mode == "off" or strategy != "data"):
         raise ConfigError("--cache-budget bounds DepCache under --adapt adjust with "
                           "--strategy data; it has no effect here")
     if opts.inject:
@@ -52,10 +66,16 @@ def build_adapters(cfg: Any, strategy: Any, model: Any, plan: Any, rank: int, wo
         from fullgraph.adapt.injector import Injector
 
         try:
-            adapters.append(Injector(parse(opts.inject), rank, cfg.train.epochs, note))
+            adapters.append(Injector(parse(opts.inject), rank, cfg.train.epochs, note, world))
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
-    if opts.mode == "adjust":
+    if opts.mode == "adjust+partial":
+        from fullgraph.adapt.partial import PartialReduce
+
+        # first, so that its step clock starts before any injected delay
+        adapters.insert(0, PartialReduce(strategy, model, plan, opts.staleness, opts.slack,
+                                         cfg.train.epochs, note))
+    if opts.mode != "off":
         adapters.append(_adjuster(cfg, strategy, model, plan, note))
     return adapters
 

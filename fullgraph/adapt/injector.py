@@ -42,10 +42,22 @@ class Injector(Adapter):
         note: where events go (``Profiler.note``).
     """
 
-    def __init__(self, specs: list[InjectSpec], rank: int, epochs: int, note: Note) -> None:
+    local_between = True
+    """``between_epochs`` communicates nothing: called after every epoch, also under
+    partial reduce."""
+
+    def __init__(self, specs: list[InjectSpec], rank: int, epochs: int, note: Note,
+                 world: int = 1) -> None:
         self.specs, self.rank, self.note = specs, rank, note
         self.events = [(spec, first, last) for spec in specs
                        for first, last in schedule(spec, rank, epochs)]
+        # epochs in which no worker is slowed (every worker's schedule is known here):
+        # only their walls set s=auto, or one worker's slowdown would lengthen the
+        # others' "clean" epochs and every later sleep would grow
+        self.anyone = {e for spec in specs for r in range(world)
+                       for first, last in schedule(spec, r, epochs)
+                       for e in range(first, last + 1)}
+        self.clean = True
         self.throttle = Throttle(core_for(rank)) if any(s.kind == "cpu" for s in specs) \
             else None
         self.shaper = LinkShaper(link_device()) if any(s.kind == "net" for s in specs) \
@@ -76,6 +88,7 @@ class Injector(Adapter):
                 self.note({"kind": "inject", "what": "cpu", "load": spec.load,
                            "first": first, "last": last})
         self.sleep_s, self.injected = sleep, bool(sleep or load or net)
+        self.clean = not self.injected and epoch not in self.anyone
         if self.shaper is not None:
             if net is None:
                 self.shaper.stop()
@@ -101,7 +114,7 @@ class Injector(Adapter):
         return _SleepInBackward.apply(loss, self.sleep_s / 2)
 
     def between_epochs(self, model: Any, plan: Any, epoch: int, profile: Any) -> None:
-        if not self.injected:
+        if self.clean:
             self.clean_walls.append(profile.wall_s)
 
     def close(self) -> None:

@@ -33,11 +33,16 @@ class ExchangeTable:
         recv_pos: optional, per peer p, int64 (recv_rows[p],) positions in a halo
             buffer of the rows received from p (and, in the return direction, of the
             rows sent back to p). None: the concatenation in peer order.
+        recv_ids, send_ids: optional, per peer p, the global vertex ids of the rows
+            received from p and sent to p, in order: they name rows across tables
+            (``stale.StaleHalo`` matches historical rows by them).
     """
 
     send_idx: list[Tensor]
     recv_rows: list[int]
     recv_pos: list[Tensor] | None = None
+    recv_ids: list[Tensor] | None = None
+    send_ids: list[Tensor] | None = None
 
     def __post_init__(self) -> None:
         if len(self.send_idx) != len(self.recv_rows):
@@ -52,6 +57,12 @@ class ExchangeTable:
             raise ValueError(f"ExchangeTable: recv_rows must be >= 0, got {self.recv_rows}")
         if self.recv_pos is not None:
             self._check_recv_pos(self.recv_pos)
+        for name, ids, counts in (("recv_ids", self.recv_ids, self.recv_rows),
+                                  ("send_ids", self.send_ids, self.send_rows())):
+            if ids is not None and [int(t.numel()) for t in ids] != list(counts):
+                raise ValueError(f"ExchangeTable: {name} must hold one id per row exchanged "
+                                 f"with each peer ({list(counts)}), got "
+                                 f"{[int(t.numel()) for t in ids]}")
 
     def _check_recv_pos(self, recv_pos: list[Tensor]) -> None:
         if len(recv_pos) != len(self.recv_rows):
@@ -107,4 +118,5 @@ class ExchangeTable:
     def to(self, device: torch.device | str) -> ExchangeTable:
         """The same table with its index tensors on ``device``."""
         pos = None if self.recv_pos is None else [t.to(device) for t in self.recv_pos]
-        return ExchangeTable([idx.to(device) for idx in self.send_idx], list(self.recv_rows), pos)
+        return ExchangeTable([idx.to(device) for idx in self.send_idx], list(self.recv_rows), pos,
+                             self.recv_ids, self.send_ids)

@@ -15,7 +15,7 @@ import dataclasses
 import time
 import warnings
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
 
@@ -125,6 +125,10 @@ class Strategy(ABC, Generic[PlanT]):
     step_hooks: Sequence[Any] = ()
     """Runtime adapters called inside ``train_step`` (``before_forward``, ``on_loss``);
     set by ``train``."""
+    grad_sync: Callable[[StageProgram, Any, Tensor], float] | None = None
+    """Replaces ``sync_grads`` and ``reduce_loss`` when set: called after the backward
+    pass with the local loss, it makes the gradients global and returns the loss value
+    to report (partial update, ``fullgraph.adapt.partial``)."""
 
     def __init__(self, options: Any = None) -> None:
         self.options = options if options is not None else self.Options()
@@ -196,12 +200,17 @@ class Strategy(ABC, Generic[PlanT]):
         for hook in self.step_hooks:
             loss = hook.on_loss(loss)
         loss.backward()
-        self.sync_grads(model, plan)
+        value = None
+        if self.grad_sync is None:
+            self.sync_grads(model, plan)
+        else:
+            value = self.grad_sync(model, plan, loss)
         t2 = time.perf_counter()
         optimizer.step()
         t3 = time.perf_counter()
-        return StepStats(self.reduce_loss(loss, plan), t1 - t0, t2 - t1, t3 - t2,
-                         {"saved_bytes": saved.bytes})
+        if value is None:
+            value = self.reduce_loss(loss, plan)
+        return StepStats(value, t1 - t0, t2 - t1, t3 - t2, {"saved_bytes": saved.bytes})
 
     @torch.no_grad()
     def evaluate(self, model: StageProgram, plan: PlanT) -> dict[str, tuple[int, int]]:

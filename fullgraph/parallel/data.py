@@ -92,6 +92,9 @@ class DataPlan(Plan):
     weights: list[Tensor | None] = field(default_factory=list)
     edge_pos: list[Tensor | None] = field(default_factory=list)
     clock: StageClock | None = None
+    stale: Any = None
+    """A ``comm.stale.StaleHalo`` for partial computation (``--adapt adjust+partial``):
+    the training forward's halo exchanges go through it. None: exact exchanges."""
 
 
 @dataclass
@@ -228,7 +231,8 @@ class DataParallel(RowPartitioned[DataPlan]):
             needed_by = prim.all_to_all_v(needed_from, [int(c) for c in counts], comm, "setup")
             send_idx = [book.gid_to_lid(g) for g in needed_by]
             tables.append(ExchangeTable(send_idx=send_idx,
-                                        recv_rows=[t.numel() for t in needed_from]))
+                                        recv_rows=[t.numel() for t in needed_from],
+                                        recv_ids=needed_from, send_ids=list(needed_by)))
         return tables
 
     def _cost_model(self, program: StageProgram, plan: DataPlan, owned: Tensor) -> Tensor:
@@ -304,8 +308,13 @@ class _RowRunner(Runner):
 
     def _sources(self, s: int, h: Tensor) -> Tensor:
         if not self.rows.shares_halo[s]:
-            table = self.plan.tables[s]
-            self.halo = None if table is None else halo_fetch(h, table, self.plan.comm, "halo")
+            table, stale = self.plan.tables[s], self.plan.stale
+            if table is None:
+                self.halo = None
+            elif stale is not None and self.training:
+                self.halo = stale.fetch(h, table, s)
+            else:
+                self.halo = halo_fetch(h, table, self.plan.comm, "halo")
         return h if self.halo is None else torch.cat([h, self.halo])
 
     def edge(self, s: int, stage: Any, h: Tensor) -> Tensor:

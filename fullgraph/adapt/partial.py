@@ -1,0 +1,303 @@
+"""Partial reduce (NeutronCloud §5): go on without a straggler for a bounded time.
+
+``--adapt adjust+partial`` adds two approximations to online adjustment, both
+bounded by ``--staleness K``:
+
+- **Partial computation** (§5.2). The data strategy's halo exchanges become
+  deadline-bounded (``fullgraph.comm.stale``): each exchange point (a P / E stage,
+  forward or backward) gets a baseline T0 (the median time from the previous point
+  to this one over the warm-up epochs) and waits at most until (1 + alpha) T0 after
+  the previous point; a peer that missed it is replaced by its historical rows, at
+  most K epochs old (older: the worker waits).
+- **Partial update** (§5.3). After its backward pass a worker marks itself ready in
+  the process group's store. Once every worker is ready, or the step's deadline
+  (1 + alpha) T0_step from its start has passed with a majority (M // 2 + 1) ready,
+  the first worker to propose fixes the ready set S (``tagged.agree``). The members
+  send their gradients and local losses to S's lowest rank, which sums them in rank
+  order, scales each parameter's sum by N^(h) / N_S^(h) (formulas 13-14: the
+  training-related vertices h hops from the training set over all workers, over
+  those of S; h is the number of propagations the parameter's stage feeds) and
+  sends the result to every worker. A worker outside S discards its own gradient
+  and applies the same result, so parameters and optimiser states stay equal
+  everywhere.
+
+Every K-th epoch after the ``WARMUP`` epochs, and the warm-up and last epochs,
+are full synchronisations: every receive in flight is completed, the halo
+exchanges wait for every peer and the gradients are all-reduced exactly, so a
+straggler is never more than K - 1 epochs behind. Evaluation and the metrics
+exchange run on those epochs only (``collective_epoch``), the (collective) online
+adjustment right before them, so that a new plan's first epoch fills the
+historical rows of the vertices it starts to fetch.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+import statistics
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from fullgraph.adapt.base import Adapter, Note
+from fullgraph.comm.stale import POINTS_PER_EPOCH, EpochStats, Point, StaleHalo
+from fullgraph.comm.tagged import (
+    TAG_BASE,
+    Outbox,
+    agree,
+    post_recv,
+    post_send,
+    require_tagged,
+    store_of,
+)
+from fullgraph.graph.blocks import in_edges
+from fullgraph.models.walk import describe
+
+WARMUP = 3
+"""Full-synchronisation epochs at the start, which set the baselines T0."""
+PHASE = "partial-update"
+_RUNS = itertools.count()
+
+
+class PartialReduce(Adapter):
+    """Partial computation and partial update on a data-parallel plan.
+
+    Args:
+        strategy: the ``DataParallel`` strategy (its ``grad_sync`` is taken over).
+        model: the stage program.
+        plan: its ``DataPlan`` (its ``stale`` halo is set).
+        staleness: K.
+        slack: alpha.
+        epochs: the run's last epoch.
+        note: where events go (``Profiler.note``).
+        warmup: full-synchronisation epochs at the start (default: ``WARMUP``).
+    """
+
+    local_between = True
+
+    def __init__(self, strategy: Any, model: Any, plan: Any, staleness: int, slack: float,
+                 epochs: int, note: Note, warmup: int = WARMUP) -> None:
+        comm = plan.comm
+        require_tagged(comm, "--adapt adjust+partial")
+        self.comm, self.plan, self.note = comm, plan, note
+        self.staleness, self.slack, self.epochs, self.warmup = staleness, slack, epochs, warmup
+        self.halo = StaleHalo(comm, staleness, self._deadline, self._reached)
+        plan.stale = self.halo
+        strategy.grad_sync = self._grad_sync
+        self.strategy = strategy
+        self.params = list(model.parameters())
+        self.hops = parameter_hops(model, self.params)
+        self.counts = bfs_counts(plan.graph, plan.source.train_mask, plan.book.part_of,
+                                 comm.world_size, max(self.hops, default=0))
+        self.store = store_of(comm) if comm.world_size > 1 else None
+        self.prefix = f"fullgraph/partial/{next(_RUNS)}/"
+        self.outbox = Outbox()
+        self.samples: dict[Point, list[float]] = {}
+        self.t0: dict[Point, float] = {}
+        self.step_samples: list[float] = []
+        self.wait_samples: list[float] = []
+        self.t0_step = math.inf
+        self.wait0 = 0.0
+        self.epoch, self.sync = 0, True
+        self.t_step = self.t_prev = 0.0
+
+    def header(self) -> list[str]:
+        return [f"partial  adjust+partial (approximate): halo rows up to K={self.staleness} "
+                f"epochs old past a per-stage deadline of (1 + {self.slack}) x its warm-up "
+                f"time; gradients summed over the ready majority, BFS-weighted; every worker "
+                f"synchronised on the first {self.warmup} epochs, every {self.staleness}th "
+                f"after them and the last"]
+
+    def collective_epoch(self, epoch: int) -> bool:
+        """True on the full-synchronisation epochs (see the module docstring)."""
+        return (epoch <= self.warmup or epoch >= self.epochs
+                or (epoch - self.warmup) % self.staleness == 0)
+
+    # ------------------------------------------------------------------ hooks
+    def before_epoch(self, epoch: int) -> None:
+        if epoch == self.warmup + 1 or (epoch > self.warmup and not self.t0):
+            self._set_baselines()
+        self.epoch, self.sync = epoch, self.collective_epoch(epoch)
+        self.halo.begin_epoch(epoch, self.sync)
+        if self.sync:
+            start = time.perf_counter()
+            self.halo.drain()
+            self.outbox.reap()
+            self.halo.stats.blocked_s += time.perf_counter() - start
+        if self.plan.clock is not None and self.collective_epoch(epoch + 1):
+            self.plan.clock.take()  # the adjuster, run after this epoch, measures it alone
+
+    def before_forward(self) -> None:
+        self.t_step = self.t_prev = time.perf_counter()
+
+    def _set_baselines(self) -> None:
+        self.t0 = {p: statistics.median(v) for p, v in self.samples.items() if v}
+        if self.step_samples:
+            self.t0_step = statistics.median(self.step_samples)
+            self.wait0 = statistics.median(self.wait_samples)
+
+    def _deadline(self, point: Point) -> float:
+        base = self.t0.get(point)
+        return math.inf if base is None else self.t_prev + (1.0 + self.slack) * base
+
+    def _reached(self, point: Point) -> None:
+        now = time.perf_counter()
+        if self.epoch <= self.warmup:
+            self.samples.setdefault(point, []).append(now - self.t_prev)
+        self.t_prev = now
+
+    # ------------------------------------------------------- gradient sync
+    def _grad_sync(self, model: Any, plan: Any, loss: Tensor) -> float:
+        """After the backward pass: the exact sync, or the partial update."""
+        ready = time.perf_counter()
+        stats = self.halo.stats
+        if self.sync:
+            self.strategy.sync_grads(model, plan)
+            value = self.strategy.reduce_loss(loss, plan)
+            blocked = stats.blocked_s + time.perf_counter() - ready
+            if self.epoch <= self.warmup:
+                self.step_samples.append(ready - self.t_step)
+                self.wait_samples.append(blocked)
+            self.note(self._event(stats, blocked, list(range(self.comm.world_size)), True))
+            return value
+        members = self._ready_set(ready)
+        value = self._reduce(members, loss)
+        blocked = stats.blocked_s + time.perf_counter() - ready
+        self.note(self._event(stats, blocked, members, False))
+        return value
+
+    def _ready_set(self, ready: float) -> list[int]:
+        comm, store = self.comm, self.store
+        world = comm.world_size
+        if store is None:
+            return [0]
+        base = f"{self.prefix}{self.epoch}/"
+        store.set(f"{base}ready/{comm.rank}", "1")
+        deadline = self.t_step + (1.0 + self.slack) * self.t0_step
+
+        def ready_ranks() -> list[int]:
+            return [r for r in range(world)
+                    if r == comm.rank or store.check([f"{base}ready/{r}"])]
+
+        def propose() -> str | None:
+            ranks = ready_ranks()
+            if len(ranks) == world or (time.perf_counter() >= deadline
+                                       and len(ranks) >= world // 2 + 1):
+                return ",".join(map(str, ranks))
+            return None
+
+        def waiting_on() -> str:
+            missing = sorted(set(range(world)) - set(ready_ranks()))
+            return f"a majority of ranks to be ready at epoch {self.epoch}; not ready: " \
+                   f"{', '.join(map(str, missing))}"
+
+        value = agree(store, f"{base}set", propose, comm, PHASE, waiting_on)
+        return [int(r) for r in value.split(",")]
+
+    def _reduce(self, members: list[int], loss: Tensor) -> float:
+        """Sum the members' gradients at their lowest rank, scale, send to all."""
+        comm, params = self.comm, self.params
+        dtype = params[0].dtype if params else torch.float64
+        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
+                          .to(dtype) for p in params]
+                         + [loss.detach().reshape(1).to(dtype)])
+        leader = members[0]
+        up = TAG_BASE + self.epoch * POINTS_PER_EPOCH + POINTS_PER_EPOCH - 2
+        down = up + 1
+        if comm.rank == leader:
+            parts = {comm.rank: flat}
+            pending = {m: post_recv(flat.shape, dtype, m, up, comm, PHASE)
+                       for m in members if m != comm.rank}
+            for m, message in pending.items():
+                parts[m] = message.wait()
+            result = self._scaled(sum_in_order([parts[m] for m in members]), members)
+            for r in range(comm.world_size):
+                if r != comm.rank:
+                    self.outbox.add(post_send(result, r, down, comm, PHASE))
+        else:
+            if comm.rank in members:
+                self.outbox.add(post_send(flat, leader, up, comm, PHASE))
+            result = post_recv(flat.shape, dtype, leader, down, comm, PHASE).wait()
+        offset = 0
+        for p in params:
+            n = p.numel()
+            p.grad = result[offset:offset + n].view_as(p).to(p.dtype).clone()
+            offset += n
+        return float(result[-1])
+
+    def _scaled(self, total: Tensor, members: Sequence[int]) -> Tensor:
+        """Formula 14 on sums: each parameter's sum times N^(h) / N_S^(h); the loss
+        times N^(0) / N_S^(0) (the training vertices)."""
+        factors = coverage_factors(self.counts, members)
+        out = total.clone()
+        offset = 0
+        for p, h in zip(self.params, self.hops):
+            n = p.numel()
+            out[offset:offset + n] *= factors[h]
+            offset += n
+        out[-1] *= factors[0]
+        return out
+
+    def _event(self, stats: EpochStats, blocked: float, members: list[int],
+               sync: bool) -> dict[str, Any]:
+        world = self.comm.world_size
+        return {"kind": "partial", "sync": sync, "ready": members,
+                "skipped": sorted(set(range(world)) - set(members)),
+                "stale_peers": stats.stale_peers, "stale_rows": stats.stale_rows,
+                "oldest": stats.oldest, "forced_waits": stats.forced_waits,
+                "late_refreshes": stats.late_refreshes, "blocked_s": blocked,
+                "slack_s": self.slack * self.t0_step if math.isfinite(self.t0_step) else None,
+                "baseline_wait_s": self.wait0}
+
+    def close(self) -> None:
+        self.halo.close()
+        self.outbox.flush()
+
+
+def sum_in_order(parts: list[Tensor]) -> Tensor:
+    """The sum of ``parts`` left to right (the same on every run)."""
+    total = parts[0].clone()
+    for part in parts[1:]:
+        total += part
+    return total
+
+
+def coverage_factors(counts: np.ndarray, members: Sequence[int]) -> list[float]:
+    """Per hop h: N^(h) / N_S^(h) (1 where the members hold no such vertex)."""
+    total = counts.sum(axis=0)
+    covered = counts[list(members)].sum(axis=0)
+    return [float(t) / float(c) if c else 1.0 for t, c in zip(total, covered)]
+
+
+def parameter_hops(model: Any, params: list[Tensor]) -> list[int]:
+    """Per parameter: the number of propagate stages at or after its stage (0 for a
+    parameter outside the stages)."""
+    infos = describe(model)
+    after = [sum(1 for info in infos[s:] if info.is_propagate) for s in range(len(infos))]
+    where: dict[int, int] = {}
+    for s, stage in enumerate(model.stages):
+        for p in stage.parameters():
+            where.setdefault(id(p), after[s])
+    return [where.get(id(p), 0) for p in params]
+
+
+def bfs_counts(graph: Any, train_mask: Tensor, part_of: Tensor, world: int,
+               max_hops: int) -> np.ndarray:
+    """(world, max_hops + 1): per worker k and hop h, n_k^(h), the vertices worker k
+    owns within h in-edge hops of the training vertices (a backward BFS, §5.3)."""
+    reached = train_mask.numpy().astype(bool).copy()
+    owner = part_of.numpy()
+    counts = np.zeros((world, max_hops + 1), dtype=np.int64)
+    frontier = np.flatnonzero(reached)
+    for h in range(max_hops + 1):
+        counts[:, h] = np.bincount(owner[reached], minlength=world)[:world]
+        if h == max_hops or frontier.size == 0:
+            continue
+        _, src, _ = in_edges(graph, frontier.astype(np.int64))
+        src = np.unique(src)
+        frontier = src[~reached[src]]
+        reached[frontier] = True
+    return counts
