@@ -1,0 +1,198 @@
+"""Task parallelism with a data-parallel P group (``--group-parallel data``, NeutronTask
+§4.3, Fig. 7: task parallelism between the groups, data parallelism inside them).
+
+The T group runs T and E stages on its row blocks, as in the tensor form; every P
+worker owns a contiguous row range and holds the in-edges of its rows. Entering a
+run of P stages, the T group sends each P worker the source rows its first stage
+reads (its halo: neighbours are replicated only in the P group), subgraph by
+subgraph: the fetch of subgraph s+1 is in flight while the P worker aggregates
+subgraph s, and each source row reaches a worker once and is reused by every later
+subgraph (Algorithm 1). A later P stage of the run fetches its halo from the other P
+workers; a T or E stage takes the rows back to the T blocks. Every exchange is a halo
+table (``schedule/rowfetch.py``) whose backward scatter-adds the gradient rows to
+their owners in rank order, so the sums are deterministic.
+
+With ``--task-deps regroup`` the chunk stripes are regrouped per training epoch and
+the P stages aggregate the kept blocks only, as in the tensor form.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from fullgraph.comm.exchange import ExchangeTable
+from fullgraph.comm.group import Comm
+from fullgraph.comm.halo import PendingFetch, halo_fetch, start_fetch, start_return
+from fullgraph.graph.csr import Graph
+from fullgraph.models.stages import StageProgram
+from fullgraph.models.walk import Carry, describe, walk
+from fullgraph.ops import spmm
+from fullgraph.parallel.base import LocalResult, Work
+from fullgraph.parallel.columns import ColumnPlan, PlacementRunner
+from fullgraph.schedule.chunks import spread_chunks
+from fullgraph.schedule.regroup import ChunkGrid
+from fullgraph.schedule.rowfetch import RowFetch, fetch_to, offsets_of, row_fetch, to_rows
+
+
+def check_row_chunks(chunks: int, subgraphs: int, num_p: int) -> None:
+    """Refuse a chunk grid the P group cannot share equally (data form).
+
+    Raises:
+        ValueError: ``chunks`` is not a multiple of the P group's size, or gives a
+            P worker fewer chunks than there are subgraphs.
+    """
+    if chunks and chunks % num_p:
+        raise ValueError(f"--chunks {chunks} with --group-parallel data: the chunk count must "
+                         f"be a multiple of the P group's {num_p} workers, so that every "
+                         "worker gets an equal share")
+    if chunks and chunks // num_p < subgraphs:
+        raise ValueError(f"--subgraphs {subgraphs} with --group-parallel data needs at least "
+                         f"{subgraphs} chunks per P worker; --chunks {chunks} over "
+                         f"{num_p} P workers gives {chunks // num_p}")
+
+
+@dataclass
+class RowGroups:
+    """The data form's state on one worker.
+
+    Attributes:
+        p_counts: rows each rank owns in the P group (0 on the T group).
+        back: the P-rows -> T-blocks hand-off table.
+        exact: every block, the subgraphs in order.
+        grid: the chunk stripes, when pipelined (``--subgraphs`` > 1).
+        offsets: the T blocks' and the P ranges' offsets.
+        last: the last regrouping drawn, by seed.
+    """
+
+    p_counts: list[int]
+    back: ExchangeTable
+    exact: RowFetch
+    grid: ChunkGrid | None
+    offsets: tuple[np.ndarray, np.ndarray]
+    last: tuple[int, RowFetch] | None = None
+
+    def fetch(self, rank: int, device: torch.device, regroup_seed: int | None) -> RowFetch:
+        """The exact grouping, or the one ``regroup_seed`` draws (cached for the last)."""
+        if regroup_seed is None or self.grid is None:
+            return self.exact
+        if self.last is None or self.last[0] != regroup_seed:
+            ranges, graph, keep = self.grid.grouping(regroup_seed)
+            fetch = row_fetch(graph, ranges, *self.offsets, rank, keep)
+            self.last = (regroup_seed, fetch_to(fetch, device))
+        return self.last[1]
+
+
+def row_groups(graph: Graph, row_counts: list[int], p_counts: list[int], rank: int,
+               subgraphs: int, chunks: int, device: torch.device) -> RowGroups:
+    """Build the data form's tables for ``rank`` (no communication)."""
+    offsets = (offsets_of(row_counts), offsets_of(p_counts))
+    num_p = sum(1 for c in p_counts if c)
+    grid = None
+    if subgraphs > 1:
+        stripes = spread_chunks(graph.indptr, p_counts, 1,
+                                num_chunks=(chunks or subgraphs * num_p) // num_p)
+        grid = ChunkGrid(graph, stripes, min(subgraphs, len(stripes)))
+        ranges, _, _ = grid.grouping(None)
+    else:
+        ranges = [[(0, graph.num_dst)]]
+    exact = fetch_to(row_fetch(graph, ranges, *offsets, rank), device)
+    return RowGroups(p_counts, to_rows(*offsets, rank).to(device), exact, grid, offsets)
+
+
+class _Fetched(torch.autograd.Function):
+    """The rows a started fetch brings (the forward waits for them); the backward
+    returns their gradient rows to the owners and sums them there in rank order."""
+
+    @staticmethod
+    def forward(ctx: Any, h_rows: Tensor, pending: PendingFetch, table: ExchangeTable,
+                comm: Comm) -> Tensor:
+        ctx.table, ctx.comm, ctx.num_rows = table, comm, h_rows.shape[0]
+        return pending.wait()
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None, None]:
+        into = grad.new_zeros((ctx.num_rows, *grad.shape[1:]))
+        back = start_return(grad.contiguous(), ctx.table, ctx.comm, "t-to-p-grad").wait(into)
+        return back, None, None, None
+
+
+def fetch_and_aggregate(h_rows: Tensor, weight: Tensor, fetch: RowFetch, comm: Comm) -> Tensor:
+    """The first P stage of a run: T rows in, this P worker's aggregated rows out,
+    the fetch of the next subgraph in flight while this one aggregates."""
+    tables, outs, cache = fetch.fetch, [], []
+    pending = start_fetch(h_rows.detach(), tables[0], comm, "t-to-p")
+    for s, piece in enumerate(fetch.pieces):
+        cache.append(_Fetched.apply(h_rows, pending, tables[s], comm))
+        if s + 1 < len(tables):
+            pending = start_fetch(h_rows.detach(), tables[s + 1], comm, "t-to-p")
+        src = cache[0] if len(cache) == 1 else torch.cat(cache)
+        outs.append(spmm(piece, src, weight.index_select(0, fetch.piece_edges[s])))
+    out = outs[0] if len(outs) == 1 else torch.cat(outs)
+    return out.index_select(0, fetch.order)
+
+
+def own_weights(weight: Tensor, fetch: RowFetch) -> Tensor:
+    """The (kept, scaled) weights of this worker's edges."""
+    if fetch.keep is not None:
+        keep, scale = (t.to(weight.device) for t in fetch.keep)
+        scale = scale.to(weight.dtype)
+        weight = weight.index_select(0, keep) * (scale if weight.dim() == 1 else scale[:, None])
+    a, b = fetch.edge_range
+    return weight[a:b]
+
+
+class RowsRunner(PlacementRunner):
+    """T and E stages on the T blocks (``on_rows``), P stages on the P ranges."""
+
+    def __init__(self, plan: ColumnPlan, groups: RowGroups, fetch: RowFetch, seed: int,
+                 training: bool) -> None:
+        super().__init__(plan, seed, training)
+        self.groups, self.fetch = groups, fetch
+
+    def _rows(self, h: Tensor, dim: int) -> Tensor:
+        if not self.on_rows:  # P ranges -> T blocks
+            h, self.on_rows = halo_fetch(h, self.groups.back, self.plan.comm, "p-to-t"), True
+        return h
+
+    def propagate_run(self, stages: list[int], program: StageProgram, h: Tensor,
+                      carry: Carry) -> Tensor:
+        plan, fetch, infos = self.plan, self.fetch, describe(program)
+        for s in stages:
+            src = infos[s].edge_weights_from
+            weight = own_weights(plan.norms[program.propagate_stage(s).norm] if src is None
+                                 else carry.edge_weights[src], fetch)
+            if self.on_rows:
+                h, self.on_rows = fetch_and_aggregate(h, weight, fetch, plan.comm), False
+            else:
+                h = spmm(fetch.block, halo_fetch(h, fetch.within, plan.comm, "p-halo"), weight)
+        return h
+
+
+def rows_forward(model: StageProgram, plan: ColumnPlan, groups: RowGroups, *, training: bool,
+                 seed: int, regroup: bool) -> LocalResult:
+    """Run ``model`` with the P group in the data form; the output rows of this rank."""
+    fetch = groups.fetch(plan.comm.rank, plan.device, seed if regroup else None)
+    runner = RowsRunner(plan, groups, fetch, seed, training)
+    h = walk(model, runner, plan.features)
+    if runner.on_rows:
+        return LocalResult(h, plan.gids)
+    assert plan.out_gids is not None, "a program ending on a P stage outputs P rows"
+    return LocalResult(h, plan.out_gids)
+
+
+def row_work(model: StageProgram, plan: ColumnPlan, groups: RowGroups) -> Work:
+    """Own edges at full width per P stage on a P worker; own edges per E stage."""
+    a, b = groups.exact.edge_range
+    rank = plan.comm.rank
+    edges = dims = 0
+    for info, s in zip(describe(model), model.stages):
+        if info.is_propagate and b > a:
+            edges, dims = edges + b - a, dims + (b - a) * s.in_dim
+        elif info.is_edge and plan.edges is not None:
+            own = plan.edges.edge_counts[rank]
+            edges, dims = edges + own, dims + own * s.in_dim
+    return Work(edges, 0, dims)
