@@ -196,9 +196,8 @@ class TaskParallel(DistributedStrategy[TaskPlan]):
             plan.edges = edge_plan(graph, row_counts, comm)
             plan.edges.block = plan.edges.block.to(device)
         if rows:
-            p_counts = [0] * split.num_t + even_counts(n, split.num_p)
-            plan.rows = row_groups(graph, row_counts, p_counts, comm.rank,
-                                   self.options.subgraphs, self.options.chunks, device)
+            plan.rows = row_groups(graph, row_counts, split.num_p, comm, self.options.subgraphs,
+                                   self.options.chunks, device)
             plan.grid = plan.rows.grid
         elif self.options.subgraphs > 1:
             ranges = spread_chunks(graph.indptr, row_counts, 1,

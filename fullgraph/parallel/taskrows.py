@@ -8,7 +8,8 @@ reads (its halo: neighbours are replicated only in the P group), subgraph by
 subgraph: the fetch of subgraph s+1 is in flight while the P worker aggregates
 subgraph s, and each source row reaches a worker once and is reused by every later
 subgraph (Algorithm 1). A later P stage of the run fetches its halo from the other P
-workers; a T or E stage takes the rows back to the T blocks. Every exchange is a halo
+workers over the P group's own communicator (``Comm.split``), which the T group
+takes no part in; a T or E stage takes the rows back to the T blocks. Every exchange is a halo
 table (``schedule/rowfetch.py``) whose backward scatter-adds the gradient rows to
 their owners in rank order, so the sums are deterministic.
 
@@ -27,12 +28,13 @@ from torch import Tensor
 from fullgraph.comm.exchange import ExchangeTable
 from fullgraph.comm.group import Comm
 from fullgraph.comm.halo import PendingFetch, halo_fetch, start_fetch, start_return
+from fullgraph.comm.placement import even_counts
 from fullgraph.graph.csr import Graph
 from fullgraph.models.stages import StageProgram
 from fullgraph.models.walk import Carry, describe, walk
 from fullgraph.ops import spmm
 from fullgraph.parallel.base import LocalResult, Work
-from fullgraph.parallel.columns import ColumnPlan, PlacementRunner
+from fullgraph.parallel.columns import ColumnPlan, PlacementRunner, _Depends
 from fullgraph.schedule.chunks import spread_chunks
 from fullgraph.schedule.regroup import ChunkGrid
 from fullgraph.schedule.rowfetch import RowFetch, fetch_to, offsets_of, row_fetch, to_rows
@@ -65,6 +67,7 @@ class RowGroups:
         exact: every block, the subgraphs in order.
         grid: the chunk stripes, when pipelined (``--subgraphs`` > 1).
         offsets: the T blocks' and the P ranges' offsets.
+        p_comm: the P group's communicator (None on the T group).
         last: the last regrouping drawn, by seed.
     """
 
@@ -73,6 +76,7 @@ class RowGroups:
     exact: RowFetch
     grid: ChunkGrid | None
     offsets: tuple[np.ndarray, np.ndarray]
+    p_comm: Comm | None
     last: tuple[int, RowFetch] | None = None
 
     def fetch(self, rank: int, device: torch.device, regroup_seed: int | None) -> RowFetch:
@@ -86,11 +90,15 @@ class RowGroups:
         return self.last[1]
 
 
-def row_groups(graph: Graph, row_counts: list[int], p_counts: list[int], rank: int,
-               subgraphs: int, chunks: int, device: torch.device) -> RowGroups:
-    """Build the data form's tables for ``rank`` (no communication)."""
+def row_groups(graph: Graph, row_counts: list[int], num_p: int, comm: Comm, subgraphs: int,
+               chunks: int, device: torch.device) -> RowGroups:
+    """Build the data form's tables for this rank; the P group's communicator is
+    split off the world (collective)."""
+    world, rank = comm.world_size, comm.rank
+    p_counts = [0] * (world - num_p) + even_counts(graph.num_dst, num_p)
     offsets = (offsets_of(row_counts), offsets_of(p_counts))
-    num_p = sum(1 for c in p_counts if c)
+    p_comm = comm.split([list(range(world - num_p)), list(range(world - num_p, world))],
+                        ["T", "P"])
     grid = None
     if subgraphs > 1:
         stripes = spread_chunks(graph.indptr, p_counts, 1,
@@ -100,7 +108,8 @@ def row_groups(graph: Graph, row_counts: list[int], p_counts: list[int], rank: i
     else:
         ranges = [[(0, graph.num_dst)]]
     exact = fetch_to(row_fetch(graph, ranges, *offsets, rank), device)
-    return RowGroups(p_counts, to_rows(*offsets, rank).to(device), exact, grid, offsets)
+    return RowGroups(p_counts, to_rows(*offsets, rank).to(device), exact, grid, offsets,
+                     None if rank < world - num_p else p_comm)
 
 
 class _Fetched(torch.autograd.Function):
@@ -167,8 +176,12 @@ class RowsRunner(PlacementRunner):
                                  else carry.edge_weights[src], fetch)
             if self.on_rows:
                 h, self.on_rows = fetch_and_aggregate(h, weight, fetch, plan.comm), False
+            elif fetch.within is None:  # a T rank (no rows): keep the weights' backward
+                h = _Depends.apply(h, weight)
             else:
-                h = spmm(fetch.block, halo_fetch(h, fetch.within, plan.comm, "p-halo"), weight)
+                assert self.groups.p_comm is not None
+                halo = halo_fetch(h, fetch.within, self.groups.p_comm, "p-halo")
+                h = spmm(fetch.block, halo, weight)
         return h
 
 

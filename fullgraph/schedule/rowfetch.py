@@ -3,8 +3,9 @@
 
 The T group holds contiguous row blocks (``t_offsets``); every P worker owns a
 contiguous row range (``p_offsets``) and aggregates only the in-edges of its rows.
-Three exchanges, each an ``ExchangeTable`` over the whole communicator (a rank
-outside the sending or receiving group has empty entries):
+Three exchanges, each an ``ExchangeTable``; the hand-offs between the groups are
+over the whole communicator (a rank outside the sending or receiving group has
+empty entries), the halo inside the P group over the P group's own communicator:
 
 - ``fetch[s]``: before the first P stage of a run, subgraph by subgraph, the T group
   sends every P worker the source rows its piece of subgraph s reads that no earlier
@@ -12,7 +13,8 @@ outside the sending or receiving group has empty entries):
   per P worker). The rows arrive in ascending id order, so the worker's cache is the
   concatenation of the fetches, and piece s's sources index its first rows.
 - ``within``: before a later P stage of the same run, the P workers exchange the
-  source rows of their in-edges among themselves (data parallelism's halo).
+  source rows of their in-edges among themselves (data parallelism's halo), ranked
+  by their place in the P group.
 - ``to_rows``: before a T or E stage, the P workers hand their rows back to the T
   blocks (each row sent once).
 
@@ -46,7 +48,8 @@ class RowFetch:
             edges (``edge_range`` of the graph used).
         order: this rank's rows in id order, as positions in the pieces' concatenated
             outputs.
-        within: the P-rows -> P-halo exchange of the sources of this rank's edges.
+        within: the P-rows -> P-halo exchange of the sources of this rank's edges,
+            over the P group's ranks (None on a T rank).
         block: CSR of this rank's rows, sources indexing ``within``'s halo.
         edge_range: this rank's edges in the CSR of the graph used.
         keep: the CSR positions (in the whole graph) of the edges the graph used holds
@@ -57,7 +60,7 @@ class RowFetch:
     pieces: list[Graph]
     piece_edges: list[Tensor]
     order: Tensor
-    within: ExchangeTable
+    within: ExchangeTable | None
     block: Graph
     edge_range: tuple[int, int]
     keep: tuple[Tensor, Tensor] | None = None
@@ -126,7 +129,7 @@ def row_fetch(graph: Graph, groups: list[Ranges], t_offsets: np.ndarray,
         groups: the subgraphs' destination ranges, in pipeline order.
         t_offsets, p_offsets: ``world + 1`` offsets of the T blocks and of the P
             ranges (a rank outside a group has an empty block).
-        rank: this rank.
+        rank: this rank; the P group is the ranks with a P range, the last ranks.
         keep: recorded in the result (see ``RowFetch``).
     """
     indptr = graph.indptr.numpy().astype(np.int64)
@@ -150,14 +153,25 @@ def row_fetch(graph: Graph, groups: list[Ranges], t_offsets: np.ndarray,
                                             else np.zeros(0, dtype=np.int64)))
         rows += [np.arange(a, b) for a, b in mine]
     order = np.argsort(np.concatenate(rows)) if rows else np.zeros(0, dtype=np.int64)
-    needs = [np.unique(indices[indptr[p_offsets[q]]:indptr[p_offsets[q + 1]]])
-             for q in range(world)]
-    own = [(lo, hi)] if hi > lo else []
-    block = _csr(indptr, own, np.searchsorted(needs[rank], _sources(indptr, indices, own)),
-                 needs[rank].size)
-    return RowFetch(fetch, pieces, piece_edges, torch.from_numpy(order),
-                    exchange(needs, p_offsets, rank), block,
+    within, block = _within(indptr, indices, p_offsets, rank)
+    return RowFetch(fetch, pieces, piece_edges, torch.from_numpy(order), within, block,
                     (int(indptr[lo]), int(indptr[hi])), keep)
+
+
+def _within(indptr: np.ndarray, indices: np.ndarray, p_offsets: np.ndarray,
+            rank: int) -> tuple[ExchangeTable | None, Graph]:
+    """The halo exchange inside the P group (ranked by place in it) and the block of
+    this rank's rows over its halo; None and an empty block on a T rank."""
+    lo, hi = int(p_offsets[rank]), int(p_offsets[rank + 1])
+    own = [(lo, hi)] if hi > lo else []
+    first_p = int(np.searchsorted(p_offsets, 0, side="right")) - 1  # the first P rank
+    if rank < first_p:
+        return None, _csr(indptr, own, indices[:0], 0)
+    group = p_offsets[first_p:]
+    needs = [np.unique(indices[indptr[a]:indptr[b]]) for a, b in zip(group[:-1], group[1:])]
+    halo = needs[rank - first_p]
+    block = _csr(indptr, own, np.searchsorted(halo, _sources(indptr, indices, own)), halo.size)
+    return exchange(needs, group, rank - first_p), block
 
 
 def to_rows(t_offsets: np.ndarray, p_offsets: np.ndarray, rank: int) -> ExchangeTable:
@@ -174,4 +188,5 @@ def fetch_to(fetch: RowFetch, device: torch.device) -> RowFetch:
     keep = None if fetch.keep is None else (fetch.keep[0].to(device), fetch.keep[1].to(device))
     return RowFetch([t.to(device) for t in fetch.fetch], [g.to(device) for g in fetch.pieces],
                     [e.to(device) for e in fetch.piece_edges], fetch.order.to(device),
-                    fetch.within.to(device), fetch.block.to(device), fetch.edge_range, keep)
+                    None if fetch.within is None else fetch.within.to(device),
+                    fetch.block.to(device), fetch.edge_range, keep)

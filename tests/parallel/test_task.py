@@ -188,7 +188,8 @@ def check_row_handoff_bytes(comm, split):
         comm.counter.reset()
         strategy.loss(strategy.forward(model, plan, training=True, seed=1), plan).backward()
         sent = _sent(comm)
-        names = ("t-to-p", "t-to-p-grad", "p-halo", "p-halo-grad", "p-to-t", "p-to-t-grad")
+        # the halo inside the P group goes over its own communicator ("P")
+        names = ("t-to-p", "t-to-p-grad", "P/p-halo", "P/p-halo-grad", "p-to-t", "p-to-t-grad")
         totals = torch.tensor([sent.get(k, 0) for k in names], dtype=torch.int64)
         prim.all_reduce_(totals, comm, "test")
         # coupled: into the P group and back at 5 and at 3 columns (a T stage, the
@@ -202,8 +203,13 @@ def check_row_handoff_bytes(comm, split):
 @pytest.mark.dist
 @pytest.mark.parametrize("world_size,split", [(2, "1:1"), (3, "1:2")])
 def test_handoff_bytes(tmp_path, world_size, split):
-    run_ranks(check_handoff_bytes, world_size, tmp_path, split)
-    run_ranks(check_row_handoff_bytes, world_size, tmp_path, split)
+    run_ranks(check_both_handoffs, world_size, tmp_path, split)
+
+
+def check_both_handoffs(comm, split):
+    """Both P-group forms in one spawned run."""
+    check_handoff_bytes(comm, split)
+    check_row_handoff_bytes(comm, split)
 
 
 # ---------------------------------------------------------------- no processes

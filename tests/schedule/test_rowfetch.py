@@ -55,12 +55,12 @@ def test_pieces_reproduce_the_aggregation_with_each_row_fetched_once(seed):
             t_off[t]:t_off[t + 1]], r) for t in range(2)]) for s in range(2)])
         assert flat.unique().numel() == flat.numel()
         # a later P stage: the halo from the P ranks, over the block
-        halo = torch.cat([send(fetches[q].within, x[p_off[q]:p_off[q + 1]], r)
-                          for q in range(5)])
+        halo = torch.cat([send(fetches[q].within, x[p_off[q]:p_off[q + 1]], r - 2)
+                          for q in range(2, 5)])  # the P group's ranks: 0, 1, 2
         a, b = f.edge_range
         torch.testing.assert_close(spmm(f.block, halo, w[a:b]), want[p_off[r]:p_off[r + 1]])
     for t in range(2):  # T ranks hold no P rows
-        assert all(p.num_dst == 0 for p in fetches[t].pieces) and fetches[t].block.num_dst == 0
+        assert all(p.num_dst == 0 for p in fetches[t].pieces) and fetches[t].within is None
 
 
 def test_rows_go_back_to_the_t_blocks_once():
