@@ -31,7 +31,7 @@ Tables:
    ``--workers`` workers: data and tensor parallelism, task parallelism with one
    worker per group (2 workers, the rest idle), and the two P-group forms with the
    workers halved between the groups (``--task-split 2:2`` at 4 workers),
-   ``--group-parallel data`` (hybrid, §4.3) and ``tensor`` (task x tensor, §6.11).
+   ``--group-parallel data`` (hybrid, section 4.3) and ``tensor`` (task x tensor, section 6.11).
 
     python -m fullgraph.bench.task --tables regroup
     python -m fullgraph.bench.task --tables groups

@@ -106,8 +106,8 @@ class TaskParallel(DistributedStrategy[TaskPlan]):
                 training only): the chunks are regrouped into subgraphs every epoch and
                 blocks from later subgraphs skipped (``schedule/regroup.py``)
                 (default: ``exact``).
-            group_parallel: how a P group of several workers splits its work (§4.3,
-                §6.11): ``tensor``, by columns (every P worker a column slice of every
+            group_parallel: how a P group of several workers splits its work (sections 4.3
+                and 6.11): ``tensor``, by columns (every P worker a column slice of every
                 vertex, the whole graph); ``data``, by rows (every P worker a row range,
                 the in-edges of its rows and their sources fetched from the T group)
                 (default: ``tensor``).

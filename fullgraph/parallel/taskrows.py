@@ -1,5 +1,5 @@
 """Task parallelism with a data-parallel P group (``--group-parallel data``, NeutronTask
-§4.3, Fig. 7: task parallelism between the groups, data parallelism inside them).
+section 4.3, Fig. 7: task parallelism between the groups, data parallelism inside them).
 
 The T group runs T and E stages on its row blocks, as in the tensor form; every P
 worker owns a contiguous row range and holds the in-edges of its rows. Entering a

@@ -1,5 +1,5 @@
 """The data form of task parallelism's P group (``--group-parallel data``, NeutronTask
-§4.3, Fig. 7): which rows move where when the P group splits its work by rows.
+section 4.3, Fig. 7): which rows move where when the P group splits its work by rows.
 
 The T group holds contiguous row blocks (``t_offsets``); every P worker owns a
 contiguous row range (``p_offsets``) and aggregates only the in-edges of its rows.
