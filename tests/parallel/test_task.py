@@ -108,6 +108,28 @@ def check_task(comm, cases):
         counts = torch.tensor([gids.numel()], dtype=torch.int64)
         prim.all_reduce_(counts, comm, "test")
         assert int(counts) == 67, where
+    if comm.world_size == 2:
+        check_regroup_forms_agree(comm, dataset)
+
+
+def check_regroup_forms_agree(comm, dataset):
+    """``--task-deps regroup`` in both P-group forms: on 1:1 the T block and the P
+    range are all rows, so both cut the same chunks, draw the same groupings and skip
+    the same blocks: equal losses and outputs (and not those of the exact mode)."""
+    results = {}
+    for form in FORMS:
+        model = make_model("gat", False, 9, 3)
+        strategy = TaskParallel(TaskParallel.Options(split="1:1", subgraphs=3, chunks=6,
+                                                     deps="regroup", group_parallel=form))
+        losses, (out, gids), _ = run_epochs(strategy, dataset, model, comm)
+        full = out.new_zeros(67, out.shape[1])  # every rank's output rows, in place
+        full[gids] = out
+        results[form] = (torch.tensor(losses), prim.all_reduce_(full, comm, "test"))
+    (l_t, out_t), (l_d, out_d) = results["tensor"], results["data"]
+    torch.testing.assert_close(l_d, l_t)
+    torch.testing.assert_close(out_d, out_t)
+    ref, _, _ = run_epochs(SingleProcess(), dataset, make_model("gat", False, 9, 3), None)
+    assert not torch.allclose(l_d, torch.tensor(ref)), (l_d, ref)
 
 
 @pytest.mark.dist
