@@ -197,7 +197,7 @@ class TaskParallel(DistributedStrategy[TaskPlan]):
             plan.edges.block = plan.edges.block.to(device)
         if rows:
             plan.rows = row_groups(graph, row_counts, split.num_p, comm, self.options.subgraphs,
-                                   self.options.chunks, device)
+                                   self.options.chunks, device, plan.edges is not None)
             plan.grid = plan.rows.grid
         elif self.options.subgraphs > 1:
             ranges = spread_chunks(graph.indptr, row_counts, 1,

@@ -9,7 +9,9 @@ subgraph: the fetch of subgraph s+1 is in flight while the P worker aggregates
 subgraph s, and each source row reaches a worker once and is reused by every later
 subgraph (Algorithm 1). A later P stage of the run fetches its halo from the other P
 workers over the P group's own communicator (``Comm.split``), which the T group
-takes no part in; a T or E stage takes the rows back to the T blocks. Every exchange is a halo
+takes no part in; a T or E stage takes the rows back to the T blocks. An E stage's
+coefficients, computed by the T worker that owns each edge's destination, go to
+the one P worker that owns it (each edge once). Every exchange is a halo
 table (``schedule/rowfetch.py``) whose backward scatter-adds the gradient rows to
 their owners in rank order, so the sums are deterministic.
 
@@ -30,14 +32,21 @@ from fullgraph.comm.group import Comm
 from fullgraph.comm.halo import PendingFetch, halo_fetch, start_fetch, start_return
 from fullgraph.comm.placement import even_counts
 from fullgraph.graph.csr import Graph
-from fullgraph.models.stages import StageProgram
+from fullgraph.models.stages import StageContext, StageProgram
 from fullgraph.models.walk import Carry, describe, walk
 from fullgraph.ops import spmm
 from fullgraph.parallel.base import LocalResult, Work
 from fullgraph.parallel.columns import ColumnPlan, PlacementRunner, _Depends
 from fullgraph.schedule.chunks import spread_chunks
 from fullgraph.schedule.regroup import ChunkGrid
-from fullgraph.schedule.rowfetch import RowFetch, fetch_to, offsets_of, row_fetch, to_rows
+from fullgraph.schedule.rowfetch import (
+    RowFetch,
+    exchange,
+    fetch_to,
+    offsets_of,
+    row_fetch,
+    to_rows,
+)
 
 
 def check_row_chunks(chunks: int, subgraphs: int, num_p: int) -> None:
@@ -68,6 +77,9 @@ class RowGroups:
         grid: the chunk stripes, when pipelined (``--subgraphs`` > 1).
         offsets: the T blocks' and the P ranges' offsets.
         p_comm: the P group's communicator (None on the T group).
+        edges_to_p: the T-edges -> P-edges exchange of E-stage coefficients (None
+            without E stages), the edges of each side's rows in CSR order.
+        edge_start: this rank's first edge as a P worker, in the whole graph's CSR.
         last: the last regrouping drawn, by seed.
     """
 
@@ -77,6 +89,8 @@ class RowGroups:
     grid: ChunkGrid | None
     offsets: tuple[np.ndarray, np.ndarray]
     p_comm: Comm | None
+    edges_to_p: ExchangeTable | None
+    edge_start: int
     last: tuple[int, RowFetch] | None = None
 
     def fetch(self, rank: int, device: torch.device, regroup_seed: int | None) -> RowFetch:
@@ -91,7 +105,7 @@ class RowGroups:
 
 
 def row_groups(graph: Graph, row_counts: list[int], num_p: int, comm: Comm, subgraphs: int,
-               chunks: int, device: torch.device) -> RowGroups:
+               chunks: int, device: torch.device, edge_stages: bool) -> RowGroups:
     """Build the data form's tables for this rank; the P group's communicator is
     split off the world (collective)."""
     world, rank = comm.world_size, comm.rank
@@ -108,8 +122,15 @@ def row_groups(graph: Graph, row_counts: list[int], num_p: int, comm: Comm, subg
     else:
         ranges = [[(0, graph.num_dst)]]
     exact = fetch_to(row_fetch(graph, ranges, *offsets, rank), device)
+    indptr = graph.indptr.numpy().astype(np.int64)
+    edges_to_p = None
+    if edge_stages:
+        p_edges = indptr[offsets[1]]
+        needs = [np.arange(a, b, dtype=np.int64) for a, b in zip(p_edges[:-1], p_edges[1:])]
+        edges_to_p = exchange(needs, indptr[offsets[0]], rank).to(device)
     return RowGroups(p_counts, to_rows(*offsets, rank).to(device), exact, grid, offsets,
-                     None if rank < world - num_p else p_comm)
+                     None if rank < world - num_p else p_comm, edges_to_p,
+                     int(indptr[offsets[1][rank]]))
 
 
 class _Fetched(torch.autograd.Function):
@@ -144,14 +165,23 @@ def fetch_and_aggregate(h_rows: Tensor, weight: Tensor, fetch: RowFetch, comm: C
     return out.index_select(0, fetch.order)
 
 
-def own_weights(weight: Tensor, fetch: RowFetch) -> Tensor:
-    """The (kept, scaled) weights of this worker's edges."""
-    if fetch.keep is not None:
-        keep, scale = (t.to(weight.device) for t in fetch.keep)
-        scale = scale.to(weight.dtype)
-        weight = weight.index_select(0, keep) * (scale if weight.dim() == 1 else scale[:, None])
+def own_weights(weight: Tensor, fetch: RowFetch, start: int | None = None) -> Tensor:
+    """The (kept, scaled) weights of this worker's edges.
+
+    Args:
+        weight: (E, ...) every edge's weight (a normalisation), or, with ``start``,
+            only this worker's edges (E-stage coefficients), the first of them at
+            position ``start`` of the whole graph's CSR.
+        fetch: the grouping in use (its ``keep``, and this worker's edges in it).
+        start: see ``weight``.
+    """
     a, b = fetch.edge_range
-    return weight[a:b]
+    if fetch.keep is None:
+        return weight[a:b] if start is None else weight
+    keep, scale = (t[a:b].to(weight.device) for t in fetch.keep)
+    scale = scale.to(weight.dtype)
+    keep = keep if start is None else keep - start
+    return weight.index_select(0, keep) * (scale if weight.dim() == 1 else scale[:, None])
 
 
 class RowsRunner(PlacementRunner):
@@ -167,13 +197,29 @@ class RowsRunner(PlacementRunner):
             h, self.on_rows = halo_fetch(h, self.groups.back, self.plan.comm, "p-to-t"), True
         return h
 
+    def edge(self, s: int, stage: Any, h: Tensor) -> Tensor:
+        """Coefficients of the in-edges of this T worker's rows, sent to the P workers
+        that own them (the E-stage block and its halo as in the column form)."""
+        plan, groups = self.plan, self.groups
+        h = self._rows(h, stage.in_dim)
+        edges = plan.edges
+        assert edges is not None and groups.edges_to_p is not None, "E stage without tables"
+        halo = None if edges.table is None else halo_fetch(h, edges.table, plan.comm,
+                                                           "edge-halo")
+        local = stage(edges.block.graph, h, h if halo is None else torch.cat([h, halo]),
+                      StageContext(self.ctx.gids, self.ctx.seed, self.ctx.training,
+                                   edges.block.eids))
+        return halo_fetch(local, groups.edges_to_p, plan.comm, "edge-to-p")
+
     def propagate_run(self, stages: list[int], program: StageProgram, h: Tensor,
                       carry: Carry) -> Tensor:
         plan, fetch, infos = self.plan, self.fetch, describe(program)
         for s in stages:
             src = infos[s].edge_weights_from
-            weight = own_weights(plan.norms[program.propagate_stage(s).norm] if src is None
-                                 else carry.edge_weights[src], fetch)
+            if src is None:
+                weight = own_weights(plan.norms[program.propagate_stage(s).norm], fetch)
+            else:
+                weight = own_weights(carry.edge_weights[src], fetch, self.groups.edge_start)
             if self.on_rows:
                 h, self.on_rows = fetch_and_aggregate(h, weight, fetch, plan.comm), False
             elif fetch.within is None:  # a T rank (no rows): keep the weights' backward

@@ -35,9 +35,11 @@ SPLITS = {2: ["auto", "1:1"], 3: ["auto", "1:2", "2:1"], 4: ["auto", "1:3", "3:1
           5: ["auto", "2:3", "4:1"]}
 
 
-# TAGCN on 2 and 3 workers: decoupled (pipelined, recomputed) and coupled
-TAGCN = {2: [("tagcn", True, "1:1", 3, True, "data", 0)],
-         3: [("tagcn:agg_first", False, "auto", 1, False, "tensor", 0)]}
+# TAGCN on 2 and 3 workers: decoupled (pipelined, recomputed) and coupled; GAT with
+# its coefficients handed to two P workers by rows, pipelined
+EXTRA = {2: [("tagcn", True, "1:1", 3, True, "data", 0)],
+         3: [("tagcn:agg_first", False, "auto", 1, False, "tensor", 0),
+             ("gat", False, "1:2", 3, False, "data", 6)]}
 FORMS = ("tensor", "data")
 
 
@@ -48,7 +50,7 @@ def cases_for(world: int) -> list[tuple[str, bool, str, int, bool, str, int]]:
     The P-group form alternates so that each combination runs in one form on 2 or 3
     workers and in the other on 4 or 5. Pipelined runs on 2 and 3 workers cut M = 6
     chunks (M > S), the others one chunk per subgraph (per P worker in the data
-    form). TAGCN once each on 2 and 3."""
+    form). TAGCN once each on 2 and 3, and GAT by rows on two P workers."""
     splits = SPLITS[world]
     combos = [(m, d) for m in MODELS for d in (False, True)]
     half = combos[world % 2::2]
@@ -58,7 +60,7 @@ def cases_for(world: int) -> list[tuple[str, bool, str, int, bool, str, int]]:
         chunks = 6 if subgraphs > 1 and world <= 3 else 0
         cases.append((name, decoupled, splits[i % len(splits)], subgraphs,
                       (i + world) % 2 == 1, FORMS[(i // 2 + (world >= 4)) % 2], chunks))
-    return cases + TAGCN.get(world, [])
+    return cases + EXTRA.get(world, [])
 
 
 def test_rotation_covers_every_axis():
@@ -220,6 +222,18 @@ def check_row_handoff_bytes(comm, split):
         want = [fetched * dims, fetched * dims, halo * 3 * decoupled, halo * 3 * decoupled,
                 n * back, n * back]
         assert totals.tolist() == [w * s for w in want], (decoupled, totals, want)
+    # GAT: each layer's coefficients go from the T worker of an edge's destination to
+    # the P worker of it, each edge once (2 heads in the first layer, 1 in the last)
+    model = make_model("gat", False, 9, 3)
+    strategy = TaskParallel(TaskParallel.Options(split=split, group_parallel="data"))
+    plan = strategy.setup(dataset, model, torch.device("cpu"), comm, dtype=torch.float64)
+    comm.counter.reset()
+    strategy.loss(strategy.forward(model, plan, training=True, seed=1), plan).backward()
+    sent = _sent(comm)
+    totals = torch.tensor([sent.get(k, 0) for k in ("edge-to-p", "edge-to-p-grad")])
+    prim.all_reduce_(totals, comm, "test")
+    edges = propagation_inputs(model, dataset.graph)[0].num_edges
+    assert totals.tolist() == [edges * (2 + 1) * s] * 2, totals
 
 
 @pytest.mark.dist
