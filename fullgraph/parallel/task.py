@@ -34,10 +34,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from torch import Tensor
 
 from fullgraph.comm.group import Comm
 from fullgraph.comm.placement import even_counts
 from fullgraph.fields import option
+from fullgraph.graph.csr import Graph
 from fullgraph.graph.data import Dataset
 from fullgraph.memory import MemoryAccount
 from fullgraph.models.stages import StageProgram, propagation_inputs
@@ -161,45 +163,28 @@ class TaskParallel(DistributedStrategy[TaskPlan]):
             raise ValueError("strategy 'task' runs the T and P stages on different workers: "
                              "it needs at least 2 workers (--workers 2)")
         graph, norms = propagation_inputs(program, dataset.graph, dtype)
-        graph.transpose()  # the backward CSR, built once
         n = graph.num_dst
         self.check_sizes(n)
         split, machine = self._split(program, graph.num_dst, graph.num_edges, comm, dtype)
-        rows = self.options.group_parallel == "data"
-        if rows:
-            check_row_chunks(self.options.chunks, self.options.subgraphs, split.num_p)
         row_counts = even_counts(n, split.num_t) + [0] * split.num_p
-        start = sum(row_counts[:comm.rank])
-        gids = torch.arange(start, start + row_counts[comm.rank])
-        # the output ends on the P group's rows when the last stage is a P stage that
-        # is not pipelined (a pipelined segment in the tensor form ends with its gather
-        # to the T rows; the data form keeps it on the P group's rows)
-        on_p = describe(program)[-1].is_propagate and (self.options.subgraphs == 1 or rows)
-        out_rows = [0] * split.num_t + even_counts(n, split.num_p) if on_p else None
-        out_gids = None
-        if out_rows is not None:
-            lo = sum(out_rows[:comm.rank])
-            out_gids = torch.arange(lo, lo + out_rows[comm.rank])
-        label_gids = gids if out_gids is None else out_gids
-        data = dataset.data
-        masks = {"train": data.train_mask, "val": data.val_mask, "test": data.test_mask}
-        plan = TaskPlan(
-            device=device, labels=data.labels[label_gids].to(device),
-            masks={k: v[label_gids].to(device) for k, v in masks.items()},
-            num_train_global=int(data.train_mask.sum()), comm=comm, graph=graph.to(device),
-            norms={k: v.to(device) for k, v in norms.items()}, row_counts=row_counts,
-            gids=gids.to(device), features=data.features[gids].to(dtype).to(device),
-            col_ranks=split.p_ranks, out_rows=out_rows,
-            out_gids=None if out_gids is None else out_gids.to(device),
-            split=split, machine=machine, recompute=self.options.recompute)
+        rows = None
+        if self.options.group_parallel == "data":  # the P workers hold their in-edges only
+            opts = self.options
+            check_row_chunks(opts.chunks, opts.subgraphs, split.num_p)
+            rows = row_groups(graph, row_counts, split.num_p, comm, opts.subgraphs,
+                              opts.chunks, device, has_edge_stage(program),
+                              opts.deps == "regroup")
+            a, b = rows.own_edges
+            held, norms = rows.exact.block, {k: v[a:b] for k, v in norms.items()}
+        else:
+            graph.transpose()  # the backward CSR, built once
+            held = graph
+        plan = self._plan(dataset, program, held, norms, split, row_counts, comm, device, dtype)
+        plan.machine, plan.rows = machine, rows
         if has_edge_stage(program):
             plan.edges = edge_plan(graph, row_counts, comm)
             plan.edges.block = plan.edges.block.to(device)
-        if rows:
-            plan.rows = row_groups(graph, row_counts, split.num_p, comm, self.options.subgraphs,
-                                   self.options.chunks, device, plan.edges is not None)
-            plan.grid = plan.rows.grid
-        elif self.options.subgraphs > 1:
+        if rows is None and self.options.subgraphs > 1:
             ranges = spread_chunks(graph.indptr, row_counts, 1,
                                    num_chunks=self.options.chunks or self.options.subgraphs)
             plan.grid = ChunkGrid(graph.to("cpu"), ranges,
@@ -207,6 +192,36 @@ class TaskParallel(DistributedStrategy[TaskPlan]):
             plan.account = MemoryAccount(None)
             _use(plan, plan.grid.exact)
         return plan
+
+    def _plan(self, dataset: Dataset, program: StageProgram, graph: Graph,
+              norms: dict[str, Tensor], split: TaskSplit, row_counts: list[int], comm: Comm,
+              device: torch.device, dtype: torch.dtype) -> TaskPlan:
+        """The plan: this rank's T rows, and its output rows (and labels) when a program
+        ends on a P stage whose output stays on the P group's rows (not pipelined in
+        the tensor form, whose pipeline ends with a gather to the T rows; always in the
+        data form)."""
+        n, rank = sum(row_counts), comm.rank
+        start = sum(row_counts[:rank])
+        gids = torch.arange(start, start + row_counts[rank])
+        on_p = describe(program)[-1].is_propagate and (
+            self.options.subgraphs == 1 or self.options.group_parallel == "data")
+        out_rows = [0] * split.num_t + even_counts(n, split.num_p) if on_p else None
+        out_gids = None
+        if out_rows is not None:
+            lo = sum(out_rows[:rank])
+            out_gids = torch.arange(lo, lo + out_rows[rank])
+        label_gids = gids if out_gids is None else out_gids
+        data = dataset.data
+        masks = {"train": data.train_mask, "val": data.val_mask, "test": data.test_mask}
+        return TaskPlan(
+            device=device, labels=data.labels[label_gids].to(device),
+            masks={k: v[label_gids].to(device) for k, v in masks.items()},
+            num_train_global=int(data.train_mask.sum()), comm=comm, graph=graph.to(device),
+            norms={k: v.to(device) for k, v in norms.items()}, row_counts=row_counts,
+            gids=gids.to(device), features=data.features[gids].to(dtype).to(device),
+            col_ranks=split.p_ranks, out_rows=out_rows,
+            out_gids=None if out_gids is None else out_gids.to(device),
+            split=split, recompute=self.options.recompute)
 
     def check_sizes(self, num_vertices: int, workers: int | None = None) -> None:
         """Refuse subgraph and chunk counts the graph (or, in the data form with a
@@ -253,12 +268,14 @@ class TaskParallel(DistributedStrategy[TaskPlan]):
             lines.append(f"task     split {split.num_t}:{split.num_p} given (--task-split)")
         if plan.recompute:
             lines.append("task     T-stage activations recomputed in the backward pass")
-        if plan.grid is not None:
-            grid = plan.grid
-            chunks, per = grid.num_chunks, ""
+        pipeline = plan.rows.pipeline if plan.rows is not None else (
+            None if plan.grid is None else (plan.grid.num_subgraphs, plan.grid.num_chunks))
+        if pipeline is not None:
+            subgraphs, chunks = pipeline
+            per = ""
             if plan.rows is not None:  # the grid's chunks are stripes over the P workers
                 chunks, per = chunks * split.num_p, f" ({chunks} per P worker)"
-            lines.append(f"task     {grid.num_subgraphs} subgraphs of {chunks} chunks{per} "
+            lines.append(f"task     {subgraphs} subgraphs of {chunks} chunks{per} "
                          "pipelined into the P group, each source row sent once and reused")
             if self.options.deps == "regroup":
                 lines.append("task     dependencies: regroup (APPROXIMATE): in training the "

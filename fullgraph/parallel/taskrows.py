@@ -74,12 +74,14 @@ class RowGroups:
         p_counts: rows each rank owns in the P group (0 on the T group).
         back: the P-rows -> T-blocks hand-off table.
         exact: every block, the subgraphs in order.
-        grid: the chunk stripes, when pipelined (``--subgraphs`` > 1).
+        grid: the chunk stripes, kept (with the whole graph) only to regroup them.
+        pipeline: (subgraphs, stripes) when pipelined (``--subgraphs`` > 1).
         offsets: the T blocks' and the P ranges' offsets.
         p_comm: the P group's communicator (None on the T group).
         edges_to_p: the T-edges -> P-edges exchange of E-stage coefficients (None
             without E stages), the edges of each side's rows in CSR order.
-        edge_start: this rank's first edge as a P worker, in the whole graph's CSR.
+        own_edges: the in-edges of this rank's P rows, a range of the whole graph's
+            CSR: the only ones it holds (their normalisations, coefficients).
         last: the last regrouping drawn, by seed.
     """
 
@@ -90,7 +92,8 @@ class RowGroups:
     offsets: tuple[np.ndarray, np.ndarray]
     p_comm: Comm | None
     edges_to_p: ExchangeTable | None
-    edge_start: int
+    own_edges: tuple[int, int]
+    pipeline: tuple[int, int] | None = None
     last: tuple[int, RowFetch] | None = None
 
     def fetch(self, rank: int, device: torch.device, regroup_seed: int | None) -> RowFetch:
@@ -105,9 +108,11 @@ class RowGroups:
 
 
 def row_groups(graph: Graph, row_counts: list[int], num_p: int, comm: Comm, subgraphs: int,
-               chunks: int, device: torch.device, edge_stages: bool) -> RowGroups:
+               chunks: int, device: torch.device, edge_stages: bool,
+               regroup: bool) -> RowGroups:
     """Build the data form's tables for this rank; the P group's communicator is
-    split off the world (collective)."""
+    split off the world (collective). With ``regroup`` the chunk grid (and the whole
+    graph) is kept to draw a grouping every training epoch."""
     world, rank = comm.world_size, comm.rank
     p_counts = [0] * (world - num_p) + even_counts(graph.num_dst, num_p)
     offsets = (offsets_of(row_counts), offsets_of(p_counts))
@@ -128,9 +133,11 @@ def row_groups(graph: Graph, row_counts: list[int], num_p: int, comm: Comm, subg
         p_edges = indptr[offsets[1]]
         needs = [np.arange(a, b, dtype=np.int64) for a, b in zip(p_edges[:-1], p_edges[1:])]
         edges_to_p = exchange(needs, indptr[offsets[0]], rank).to(device)
-    return RowGroups(p_counts, to_rows(*offsets, rank).to(device), exact, grid, offsets,
-                     None if rank < world - num_p else p_comm, edges_to_p,
-                     int(indptr[offsets[1][rank]]))
+    own = (int(indptr[offsets[1][rank]]), int(indptr[offsets[1][rank + 1]]))
+    return RowGroups(p_counts, to_rows(*offsets, rank).to(device), exact,
+                     grid if regroup else None, offsets,
+                     None if rank < world - num_p else p_comm, edges_to_p, own,
+                     None if grid is None else (grid.num_subgraphs, grid.num_chunks))
 
 
 class _Fetched(torch.autograd.Function):
@@ -165,23 +172,22 @@ def fetch_and_aggregate(h_rows: Tensor, weight: Tensor, fetch: RowFetch, comm: C
     return out.index_select(0, fetch.order)
 
 
-def own_weights(weight: Tensor, fetch: RowFetch, start: int | None = None) -> Tensor:
-    """The (kept, scaled) weights of this worker's edges.
+def own_weights(weight: Tensor, fetch: RowFetch, start: int) -> Tensor:
+    """The (kept, scaled) weights of this worker's edges in the grouping ``fetch``.
 
     Args:
-        weight: (E, ...) every edge's weight (a normalisation), or, with ``start``,
-            only this worker's edges (E-stage coefficients), the first of them at
-            position ``start`` of the whole graph's CSR.
+        weight: (E_own, ...) the weights of this worker's in-edges (the whole
+            graph's CSR from position ``start`` on).
         fetch: the grouping in use (its ``keep``, and this worker's edges in it).
         start: see ``weight``.
     """
-    a, b = fetch.edge_range
     if fetch.keep is None:
-        return weight[a:b] if start is None else weight
+        return weight
+    a, b = fetch.edge_range
     keep, scale = (t[a:b].to(weight.device) for t in fetch.keep)
     scale = scale.to(weight.dtype)
-    keep = keep if start is None else keep - start
-    return weight.index_select(0, keep) * (scale if weight.dim() == 1 else scale[:, None])
+    return weight.index_select(0, keep - start) * (scale if weight.dim() == 1
+                                                   else scale[:, None])
 
 
 class RowsRunner(PlacementRunner):
@@ -216,10 +222,8 @@ class RowsRunner(PlacementRunner):
         plan, fetch, infos = self.plan, self.fetch, describe(program)
         for s in stages:
             src = infos[s].edge_weights_from
-            if src is None:
-                weight = own_weights(plan.norms[program.propagate_stage(s).norm], fetch)
-            else:
-                weight = own_weights(carry.edge_weights[src], fetch, self.groups.edge_start)
+            weight = own_weights(plan.norms[program.propagate_stage(s).norm] if src is None
+                                 else carry.edge_weights[src], fetch, self.groups.own_edges[0])
             if self.on_rows:
                 h, self.on_rows = fetch_and_aggregate(h, weight, fetch, plan.comm), False
             elif fetch.within is None:  # a T rank (no rows): keep the weights' backward
@@ -245,7 +249,7 @@ def rows_forward(model: StageProgram, plan: ColumnPlan, groups: RowGroups, *, tr
 
 def row_work(model: StageProgram, plan: ColumnPlan, groups: RowGroups) -> Work:
     """Own edges at full width per P stage on a P worker; own edges per E stage."""
-    a, b = groups.exact.edge_range
+    a, b = groups.own_edges
     rank = plan.comm.rank
     edges = dims = 0
     for info, s in zip(describe(model), model.stages):

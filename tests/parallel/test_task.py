@@ -100,6 +100,11 @@ def check_task(comm, cases):
             in header[0], (where, header)
         if subgraphs > 1:
             assert f"{subgraphs} subgraphs of {chunks or ''}" in header[-1], (where, header)
+        if form == "data":  # a P worker holds the in-edges of its rows only, each edge once
+            held = torch.tensor([plan.graph.num_edges])
+            prim.all_reduce_(held, comm, "test")
+            assert int(held) == propagation_inputs(model, dataset.graph)[0].num_edges, where
+            assert all(len(v) == plan.graph.num_edges for v in plan.norms.values()), where
         if split != "auto":
             assert f"{plan.split.num_t}:{plan.split.num_p}" == split, where
         torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), msg=where)
