@@ -29,7 +29,13 @@ from torch import Tensor
 
 from fullgraph.comm.exchange import ExchangeTable
 from fullgraph.comm.group import Comm
-from fullgraph.comm.halo import PendingFetch, halo_fetch, start_fetch, start_return
+from fullgraph.comm.halo import (
+    PendingFetch,
+    PendingReturn,
+    halo_fetch,
+    start_fetch,
+    start_return,
+)
 from fullgraph.comm.placement import even_counts
 from fullgraph.graph.csr import Graph
 from fullgraph.models.stages import StageContext, StageProgram
@@ -142,28 +148,51 @@ def row_groups(graph: Graph, row_counts: list[int], num_p: int, comm: Comm, subg
 
 class _Fetched(torch.autograd.Function):
     """The rows a started fetch brings (the forward waits for them); the backward
-    returns their gradient rows to the owners and sums them there in rank order."""
+    starts returning their gradient rows to the owners and leaves the wait to
+    ``_Returned``, so the return overlaps the backward of the next subgraph."""
 
     @staticmethod
-    def forward(ctx: Any, h_rows: Tensor, pending: PendingFetch, table: ExchangeTable,
-                comm: Comm) -> Tensor:
-        ctx.table, ctx.comm, ctx.num_rows = table, comm, h_rows.shape[0]
+    def forward(ctx: Any, anchor: Tensor, pending: PendingFetch, table: ExchangeTable,
+                comm: Comm, returns: list[PendingReturn]) -> Tensor:
+        ctx.table, ctx.comm, ctx.returns, ctx.shape = table, comm, returns, anchor.shape
         return pending.wait()
 
     @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None, None]:
-        into = grad.new_zeros((ctx.num_rows, *grad.shape[1:]))
-        back = start_return(grad.contiguous(), ctx.table, ctx.comm, "t-to-p-grad").wait(into)
-        return back, None, None, None
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None, None, None]:
+        ctx.returns.append(start_return(grad.contiguous(), ctx.table, ctx.comm,
+                                        "t-to-p-grad"))
+        return grad.new_zeros(()).expand(ctx.shape), None, None, None, None
+
+
+class _Returned(torch.autograd.Function):
+    """The T rows, unchanged; the backward (after every ``_Fetched`` backward) waits
+    for the gradient returns in the order they started and sums them, each in rank
+    order, so the sums are the same on every run."""
+
+    @staticmethod
+    def forward(ctx: Any, h_rows: Tensor, returns: list[PendingReturn]) -> Tensor:
+        ctx.returns = returns
+        return h_rows.view_as(h_rows)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
+        into = torch.zeros(grad.shape, dtype=grad.dtype, device=grad.device)
+        for pending in ctx.returns:
+            pending.wait(into)
+        ctx.returns.clear()
+        return into, None
 
 
 def fetch_and_aggregate(h_rows: Tensor, weight: Tensor, fetch: RowFetch, comm: Comm) -> Tensor:
     """The first P stage of a run: T rows in, this P worker's aggregated rows out,
-    the fetch of the next subgraph in flight while this one aggregates."""
+    the fetch of the next subgraph in flight while this one aggregates (and in the
+    backward, the gradient return of a subgraph while the next one's runs)."""
     tables, outs, cache = fetch.fetch, [], []
+    returns: list[PendingReturn] = []
+    anchor = _Returned.apply(h_rows, returns)
     pending = start_fetch(h_rows.detach(), tables[0], comm, "t-to-p")
     for s, piece in enumerate(fetch.pieces):
-        cache.append(_Fetched.apply(h_rows, pending, tables[s], comm))
+        cache.append(_Fetched.apply(anchor, pending, tables[s], comm, returns))
         if s + 1 < len(tables):
             pending = start_fetch(h_rows.detach(), tables[s + 1], comm, "t-to-p")
         src = cache[0] if len(cache) == 1 else torch.cat(cache)
