@@ -8,13 +8,14 @@ reads (its halo: neighbours are replicated only in the P group), subgraph by
 subgraph: the fetch of subgraph s+1 is in flight while the P worker aggregates
 subgraph s, and each source row reaches a worker once and is reused by every later
 subgraph (Algorithm 1); in the backward the gradient rows of subgraph s return to
-the T group while the P worker runs the backward of subgraph s-1. A later P stage of the run fetches its halo from the other P
-workers over the P group's own communicator (``Comm.split``), which the T group
-takes no part in; a T or E stage takes the rows back to the T blocks. An E stage's
-coefficients, computed by the T worker that owns each edge's destination, go to
-the one P worker that owns it (each edge once). Every exchange is a halo
-table (``schedule/rowfetch.py``) whose backward scatter-adds the gradient rows to
-their owners in rank order, so the sums are deterministic.
+the T group while the P worker runs the backward of subgraph s-1. A later P stage
+of the run fetches its halo from the other P workers over the P group's own
+communicator (``Comm.split``), which the T group takes no part in; a T or E stage
+takes the rows back to the T blocks. An E stage's coefficients, computed by the T
+worker that owns each edge's destination, go to the one P worker that owns it
+(each edge once). Every exchange is a halo table (``schedule/rowfetch.py``) whose
+backward scatter-adds the gradient rows to their owners in rank order, so the sums
+are deterministic.
 
 With ``--task-deps regroup`` the chunk stripes are regrouped per training epoch and
 the P stages aggregate the kept blocks only, as in the tensor form.
