@@ -88,6 +88,9 @@ def check_before_launch(cfg: Config, dataset: Dataset, workers: int) -> None:
     """
     check_device(cfg.train.device)
     check_adapt_options(cfg, workers)
+    if cfg.runtime.strategy == "task":  # chunk grids the graph or the P group cannot hold
+        from fullgraph.parallel.task import TaskParallel
+        TaskParallel(cfg.options["task_parallel"]).check_sizes(dataset.graph.num_nodes, workers)
     if cfg.train.resume:  # a checkpoint of another run: refused before any worker starts
         from fullgraph.checkpoint import check_resumable
 

@@ -26,9 +26,15 @@ Tables:
    accuracy means something; GCN, hidden 16, normalised features, 2 workers, 1:1),
    ``--task-deps regroup`` with S = 1..6 subgraphs of ``--chunks 12`` against the
    exact mode, each for ``--regroup-epochs`` epochs and every seed of ``--seeds``:
-   median epoch time and mean test accuracy (at the best validation epoch).
+   median epoch time and mean test accuracy (at the best validation epoch);
+5. ``groups`` (Figs. 11 and 19, not in the default set): coupled GCN at
+   ``--workers`` workers: data and tensor parallelism, task parallelism with one
+   worker per group (2 workers, the rest idle), and the two P-group forms with the
+   workers halved between the groups (``--task-split 2:2`` at 4 workers),
+   ``--group-parallel data`` (hybrid, section 4.3) and ``tensor`` (task x tensor, section 6.11).
 
     python -m fullgraph.bench.task --tables regroup
+    python -m fullgraph.bench.task --tables groups
     python -m fullgraph.bench.task
     python -m fullgraph.bench.task --vertices 4000 --edges 40000 --epochs 3   # quick
 """
@@ -192,6 +198,35 @@ def regroup_table(args: argparse.Namespace, data: Path) -> list[str]:
     return lines
 
 
+def group_rows(workers: int) -> list[tuple[str, int, list[str]]]:
+    """(label, workers, flags) of the groups table."""
+    half = f"{workers // 2}:{workers - workers // 2}"
+    task = ["--strategy", "task"]
+    return [("data, DepComm", workers, ["--strategy", "data", "--dep-mode", "depcomm"]),
+            ("tensor", workers, ["--strategy", "tensor"]),
+            ("task, one worker per group", 2, [*task, "--task-split", "1:1"]),
+            (f"task {half}, P group by rows (hybrid)", workers,
+             [*task, "--task-split", half, "--group-parallel", "data"]),
+            (f"task {half}, P group by columns (task x tensor)", workers,
+             [*task, "--task-split", half, "--group-parallel", "tensor"])]
+
+
+def groups_table(args: argparse.Namespace, data: Path) -> list[str]:
+    """Hybrid groups against data, tensor and plain task parallelism (coupled GCN)."""
+    lines = [f"### Groups, coupled GCN, {args.workers} workers (Figs. 11 and 19)", "",
+             "| configuration | workers | epoch s | MB/epoch, all workers | saved MB "
+             "(max worker) |", "|---|---:|---:|---:|---:|"]
+    for label, workers, flags in group_rows(args.workers):
+        r = run(args, data, workers, flags)
+        print(json.dumps({"table": "groups", "config": label, **r}), flush=True)
+        if "error" in r:
+            lines.append(f"| {label} | {workers} | failed: {r['error']} | | |")
+            continue
+        lines.append(f"| {label} | {workers} | {r['epoch_s']:.3f} | {r['mb_epoch']:.2f} | "
+                     f"{r['saved_mb']:.2f} |")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--vertices", type=int, default=20_000)
@@ -203,14 +238,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--cache", default="/tmp/fullgraph-bench")
     p.add_argument("--tables", default="memory,schedule,pipeline",
-                   help="comma-separated: memory, schedule, pipeline, regroup")
+                   help="comma-separated: memory, schedule, pipeline, regroup, groups")
     p.add_argument("--regroup-epochs", type=int, default=100)
     p.add_argument("--seeds", default="0,1,2", help="seeds of the regroup table")
     args = p.parse_args(argv)
     if args.workers < 2:
         p.error("--workers: task parallelism needs at least 2")
     tables = {"memory": memory_table, "schedule": schedule_table, "pipeline": pipeline_table,
-              "regroup": regroup_table}
+              "regroup": regroup_table, "groups": groups_table}
     names = args.tables.split(",")
     if unknown := [n for n in names if n not in tables]:
         p.error(f"--tables: unknown {', '.join(unknown)}; expected some of {', '.join(tables)}")

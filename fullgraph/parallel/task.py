@@ -34,10 +34,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from torch import Tensor
 
 from fullgraph.comm.group import Comm
 from fullgraph.comm.placement import even_counts
 from fullgraph.fields import option
+from fullgraph.graph.csr import Graph
 from fullgraph.graph.data import Dataset
 from fullgraph.memory import MemoryAccount
 from fullgraph.models.stages import StageProgram, propagation_inputs
@@ -52,8 +54,17 @@ from fullgraph.parallel.taskmodel import (
     predict_times,
     split_counts,
 )
+from fullgraph.parallel.taskrows import (
+    RowGroups,
+    check_row_chunks,
+    row_groups,
+    row_work,
+    rows_forward,
+)
 from fullgraph.schedule.chunks import spread_chunks
 from fullgraph.schedule.regroup import DEPS, ChunkGrid, Subgraphs
+
+GROUP_PARALLEL = ("tensor", "data")
 
 
 @dataclass
@@ -63,6 +74,7 @@ class TaskPlan(ColumnPlan):
     split: TaskSplit | None = None
     machine: str = ""
     grid: ChunkGrid | None = None
+    rows: RowGroups | None = None
 
 
 @register
@@ -71,7 +83,8 @@ class TaskParallel(DistributedStrategy[TaskPlan]):
 
     name = "task"
     section = "task_parallel"
-    flags = {"split": "task-split", "gamma": "task-gamma", "deps": "task-deps"}
+    flags = {"split": "task-split", "gamma": "task-gamma", "deps": "task-deps",
+             "group_parallel": "group-parallel"}
 
     @dataclass(frozen=True, kw_only=True)
     class Options:
@@ -95,6 +108,11 @@ class TaskParallel(DistributedStrategy[TaskPlan]):
                 training only): the chunks are regrouped into subgraphs every epoch and
                 blocks from later subgraphs skipped (``schedule/regroup.py``)
                 (default: ``exact``).
+            group_parallel: how a P group of several workers splits its work (sections 4.3
+                and 6.11): ``tensor``, by columns (every P worker a column slice of every
+                vertex, the whole graph); ``data``, by rows (every P worker a row range,
+                the in-edges of its rows and their sources fetched from the T group)
+                (default: ``tensor``).
         """
 
         split: str = option("auto", "workers of the T and P groups as T:P, e.g. 1:3; auto: "
@@ -110,6 +128,10 @@ class TaskParallel(DistributedStrategy[TaskPlan]):
         deps: str = option("exact", "exact: every block aggregated; regroup (approximate): "
                            "chunks regrouped every epoch, blocks from later subgraphs skipped "
                            "in training", choices=DEPS)
+        group_parallel: str = option("tensor", "how the P group splits its work: tensor (by "
+                                     "columns) or data (by rows, each P worker fetching the "
+                                     "sources of its rows' in-edges)",
+                                     choices=GROUP_PARALLEL)
 
         def __post_init__(self) -> None:
             split_counts(self.split)  # raises on a malformed split
@@ -125,6 +147,9 @@ class TaskParallel(DistributedStrategy[TaskPlan]):
             if self.deps not in DEPS:
                 raise ValueError(f"--task-deps must be one of {', '.join(DEPS)}, got "
                                  f"{self.deps!r}")
+            if self.group_parallel not in GROUP_PARALLEL:
+                raise ValueError(f"--group-parallel must be one of "
+                                 f"{', '.join(GROUP_PARALLEL)}, got {self.group_parallel!r}")
 
     options: Options
 
@@ -138,42 +163,28 @@ class TaskParallel(DistributedStrategy[TaskPlan]):
             raise ValueError("strategy 'task' runs the T and P stages on different workers: "
                              "it needs at least 2 workers (--workers 2)")
         graph, norms = propagation_inputs(program, dataset.graph, dtype)
-        graph.transpose()  # the backward CSR, built once
         n = graph.num_dst
-        if self.options.subgraphs > n:
-            raise ValueError(f"--subgraphs {self.options.subgraphs} is more than the graph's "
-                             f"{n} vertices")
-        if self.options.chunks > n:
-            raise ValueError(f"--chunks {self.options.chunks} is more than the graph's "
-                             f"{n} vertices")
+        self.check_sizes(n)
         split, machine = self._split(program, graph.num_dst, graph.num_edges, comm, dtype)
         row_counts = even_counts(n, split.num_t) + [0] * split.num_p
-        start = sum(row_counts[:comm.rank])
-        gids = torch.arange(start, start + row_counts[comm.rank])
-        # the output ends on the P group's rows when the last stage is a P stage that
-        # is not pipelined (a pipelined segment ends with its gather to the T rows)
-        on_p = describe(program)[-1].is_propagate and self.options.subgraphs == 1
-        out_rows = [0] * split.num_t + even_counts(n, split.num_p) if on_p else None
-        out_gids = None
-        if out_rows is not None:
-            lo = sum(out_rows[:comm.rank])
-            out_gids = torch.arange(lo, lo + out_rows[comm.rank])
-        label_gids = gids if out_gids is None else out_gids
-        data = dataset.data
-        masks = {"train": data.train_mask, "val": data.val_mask, "test": data.test_mask}
-        plan = TaskPlan(
-            device=device, labels=data.labels[label_gids].to(device),
-            masks={k: v[label_gids].to(device) for k, v in masks.items()},
-            num_train_global=int(data.train_mask.sum()), comm=comm, graph=graph.to(device),
-            norms={k: v.to(device) for k, v in norms.items()}, row_counts=row_counts,
-            gids=gids.to(device), features=data.features[gids].to(dtype).to(device),
-            col_ranks=split.p_ranks, out_rows=out_rows,
-            out_gids=None if out_gids is None else out_gids.to(device),
-            split=split, machine=machine, recompute=self.options.recompute)
+        rows = None
+        if self.options.group_parallel == "data":  # the P workers hold their in-edges only
+            opts = self.options
+            check_row_chunks(opts.chunks, opts.subgraphs, split.num_p)
+            rows = row_groups(graph, row_counts, split.num_p, comm, opts.subgraphs,
+                              opts.chunks, device, has_edge_stage(program),
+                              opts.deps == "regroup")
+            a, b = rows.own_edges
+            held, norms = rows.exact.block, {k: v[a:b] for k, v in norms.items()}
+        else:
+            graph.transpose()  # the backward CSR, built once
+            held = graph
+        plan = self._plan(dataset, program, held, norms, split, row_counts, comm, device, dtype)
+        plan.machine, plan.rows = machine, rows
         if has_edge_stage(program):
             plan.edges = edge_plan(graph, row_counts, comm)
             plan.edges.block = plan.edges.block.to(device)
-        if self.options.subgraphs > 1:
+        if rows is None and self.options.subgraphs > 1:
             ranges = spread_chunks(graph.indptr, row_counts, 1,
                                    num_chunks=self.options.chunks or self.options.subgraphs)
             plan.grid = ChunkGrid(graph.to("cpu"), ranges,
@@ -181,6 +192,48 @@ class TaskParallel(DistributedStrategy[TaskPlan]):
             plan.account = MemoryAccount(None)
             _use(plan, plan.grid.exact)
         return plan
+
+    def _plan(self, dataset: Dataset, program: StageProgram, graph: Graph,
+              norms: dict[str, Tensor], split: TaskSplit, row_counts: list[int], comm: Comm,
+              device: torch.device, dtype: torch.dtype) -> TaskPlan:
+        """The plan: this rank's T rows, and its output rows (and labels) when a program
+        ends on a P stage whose output stays on the P group's rows (not pipelined in
+        the tensor form, whose pipeline ends with a gather to the T rows; always in the
+        data form)."""
+        n, rank = sum(row_counts), comm.rank
+        start = sum(row_counts[:rank])
+        gids = torch.arange(start, start + row_counts[rank])
+        on_p = describe(program)[-1].is_propagate and (
+            self.options.subgraphs == 1 or self.options.group_parallel == "data")
+        out_rows = [0] * split.num_t + even_counts(n, split.num_p) if on_p else None
+        out_gids = None
+        if out_rows is not None:
+            lo = sum(out_rows[:rank])
+            out_gids = torch.arange(lo, lo + out_rows[rank])
+        label_gids = gids if out_gids is None else out_gids
+        data = dataset.data
+        masks = {"train": data.train_mask, "val": data.val_mask, "test": data.test_mask}
+        return TaskPlan(
+            device=device, labels=data.labels[label_gids].to(device),
+            masks={k: v[label_gids].to(device) for k, v in masks.items()},
+            num_train_global=int(data.train_mask.sum()), comm=comm, graph=graph.to(device),
+            norms={k: v.to(device) for k, v in norms.items()}, row_counts=row_counts,
+            gids=gids.to(device), features=data.features[gids].to(dtype).to(device),
+            col_ranks=split.p_ranks, out_rows=out_rows,
+            out_gids=None if out_gids is None else out_gids.to(device),
+            split=split, recompute=self.options.recompute)
+
+    def check_sizes(self, num_vertices: int, workers: int | None = None) -> None:
+        """Refuse subgraph and chunk counts the graph (or, in the data form with a
+        given split, the P group) cannot hold; called before launch and in setup."""
+        opts = self.options
+        for flag, value in (("--subgraphs", opts.subgraphs), ("--chunks", opts.chunks)):
+            if value > num_vertices:
+                raise ValueError(f"{flag} {value} is more than the graph's {num_vertices} "
+                                 "vertices")
+        split = None if workers is None else parse_split(opts.split, workers)
+        if split is not None and opts.group_parallel == "data":
+            check_row_chunks(opts.chunks, opts.subgraphs, split.num_p)
 
     def _split(self, program: StageProgram, num_vertices: int, num_edges: int, comm: Comm,
                dtype: torch.dtype) -> tuple[TaskSplit, str]:
@@ -200,9 +253,11 @@ class TaskParallel(DistributedStrategy[TaskPlan]):
         infos = describe(model)
         t_stages = [i.index for i in infos if not i.is_propagate]
         p_stages = [i.index for i in infos if i.is_propagate]
+        p_form = ("data: rows, each P worker fetching the sources of its rows' in-edges"
+                  if plan.rows is not None else "tensor: columns of every vertex")
         lines = [f"task     T/E stages {t_stages} on {_span(split.t_ranks)} (T group, "
                  f"rows), P stages {p_stages} on {_span(split.p_ranks)} (P group, "
-                 "columns): each group runs one kind of task"]
+                 f"{p_form}): each group runs one kind of task"]
         if split.how == "auto":
             assert split.predicted_t is not None and split.predicted_p is not None
             lines.append(f"task     split {split.num_t}:{split.num_p} from the scheduling "
@@ -213,9 +268,14 @@ class TaskParallel(DistributedStrategy[TaskPlan]):
             lines.append(f"task     split {split.num_t}:{split.num_p} given (--task-split)")
         if plan.recompute:
             lines.append("task     T-stage activations recomputed in the backward pass")
-        if plan.grid is not None:
-            grid = plan.grid
-            lines.append(f"task     {grid.num_subgraphs} subgraphs of {grid.num_chunks} chunks "
+        pipeline = plan.rows.pipeline if plan.rows is not None else (
+            None if plan.grid is None else (plan.grid.num_subgraphs, plan.grid.num_chunks))
+        if pipeline is not None:
+            subgraphs, chunks = pipeline
+            per = ""
+            if plan.rows is not None:  # the grid's chunks are stripes over the P workers
+                chunks, per = chunks * split.num_p, f" ({chunks} per P worker)"
+            lines.append(f"task     {subgraphs} subgraphs of {chunks} chunks{per} "
                          "pipelined into the P group, each source row sent once and reused")
             if self.options.deps == "regroup":
                 lines.append("task     dependencies: regroup (APPROXIMATE): in training the "
@@ -226,6 +286,8 @@ class TaskParallel(DistributedStrategy[TaskPlan]):
         return lines
 
     def work(self, model: StageProgram, plan: TaskPlan) -> Work:
+        if plan.rows is not None:
+            return row_work(model, plan, plan.rows)
         return column_work(model, plan)
 
     def forward(self, model: StageProgram, plan: TaskPlan, *, training: bool,
@@ -233,8 +295,11 @@ class TaskParallel(DistributedStrategy[TaskPlan]):
         """The program forward. With ``--task-deps regroup`` a training pass uses the
         grouping its ``seed`` (the epoch's step seed, the same on every worker) draws;
         evaluation (``training=False``) always aggregates every block, exactly."""
+        regroup = training and self.options.deps == "regroup"
+        if plan.rows is not None:
+            return rows_forward(model, plan, plan.rows, training=training, seed=seed,
+                                regroup=regroup)
         if plan.grid is not None:
-            regroup = training and self.options.deps == "regroup"
             _use(plan, plan.grid.regrouped(seed) if regroup else plan.grid.exact)
         return column_forward(model, plan, training=training, seed=seed)
 

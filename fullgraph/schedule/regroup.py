@@ -91,8 +91,16 @@ class ChunkGrid:
         for k, ranges in enumerate(chunk_ranges):
             for a, b in ranges:
                 self.chunk_of[a:b] = k
-        self.exact = self.subgraphs(chunk_groups(len(chunk_ranges), num_subgraphs), skip=False)
+        self._exact: Subgraphs | None = None
         self._last: tuple[int, Subgraphs] | None = None
+
+    @property
+    def exact(self) -> Subgraphs:
+        """Consecutive chunks grouped, every block kept (built once, when first used)."""
+        if self._exact is None:
+            groups = chunk_groups(self.num_chunks, self.num_subgraphs)
+            self._exact = self.subgraphs(groups, skip=False)
+        return self._exact
 
     @property
     def num_chunks(self) -> int:
@@ -105,6 +113,18 @@ class ChunkGrid:
             groups = chunk_groups(self.num_chunks, self.num_subgraphs, seed)
             self._last = (seed, self.subgraphs(groups, skip=True))
         return self._last[1]
+
+    def grouping(self, seed: int | None) -> tuple[list[Ranges], Graph,
+                                                  tuple[Tensor, Tensor] | None]:
+        """The subgraphs' destination ranges and the graph they aggregate: consecutive
+        chunks and the whole graph (``seed`` None), or the grouping ``seed`` draws with
+        the later-subgraph blocks skipped and the ``keep`` of ``Subgraphs``."""
+        groups = chunk_groups(self.num_chunks, self.num_subgraphs, seed)
+        ranges = [_merged(sorted(r for k in g for r in self.ranges[k])) for g in groups]
+        if seed is None:
+            return ranges, self.graph, None
+        graph, keep = _skip_later(self.graph, self._group_of(groups))
+        return ranges, graph, keep
 
     def subgraphs(self, groups: list[list[int]], skip: bool) -> Subgraphs:
         """The subgraphs made of ``groups`` of chunks, in order; with ``skip``, blocks

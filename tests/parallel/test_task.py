@@ -2,13 +2,16 @@
 hand-computed bytes between its groups, and refuses impossible splits.
 
 The T group (ranks 0..N_t-1) runs T and E stages on row blocks, the P group the P
-stages on column slices of every vertex. World sizes 2-5, the four models coupled and
-decoupled, the split from the scheduling model or given, with and without the
-subgraph pipeline, with and without recomputation: every value of every axis
-appears (a rotation, not the product).
+stages on column slices of every vertex (``--group-parallel tensor``) or on row
+ranges (``data``). World sizes 2-5, the four models coupled and decoupled, the split
+from the scheduling model or given, with and without the subgraph pipeline (S = 3 of
+M = 3 or 6 chunks), with and without recomputation, both P-group forms: every value
+of every axis appears (a rotation, not the product), and each model, coupled and
+decoupled, in both P-group forms.
 """
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from cases import MODELS, make_dataset, make_model, run_epochs
@@ -17,6 +20,7 @@ from harness import run_ranks
 from fullgraph.comm import primitives as prim
 from fullgraph.comm.group import single_comm
 from fullgraph.models import build_model
+from fullgraph.models.stages import propagation_inputs
 from fullgraph.parallel.single import SingleProcess
 from fullgraph.parallel.task import TaskParallel
 from fullgraph.parallel.taskmodel import (
@@ -31,39 +35,76 @@ SPLITS = {2: ["auto", "1:1"], 3: ["auto", "1:2", "2:1"], 4: ["auto", "1:3", "3:1
           5: ["auto", "2:3", "4:1"]}
 
 
-# TAGCN on 2 and 3 workers: decoupled (pipelined, recomputed) and coupled
-TAGCN = {2: [("tagcn", True, "1:1", 3, True)], 3: [("tagcn:agg_first", False, "auto", 1, False)]}
+# TAGCN on 2 and 3 workers: decoupled (pipelined, recomputed) and coupled; GAT with
+# its coefficients handed to two P workers by rows, pipelined
+EXTRA = {2: [("tagcn", True, "1:1", 3, True, "data", 0)],
+         3: [("tagcn:agg_first", False, "auto", 1, False, "tensor", 0),
+             ("gat", False, "1:2", 3, False, "data", 6)]}
+FORMS = ("tensor", "data")
 
 
-def cases_for(world: int) -> list[tuple[str, bool, str, int, bool]]:
+def cases_for(world: int) -> list[tuple[str, bool, str, int, bool, str, int]]:
     """Half of the model x coupled/decoupled combinations on each world size (2 and 3
     together run all eight, and so do 4 and 5); splits and subgraph counts rotate, so
     every split of every world size, S in {1, 3} and recomputation on and off appear.
-    TAGCN once each on 2 and 3."""
+    The P-group form alternates so that each combination runs in one form on 2 or 3
+    workers and in the other on 4 or 5. Pipelined runs on 2 and 3 workers cut M = 6
+    chunks (M > S), the others one chunk per subgraph (per P worker in the data
+    form). TAGCN once each on 2 and 3, and GAT by rows on two P workers."""
     splits = SPLITS[world]
     combos = [(m, d) for m in MODELS for d in (False, True)]
     half = combos[world % 2::2]
-    return [(name, decoupled, splits[i % len(splits)], 1 + 2 * ((i + world // 2) % 2),
-             (i + world) % 2 == 1) for i, (name, decoupled) in enumerate(half)
-            ] + TAGCN.get(world, [])
+    cases = []
+    for i, (name, decoupled) in enumerate(half):
+        subgraphs = 1 + 2 * ((i + world // 2) % 2)
+        chunks = 6 if subgraphs > 1 and world <= 3 else 0
+        cases.append((name, decoupled, splits[i % len(splits)], subgraphs,
+                      (i + world) % 2 == 1, FORMS[(i // 2 + (world >= 4)) % 2], chunks))
+    return cases + EXTRA.get(world, [])
+
+
+def test_rotation_covers_every_axis():
+    """Every model, coupled and decoupled, in both P-group forms; every split, S, M > S,
+    recompute value and form on every world size."""
+    cases = {w: cases_for(w) for w in SPLITS}
+    seen = {(c[0], c[1], c[5]) for w in cases for c in cases[w]}
+    assert all((m, d, f) in seen for m in MODELS for d in (False, True) for f in FORMS)
+    for w, cs in cases.items():
+        assert {c[2] for c in cs} == set(SPLITS[w]) and {c[5] for c in cs} == set(FORMS), w
+        assert {c[3] for c in cs} == {1, 3} and {c[4] for c in cs} == {False, True}, w
+    assert {c[5] for w in (2, 3) for c in cases[w] if c[6] > c[3] > 1} == set(FORMS)
+    every = [c for w in cases for c in cases[w]]
+    assert {(c[5], c[3], c[4]) for c in every} >= {(f, s, r) for f in FORMS for s in (1, 3)
+                                                    for r in (False, True)}
 
 
 def check_task(comm, cases):
     dataset = make_dataset()
     refs = {}
-    for name, decoupled, split, subgraphs, recompute in cases:
+    for name, decoupled, split, subgraphs, recompute, form, chunks in cases:
         if (name, decoupled) not in refs:
             model = make_model(name, decoupled, 9, 3)
             losses, (out, _), _ = run_epochs(SingleProcess(), dataset, model, None)
             refs[name, decoupled] = (losses, out, model)
         ref_losses, ref_out, ref_model = refs[name, decoupled]
         model = make_model(name, decoupled, 9, 3)
-        strategy = TaskParallel(TaskParallel.Options(split=split, subgraphs=subgraphs,
-                                                     recompute=recompute))
+        strategy = TaskParallel(TaskParallel.Options(
+            split=split, subgraphs=subgraphs, recompute=recompute, group_parallel=form,
+            chunks=chunks))
         losses, (out, gids), plan = run_epochs(strategy, dataset, model, comm)
-        where = (f"{name} decoupled={decoupled} split={split} S={subgraphs} "
-                 f"recompute={recompute} rank {comm.rank}/{comm.world_size}")
-        assert plan.recompute == recompute, where
+        where = (f"{name} decoupled={decoupled} split={split} S={subgraphs} M={chunks} "
+                 f"recompute={recompute} {form} rank {comm.rank}/{comm.world_size}")
+        assert plan.recompute == recompute and (plan.rows is not None) == (form == "data"), where
+        header = strategy.describe(model, plan)
+        assert {"data": "(P group, data: rows", "tensor": "(P group, tensor: columns"}[form] \
+            in header[0], (where, header)
+        if subgraphs > 1:
+            assert f"{subgraphs} subgraphs of {chunks or ''}" in header[-1], (where, header)
+        if form == "data":  # a P worker holds the in-edges of its rows only, each edge once
+            held = torch.tensor([plan.graph.num_edges])
+            prim.all_reduce_(held, comm, "test")
+            assert int(held) == propagation_inputs(model, dataset.graph)[0].num_edges, where
+            assert all(len(v) == plan.graph.num_edges for v in plan.norms.values()), where
         if split != "auto":
             assert f"{plan.split.num_t}:{plan.split.num_p}" == split, where
         torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), msg=where)
@@ -74,6 +115,28 @@ def check_task(comm, cases):
         counts = torch.tensor([gids.numel()], dtype=torch.int64)
         prim.all_reduce_(counts, comm, "test")
         assert int(counts) == 67, where
+    if comm.world_size == 2:
+        check_regroup_forms_agree(comm, dataset)
+
+
+def check_regroup_forms_agree(comm, dataset):
+    """``--task-deps regroup`` in both P-group forms: on 1:1 the T block and the P
+    range are all rows, so both cut the same chunks, draw the same groupings and skip
+    the same blocks: equal losses and outputs (and not those of the exact mode)."""
+    results = {}
+    for form in FORMS:
+        model = make_model("gat", False, 9, 3)
+        strategy = TaskParallel(TaskParallel.Options(split="1:1", subgraphs=3, chunks=6,
+                                                     deps="regroup", group_parallel=form))
+        losses, (out, gids), _ = run_epochs(strategy, dataset, model, comm)
+        full = out.new_zeros(67, out.shape[1])  # every rank's output rows, in place
+        full[gids] = out
+        results[form] = (torch.tensor(losses), prim.all_reduce_(full, comm, "test"))
+    (l_t, out_t), (l_d, out_d) = results["tensor"], results["data"]
+    torch.testing.assert_close(l_d, l_t)
+    torch.testing.assert_close(out_d, out_t)
+    ref, _, _ = run_epochs(SingleProcess(), dataset, make_model("gat", False, 9, 3), None)
+    assert not torch.allclose(l_d, torch.tensor(ref)), (l_d, ref)
 
 
 @pytest.mark.dist
@@ -133,10 +196,61 @@ def check_handoff_bytes(comm, split):
             assert int(totals[0]) == int(totals[2]) == n * 8 * s, totals
 
 
+def check_row_handoff_bytes(comm, split):
+    """The data form: the T group sends every P worker the sources of its rows'
+    in-edges once (its halo), later P stages exchange the halo inside the P group,
+    and the rows go back to the T blocks once before a T stage; the gradients the
+    same bytes the other way."""
+    dataset, n, s = make_dataset(), 67, 8
+    graph, _ = propagation_inputs(build_model("gcn", 9, 5, 3), dataset.graph)
+    num_p = int(split.split(":")[1])
+    lo = [0] + list(np.cumsum([n // num_p + (p < n % num_p) for p in range(num_p)]))
+    ptr, idx = graph.indptr.numpy(), graph.indices.numpy()
+    needs = [np.unique(idx[ptr[a]:ptr[b]]) for a, b in zip(lo[:-1], lo[1:])]
+    halo = sum(int(((u < a) | (u >= b)).sum()) for u, a, b in zip(needs, lo[:-1], lo[1:]))
+    fetched = sum(u.size for u in needs)
+    for decoupled, dims, back in ((False, 8, 8), (True, 3, 0)):
+        torch.manual_seed(0)
+        model = build_model("gcn", 9, 5, 3, decoupled=decoupled, num_props=2).to(torch.float64)
+        strategy = TaskParallel(TaskParallel.Options(split=split, group_parallel="data"))
+        plan = strategy.setup(dataset, model, torch.device("cpu"), comm, dtype=torch.float64)
+        comm.counter.reset()
+        strategy.loss(strategy.forward(model, plan, training=True, seed=1), plan).backward()
+        sent = _sent(comm)
+        # the halo inside the P group goes over its own communicator ("P")
+        names = ("t-to-p", "t-to-p-grad", "P/p-halo", "P/p-halo-grad", "p-to-t", "p-to-t-grad")
+        totals = torch.tensor([sent.get(k, 0) for k in names], dtype=torch.int64)
+        prim.all_reduce_(totals, comm, "test")
+        # coupled: into the P group and back at 5 and at 3 columns (a T stage, the
+        # bias, follows each P stage); decoupled: into the P group once at 3 columns,
+        # the second P stage's halo inside the P group, the output left there
+        want = [fetched * dims, fetched * dims, halo * 3 * decoupled, halo * 3 * decoupled,
+                n * back, n * back]
+        assert totals.tolist() == [w * s for w in want], (decoupled, totals, want)
+    # GAT: each layer's coefficients go from the T worker of an edge's destination to
+    # the P worker of it, each edge once (2 heads in the first layer, 1 in the last)
+    model = make_model("gat", False, 9, 3)
+    strategy = TaskParallel(TaskParallel.Options(split=split, group_parallel="data"))
+    plan = strategy.setup(dataset, model, torch.device("cpu"), comm, dtype=torch.float64)
+    comm.counter.reset()
+    strategy.loss(strategy.forward(model, plan, training=True, seed=1), plan).backward()
+    sent = _sent(comm)
+    totals = torch.tensor([sent.get(k, 0) for k in ("edge-to-p", "edge-to-p-grad")])
+    prim.all_reduce_(totals, comm, "test")
+    edges = propagation_inputs(model, dataset.graph)[0].num_edges
+    assert totals.tolist() == [edges * (2 + 1) * s] * 2, totals
+
+
 @pytest.mark.dist
 @pytest.mark.parametrize("world_size,split", [(2, "1:1"), (3, "1:2")])
 def test_handoff_bytes(tmp_path, world_size, split):
-    run_ranks(check_handoff_bytes, world_size, tmp_path, split)
+    run_ranks(check_both_handoffs, world_size, tmp_path, split)
+
+
+def check_both_handoffs(comm, split):
+    """Both P-group forms in one spawned run."""
+    check_handoff_bytes(comm, split)
+    check_row_handoff_bytes(comm, split)
 
 
 # ---------------------------------------------------------------- no processes

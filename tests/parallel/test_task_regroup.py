@@ -3,6 +3,8 @@ Cora against the exact mode, and the chunk grid's bad input (the regroup schedul
 itself is checked without processes in tests/schedule/test_regroup.py)."""
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from cases import make_dataset, make_model
@@ -10,12 +12,13 @@ from harness import run_ranks
 
 from fullgraph.cli import main
 from fullgraph.comm.group import Comm
+from fullgraph.config import Config, RuntimeConfig
 from fullgraph.graph.datasets import BUILTIN
 from fullgraph.graph.formats.planetoid import load_planetoid
 from fullgraph.models import build_model
 from fullgraph.parallel.single import SingleProcess
 from fullgraph.parallel.task import TaskParallel
-from fullgraph.train import step_seed
+from fullgraph.train import check_before_launch, step_seed
 
 SEEDS, EPOCHS, LR = (0, 1, 2), 60, 0.03
 
@@ -92,6 +95,38 @@ def test_bad_chunk_grids_are_refused(capsys):
     strategy = TaskParallel(TaskParallel.Options(subgraphs=2, chunks=68))
     with pytest.raises(ValueError, match="--chunks 68 is more than the graph's 67 vertices"):
         strategy.setup(make_dataset(), model, torch.device("cpu"), _FakeComm())
+
+
+def test_bad_row_groups_are_refused_before_launch(capsys):
+    """M larger than the vertex count, and (data form, given split) a chunk count the
+    P group cannot share equally, are refused before any worker starts."""
+    with pytest.raises(SystemExit) as exit_:
+        main(["train", "--strategy", "task", "--group-parallel", "rows"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "--group-parallel: invalid choice: 'rows'" in err, err
+    with pytest.raises(ValueError, match="--group-parallel must be one of tensor, data"):
+        TaskParallel.Options(group_parallel="x")
+    dataset = make_dataset()
+    for opts, workers, why in [
+            (dict(subgraphs=2, chunks=68), 2, "--chunks 68 is more than the graph's 67 vertices"),
+            (dict(subgraphs=68), 2, "--subgraphs 68 is more than the graph's 67 vertices"),
+            (dict(split="1:2", group_parallel="data", subgraphs=2, chunks=5), 3,
+             "--chunks 5 with --group-parallel data: the chunk count must be a multiple of "
+             "the P group's 2 workers"),
+            (dict(split="1:2", group_parallel="data", subgraphs=3, chunks=4), 3,
+             "--subgraphs 3 with --group-parallel data needs at least 3 chunks per P worker; "
+             "--chunks 4 over 2 P workers gives 2")]:
+        cfg = Config(runtime=RuntimeConfig(strategy="task"),
+                     options={"task_parallel": TaskParallel.Options(**opts)})
+        with pytest.raises(ValueError, match=re.escape(why)):
+            check_before_launch(cfg, dataset, workers)
+    # the same grids pass in the tensor form, and with an automatic split the data
+    # form's check waits for setup (where the split is known)
+    for opts in (dict(split="1:2", subgraphs=2, chunks=5),
+                 dict(group_parallel="data", subgraphs=2, chunks=5)):
+        check_before_launch(Config(runtime=RuntimeConfig(strategy="task"),
+                                   options={"task_parallel": TaskParallel.Options(**opts)}),
+                            dataset, 3)
 
 
 class _FakeComm:
