@@ -207,7 +207,7 @@ class LongRun:
         self.out, self.err = tmp_path / "stdout", tmp_path / "stderr"
         with open(self.out, "w") as out, open(self.err, "w") as err:
             self.proc = subprocess.Popen(
-                fullgraph_cmd() + LONG_RUN + ["--strategy", strategy, "--workers", str(workers),
+                fullgraph_cmd() + LONG_RUN + ["--strategy", *strategy.split(), "--workers", str(workers),
                                               "--timeout", str(timeout_s),
                                               "--run-dir", str(self.run_dir)],
                 env=clean_env(data_root, **env), stdout=out, stderr=err, preexec_fn=two_cores)
@@ -264,11 +264,15 @@ def _verdict_leads(err: str) -> str:
 
 
 HUNG = 8  # --timeout of the hang and kill tests: short, but well above an epoch under load
+PARTIAL_STRAGGLER = "sleep:p=0,s=0.2,n=100000,at=2,ranks=2"
 
 
 @pytest.mark.dist
 @pytest.mark.parametrize("how,strategy,victim", [  # each way, strategy and rank once
-    ("kill", "data", 0), ("kill", "p2p", 2), ("hang", "tensor", 1), ("hang", "task", 2)])
+    ("kill", "data", 0), ("kill", "p2p", 2), ("hang", "tensor", 1), ("hang", "task", 2),
+    # partial reduce: the survivors may go on without the dead rank for a while (it is
+    # not in the ready majority), but never past the next full synchronisation
+    ("kill", f"data --adapt adjust+partial --inject {PARTIAL_STRAGGLER}", 1)])
 def test_dead_or_hung_worker_is_named_first(long_run, how, strategy, victim):
     """SIGKILL or SIGSTOP one of three workers mid-run: the launcher's first word names
     it (never a peer whose collective failed because of it), every worker is gone within
