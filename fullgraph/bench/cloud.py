@@ -8,7 +8,8 @@ one invocation, one after the other, so their ratios are comparable.
 
 Tables:
 1. per-epoch time (Figs. 7 and 8): static DepComm, static DepCache, static hybrid
-   (the cost model at start), hybrid + online adjustment (``--adapt adjust``), each
+   (the cost model at start), hybrid + online adjustment (``--adapt adjust``), and
+   + partial reduce (``--adapt adjust+partial``, approximate), each
    stable, under compute injection (the paper's: sleep, ``--sleep``) and under a CPU
    throttle (``--throttle``); the mean epoch after the first (the paper averages
    its epochs), and the fluctuation-induced delay: mean epoch under injection minus
@@ -50,6 +51,7 @@ CONFIGS = [
     ("static DepCache", ["--dep-mode", "depcache"]),
     ("static hybrid", ["--dep-mode", "hybrid"]),
     ("hybrid + online adjustment", ["--dep-mode", "hybrid", "--adapt", "adjust"]),
+    ("+ partial reduce (K = 3)", ["--dep-mode", "hybrid", "--adapt", "adjust+partial"]),
 ]
 
 
