@@ -191,9 +191,12 @@ def train(dataset: Dataset, cfg: Config, *, reporter: Reporter | None = None,
                          "resumed_after": state.epoch})
         result = _epochs(strategy, model, plan, optimizer, cfg, state, ckpt, profiler, hooks,
                          reporter, comm, phase)
-    finally:
+    except BaseException:  # the hooks let go without waiting on peers: the error stands
         for hook in hooks:
-            getattr(hook, "close", lambda: None)()
+            getattr(hook, "abort", getattr(hook, "close", lambda: None))()
+        raise
+    for hook in hooks:
+        getattr(hook, "close", lambda: None)()
     if cfg.train.save_model and rank == 0:
         _save_model(cfg, result, dataset, world)
     return result
@@ -208,21 +211,29 @@ def _epochs(strategy: Strategy, model: GNN, plan: Plan, optimizer: torch.optim.O
     Under partial reduce only some epochs are collective (a hook's
     ``collective_epoch``): the others skip evaluation, their profiles are exchanged at
     the next collective epoch, and the adaptation hooks that communicate run only
-    right before a collective epoch (so a new plan starts on one).
+    at the start of a collective epoch, inside its profile, after the hooks'
+    ``before_epoch`` (which brings every worker there), so a new plan starts on it.
     """
     records: list[EpochRecord] = state.records
     profiles: list[Any] = []
     unsent: list[EpochProfile] = []
     best: tuple[float, int, float, float, dict[str, Any] | None] = state.best
     start = time.perf_counter()
+    deferred: tuple[int, EpochProfile] | None = None
+
     def is_collective(epoch: int) -> bool:
         return all(getattr(h, "collective_epoch", lambda _: True)(epoch) for h in hooks)
 
     for epoch in range(state.epoch + 1, cfg.train.epochs + 1):
         collective = is_collective(epoch)
+        profiler.begin()
         for hook in hooks:
             getattr(hook, "before_epoch", lambda _: None)(epoch)
-        profiler.begin()
+        if deferred is not None and collective:
+            phase(f"epoch {deferred[0]} adjustment")
+            _between(strategy, hooks, model, plan, *deferred, which="communicating")
+            profiler.work = strategy.work(model, plan)
+            deferred = None
         phase(f"epoch {epoch} training step")
         stats = strategy.train_step(model, plan, optimizer, seed=step_seed(cfg.train.seed, epoch))
         acc = {"train": float("nan"), "val": float("nan"), "test": float("nan")}
@@ -245,14 +256,26 @@ def _epochs(strategy: Strategy, model: GNN, plan: Plan, optimizer: torch.optim.O
             unsent = []
         if epoch < cfg.train.epochs:
             phase(f"epoch {epoch} adjustment")
-            ahead = is_collective(epoch + 1)
-            for hook in (strategy, *hooks):
-                if ahead or getattr(hook, "local_between", False):
-                    hook.between_epochs(model, plan, epoch, prof)
+            both = collective and is_collective(epoch + 1)
+            _between(strategy, hooks, model, plan, epoch, prof,
+                     which="all" if both else "local")
+            if not both and is_collective(epoch + 1):
+                deferred = (epoch, prof)
             profiler.work = strategy.work(model, plan)  # the plan may have changed
         ckpt.after_epoch(epoch, model, optimizer, best, records)
     phase("done")
     return _finish(records, profiles, best, time.perf_counter() - start, model, reporter)
+
+
+def _between(strategy: Strategy, hooks: Sequence[Any], model: GNN, plan: Plan, epoch: int,
+             prof: EpochProfile, *, which: str) -> None:
+    """``between_epochs`` of the strategy and the hooks: ``which`` is "all", "local"
+    (the hooks that communicate nothing, ``local_between``) or "communicating" (the
+    others)."""
+    for hook in (strategy, *hooks):
+        local = bool(getattr(hook, "local_between", False))
+        if which == "all" or local == (which == "local"):
+            hook.between_epochs(model, plan, epoch, prof)
 
 
 def _exchange_profiles(unsent: list[EpochProfile], comm: Comm | None, profiles: list[Any],

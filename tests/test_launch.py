@@ -207,7 +207,8 @@ class LongRun:
         self.out, self.err = tmp_path / "stdout", tmp_path / "stderr"
         with open(self.out, "w") as out, open(self.err, "w") as err:
             self.proc = subprocess.Popen(
-                fullgraph_cmd() + LONG_RUN + ["--strategy", *strategy.split(), "--workers", str(workers),
+                fullgraph_cmd() + LONG_RUN + ["--strategy", *strategy.split(),
+                                              "--workers", str(workers),
                                               "--timeout", str(timeout_s),
                                               "--run-dir", str(self.run_dir)],
                 env=clean_env(data_root, **env), stdout=out, stderr=err, preexec_fn=two_cores)

@@ -34,7 +34,11 @@ def check_options(cfg: Any, world: int) -> None:
         if strategy != "data":
             raise ConfigError(f"--adapt adjust+partial (partial reduce) works on --strategy "
                               f"data; the run uses {strategy!r}")
-        if cfg.launch.backend == "nccl" or cfg.train.device.startswith("cuda"):
+        import torch
+
+        on_gpu = cfg.train.device.startswith("cuda") or (cfg.train.device == "auto"
+                                                          and torch.cuda.is_available())
+        if cfg.launch.backend == "nccl" or on_gpu:
             raise ConfigError("--adapt adjust+partial matches its messages by tag, which "
                               "needs the gloo backend (CPU); NCCL matches by order")
         if cfg.model.batch_norm:

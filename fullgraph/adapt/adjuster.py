@@ -19,10 +19,12 @@ Measured unit costs (this worker's own, per epoch, the median of the last
   all of this worker's compute time in the epoch (wall - transfer - waiting): the
   backward pass and the rest are charged to the stages in proportion;
 - T_c': the halo exchanges' transfer seconds (waiting for peers excluded, see
-  ``fullgraph.profile``) per byte moved. The collective exchange cannot tell peers
-  apart, so one value serves every owner j; an epoch that moved no halo bytes uses
+  ``fullgraph.profile``) per byte moved; an epoch that moved no halo bytes uses
   the per-byte cost measured at start (a bulk all-to-all), so a worker that caches
-  everything can still go back to fetching.
+  everything can still go back to fetching. The collective exchange cannot tell
+  peers apart, so with more than one peer a probe (``comm.tagged.probe_links``:
+  ``PROBE_BYTES`` from every worker to every other at once) splits it: T'_c,i,j is
+  T_c' times peer j's probe time over the mean of the peers'.
 """
 from __future__ import annotations
 
@@ -35,12 +37,15 @@ import torch
 
 from fullgraph.adapt.base import Adapter, Note
 from fullgraph.comm import primitives as prim
+from fullgraph.comm.tagged import probe_links
 from fullgraph.parallel import costmodel
 from fullgraph.parallel.adjust import Decision, adjust, preprocess
 from fullgraph.parallel.data import DataParallel, DataPlan, StageClock
 
 WINDOW = 3
 """Epochs whose measured unit costs are combined (median) for one adjustment."""
+PROBE_BYTES = 64 * 1024
+"""Bytes each worker sends to each other one to tell their links apart (per adjustment)."""
 MIN_CHANGE = 0.02
 """Plans switch only when some worker would move more than this share of its
 dependencies (a switch rebuilds every worker's row plan and exchange tables)."""
@@ -78,6 +83,7 @@ class OnlineAdjuster(Adapter):
         if plan.device.type == "cpu":
             plan.clock = StageClock()
         self.history: list[costmodel.Rates] = []
+        self.probes: list[list[float]] = []
         self.byte = self.start_rates.byte
         note({"kind": "preprocess", "seconds": self.preprocess_s, "dependencies": self.pre.size})
 
@@ -112,7 +118,8 @@ class OnlineAdjuster(Adapter):
         else:
             self.history = (self.history + [self.measure(plan, profile)])[-WINDOW:]
             rates = _median(self.history)
-        decision = adjust(self.pre, rates, self.budget)
+        per_owner = self.per_owner(plan, rates.byte) if self.rates_for is None else None
+        decision = adjust(self.pre, rates, self.budget, per_owner)
         cached = torch.from_numpy(decision.cached)
         moved = int((cached != plan.deps.cached).sum())
         wanted = moved > MIN_CHANGE * cached.numel()
@@ -121,7 +128,24 @@ class OnlineAdjuster(Adapter):
             prim.all_reduce_(changed, plan.comm, "adjust", op="max")
         if int(changed):
             self.strategy.replan(model, plan, cached)
-        self.note(_event(decision, rates, bool(int(changed)), time.perf_counter() - t0))
+        event = _event(decision, rates, bool(int(changed)), time.perf_counter() - t0)
+        event["byte_per_owner"] = per_owner
+        self.note(event)
+
+    def per_owner(self, plan: DataPlan, byte: float) -> dict[int, float] | None:
+        """T'_c,i,j: the per-byte cost split over the peers by a link probe (every
+        rank sends ``PROBE_BYTES`` to every other at once; a collective exchange
+        cannot tell its peers apart). Each peer's share is its probe time over the
+        mean, the median of the last ``WINDOW`` probes; None with one peer."""
+        comm = plan.comm
+        if comm.world_size <= 2:
+            return None
+        times = probe_links(comm, PROBE_BYTES)
+        peers = [p for p in range(comm.world_size) if p != comm.rank]
+        mean = statistics.fmean(times[p] for p in peers) or 1.0
+        self.probes = (self.probes + [[times[p] / mean for p in peers]])[-WINDOW:]
+        return {p: byte * statistics.median(r[i] for r in self.probes)
+                for i, p in enumerate(peers)}
 
 
 def _median(history: list[costmodel.Rates]) -> costmodel.Rates:

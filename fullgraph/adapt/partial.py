@@ -88,7 +88,7 @@ class PartialReduce(Adapter):
         plan.stale = self.halo
         strategy.grad_sync = self._grad_sync
         self.strategy = strategy
-        self.params = list(model.parameters())
+        self.params = [p for p in model.parameters() if p.requires_grad]
         self.hops = parameter_hops(model, self.params)
         self.counts = bfs_counts(plan.graph, plan.source.train_mask, plan.book.part_of,
                                  comm.world_size, max(self.hops, default=0))
@@ -103,30 +103,41 @@ class PartialReduce(Adapter):
         self.wait0 = 0.0
         self.epoch, self.sync = 0, True
         self.t_step = self.t_prev = 0.0
+        self.start: int | None = None  # the first epoch this process runs (a resume)
+        self.syncs: list[int] = []
 
     def header(self) -> list[str]:
         return [f"partial  adjust+partial (approximate): halo rows up to K={self.staleness} "
                 f"epochs old past a per-stage deadline of (1 + {self.slack}) x its warm-up "
                 f"time; gradients summed over the ready majority, BFS-weighted; every worker "
                 f"synchronised on the first {self.warmup} epochs, every {self.staleness}th "
-                f"after them and the last"]
+                f"after them and the last, and accuracy evaluated on those only"]
 
     def collective_epoch(self, epoch: int) -> bool:
-        """True on the full-synchronisation epochs (see the module docstring)."""
-        return (epoch <= self.warmup or epoch >= self.epochs
-                or (epoch - self.warmup) % self.staleness == 0)
+        """True on the full-synchronisation epochs (see the module docstring), counted
+        from the first epoch this process runs (the same on every rank, also after a
+        resume, which needs a warm-up of its own)."""
+        if self.start is None:
+            self.start = epoch
+        done = epoch - self.start + 1  # epochs run here, this one included
+        return (done <= self.warmup or epoch >= self.epochs
+                or (done - self.warmup) % self.staleness == 0)
+
+    def _warming(self) -> bool:
+        return self.start is not None and self.epoch - self.start < self.warmup
 
     # ------------------------------------------------------------------ hooks
     def before_epoch(self, epoch: int) -> None:
-        if epoch == self.warmup + 1 or (epoch > self.warmup and not self.t0):
-            self._set_baselines()
         self.epoch, self.sync = epoch, self.collective_epoch(epoch)
+        if not self._warming() and not self.t0:
+            self._set_baselines()
         self.halo.begin_epoch(epoch, self.sync)
-        if self.sync:
+        if self.sync:  # every worker comes here: the backlog of a straggler is waited for
             start = time.perf_counter()
             self.halo.drain()
             self.outbox.reap()
             self.halo.stats.blocked_s += time.perf_counter() - start
+            self._forget(epoch)
         if self.plan.clock is not None and self.collective_epoch(epoch + 1):
             self.plan.clock.take()  # the adjuster, run after this epoch, measures it alone
 
@@ -145,7 +156,7 @@ class PartialReduce(Adapter):
 
     def _reached(self, point: Point) -> None:
         now = time.perf_counter()
-        if self.epoch <= self.warmup:
+        if self._warming():
             self.samples.setdefault(point, []).append(now - self.t_prev)
         self.t_prev = now
 
@@ -158,7 +169,7 @@ class PartialReduce(Adapter):
             self.strategy.sync_grads(model, plan)
             value = self.strategy.reduce_loss(loss, plan)
             blocked = stats.blocked_s + time.perf_counter() - ready
-            if self.epoch <= self.warmup:
+            if self._warming():
                 self.step_samples.append(ready - self.t_step)
                 self.wait_samples.append(blocked)
             self.note(self._event(stats, blocked, list(range(self.comm.world_size)), True))
@@ -176,6 +187,7 @@ class PartialReduce(Adapter):
             return [0]
         base = f"{self.prefix}{self.epoch}/"
         store.set(f"{base}ready/{comm.rank}", "1")
+        store.add(f"{base}count", 1)
         deadline = self.t_step + (1.0 + self.slack) * self.t0_step
 
         def ready_ranks() -> list[int]:
@@ -183,6 +195,11 @@ class PartialReduce(Adapter):
                     if r == comm.rank or store.check([f"{base}ready/{r}"])]
 
         def propose() -> str | None:
+            self.halo.raise_failures()  # a dead peer is named, not waited for
+            self.outbox.reap()
+            count = store.add(f"{base}count", 0)
+            if count < world and (count < world // 2 + 1 or time.perf_counter() < deadline):
+                return None
             ranks = ready_ranks()
             if len(ranks) == world or (time.perf_counter() >= deadline
                                        and len(ranks) >= world // 2 + 1):
@@ -201,9 +218,11 @@ class PartialReduce(Adapter):
         """Sum the members' gradients at their lowest rank, scale, send to all."""
         comm, params = self.comm, self.params
         dtype = params[0].dtype if params else torch.float64
+        present = [float(p.grad is not None) for p in params]
         flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
                           .to(dtype) for p in params]
-                         + [loss.detach().reshape(1).to(dtype)])
+                         + [torch.tensor(present, dtype=dtype),
+                            loss.detach().reshape(1).to(dtype)])
         leader = members[0]
         up = TAG_BASE + self.epoch * POINTS_PER_EPOCH + POINTS_PER_EPOCH - 2
         down = up + 1
@@ -221,10 +240,11 @@ class PartialReduce(Adapter):
             if comm.rank in members:
                 self.outbox.add(post_send(flat, leader, up, comm, PHASE))
             result = post_recv(flat.shape, dtype, leader, down, comm, PHASE).wait()
+        flags = result[-1 - len(params):-1]
         offset = 0
-        for p in params:
-            n = p.numel()
-            p.grad = result[offset:offset + n].view_as(p).to(p.dtype).clone()
+        for p, flag in zip(params, flags.tolist()):
+            n = p.numel()  # as the exact sync: None where no member had a gradient
+            p.grad = result[offset:offset + n].view_as(p).to(p.dtype).clone() if flag else None
             offset += n
         return float(result[-1])
 
@@ -252,9 +272,28 @@ class PartialReduce(Adapter):
                 "slack_s": self.slack * self.t0_step if math.isfinite(self.t0_step) else None,
                 "baseline_wait_s": self.wait0}
 
+    def _forget(self, epoch: int) -> None:
+        """Delete the store keys of the epochs before the previous full
+        synchronisation (every rank has read them: it passed that one)."""
+        if self.store is not None and self.comm.rank == 0 and self.syncs:
+            for old in range(self.syncs[0], self.syncs[-1]):
+                for key in [f"ready/{r}" for r in range(self.comm.world_size)] + \
+                        ["count", "set"]:
+                    try:
+                        self.store.delete_key(f"{self.prefix}{old}/{key}")
+                    except (RuntimeError, AttributeError):  # a store without deletion
+                        return
+        self.syncs = (self.syncs + [epoch])[-2:]
+
     def close(self) -> None:
         self.halo.close()
         self.outbox.flush()
+
+    def abort(self) -> None:
+        """On an error: let go of every message without waiting (the error stands)."""
+        self.halo.outbox.pending.clear()
+        self.halo.pending.clear()
+        self.outbox.pending.clear()
 
 
 def sum_in_order(parts: list[Tensor]) -> Tensor:

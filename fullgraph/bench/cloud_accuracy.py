@@ -56,8 +56,8 @@ def run(args: argparse.Namespace, dataset: list[str], mode: str, seed: int, epoc
             raise RuntimeError(f"{' '.join(cmd)} failed: "
                                f"{(done.stderr or done.stdout).strip().splitlines()[-1:]}")
         log = read_run_log(metrics)
-    return {"epochs": log.epochs, "test": log.summary["test_acc"],
-            "total_s": log.summary["total_s"],
+    summary = log.summary or {}
+    return {"epochs": log.epochs, "test": summary["test_acc"], "total_s": summary["total_s"],
             "mean_epoch_s": statistics.fmean(e["epoch_s"] for e in log.epochs)}
 
 

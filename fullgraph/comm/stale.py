@@ -109,6 +109,13 @@ class StaleHalo:
             queue.clear()
         self.outbox.reap()
 
+    def raise_failures(self) -> None:
+        """Raise the ``CommError`` of any message in flight whose peer failed."""
+        for queue in self.pending.values():
+            for _, message, _ in queue:
+                message.done()
+        self.outbox.reap()
+
     def close(self) -> None:
         """Finish every message this worker sent or awaits (end of training)."""
         self.drain()

@@ -64,18 +64,24 @@ class Tagged:
         self._counted = False
         self._error: BaseException | None = None
         self._seconds = 0.0
+        self._posted = time.perf_counter()
         self._event = threading.Event()
         threading.Thread(target=self._wait_in_background, daemon=True,
                          name=f"fullgraph-tag{tag}").start()
 
     def _wait_in_background(self) -> None:
-        start = time.perf_counter()
+        start = self._posted
         try:
             self.work.wait(timeout=self.comm.timeout)
         except BaseException as err:  # noqa: BLE001 - re-raised by the owner's wait
             self._error = err
         self._seconds = time.perf_counter() - start
         self._event.set()
+
+    @property
+    def seconds(self) -> float:
+        """From posting to completion (valid once ``done``)."""
+        return self._seconds
 
     def done(self) -> bool:
         """True once the message completed (counted then); never blocks."""
@@ -161,24 +167,66 @@ def agree(store: Any, key: str, propose: Callable[[], str | None], comm: Comm, p
           waiting_on: Callable[[], str]) -> str:
     """The value every rank reads for ``key``: the first proposal set wins.
 
-    Polls until the key holds a value; each poll first calls ``propose()``, which
-    returns this rank's proposal when it has one (then ``compare_set`` stores it
-    unless another rank's came first) or None. Raises ``CommError`` when nothing is
-    agreed within the timeout; the message says what was awaited
-    (``waiting_on()``).
+    Polls (every ``POLL_S``, backing off to ``10 * POLL_S``) until the key holds a
+    value; each poll first calls ``propose()``, which returns this rank's proposal when
+    it has one (then ``compare_set`` stores it unless another rank's came first) or
+    None. Raises ``CommError`` when nothing is agreed within the timeout (the message
+    says what was awaited, ``waiting_on()``) or when the store fails (its host, rank
+    0, is gone).
     """
     start = time.perf_counter()
     limit = comm.timeout.total_seconds()
+    pause = POLL_S
     while True:
-        proposal = propose()
-        if proposal is not None:
-            value = store.compare_set(key, "", proposal)
-            return value.decode() if isinstance(value, bytes) else str(value)
-        if store.check([key]):
-            value = store.get(key)
-            return value.decode() if isinstance(value, bytes) else str(value)
+        try:
+            proposal = propose()
+            if proposal is not None:
+                return _text(store.compare_set(key, "", proposal))
+            if store.check([key]):
+                return _text(store.get(key))
+        except (RuntimeError, OSError) as err:
+            if isinstance(err, CommError):
+                raise
+            raise CommError(comm.rank, comm.world_size, phase, f"agree({key}) through the "
+                            f"store of rank 0", err, time.perf_counter() - start,
+                            comm.timeout) from err
         if time.perf_counter() - start > limit:
             raise CommError(comm.rank, comm.world_size, phase, f"agree({key})",
                             TimeoutError(f"nothing agreed; waiting on {waiting_on()}"),
                             time.perf_counter() - start, comm.timeout)
-        time.sleep(POLL_S)
+        time.sleep(pause)
+        pause = min(10 * POLL_S, 1.5 * pause)
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+_PROBES = [0]
+
+
+def probe_links(comm: Comm, nbytes: int, phase: str = "link-probe") -> list[float]:
+    """Seconds until ``nbytes`` from each peer arrived (0 for this rank), every rank
+    sending to every other at once right after a barrier (collective).
+
+    The seconds per peer tell the links apart where a collective exchange cannot:
+    NeutronCloud's per-peer transfer cost T_c,i,j. Counted under ``phase``.
+    """
+    from fullgraph.comm.primitives import barrier
+
+    if comm.world_size == 1:
+        return [0.0]
+    _PROBES[0] += 1
+    tag = TAG_BASE // 2 + _PROBES[0] % (TAG_BASE // 2)
+    payload = torch.zeros(nbytes, dtype=torch.uint8, device=comm.device)
+    barrier(comm, phase)
+    peers = [p for p in range(comm.world_size) if p != comm.rank]
+    recvs = {p: post_recv((nbytes,), torch.uint8, p, tag, comm, phase) for p in peers}
+    sends = [post_send(payload, p, tag, comm, phase) for p in peers]
+    out = [0.0] * comm.world_size
+    for p, message in recvs.items():
+        message.wait()
+        out[p] = message.seconds
+    for message in sends:
+        message.wait()
+    return out

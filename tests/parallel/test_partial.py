@@ -181,13 +181,17 @@ STRAGGLER, K, EPOCHS = 2, 3, 12
 
 
 def _straggler_world(comm: Comm) -> None:
+    from fullgraph.comm.tagged import probe_links
+
+    times = probe_links(comm, 4096)  # T_c,i,j of the online adjustment: one per peer
+    assert times[comm.rank] == 0.0 and all(t > 0 for r, t in enumerate(times) if r != comm.rank)
     dataset = sbm(300, 3, seed=1)
     inject = f"sleep:p=0,s=0.6,n=100,at=4,ranks={STRAGGLER}"
     result = train(dataset, _config("gcn", EPOCHS, inject=inject, staleness=K), comm=comm)
     per_rank = result.extra["profiles"]  # [rank][epoch]
     events = [[next(e for e in per_rank[r][i].events if e["kind"] == "partial")
                for r in range(comm.world_size)] for i in range(EPOCHS)]  # [epoch][rank]
-    left_out, stale = [], 0
+    left_out, stale, beyond = [], 0, []
     for epoch, per_rank in enumerate(events, start=1):
         sync = per_rank[0]["sync"]
         assert all(e["sync"] == sync for e in per_rank), (epoch, per_rank)
@@ -201,9 +205,13 @@ def _straggler_world(comm: Comm) -> None:
         for rank in (0, 1):  # the fast ones did not wait for rank 2: old rows instead
             e = per_rank[rank]
             assert e["oldest"] <= K, (epoch, rank, e)
-            assert e["blocked_s"] <= e["baseline_wait_s"] + e["slack_s"] + 0.15, (epoch, e)
+            assert e["blocked_s"] < 0.3, (epoch, e)  # half of rank 2's delay, whatever the load
             stale += e["stale_peers"]
+            beyond.append(e["blocked_s"] - e["baseline_wait_s"] - e["slack_s"])
     assert stale > 0  # (a plan that caches all of rank 2's rows on a worker needs none)
+    # typically the fast ones block no longer than they did without a straggler plus
+    # the slack (a few ms over it on a loaded machine)
+    assert sorted(beyond)[len(beyond) // 2] < 0.05, beyond
     runs = "".join("x" if x else "." for x in left_out)
     assert "x" * K not in runs and "x" in runs, runs  # brought back within K epochs
     flat = torch.cat([p.detach().reshape(-1) for p in result.model.parameters()])
@@ -216,6 +224,27 @@ def _straggler_world(comm: Comm) -> None:
 @pytest.mark.dist
 def test_fast_workers_go_on_without_a_straggler_for_at_most_k_epochs(tmp_path):
     run_ranks(_straggler_world, 3, tmp_path)
+
+
+def _resume_world(comm: Comm, ckpt: str) -> None:
+    dataset = sbm(200, 3, seed=3)
+    first = _config("gcn", 6, staleness=2)
+    first = dataclasses.replace(first, train=dataclasses.replace(
+        first.train, checkpoint_dir=ckpt, checkpoint_every=6))
+    train(dataset, first, comm=comm)
+    again = dataclasses.replace(first, train=dataclasses.replace(first.train, epochs=12,
+                                                                 resume=ckpt))
+    result = train(dataset, again, comm=comm)
+    events = [next(e for e in p.events if e["kind"] == "partial")
+              for p in result.extra["profiles"][comm.rank]]
+    # epochs 7-9 warm up again, then 11 is a full sync (K = 2) and 12 the last
+    assert [e["sync"] for e in events] == [True, True, True, False, True, True], events
+    assert events[3]["slack_s"] is not None  # deadlines measured after the resume
+
+
+@pytest.mark.dist
+def test_partial_reduce_warms_up_again_after_a_resume(tmp_path):
+    run_ranks(_resume_world, 2, tmp_path, str(tmp_path / "ckpt"))
 
 
 # ------------------------------------------------------------------ accuracy
