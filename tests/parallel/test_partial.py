@@ -314,36 +314,3 @@ def test_staleness_and_slack_are_checked():
     with pytest.raises(ConfigError, match="slack"):
         AdaptConfig(mode="adjust+partial", slack=-1.0)
 
-
-CS_EPOCHS = 40
-
-
-def _cs_config(mode: str, seed: int) -> Config:
-    cfg = _cora_config(mode, seed)
-    if mode == "adjust":  # exact whatever the speeds: no need to slow it down
-        cfg = dataclasses.replace(cfg, adapt=dataclasses.replace(cfg.adapt, inject=None))
-    return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, epochs=CS_EPOCHS),
-                               options={**cfg.options, "data_parallel": dataclasses.replace(
-                                   cfg.options["data_parallel"], mode="depcomm")})
-
-
-def _cs_world(comm: Comm, npz: str) -> None:
-    from fullgraph.graph.formats.npz import load_npz
-
-    dataset = load_npz(npz, "coauthor_cs", seed=0)
-    dataset.data = dataset.data.row_normalized()
-    acc = {mode: [train(dataset, _cs_config(mode, s), comm=comm).test_at_best for s in SEEDS]
-           for mode in ("adjust", "adjust+partial")}  # adjust: exact, like single
-    exact, partial = (sum(v) / len(v) for v in acc.values())
-    if comm.rank == 0:
-        print(f"coauthor cs test accuracy, mean of {len(SEEDS)} seeds: {acc}")
-    assert partial >= exact - 0.01, acc
-
-
-@pytest.mark.dist
-def test_partial_reduce_keeps_the_exact_accuracy_on_coauthor_cs(tmp_path, shared_datasets):
-    """As on Cora, on Coauthor CS (18,333 vertices, 6,805 features), 40 epochs; the
-    exact runs are ``--adapt adjust`` on the same 4 workers (exact, so equal to the
-    single-process executor, and cheaper here than one process)."""
-    npz = shared_datasets / "coauthor_cs" / "coauthor_cs.npz"
-    run_ranks(_cs_world, 4, tmp_path, str(npz), timeout_s=600)
