@@ -43,6 +43,7 @@ import torch
 from torch import Tensor
 
 from fullgraph.adapt.base import Adapter, Note
+from fullgraph.comm.primitives import CommError
 from fullgraph.comm.stale import POINTS_PER_EPOCH, EpochStats, Point, StaleHalo
 from fullgraph.comm.tagged import (
     TAG_BASE,
@@ -186,8 +187,12 @@ class PartialReduce(Adapter):
         if store is None:
             return [0]
         base = f"{self.prefix}{self.epoch}/"
-        store.set(f"{base}ready/{comm.rank}", "1")
-        store.add(f"{base}count", 1)
+        try:
+            store.set(f"{base}ready/{comm.rank}", "1")
+            store.add(f"{base}count", 1)
+        except (RuntimeError, OSError) as err:  # the store's host (rank 0) is gone
+            raise CommError(comm.rank, world, PHASE, "ready mark in the store of rank 0",
+                            err, 0.0, comm.timeout) from err
         deadline = self.t_step + (1.0 + self.slack) * self.t0_step
 
         def ready_ranks() -> list[int]:

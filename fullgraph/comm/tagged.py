@@ -21,9 +21,10 @@ refuses the others). A handle that does not complete within the timeout raises a
 """
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -121,7 +122,8 @@ class Tagged:
 def post_send(tensor: Tensor, peer: int, tag: int, comm: Comm, phase: str) -> Tagged:
     """Start sending ``tensor`` to group rank ``peer`` under ``tag``."""
     buffer = tensor.contiguous()
-    work = dist.isend(buffer, _peer(comm, peer), group=comm.group, tag=tag)
+    with _posting(comm, phase, "isend", peer, tag):
+        work = dist.isend(buffer, _peer(comm, peer), group=comm.group, tag=tag)
     return Tagged(work, buffer, peer, tag, comm, phase, sending=True)
 
 
@@ -129,8 +131,20 @@ def post_recv(shape: Sequence[int], dtype: torch.dtype, peer: int, tag: int, com
               phase: str) -> Tagged:
     """Start receiving a tensor of ``shape`` from group rank ``peer`` under ``tag``."""
     buffer = torch.empty(tuple(shape), dtype=dtype, device=comm.device)
-    work = dist.irecv(buffer, _peer(comm, peer), group=comm.group, tag=tag)
+    with _posting(comm, phase, "irecv", peer, tag):
+        work = dist.irecv(buffer, _peer(comm, peer), group=comm.group, tag=tag)
     return Tagged(work, buffer, peer, tag, comm, phase, sending=False)
+
+
+@contextlib.contextmanager
+def _posting(comm: Comm, phase: str, what: str, peer: int, tag: int) -> Iterator[None]:
+    """A backend failure while posting (the peer's connection is gone) as a CommError
+    that names the peer."""
+    try:
+        yield
+    except (RuntimeError, OSError) as err:
+        raise CommError(comm.rank, comm.world_size, phase, f"{what}(tag {tag}) with rank "
+                        f"{peer}", err, 0.0, comm.timeout) from err
 
 
 class Outbox:
