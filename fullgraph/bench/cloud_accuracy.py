@@ -83,7 +83,7 @@ def accuracy_table(args: argparse.Namespace, datasets: dict[str, list[str]]) -> 
         lines.append(f"| {name} | {epochs} | {cell(acc['adjust'])} | "
                      f"{cell(acc['adjust+partial'])} | {diff:+.2f} | "
                      f"{secs['adjust']:.0f} / {secs['adjust+partial']:.0f} s |")
-        print(lines[-1], flush=True)
+        print(lines[-1], file=sys.stderr, flush=True)  # progress
     return lines
 
 
@@ -97,7 +97,7 @@ def staleness_table(args: argparse.Namespace, cora: list[str]) -> list[str]:
                 for s in range(args.seeds)]
         lines.append(f"| {k} | {cell([r['test'] for r in runs])} | "
                      f"{statistics.fmean(r['mean_epoch_s'] for r in runs):.3f} |")
-        print(lines[-1], flush=True)
+        print(lines[-1], file=sys.stderr, flush=True)  # progress
     return lines
 
 
@@ -144,7 +144,7 @@ def plot_curves(curves: dict[str, list[tuple[float, float]]], out: Path) -> str:
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=100)
-    return f"![epoch-to-accuracy]({out.name})"
+    return f"![epoch-to-accuracy](docs/img/{out.name})"
 
 
 def main(argv: list[str] | None = None) -> int:
