@@ -24,7 +24,8 @@ Measured unit costs (this worker's own, per epoch, the median of the last
   everything can still go back to fetching. The collective exchange cannot tell
   peers apart, so with more than one peer a probe (``comm.tagged.probe_links``:
   ``PROBE_BYTES`` from every worker to every other at once) splits it: T'_c,i,j is
-  T_c' times peer j's probe time over the mean of the peers'.
+  T_c' times peer j's probe time over the mean of the peers' (when the slowest link
+  is at least ``LINK_SPREAD`` times the fastest; otherwise one value for all).
 """
 from __future__ import annotations
 
@@ -46,6 +47,8 @@ WINDOW = 3
 """Epochs whose measured unit costs are combined (median) for one adjustment."""
 PROBE_BYTES = 64 * 1024
 """Bytes each worker sends to each other one to tell their links apart (per adjustment)."""
+LINK_SPREAD = 1.5
+"""Peers' links are told apart only when their probe times differ by this factor."""
 MIN_CHANGE = 0.02
 """Plans switch only when some worker would move more than this share of its
 dependencies (a switch rebuilds every worker's row plan and exchange tables)."""
@@ -144,8 +147,10 @@ class OnlineAdjuster(Adapter):
         peers = [p for p in range(comm.world_size) if p != comm.rank]
         mean = statistics.fmean(times[p] for p in peers) or 1.0
         self.probes = (self.probes + [[times[p] / mean for p in peers]])[-WINDOW:]
-        return {p: byte * statistics.median(r[i] for r in self.probes)
-                for i, p in enumerate(peers)}
+        shares = [statistics.median(r[i] for r in self.probes) for i in range(len(peers))]
+        if max(shares) < LINK_SPREAD * min(shares):
+            return None  # links alike (one host): probe noise must not move the plan
+        return {p: byte * share for p, share in zip(peers, shares)}
 
 
 def _median(history: list[costmodel.Rates]) -> costmodel.Rates:
