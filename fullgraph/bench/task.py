@@ -21,7 +21,7 @@ Tables:
    recomputation, at ``--workers`` workers, coupled and decoupled models;
 2. the scheduling model (§5.2): predicted T and P times and the split it picks,
    against the measured per-group compute and the epoch time of every split;
-3. the subgraph pipeline (Fig. 14a): ``--subgraphs`` 1, 2 and 4;
+3. the subgraph pipeline (Fig. 14a): ``--subgraphs`` 1 (one serial hand-off), 2 and 4;
 4. ``regroup`` (Fig. 14b, not in the default set): on Cora (a real graph, so the
    accuracy means something; GCN, hidden 16, normalised features, 2 workers, 1:1),
    ``--task-deps regroup`` with S = 1..6 subgraphs of ``--chunks 12`` against the
@@ -31,10 +31,13 @@ Tables:
    ``--workers`` workers: data and tensor parallelism, task parallelism with one
    worker per group (2 workers, the rest idle), and the two P-group forms with the
    workers halved between the groups (``--task-split 2:2`` at 4 workers),
-   ``--group-parallel data`` (hybrid, section 4.3) and ``tensor`` (task x tensor, section 6.11).
+   ``--group-parallel data`` (hybrid, section 4.3) and ``tensor`` (task x tensor, section 6.11);
+6. ``ablation`` (Fig. 12, not in the default set): naive task parallelism (coupled GCN,
+   workers halved between the groups, one hand-off), then + dependency management
+   (4 pipelined subgraphs with reuse), + task-decoupled, + the scheduling model.
 
     python -m fullgraph.bench.task --tables regroup
-    python -m fullgraph.bench.task --tables groups
+    python -m fullgraph.bench.task --tables groups,ablation
     python -m fullgraph.bench.task
     python -m fullgraph.bench.task --vertices 4000 --edges 40000 --epochs 3   # quick
 """
@@ -170,6 +173,37 @@ def pipeline_table(args: argparse.Namespace, data: Path) -> list[str]:
     return lines
 
 
+def ablation_rows(workers: int) -> list[tuple[str, list[str]]]:
+    """(label, flags) of Fig. 12's ablation: each row adds one technique to the last."""
+    half = f"{workers // 2}:{workers - workers // 2}"
+    naive = ["--strategy", "task", "--task-split", half, "--subgraphs", "1"]
+    piped = [*naive[:-1], "4"]
+    decoupled = [*piped, "--decoupled", "--num-props", "2"]
+    return [(f"naive task parallelism (coupled, {half} by task kind, one hand-off)", naive),
+            ("+ dependency management (4 pipelined subgraphs, reuse)", piped),
+            ("+ task-decoupled", decoupled),
+            ("+ scheduling model (--task-split auto)",
+             [x if x != half else "auto" for x in decoupled])]
+
+
+def ablation_table(args: argparse.Namespace, data: Path) -> list[str]:
+    """Fig. 12: from naive task parallelism, one technique added per row."""
+    lines = [f"### Ablation, {args.workers} workers, GCN (Fig. 12)", "",
+             "| configuration | epoch s | ratio to naive | MB/epoch, all workers | saved MB "
+             "(max worker) |", "|---|---:|---:|---:|---:|"]
+    base = None
+    for label, flags in ablation_rows(args.workers):
+        r = run(args, data, args.workers, flags)
+        print(json.dumps({"table": "ablation", "config": label, **r}), flush=True)
+        if "error" in r:
+            lines.append(f"| {label} | failed: {r['error']} | | | |")
+            continue
+        base = base or r["epoch_s"]
+        lines.append(f"| {label} | {r['epoch_s']:.3f} | {r['epoch_s'] / base:.2f} | "
+                     f"{r['mb_epoch']:.2f} | {r['saved_mb']:.2f} |")
+    return lines
+
+
 REGROUP_ROWS = [("exact", 1), ("exact", 4)] + [("regroup", s) for s in range(1, 7)]
 
 
@@ -238,14 +272,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--cache", default="/tmp/fullgraph-bench")
     p.add_argument("--tables", default="memory,schedule,pipeline",
-                   help="comma-separated: memory, schedule, pipeline, regroup, groups")
+                   help="comma-separated: memory, schedule, pipeline, regroup, groups, ablation")
     p.add_argument("--regroup-epochs", type=int, default=100)
     p.add_argument("--seeds", default="0,1,2", help="seeds of the regroup table")
     args = p.parse_args(argv)
     if args.workers < 2:
         p.error("--workers: task parallelism needs at least 2")
     tables = {"memory": memory_table, "schedule": schedule_table, "pipeline": pipeline_table,
-              "regroup": regroup_table, "groups": groups_table}
+              "regroup": regroup_table, "groups": groups_table,
+              "ablation": ablation_table}
     names = args.tables.split(",")
     if unknown := [n for n in names if n not in tables]:
         p.error(f"--tables: unknown {', '.join(unknown)}; expected some of {', '.join(tables)}")
