@@ -115,7 +115,18 @@ class PlanRates:
         slowdown: compute slowdown from sharing cores (workers / cores, at least 1).
         bandwidth: memory bytes per second (the task scheduling model's).
         overhead: per epoch, what does not grow with the graph (interpreter, autograd,
-            kernel launches): the program's epoch on a tiny graph.
+            kernel launches): the program's epoch on a tiny graph in one process,
+            slowed by ``slowdown`` like the graph work.
+        fixed: per epoch, the same measured at the real worker count (``plan_probe``):
+            collective rounds and the scheduling of workers that share cores included,
+            so neither ``slowdown`` nor ``latency`` is applied to it again.
+        rounds_paid: communication rounds of the epoch that ``fixed`` already paid
+            (those of the probe's tiny graph); only rounds beyond them add latency.
+        calibration: factor on the graph work (aggregation and GEMMs), from one
+            measured epoch of the single-process executor on the whole graph against
+            its prediction: it stands for what the counts leave out (dropout's random
+            numbers, activations, the loss, normalisation), which grows with the graph
+            like the counted work.
     """
 
     edge: float
@@ -125,6 +136,9 @@ class PlanRates:
     slowdown: float = 1.0
     overhead: float = 0.0
     bandwidth: float = 1e10
+    fixed: float = 0.0
+    rounds_paid: int = 0
+    calibration: float = 1.0
 
 
 def _mem(**values: int) -> dict[str, int]:
@@ -287,18 +301,25 @@ def task_costs(program: StageProgram, graph: Graph, world: int, feat_dim: int,
     return out
 
 
+def graph_seconds(cost: RankCost, rates: PlanRates) -> float:
+    """The counted graph work of one epoch (aggregation and GEMMs), uncalibrated."""
+    return AGG_PASSES * cost.edge_dims * rates.edge + GEMM_PASSES * cost.flops * rates.flop
+
+
 def predict_seconds(cost: RankCost, rates: PlanRates) -> float:
-    """One epoch of one worker: compute (slowed by shared cores) plus communication."""
-    compute = (AGG_PASSES * cost.edge_dims * rates.edge + GEMM_PASSES * cost.flops * rates.flop
-               + rates.overhead)
-    return compute * rates.slowdown + cost.bytes_moved * rates.byte + cost.rounds * rates.latency
+    """One epoch of one worker: compute (slowed by shared cores), communication, and
+    the fixed cost measured at the worker count."""
+    compute = (graph_seconds(cost, rates) * rates.calibration + rates.overhead)
+    rounds = max(0, cost.rounds - rates.rounds_paid)
+    return (compute * rates.slowdown + cost.bytes_moved * rates.byte + rounds * rates.latency
+            + rates.fixed)
 
 
 def epoch_seconds(label: str, costs: list[RankCost], rates: PlanRates,
                   split: taskmodel.TaskSplit | None = None) -> float:
     """The epoch: the slowest worker; task parallelism's groups take turns, so its T and
-    P groups' slowest add up."""
+    P groups' slowest add up (``rates.fixed`` counted once)."""
     times = [predict_seconds(c, rates) for c in costs]
-    if label == "task" and split is not None:
-        return max(times[:split.num_t]) + max(times[split.num_t:])
+    if label == "task" and split is not None:  # the fixed cost is the whole epoch's, once
+        return max(times[:split.num_t]) + max(times[split.num_t:]) - rates.fixed
     return max(times)

@@ -8,17 +8,21 @@
   real strategy, at world size 1, on a ring of a few vertices with the dataset's
   widths (interpreter, autograd and the executor's own bookkeeping: the part of an
   epoch that does not grow with the graph);
-- the share of the cores each worker gets (workers and the machine's current load);
+- the share of the cores each worker gets (workers and the machine's current load),
+  which the planner replaces, for several workers, by the slowdown the probe measures
+  (``workload_seconds`` alone here against on every worker at once, ``plan_probe``);
 - this process's resident size and the RAM available.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import multiprocessing
 import os
 import socket
 import time
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -118,7 +122,7 @@ def executor_overhead(cfg: Any, cand: P.Candidate, feat_dim: int, classes: int) 
     return executor_overheads(cfg, [cand], feat_dim, classes)[cand.label]
 
 
-def _tiny_run(cfg: Any, cand: P.Candidate, dataset: Dataset) -> Any:
+def tiny_run(cfg: Any, cand: P.Candidate, dataset: Dataset) -> Any:
     """A closure running one epoch of ``cand`` on ``dataset`` in this process."""
     if cand.strategy == "task":  # needs 2 workers; it shares tensor parallelism's executor
         cand = P.Candidate("tensor", "tensor")
@@ -143,7 +147,7 @@ def executor_overheads(cfg: Any, cands: list[P.Candidate], feat_dim: int, classe
     ``tiny_dataset``: the least over ``rounds`` rounds that time every candidate in
     turn (a load spike then hits one round, not one candidate)."""
     dataset = tiny_dataset(feat_dim, classes)
-    runs = {c.label: _tiny_run(cfg, c, dataset) for c in cands}
+    runs = {c.label: tiny_run(cfg, c, dataset) for c in cands}
     for run in runs.values():
         run(0)  # warm-up
     best = dict.fromkeys(runs, float("inf"))
@@ -161,17 +165,57 @@ def plan_rates(graph: Graph, workers: int) -> P.PlanRates:
     ``executor_overhead``)."""
     from fullgraph.comm.group import single_comm
 
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    before = torch.get_num_threads()
-    torch.set_num_threads(max(1, (cores or 1) // workers))
-    try:
+    with worker_threads(workers):
         machine = taskmodel.measure_machine(single_comm())
-        edge = min(costmodel.measure_edge_cost(graph) for _ in range(3))  # one call is noisy
-    finally:
-        torch.set_num_threads(before)
+        edge = costmodel.measure_edge_cost(graph)
     byte, latency = measure_link()
     return P.PlanRates(edge, 1.0 / machine.flops, byte, latency,
-                       slowdown=core_share(workers, cores or 1), bandwidth=machine.bandwidth)
+                       slowdown=core_share(workers, _cores()), bandwidth=machine.bandwidth)
+
+
+def _cores() -> int:
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+@contextlib.contextmanager
+def worker_threads(workers: int) -> Iterator[None]:
+    """This process at the thread count each of ``workers`` local workers gets, torch's
+    and numba's (numba's parallel kernels otherwise wait for threads the workers do not
+    have: 16 ms per Cora aggregation beside a busy core, against 0.1 ms)."""
+    from fullgraph.ops import kernels
+
+    threads = max(1, _cores() // workers)
+    before = torch.get_num_threads()
+    numba_before = kernels.numba.get_num_threads() if kernels.HAVE_NUMBA else 1
+    torch.set_num_threads(threads)
+    kernels.set_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+        kernels.set_threads(numba_before)
+
+
+def workload_seconds(rounds: int = 3) -> float:
+    """The least of ``rounds`` timings of a fixed mix of graph work (an aggregation over
+    a seeded random graph and a GEMM, about 20 ms on one core): timed alone here and on
+    every probe worker at once, the ratio is how much the workers slow each other down
+    (shared cores, memory bandwidth and caches), measured instead of assumed."""
+    from fullgraph.ops.spmm import aggregate
+
+    gen = torch.Generator().manual_seed(0)
+    n, degree, dim = 20_000, 10, 64
+    graph = Graph(torch.arange(0, n * degree + 1, degree),
+                  torch.randint(0, n, (n * degree,), generator=gen), n, validate=False)
+    x, w = torch.randn(n, dim, generator=gen), torch.randn(dim, dim, generator=gen)
+    best = float("inf")
+    for _ in range(rounds + 1):  # the first is a warm-up
+        t0 = time.perf_counter()
+        aggregate(graph, x @ w, None, "sum")
+        best = min(best, time.perf_counter() - t0)
+    return best
 
 
 def core_share(workers: int, cores: int, load: float | None = None) -> float:

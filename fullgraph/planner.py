@@ -10,6 +10,8 @@ RAM per worker, and its device part within ``--device-memory`` when one is given
 """
 from __future__ import annotations
 
+import time
+import warnings
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -28,7 +30,12 @@ from fullgraph.plan_measure import (
     executor_overheads,
     plan_rates,
     rss_bytes,
+    tiny_dataset,
+    tiny_run,
+    worker_threads,
+    workload_seconds,
 )
+from fullgraph.plan_probe import RING_PER_WORKER, probe
 
 
 @dataclass
@@ -76,25 +83,125 @@ def _book(cfg: Any, dataset: Dataset, workers: int) -> PartitionBook:
 
 
 def price(cfg: Any, dataset: Dataset, rates: P.PlanRates,
-          overheads: bool = True) -> list[Estimate]:
+          per_candidate: dict[str, P.PlanRates] | None = None) -> list[Estimate]:
     """Every candidate for ``cfg.launch.workers`` workers (task needs 2 or more; one
-    worker: ``single``); each candidate's executor overhead measured here unless
-    ``overheads`` is False (then ``rates.overhead`` for all)."""
+    worker: ``single``), timed with ``per_candidate[label]`` where given, else ``rates``."""
     workers = cfg.launch.workers
     program = _program(dataset, cfg)
     graph, _ = propagation_inputs(program, dataset.graph)
-    cands = [P.Candidate("single", "single")] if workers == 1 else list(P.CANDIDATES)
-    measured = (executor_overheads(cfg, cands, dataset.data.num_features,
-                                   dataset.data.num_classes) if overheads else {})
     book = _book(cfg, dataset, workers) if workers > 1 else PartitionBook.from_assignment(
         torch.zeros(graph.num_dst, dtype=torch.int64), 1)
     out = []
-    for cand in cands:
+    for cand in candidates(workers):
         costs, split = _costs(cfg, cand, program, graph, book, rates,
                               dataset.data.num_features)
-        r = replace(rates, overhead=measured[cand.label]) if overheads else rates
-        out.append(Estimate(cand, costs, P.epoch_seconds(cand.label, costs, r, split)))
+        timed = (per_candidate or {}).get(cand.label, rates)
+        out.append(Estimate(cand, costs, P.epoch_seconds(cand.label, costs, timed, split)))
     return out
+
+
+def candidates(workers: int) -> list[P.Candidate]:
+    return [P.Candidate("single", "single")] if workers == 1 else list(P.CANDIDATES)
+
+
+def measured_rates(cfg: Any, dataset: Dataset,
+                   rates: P.PlanRates) -> tuple[P.PlanRates, dict[str, P.PlanRates]]:
+    """``rates`` with what is measured by running the executors: the calibration of the
+    graph work (``calibration``), and for several workers the probe's slowdown of
+    workers sharing this machine and its cost of an exchange round; per candidate, its
+    fixed cost per epoch -- at the real worker count by ``plan_probe`` (falling back to
+    one process, with a warning, if its workers fail), in this process for one worker."""
+    feat, classes = dataset.data.num_features, dataset.data.num_classes
+    workers = cfg.launch.workers
+    rates = replace(rates, calibration=calibration(cfg, dataset, rates))
+    cands = candidates(workers)
+    if workers > 1:
+        try:
+            measured = probe(cfg, [c.label for c in cands], feat, classes)
+        except RuntimeError as err:
+            warnings.warn(f"{err}; the plan's fixed costs are measured in one process instead")
+        else:
+            alone = _at_worker_threads(workers, workload_seconds)
+            rates = replace(rates, slowdown=max(1.0, measured.workload / alone))
+            ring = tiny_dataset(feat, classes, RING_PER_WORKER * workers)
+            program = _program(ring, cfg)
+            graph, _ = propagation_inputs(program, ring.graph)
+            opts = cfg.options["partition"]
+            book = partition(ring.graph, workers, opts.method, seed=opts.seed)
+            rounds = {c.label: max(r.rounds for r in _costs(cfg, c, program, graph, book,
+                                                               rates, feat)[0]) for c in cands}
+            rates = replace(rates, latency=max(rates.latency,
+                                               round_seconds(measured.fixed, rounds)))
+            return rates, {c.label: replace(rates, overhead=0.0, fixed=measured.fixed[c.label],
+                                            rounds_paid=rounds[c.label]) for c in cands}
+    overhead = executor_overheads(cfg, cands, feat, classes)
+    return rates, {c.label: replace(rates, overhead=overhead[c.label]) for c in cands}
+
+
+def round_seconds(fixed: dict[str, float], rounds: dict[str, int]) -> float:
+    """What one exchange round costs the launched workers: the probe's DepComm epoch
+    against its DepCache epoch (the same program on the same ring, DepComm adds the
+    halo rounds), per extra round; 0 where that cannot be read (no extra rounds, or a
+    noisy probe that timed DepComm faster)."""
+    comm, cache = "data/depcomm", "data/depcache"
+    extra = rounds.get(comm, 0) - rounds.get(cache, 0)
+    if comm not in fixed or cache not in fixed or extra <= 0:
+        return 0.0
+    return max(0.0, fixed[comm] - fixed[cache]) / extra
+
+
+def _at_worker_threads(workers: int, fn: Any, *args: Any) -> Any:
+    """``fn(*args)`` with this process at the thread count each worker gets."""
+    with worker_threads(workers):
+        return fn(*args)
+
+
+CALIBRATE_MAX_S = 5.0
+"""The longest predicted single-process epoch the planner runs to calibrate."""
+
+
+def calibration(cfg: Any, dataset: Dataset, rates: P.PlanRates) -> float:
+    """Measured over predicted graph work of one single-process epoch on the whole graph
+    (``PlanRates.calibration``), at the thread count each worker gets; 1.0 (with a
+    warning) when that epoch would take over ``CALIBRATE_MAX_S`` or half the RAM."""
+    program = _program(dataset, cfg)
+    graph, _ = propagation_inputs(program, dataset.graph)
+    one = PartitionBook.from_assignment(torch.zeros(graph.num_dst, dtype=torch.int64), 1)
+    single = P.data_cost(program, graph, P.data_rows(program, graph, one, 0, "depcomm",
+                                                     costmodel.Rates(1.0, 1.0, 1.0)),
+                         1, dataset.data.num_features)
+    predicted = P.graph_seconds(single, rates)
+    if predicted * rates.slowdown > CALIBRATE_MAX_S or \
+            rss_bytes() + single.total > available_ram() // 2:
+        warnings.warn("the plan's compute rates are not calibrated: one epoch of this graph "
+                      "in one process would take too long or too much memory")
+        return 1.0
+    cand = P.Candidate("single", "single")
+    measured, fixed = _at_worker_threads(cfg.launch.workers, _single_epoch, cfg, cand, dataset)
+    return min(20.0, max(0.25, (measured - fixed) / max(predicted, 1e-9)))
+
+
+def _single_epoch(cfg: Any, cand: P.Candidate, dataset: Dataset,
+                  rounds: int = 3) -> tuple[float, float]:
+    """(seconds of one epoch of ``cand`` on ``dataset``, the same on the tiny ring): the
+    least of ``rounds`` rounds that time both in turn, so that a load spike hits one
+    round, not one of the two."""
+    runs = [tiny_run(cfg, cand, dataset),
+            tiny_run(cfg, cand, tiny_dataset(dataset.data.num_features,
+                                             dataset.data.num_classes))]
+    for run in runs:
+        run(0)  # warm-up
+    best = [float("inf"), float("inf")]
+    for step in range(1, rounds + 1):
+        for i, run in enumerate(runs):
+            best[i] = min(best[i], _timed(run, step))
+    return best[0], best[1]
+
+
+def _timed(fn: Any, arg: Any) -> float:
+    t0 = time.perf_counter()
+    fn(arg)
+    return time.perf_counter() - t0
 
 
 def _costs(cfg: Any, cand: P.Candidate, program: StageProgram, graph: Any,
@@ -130,7 +237,10 @@ def plan_run(cfg: Any, dataset: Dataset, *, base_rss: int | None = None,
     (rates measured here unless given; see ``price`` for ``overheads``)."""
     workers = cfg.launch.workers
     rates = rates or plan_rates(dataset.graph, workers)
-    estimates = price(cfg, dataset, rates, overheads)
+    per_candidate = None
+    if overheads:
+        rates, per_candidate = measured_rates(cfg, dataset, rates)
+    estimates = price(cfg, dataset, rates, per_candidate)
     process = (base_rss if base_rss is not None else rss_bytes()) + dataset_bytes(dataset)
     ram = available_ram() // workers
     budget = device_budget(cfg)
@@ -177,7 +287,8 @@ def table_lines(result: PlanResult) -> list[str]:
                      f"{e.seconds * 1e3:>8.1f}ms  {mark}")
     r = result.rates
     lines.append(f"rates: edge x column {r.edge:.3g} s, GEMM flop {r.flop:.3g} s, byte "
-                 f"{r.byte:.3g} s, round {r.latency:.3g} s, cores shared x{r.slowdown:.2f}")
+                 f"{r.byte:.3g} s, round {r.latency:.3g} s, cores shared x{r.slowdown:.2f}, "
+                 f"graph work x{r.calibration:.2f} (one epoch measured here)")
     lines += explain(result)
     return lines
 

@@ -14,6 +14,7 @@ from fullgraph.graph.csr import Graph
 from fullgraph.models import build_model, propagation_inputs
 from fullgraph.partition import PartitionBook
 from fullgraph.plan_measure import tiny_dataset
+from fullgraph.plan_probe import Probe
 
 F, H, C = 9, 5, 3
 
@@ -89,6 +90,16 @@ def test_predicted_seconds_add_compute_bytes_and_rounds():
     cost = P.RankCost(P._mem(), bytes_moved=1000, edge_dims=1000, flops=1000, rounds=3)
     expected = (3 * 1000 * 1e-9 + 4 * 1000 * 1e-10 + 1e-3) * 2 + 1000 * 1e-8 + 3e-4
     assert P.predict_seconds(cost, rates) == pytest.approx(expected)
+    # measured at the worker count: the fixed cost is neither slowed again nor are the
+    # rounds it already paid counted twice; the calibration scales the graph work only
+    probed = P.PlanRates(edge=1e-9, flop=1e-10, byte=1e-8, latency=1e-4, slowdown=2.0,
+                         fixed=5e-3, rounds_paid=2, calibration=3.0)
+    expected = (3 * 1000 * 1e-9 + 4 * 1000 * 1e-10) * 3.0 * 2 + 1000 * 1e-8 + 1e-4 + 5e-3
+    assert P.predict_seconds(cost, probed) == pytest.approx(expected)
+    # task parallelism's groups take turns: their times add, the fixed cost counts once
+    split = type("Split", (), {"num_t": 1})()
+    assert P.epoch_seconds("task", [cost, cost], probed, split) == pytest.approx(
+        2 * expected - 5e-3)
 
 
 RATES = P.PlanRates(edge=1e-9, flop=1e-11, byte=1e-9, latency=1e-5)
@@ -144,8 +155,8 @@ def cora_env(shared_datasets, monkeypatch):
 
 def test_cli_plan_on_cora_prints_every_strategy_and_a_recommendation(cora_env, capsys,
                                                                      monkeypatch):
-    monkeypatch.setattr(planner, "executor_overheads",
-                        lambda cfg, cands, *a: {c.label: 1e-3 for c in cands})  # timed below
+    monkeypatch.setattr(planner, "probe",  # timed below
+                        lambda cfg, labels, *a: Probe(dict.fromkeys(labels, 1e-3), 0.01))
     assert main(["plan", "--dataset", "cora", "--workers", "2"]) == 0
     out = capsys.readouterr().out
     for cand in P.CANDIDATES:
@@ -161,8 +172,9 @@ def test_strategy_auto_is_resolved_before_the_workers_launch(cora_env, monkeypat
 
     seen: list[list[str]] = []
     monkeypatch.setattr(planner, "plan_rates", lambda graph, workers: RATES)  # measured above
-    monkeypatch.setattr(planner, "executor_overheads",
-                        lambda cfg, cands, *a: {c.label: 1e-3 for c in cands})
+    monkeypatch.setattr(planner, "probe",
+                        lambda cfg, labels, *a: Probe(dict.fromkeys(labels, 1e-3), 0.01))
+    monkeypatch.setattr(planner, "calibration", lambda *a: 1.0)
     monkeypatch.setattr(launch, "launch_local", lambda argv, *a, **k: seen.append(argv) or 0)
     assert main(["train", "--dataset", "cora", "--workers", "2", "--strategy", "auto",
                  "--epochs", "1"]) == 0
@@ -188,6 +200,46 @@ def test_executor_overhead_times_the_real_executor_and_the_link_is_measured():
     assert 0 < seconds < 5
     per_byte, latency = measure_link(nbytes=1 << 16, trips=3)
     assert per_byte >= 0 and 0 < latency < 1
+
+
+def test_probe_times_every_candidate_on_launched_workers(monkeypatch):
+    from fullgraph.plan_probe import probe
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    labels = ["data/depcomm", "task"]
+    measured = probe(tiny_cfg(2), labels, F, C)
+    assert sorted(measured.fixed) == sorted(labels)
+    assert all(0 < t < 5 for t in measured.fixed.values()) and 0 < measured.workload < 5
+
+
+def test_probe_config_trains_briefly_without_outputs_or_a_saved_partition(tmp_path):
+    from fullgraph.plan_probe import EPOCHS, probe_config
+
+    cfg = tiny_cfg(2, train={"epochs": 500, "checkpoint_dir": str(tmp_path),
+                             "metrics_out": str(tmp_path / "m.jsonl")},
+                   partition={"file": str(tmp_path / "book.pt")})
+    probe = probe_config(cfg, P.CANDIDATES[6])
+    assert probe.runtime.strategy == "task" and probe.train.epochs == EPOCHS
+    assert probe.train.checkpoint_dir is None and probe.train.metrics_out is None
+    assert probe.options["partition"].file is None
+
+
+def test_calibration_scales_the_counted_work_to_a_measured_epoch(monkeypatch):
+    dataset = tiny_dataset(F, C, n=400)
+    factor = planner.calibration(tiny_cfg(2), dataset, RATES)
+    assert 0.25 <= factor <= 20.0
+    monkeypatch.setattr(planner, "CALIBRATE_MAX_S", 0.0)  # too big to run: left at 1
+    with pytest.warns(UserWarning, match="not calibrated"):
+        assert planner.calibration(tiny_cfg(2), dataset, RATES) == 1.0
+
+
+def test_a_round_costs_what_depcomm_pays_over_depcache_on_the_probe_ring():
+    fixed = {"data/depcomm": 0.030, "data/depcache": 0.010, "tensor": 0.5}
+    assert planner.round_seconds(fixed, {"data/depcomm": 12, "data/depcache": 4}) == \
+        pytest.approx(0.0025)
+    assert planner.round_seconds(fixed, {"data/depcomm": 4, "data/depcache": 4}) == 0.0
+    assert planner.round_seconds({"data/depcomm": 0.01, "data/depcache": 0.02},
+                                 {"data/depcomm": 12, "data/depcache": 4}) == 0.0
 
 
 def test_core_share_counts_the_workers_beside_the_load_the_rates_were_measured_in():

@@ -1,0 +1,138 @@
+"""Each candidate's fixed cost per epoch at the real worker count (``fullgraph plan``).
+
+What an epoch costs beyond its graph work -- the interpreter and autograd, the
+executor's own bookkeeping, every collective round, and the scheduling of workers
+that share cores -- depends on the worker count and on how the workers share this
+machine, not on the graph. The planner measures it here as it will be paid: the
+workers are launched as ``fullgraph train`` launches them, and every candidate trains
+a few epochs of the user's model on a ring of a few vertices per worker
+(``plan_measure.tiny_dataset``); rank 0 writes each candidate's median epoch after the
+first to a JSON file. Then all workers run the same fixed workload at once
+(``plan_measure.workload_seconds``): against the planner's own timing of it alone, how
+much the workers slow each other down.
+
+    python -m fullgraph.plan_probe OUT.json CONFIG.json LABEL [LABEL ...]   # per worker
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import statistics
+import sys
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Any
+
+EPOCHS = 6
+"""Epochs per candidate; the first is left out of the median."""
+RING_PER_WORKER = 32
+"""Vertices of the probe's ring per worker."""
+
+
+def probe_config(cfg: Any, cand: Any) -> Any:
+    """``cfg`` running ``cand`` for a probe: a few epochs, no outputs, no adaptation,
+    no saved partition (it belongs to the real graph)."""
+    from fullgraph.config import AdaptConfig
+    from fullgraph.plan_measure import candidate_config
+
+    cfg = candidate_config(cfg, cand)
+    train = dataclasses.replace(cfg.train, epochs=EPOCHS, metrics_out=None, checkpoint_dir=None,
+                                resume=None, save_model=None, progress="off", eval_every=1)
+    options = dict(cfg.options)
+    options["partition"] = dataclasses.replace(options["partition"], file=None)
+    return dataclasses.replace(cfg, train=train, adapt=AdaptConfig(), options=options)
+
+
+def measure(cfg: Any, labels: list[str], features: int, classes: int,
+            comm: Any) -> dict[str, float]:
+    """Per candidate label, the median epoch (seconds, epochs after the first) of the
+    slowest worker, training on the probe ring with ``comm``'s workers."""
+    import torch
+
+    from fullgraph import plan as P
+    from fullgraph.comm.primitives import all_gather_object
+    from fullgraph.plan_measure import tiny_dataset
+    from fullgraph.train import train
+
+    cands = {c.label: c for c in P.CANDIDATES}
+    out: dict[str, float] = {}
+    for label in labels:
+        torch.manual_seed(0)  # every worker builds the same ring
+        dataset = tiny_dataset(features, classes, RING_PER_WORKER * comm.world_size)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            result = train(dataset, probe_config(cfg, cands[label]), comm=comm)
+        mine = statistics.median(r.epoch_s for r in result.epochs[1:])
+        out[label] = max(all_gather_object(mine, comm, "probe"))
+    return out
+
+
+def main(argv: list[str]) -> int:
+    from fullgraph import launch
+    from fullgraph.comm.group import destroy_comm, init_comm
+    from fullgraph.comm.primitives import all_gather_object, barrier
+    from fullgraph.config import config_from_dict
+    from fullgraph.plan_measure import workload_seconds
+
+    out_path, config_path, *labels = argv
+    spec = json.loads(Path(config_path).read_text())
+    cfg = config_from_dict(spec["config"], config_path)
+
+    def body(status: Any) -> int:
+        comm = init_comm(backend="gloo", timeout_s=cfg.launch.timeout_s)
+        status.watch(comm.counter)
+        try:
+            times = measure(cfg, labels, spec["features"], spec["classes"], comm)
+            barrier(comm, "probe")  # every worker at once
+            concurrent = max(all_gather_object(workload_seconds(), comm, "probe"))
+        finally:
+            destroy_comm(comm)
+        if comm.rank == 0:
+            Path(out_path).write_text(json.dumps({"fixed": times, "workload": concurrent}))
+        return 0
+
+    return launch.run_worker(body)
+
+
+@dataclasses.dataclass(frozen=True)
+class Probe:
+    """What the probe's workers measured.
+
+    Attributes:
+        fixed: per candidate label, seconds per epoch on the ring.
+        workload: seconds of ``plan_measure.workload_seconds`` on the slowest worker,
+            all workers running it at once.
+    """
+
+    fixed: dict[str, float]
+    workload: float
+
+
+def probe(cfg: Any, labels: list[str], features: int, classes: int) -> Probe:
+    """Launch ``cfg.launch.workers`` local workers and measure, per candidate label, its
+    fixed seconds per epoch at that worker count, then the shared workload on all of
+    them at once (see the module docstring).
+
+    Raises:
+        RuntimeError: the probe's workers failed (their message is printed by the
+            launcher).
+    """
+    from fullgraph import launch
+
+    with tempfile.TemporaryDirectory(prefix="fullgraph-plan-probe-") as tmp:
+        out, spec = Path(tmp) / "times.json", Path(tmp) / "config.json"
+        spec.write_text(json.dumps({"config": cfg.to_dict(), "features": features,
+                                    "classes": classes}))
+        code = launch.launch_local([str(out), str(spec), *labels], cfg.launch.workers,
+                                   timeout_s=cfg.launch.timeout_s, run_dir=None,
+                                   threads=cfg.runtime.threads,
+                                   module="fullgraph.plan_probe")
+        if code != 0 or not out.exists():
+            raise RuntimeError(f"the planner's probe workers failed (exit {code})")
+        got = json.loads(out.read_text())
+        return Probe({k: float(v) for k, v in got["fixed"].items()}, float(got["workload"]))
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
