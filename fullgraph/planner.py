@@ -10,6 +10,7 @@ RAM per worker, and its device part within ``--device-memory`` when one is given
 """
 from __future__ import annotations
 
+import statistics
 import time
 import warnings
 from dataclasses import dataclass, replace
@@ -106,15 +107,17 @@ def candidates(workers: int) -> list[P.Candidate]:
 
 def measured_rates(cfg: Any, dataset: Dataset,
                    rates: P.PlanRates) -> tuple[P.PlanRates, dict[str, P.PlanRates]]:
-    """``rates`` with what is measured by running the executors: the calibration of the
-    graph work (``calibration``), and for several workers the probe's slowdown of
-    workers sharing this machine and its cost of an exchange round; per candidate, its
+    """``rates`` with what is measured by running the executors: the calibration of each
+    candidate's graph work (``calibration``; the base rates get the median), and for
+    several workers the probe's slowdown of workers sharing this machine and its cost
+    of an exchange round; per candidate, its
     fixed cost per epoch -- at the real worker count by ``plan_probe`` (falling back to
     one process, with a warning, if its workers fail), in this process for one worker."""
     feat, classes = dataset.data.num_features, dataset.data.num_classes
     workers = cfg.launch.workers
-    rates = replace(rates, calibration=calibration(cfg, dataset, rates))
     cands = candidates(workers)
+    factors = calibration(cfg, dataset, rates, cands)
+    rates = replace(rates, calibration=statistics.median(factors.values()))
     if workers > 1:
         try:
             measured = probe(cfg, [c.label for c in cands], feat, classes)
@@ -133,9 +136,11 @@ def measured_rates(cfg: Any, dataset: Dataset,
             rates = replace(rates, latency=max(rates.latency,
                                                round_seconds(measured.fixed, rounds)))
             return rates, {c.label: replace(rates, overhead=0.0, fixed=measured.fixed[c.label],
-                                            rounds_paid=rounds[c.label]) for c in cands}
+                                            rounds_paid=rounds[c.label],
+                                            calibration=factors[c.label]) for c in cands}
     overhead = executor_overheads(cfg, cands, feat, classes)
-    return rates, {c.label: replace(rates, overhead=overhead[c.label]) for c in cands}
+    return rates, {c.label: replace(rates, overhead=overhead[c.label],
+                                    calibration=factors[c.label]) for c in cands}
 
 
 def round_seconds(fixed: dict[str, float], rounds: dict[str, int]) -> float:
@@ -157,13 +162,20 @@ def _at_worker_threads(workers: int, fn: Any, *args: Any) -> Any:
 
 
 CALIBRATE_MAX_S = 5.0
-"""The longest predicted single-process epoch the planner runs to calibrate."""
+"""The longest the planner spends on the calibration epochs (predicted, all candidates)."""
 
 
-def calibration(cfg: Any, dataset: Dataset, rates: P.PlanRates) -> float:
-    """Measured over predicted graph work of one single-process epoch on the whole graph
-    (``PlanRates.calibration``), at the thread count each worker gets; 1.0 (with a
-    warning) when that epoch would take over ``CALIBRATE_MAX_S`` or half the RAM."""
+def calibration(cfg: Any, dataset: Dataset, rates: P.PlanRates,
+                cands: list[P.Candidate] | None = None) -> dict[str, float]:
+    """Per candidate (default: ``single``), its measured epoch on the whole graph in one
+    process over the predicted graph work of a single-process epoch
+    (``PlanRates.calibration``), at the thread count each worker gets. It scales the
+    counted work to what the candidate's executor does with it: what the counts leave
+    out (dropout's random numbers, activations, the loss) and the executor's own
+    per-row work (p2p's pieces, tensor parallelism's chunks). 1.0 for all (with a
+    warning) when those epochs would take over ``CALIBRATE_MAX_S`` together, or half
+    the RAM."""
+    cands = cands or [P.Candidate("single", "single")]
     program = _program(dataset, cfg)
     graph, _ = propagation_inputs(program, dataset.graph)
     one = PartitionBook.from_assignment(torch.zeros(graph.num_dst, dtype=torch.int64), 1)
@@ -171,31 +183,31 @@ def calibration(cfg: Any, dataset: Dataset, rates: P.PlanRates) -> float:
                                                      costmodel.Rates(1.0, 1.0, 1.0)),
                          1, dataset.data.num_features)
     predicted = P.graph_seconds(single, rates)
-    if predicted * rates.slowdown > CALIBRATE_MAX_S or \
-            rss_bytes() + single.total > available_ram() // 2:
+    if 4 * len(cands) * predicted * rates.slowdown > CALIBRATE_MAX_S or \
+            rss_bytes() + len(cands) * single.total > available_ram() // 2:
         warnings.warn("the plan's compute rates are not calibrated: one epoch of this graph "
-                      "in one process would take too long or too much memory")
-        return 1.0
-    cand = P.Candidate("single", "single")
-    measured, fixed = _at_worker_threads(cfg.launch.workers, _single_epoch, cfg, cand, dataset)
-    return min(20.0, max(0.25, (measured - fixed) / max(predicted, 1e-9)))
+                      "per strategy in one process would take too long or too much memory")
+        return {c.label: 1.0 for c in cands}
+    epochs = _at_worker_threads(cfg.launch.workers, _epochs_here, cfg, cands, dataset)
+    return {label: min(20.0, max(0.25, (real - ring) / max(predicted, 1e-9)))
+            for label, (real, ring) in epochs.items()}
 
 
-def _single_epoch(cfg: Any, cand: P.Candidate, dataset: Dataset,
-                  rounds: int = 3) -> tuple[float, float]:
-    """(seconds of one epoch of ``cand`` on ``dataset``, the same on the tiny ring): the
-    least of ``rounds`` rounds that time both in turn, so that a load spike hits one
-    round, not one of the two."""
-    runs = [tiny_run(cfg, cand, dataset),
-            tiny_run(cfg, cand, tiny_dataset(dataset.data.num_features,
-                                             dataset.data.num_classes))]
-    for run in runs:
+def _epochs_here(cfg: Any, cands: list[P.Candidate], dataset: Dataset,
+                 rounds: int = 3) -> dict[str, tuple[float, float]]:
+    """Per candidate, (seconds of one epoch on ``dataset`` in this process, the same on
+    the tiny ring): the least of ``rounds`` rounds that time every run in turn, so that
+    a load spike hits one round, not one run."""
+    ring = tiny_dataset(dataset.data.num_features, dataset.data.num_classes)
+    runs = {(c.label, i): tiny_run(cfg, c, data)
+            for c in cands for i, data in enumerate((dataset, ring))}
+    for run in runs.values():
         run(0)  # warm-up
-    best = [float("inf"), float("inf")]
+    best = dict.fromkeys(runs, float("inf"))
     for step in range(1, rounds + 1):
-        for i, run in enumerate(runs):
-            best[i] = min(best[i], _timed(run, step))
-    return best[0], best[1]
+        for key, run in runs.items():
+            best[key] = min(best[key], _timed(run, step))
+    return {c.label: (best[c.label, 0], best[c.label, 1]) for c in cands}
 
 
 def _timed(fn: Any, arg: Any) -> float:
@@ -288,7 +300,8 @@ def table_lines(result: PlanResult) -> list[str]:
     r = result.rates
     lines.append(f"rates: edge x column {r.edge:.3g} s, GEMM flop {r.flop:.3g} s, byte "
                  f"{r.byte:.3g} s, round {r.latency:.3g} s, cores shared x{r.slowdown:.2f}, "
-                 f"graph work x{r.calibration:.2f} (one epoch measured here)")
+                 f"graph work x{r.calibration:.2f} (median over the strategies; one epoch "
+                 "of each measured here)")
     lines += explain(result)
     return lines
 

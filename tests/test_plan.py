@@ -174,7 +174,8 @@ def test_strategy_auto_is_resolved_before_the_workers_launch(cora_env, monkeypat
     monkeypatch.setattr(planner, "plan_rates", lambda graph, workers: RATES)  # measured above
     monkeypatch.setattr(planner, "probe",
                         lambda cfg, labels, *a: Probe(dict.fromkeys(labels, 1e-3), 0.01))
-    monkeypatch.setattr(planner, "calibration", lambda *a: 1.0)
+    monkeypatch.setattr(planner, "calibration",
+                        lambda cfg, data, rates, cands: {c.label: 1.0 for c in cands})
     monkeypatch.setattr(launch, "launch_local", lambda argv, *a, **k: seen.append(argv) or 0)
     assert main(["train", "--dataset", "cora", "--workers", "2", "--strategy", "auto",
                  "--epochs", "1"]) == 0
@@ -226,11 +227,15 @@ def test_probe_config_trains_briefly_without_outputs_or_a_saved_partition(tmp_pa
 
 def test_calibration_scales_the_counted_work_to_a_measured_epoch(monkeypatch):
     dataset = tiny_dataset(F, C, n=400)
-    factor = planner.calibration(tiny_cfg(2), dataset, RATES)
-    assert 0.25 <= factor <= 20.0
+    cands = [P.CANDIDATES[0], P.CANDIDATES[5]]
+    factors = planner.calibration(tiny_cfg(2), dataset, RATES, cands)
+    assert sorted(factors) == ["data/depcomm", "p2p"]
+    assert all(0.25 <= f <= 20.0 for f in factors.values())
+    assert list(planner.calibration(tiny_cfg(2), dataset, RATES)) == ["single"]
     monkeypatch.setattr(planner, "CALIBRATE_MAX_S", 0.0)  # too big to run: left at 1
     with pytest.warns(UserWarning, match="not calibrated"):
-        assert planner.calibration(tiny_cfg(2), dataset, RATES) == 1.0
+        assert planner.calibration(tiny_cfg(2), dataset, RATES, cands) == {
+            "data/depcomm": 1.0, "p2p": 1.0}
 
 
 def test_a_round_costs_what_depcomm_pays_over_depcache_on_the_probe_ring():
