@@ -21,7 +21,8 @@ TRAIN_FLAGS = sorted("""
 --partition-seed --dep-mode --byte-cost --edge-cost --vertex-cost --device-memory --num-chunks
 --column-split --pipeline --nn-device --p2p-schedule --bin-memory --bin-size
 --checkpoint-dir --checkpoint-every --resume --save-model
---task-split --task-gamma --subgraphs --recompute --chunks --task-deps --group-parallel --hops
+--task-split --task-gamma --subgraphs --recompute --chunks --task-deps --group-parallel
+--task-device-memory --hops
 --adapt --cache-budget --inject --staleness --slack --shares
 """.split())
 

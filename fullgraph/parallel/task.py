@@ -41,7 +41,7 @@ from fullgraph.comm.placement import even_counts
 from fullgraph.fields import option
 from fullgraph.graph.csr import Graph
 from fullgraph.graph.data import Dataset
-from fullgraph.memory import MemoryAccount
+from fullgraph.memory import MemoryAccount, parse_bytes
 from fullgraph.models.stages import StageProgram, propagation_inputs
 from fullgraph.models.walk import describe, has_edge_stage
 from fullgraph.parallel.base import DistributedStrategy, LocalResult, Work, register
@@ -84,7 +84,7 @@ class TaskParallel(DistributedStrategy[TaskPlan]):
     name = "task"
     section = "task_parallel"
     flags = {"split": "task-split", "gamma": "task-gamma", "deps": "task-deps",
-             "group_parallel": "group-parallel"}
+             "group_parallel": "group-parallel", "device_memory": "task-device-memory"}
 
     @dataclass(frozen=True, kw_only=True)
     class Options:
@@ -113,6 +113,13 @@ class TaskParallel(DistributedStrategy[TaskPlan]):
                 vertex, the whole graph); ``data``, by rows (every P worker a row range,
                 the in-edges of its rows and their sources fetched from the T group)
                 (default: ``tensor``).
+            device_memory: a P worker's budget for one chunk's propagation, e.g.
+                ``"2GB"``: the chunks are the fewest whose footprint (rows, in-edges and
+                source rows at the worker's widest column slice, as tensor
+                parallelism's ``--device-memory``) fits, each chunk a subgraph of the
+                pipeline, so one chunk at a time is held (a subgraph of several chunks
+                holds more: 1.4x the budget in a test); tensor form only, not with
+                ``chunks`` or ``subgraphs`` (default: None, chunks from those).
         """
 
         split: str = option("auto", "workers of the T and P groups as T:P, e.g. 1:3; auto: "
@@ -132,6 +139,9 @@ class TaskParallel(DistributedStrategy[TaskPlan]):
                                      "columns) or data (by rows, each P worker fetching the "
                                      "sources of its rows' in-edges)",
                                      choices=GROUP_PARALLEL)
+        device_memory: str | None = option(None, "a P worker's budget for one chunk's "
+                                           "propagation, e.g. 2GB: the chunks and subgraphs "
+                                           "(one chunk each) follow from it")
 
         def __post_init__(self) -> None:
             split_counts(self.split)  # raises on a malformed split
@@ -150,6 +160,17 @@ class TaskParallel(DistributedStrategy[TaskPlan]):
             if self.group_parallel not in GROUP_PARALLEL:
                 raise ValueError(f"--group-parallel must be one of "
                                  f"{', '.join(GROUP_PARALLEL)}, got {self.group_parallel!r}")
+            if self.device_memory is not None:
+                parse_bytes(self.device_memory)  # raises on a bad size
+                if self.group_parallel == "data":
+                    raise ValueError("--task-device-memory sizes the chunks of the column-split "
+                                     "P group: use it with --group-parallel tensor, or give "
+                                     "--chunks with --group-parallel data")
+                if self.chunks or self.subgraphs > 1:
+                    raise ValueError(f"--task-device-memory {self.device_memory} sets the "
+                                     "chunks and the subgraphs (one chunk each, so that one "
+                                     "chunk at a time is on the device): leave --chunks and "
+                                     "--subgraphs unset")
 
     options: Options
 
@@ -184,14 +205,32 @@ class TaskParallel(DistributedStrategy[TaskPlan]):
         if has_edge_stage(program):
             plan.edges = edge_plan(graph, row_counts, comm)
             plan.edges.block = plan.edges.block.to(device)
-        if rows is None and self.options.subgraphs > 1:
-            ranges = spread_chunks(graph.indptr, row_counts, 1,
-                                   num_chunks=self.options.chunks or self.options.subgraphs)
-            plan.grid = ChunkGrid(graph.to("cpu"), ranges,
-                                  min(self.options.subgraphs, len(ranges)))
-            plan.account = MemoryAccount(None)
+        if rows is None and self._pipelined:
+            opts = self.options
+            budget = None if opts.device_memory is None else parse_bytes(opts.device_memory)
+            if budget is not None:  # the fewest chunks a P worker's widest slice fits
+                widest = max((-(-program.stages[i.index].in_dim // split.num_p)
+                              for i in describe(program) if i.is_propagate), default=1)
+                try:
+                    ranges = spread_chunks(graph.indptr, row_counts, widest,
+                                           torch.empty(0, dtype=dtype).element_size(),
+                                           budget=budget)
+                except ValueError as err:  # name this strategy's flag, not tensor's
+                    raise ValueError(str(err).replace("--device-memory",
+                                                      "--task-device-memory")) from None
+            else:
+                ranges = spread_chunks(graph.indptr, row_counts, 1,
+                                       num_chunks=opts.chunks or opts.subgraphs)
+            subgraphs = opts.subgraphs if budget is None else len(ranges)
+            plan.grid = ChunkGrid(graph.to("cpu"), ranges, min(subgraphs, len(ranges)))
+            plan.account = MemoryAccount(budget)
             _use(plan, plan.grid.exact)
         return plan
+
+    @property
+    def _pipelined(self) -> bool:
+        """Whether the hand-offs into the P group run over a chunk grid (tensor form)."""
+        return self.options.subgraphs > 1 or self.options.device_memory is not None
 
     def _plan(self, dataset: Dataset, program: StageProgram, graph: Graph,
               norms: dict[str, Tensor], split: TaskSplit, row_counts: list[int], comm: Comm,
@@ -204,7 +243,7 @@ class TaskParallel(DistributedStrategy[TaskPlan]):
         start = sum(row_counts[:rank])
         gids = torch.arange(start, start + row_counts[rank])
         on_p = describe(program)[-1].is_propagate and (
-            self.options.subgraphs == 1 or self.options.group_parallel == "data")
+            not self._pipelined or self.options.group_parallel == "data")
         out_rows = [0] * split.num_t + even_counts(n, split.num_p) if on_p else None
         out_gids = None
         if out_rows is not None:
@@ -275,7 +314,10 @@ class TaskParallel(DistributedStrategy[TaskPlan]):
             per = ""
             if plan.rows is not None:  # the grid's chunks are stripes over the P workers
                 chunks, per = chunks * split.num_p, f" ({chunks} per P worker)"
-            lines.append(f"task     {subgraphs} subgraphs of {chunks} chunks{per} "
+            sized = ""
+            if plan.account is not None and plan.account.budget is not None:
+                sized = f" (the fewest within a budget of {plan.account.budget} B)"
+            lines.append(f"task     {subgraphs} subgraphs of {chunks} chunks{per}{sized}, "
                          "pipelined into the P group, each source row sent once and reused")
             if self.options.deps == "regroup":
                 lines.append("task     dependencies: regroup (APPROXIMATE): in training the "

@@ -139,6 +139,41 @@ def check_regroup_forms_agree(comm, dataset):
     assert not torch.allclose(l_d, torch.tensor(ref)), (l_d, ref)
 
 
+def check_budget(comm, _):
+    """``--task-device-memory``: the fewest chunks a P worker's widest column slice fits,
+    every chunk a subgraph; exact, and the streamed working set stays within the
+    budget."""
+    dataset = make_dataset()
+    for name, decoupled in (("gcn", False), ("gat", True), ("sage", False)):
+        model = make_model(name, decoupled, 9, 3)
+        ref_losses, (ref_out, _), _ = run_epochs(SingleProcess(), dataset, model, None)
+        model = make_model(name, decoupled, 9, 3)
+        strategy = TaskParallel(TaskParallel.Options(split="1:2", device_memory="3000"))
+        losses, (out, gids), plan = run_epochs(strategy, dataset, model, comm)
+        where = f"{name} decoupled={decoupled} rank {comm.rank}"
+        assert plan.grid is not None and plan.grid.num_chunks > 2, where
+        assert plan.grid.num_subgraphs == plan.grid.num_chunks, where
+        assert plan.account is not None and plan.account.peak <= 3000, (where, plan.account)
+        assert "within a budget of 3000 B" in "\n".join(strategy.describe(model, plan)), where
+        torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), msg=where)
+        torch.testing.assert_close(out, ref_out[gids], msg=where)
+
+
+@pytest.mark.dist
+def test_device_memory_budget_sets_the_chunks_and_stays_exact(tmp_path):
+    run_ranks(check_budget, 3, tmp_path, None)
+
+
+def test_device_memory_budget_refuses_what_it_cannot_size():
+    with pytest.raises(ValueError, match="group-parallel tensor"):
+        TaskParallel.Options(device_memory="1MB", group_parallel="data")
+    for extra in ({"chunks": 4}, {"subgraphs": 2}):
+        with pytest.raises(ValueError, match="leave --chunks and --subgraphs unset"):
+            TaskParallel.Options(device_memory="1MB", **extra)
+    with pytest.raises(ValueError):
+        TaskParallel.Options(device_memory="lots")
+
+
 @pytest.mark.dist
 @pytest.mark.parametrize("world_size", [2, 3, 4, 5])
 def test_task_parallel_matches_single(tmp_path, world_size):

@@ -52,7 +52,7 @@ def check_cora_accuracy(comm: Comm, exact: float) -> None:
                                                  deps="regroup"))
     model = build_model("gcn", dataset.data.num_features, 16, dataset.data.num_classes)
     header = strategy.describe(model, strategy.setup(dataset, model, torch.device("cpu"), comm))
-    assert "task     4 subgraphs of 12 chunks pipelined" in header[-2], header
+    assert "task     4 subgraphs of 12 chunks, pipelined" in header[-2], header
     assert "regroup (APPROXIMATE)" in header[-1], header
     accs = []
     for seed in SEEDS:
