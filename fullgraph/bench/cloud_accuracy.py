@@ -12,7 +12,9 @@ epochs), and is read back from its ``--metrics-out`` file. Tables:
 2. Fig. 11: Cora, K = 1..5: test accuracy (mean over the seeds) and mean epoch;
 3. Fig. 14: epoch-to-accuracy on Cora, one seed: validation accuracy against elapsed
    time with and without partial reduce, the time each needs to reach 98 % of the
-   exact run's best validation accuracy, and a PNG (``--plot``).
+   exact run's best validation accuracy, and a PNG (``--plot``);
+4. ``classes`` (not in the default set, seconds): how each class's training vertices
+   are spread over the workers' METIS parts.
 
 Coauthor CS is read from ``--root`` (``<root>/coauthor_cs/coauthor_cs.npz``, copied
 into a scratch dataset root). Workers share this host's cores: times are for ratios
@@ -33,6 +35,8 @@ import sys
 import tempfile
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from fullgraph.runlog import read_run_log
 
@@ -147,6 +151,31 @@ def plot_curves(curves: dict[str, list[tuple[float, float]]], out: Path) -> str:
     return f"![epoch-to-accuracy](docs/img/{out.name})"
 
 
+def class_spread_table(args: argparse.Namespace, datasets: dict[str, list[str]]) -> list[str]:
+    """How the training vertices of each class are spread over the workers' METIS parts:
+    an update without one worker loses the classes that worker holds most of."""
+    from fullgraph.cli import build_parser, config_from_args
+    from fullgraph.graph import datasets as store
+    from fullgraph.partition import partition
+
+    lines = ["### Training vertices of each class over the workers' parts", "",
+             f"METIS, {args.workers} parts, as the runs above. Per dataset: the classes "
+             "with at least 80 % of their training vertices in one part, and the largest "
+             "share.", "", "| dataset | classes | classes >= 80 % in one part | largest "
+             "share |", "| --- | --- | --- | --- |"]
+    for name, flags in datasets.items():
+        cfg = config_from_args(build_parser().parse_args(["train", *flags]))
+        ds = store.load_for(cfg.data)
+        part = partition(ds.graph, args.workers, "metis", seed=0).part_of
+        labels, train = ds.data.labels[ds.data.train_mask], part[ds.data.train_mask]
+        counts = torch.zeros(args.workers, ds.data.num_classes)
+        counts.index_put_((train, labels), torch.ones(labels.numel()), accumulate=True)
+        share = counts.max(0).values / counts.sum(0).clamp(min=1)
+        lines.append(f"| {name} | {ds.data.num_classes} | {int((share >= 0.8).sum())} | "
+                     f"{100 * float(share.max()):.0f} % |")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--root", default="../shared/datasets", help="holds coauthor_cs/*.npz")
@@ -174,7 +203,8 @@ def main(argv: list[str] | None = None) -> int:
                                        "--normalize-features"]
         else:
             print(f"(no {npz}: Coauthor CS left out)")
-        for name, make in (("accuracy", lambda: accuracy_table(args, datasets)),
+        for name, make in (("classes", lambda: class_spread_table(args, datasets)),
+                           ("accuracy", lambda: accuracy_table(args, datasets)),
                            ("staleness", lambda: staleness_table(args, cora)),
                            ("convergence", lambda: convergence_table(args, cora))):
             if name in tables:
