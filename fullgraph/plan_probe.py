@@ -80,7 +80,9 @@ def main(argv: list[str]) -> int:
     cfg = config_from_dict(spec["config"], config_path)
 
     def body(status: Any) -> int:
-        comm = init_comm(backend="gloo", timeout_s=cfg.launch.timeout_s)
+        backend = None if cfg.launch.backend == "auto" else cfg.launch.backend
+        device = "cuda" if cfg.train.device.startswith("cuda") else "cpu"  # as `train` does
+        comm = init_comm(backend=backend, timeout_s=cfg.launch.timeout_s, device=device)
         status.watch(comm.counter)
         try:
             times = measure(cfg, labels, spec["features"], spec["classes"], comm)
