@@ -110,9 +110,9 @@ def measured_rates(cfg: Any, dataset: Dataset,
     """``rates`` with what is measured by running the executors: the calibration of each
     candidate's graph work (``calibration``; the base rates get the median), and for
     several workers the probe's slowdown of workers sharing this machine and its cost
-    of an exchange round; per candidate, its
-    fixed cost per epoch -- at the real worker count by ``plan_probe`` (falling back to
-    one process, with a warning, if its workers fail), in this process for one worker."""
+    of an exchange round; per candidate, its fixed cost per epoch -- at the real worker
+    count by ``plan_probe`` (falling back to one process, with a warning, if its
+    workers fail), in this process for one worker."""
     feat, classes = dataset.data.num_features, dataset.data.num_classes
     workers = cfg.launch.workers
     cands = candidates(workers)
@@ -246,7 +246,8 @@ def device_budget(cfg: Any) -> int | None:
 def plan_run(cfg: Any, dataset: Dataset, *, base_rss: int | None = None,
              rates: P.PlanRates | None = None, overheads: bool = True) -> PlanResult:
     """Price every candidate, mark the ones that do not fit, recommend the fastest
-    (rates measured here unless given; see ``price`` for ``overheads``)."""
+    (rates measured here unless given; unless ``overheads`` is False, the executors are
+    also run to measure what the counts cannot give, see ``measured_rates``)."""
     workers = cfg.launch.workers
     rates = rates or plan_rates(dataset.graph, workers)
     per_candidate = None
