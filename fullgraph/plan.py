@@ -321,5 +321,6 @@ def epoch_seconds(label: str, costs: list[RankCost], rates: PlanRates,
     P groups' slowest add up (``rates.fixed`` counted once)."""
     times = [predict_seconds(c, rates) for c in costs]
     if label == "task" and split is not None:  # the fixed cost is the whole epoch's, once
-        return max(times[:split.num_t]) + max(times[split.num_t:]) - rates.fixed
+        return (max(times[:split.num_t]) + max(times[split.num_t:]) - rates.fixed
+                - rates.overhead * rates.slowdown)
     return max(times)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -62,7 +63,8 @@ def measure(cfg: Any, labels: list[str], features: int, classes: int,
         dataset = tiny_dataset(features, classes, RING_PER_WORKER * comm.world_size)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            result = train(dataset, probe_config(cfg, cands[label]), comm=comm)
+            result = train(dataset, probe_config(cfg, cands[label]), comm=comm,
+                           local_rank=int(os.environ.get("LOCAL_RANK", "0")))
         mine = statistics.median(r.epoch_s for r in result.epochs[1:])
         out[label] = max(all_gather_object(mine, comm, "probe"))
     return out
