@@ -122,11 +122,12 @@ class PlanRates:
             so neither ``slowdown`` nor ``latency`` is applied to it again.
         rounds_paid: communication rounds of the epoch that ``fixed`` already paid
             (those of the probe's tiny graph); only rounds beyond them add latency.
-        calibration: factor on the graph work (aggregation and GEMMs), from one
-            measured epoch of the single-process executor on the whole graph against
-            its prediction: it stands for what the counts leave out (dropout's random
-            numbers, activations, the loss, normalisation), which grows with the graph
-            like the counted work.
+        calibration: factor on the graph work (aggregation and GEMMs): an epoch of the
+            candidate's own executor on the whole graph in one process, less its epoch
+            on the tiny ring, over the predicted work of a single-process epoch. It
+            stands for what the counts leave out (dropout's random numbers,
+            activations, the loss, the executor's per-row work), which grows with the
+            graph like the counted work.
     """
 
     edge: float

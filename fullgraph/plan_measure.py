@@ -30,6 +30,7 @@ import torch
 from fullgraph import plan as P
 from fullgraph.graph.csr import Graph
 from fullgraph.graph.data import Dataset, VertexData
+from fullgraph.launch import available_cores, threads_per_worker
 from fullgraph.models import build_model
 from fullgraph.parallel import build_strategy, costmodel, taskmodel
 
@@ -165,28 +166,22 @@ def plan_rates(graph: Graph, workers: int) -> P.PlanRates:
     ``executor_overhead``)."""
     from fullgraph.comm.group import single_comm
 
-    with worker_threads(workers):
+    with worker_threads(threads_per_worker(workers)):
         machine = taskmodel.measure_machine(single_comm())
         edge = costmodel.measure_edge_cost(graph)
     byte, latency = measure_link()
     return P.PlanRates(edge, 1.0 / machine.flops, byte, latency,
-                       slowdown=core_share(workers, _cores()), bandwidth=machine.bandwidth)
-
-
-def _cores() -> int:
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
+                       slowdown=core_share(workers, available_cores()),
+                       bandwidth=machine.bandwidth)
 
 
 @contextlib.contextmanager
-def worker_threads(workers: int) -> Iterator[None]:
-    """This process at the thread count each of ``workers`` local workers gets, torch's
-    and numba's (numba's parallel kernels otherwise wait for threads the workers do not
-    have: 16 ms per Cora aggregation beside a busy core, against 0.1 ms)."""
+def worker_threads(threads: int) -> Iterator[None]:
+    """This process at a worker's thread count, torch's and numba's (numba's parallel
+    kernels otherwise wait for threads the workers do not have: 16 ms per Cora
+    aggregation beside a busy core, against 0.1 ms)."""
     from fullgraph.ops import kernels
 
-    threads = max(1, _cores() // workers)
     before = torch.get_num_threads()
     numba_before = kernels.numba.get_num_threads() if kernels.HAVE_NUMBA else 1
     torch.set_num_threads(threads)

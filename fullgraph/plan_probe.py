@@ -33,7 +33,8 @@ RING_PER_WORKER = 32
 
 def probe_config(cfg: Any, cand: Any) -> Any:
     """``cfg`` running ``cand`` for a probe: a few epochs, no outputs, no adaptation,
-    no saved partition (it belongs to the real graph)."""
+    no saved partition (it belongs to the real graph), task chunk and subgraph counts
+    the ring can hold."""
     from fullgraph.config import AdaptConfig
     from fullgraph.plan_measure import candidate_config
 
@@ -42,6 +43,10 @@ def probe_config(cfg: Any, cand: Any) -> Any:
                                 resume=None, save_model=None, progress="off", eval_every=1)
     options = dict(cfg.options)
     options["partition"] = dataclasses.replace(options["partition"], file=None)
+    task = options["task_parallel"]  # the ring has RING_PER_WORKER vertices per worker
+    options["task_parallel"] = dataclasses.replace(
+        task, chunks=min(task.chunks, RING_PER_WORKER),
+        subgraphs=min(task.subgraphs, RING_PER_WORKER))
     return dataclasses.replace(cfg, train=train, adapt=AdaptConfig(), options=options)
 
 

@@ -20,6 +20,7 @@ import torch
 
 from fullgraph import plan as P
 from fullgraph.graph.data import Dataset
+from fullgraph.launch import threads_per_worker
 from fullgraph.memory import parse_bytes
 from fullgraph.models import build_model
 from fullgraph.models.stages import StageProgram, propagation_inputs
@@ -124,7 +125,8 @@ def measured_rates(cfg: Any, dataset: Dataset,
         except RuntimeError as err:
             warnings.warn(f"{err}; the plan's fixed costs are measured in one process instead")
         else:
-            alone = _at_worker_threads(workers, workload_seconds)
+            with worker_threads(_worker_threads(cfg)):
+                alone = workload_seconds()
             rates = replace(rates, slowdown=max(1.0, measured.workload / alone))
             ring = tiny_dataset(feat, classes, RING_PER_WORKER * workers)
             program = _program(ring, cfg)
@@ -138,7 +140,8 @@ def measured_rates(cfg: Any, dataset: Dataset,
             return rates, {c.label: replace(rates, overhead=0.0, fixed=measured.fixed[c.label],
                                             rounds_paid=rounds[c.label],
                                             calibration=factors[c.label]) for c in cands}
-    overhead = executor_overheads(cfg, cands, feat, classes)
+    with worker_threads(_worker_threads(cfg)):
+        overhead = executor_overheads(cfg, cands, feat, classes)
     return rates, {c.label: replace(rates, overhead=overhead[c.label],
                                     calibration=factors[c.label]) for c in cands}
 
@@ -155,10 +158,9 @@ def round_seconds(fixed: dict[str, float], rounds: dict[str, int]) -> float:
     return max(0.0, fixed[comm] - fixed[cache]) / extra
 
 
-def _at_worker_threads(workers: int, fn: Any, *args: Any) -> Any:
-    """``fn(*args)`` with this process at the thread count each worker gets."""
-    with worker_threads(workers):
-        return fn(*args)
+def _worker_threads(cfg: Any) -> int:
+    """The threads each worker of ``cfg`` runs with, as the launcher gives them."""
+    return cfg.runtime.threads or threads_per_worker(cfg.launch.workers)
 
 
 CALIBRATE_MAX_S = 5.0
@@ -188,7 +190,8 @@ def calibration(cfg: Any, dataset: Dataset, rates: P.PlanRates,
         warnings.warn("the plan's compute rates are not calibrated: one epoch of this graph "
                       "per strategy in one process would take too long or too much memory")
         return {c.label: 1.0 for c in cands}
-    epochs = _at_worker_threads(cfg.launch.workers, _epochs_here, cfg, cands, dataset)
+    with worker_threads(_worker_threads(cfg)):
+        epochs = _epochs_here(cfg, cands, dataset)
     return {label: min(20.0, max(0.25, (real - ring) / max(predicted, 1e-9)))
             for label, (real, ring) in epochs.items()}
 

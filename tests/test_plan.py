@@ -214,15 +214,18 @@ def test_probe_times_every_candidate_on_launched_workers(monkeypatch):
 
 
 def test_probe_config_trains_briefly_without_outputs_or_a_saved_partition(tmp_path):
-    from fullgraph.plan_probe import EPOCHS, probe_config
+    from fullgraph.plan_probe import EPOCHS, RING_PER_WORKER, probe_config
 
     cfg = tiny_cfg(2, train={"epochs": 500, "checkpoint_dir": str(tmp_path),
                              "metrics_out": str(tmp_path / "m.jsonl")},
-                   partition={"file": str(tmp_path / "book.pt")})
+                   partition={"file": str(tmp_path / "book.pt")},
+                   task_parallel={"chunks": 500, "subgraphs": 100})
     probe = probe_config(cfg, P.CANDIDATES[6])
     assert probe.runtime.strategy == "task" and probe.train.epochs == EPOCHS
     assert probe.train.checkpoint_dir is None and probe.train.metrics_out is None
     assert probe.options["partition"].file is None
+    assert probe.options["task_parallel"].chunks == probe.options["task_parallel"].subgraphs \
+        == RING_PER_WORKER
 
 
 def test_calibration_scales_the_counted_work_to_a_measured_epoch(monkeypatch):
@@ -231,6 +234,17 @@ def test_calibration_scales_the_counted_work_to_a_measured_epoch(monkeypatch):
     factors = planner.calibration(tiny_cfg(2), dataset, RATES, cands)
     assert sorted(factors) == ["data/depcomm", "p2p"]
     assert all(0.25 <= f <= 20.0 for f in factors.values())
+    # the factor is (epoch on the graph - epoch on the ring) / predicted graph work
+    program = build_model("gcn", F, 16, C, num_layers=2)
+    graph, _ = propagation_inputs(program, dataset.graph)
+    one = PartitionBook.from_assignment(torch.zeros(graph.num_dst, dtype=torch.int64), 1)
+    predicted = P.graph_seconds(P.data_cost(program, graph, P.data_rows(
+        program, graph, one, 0, "depcomm"), 1, F), RATES)
+    times = {"data/depcomm": 2, "p2p": 5, "single": 1}
+    monkeypatch.setattr(planner, "_epochs_here", lambda cfg, cands, data: {
+        c.label: (0.001 + times[c.label] * predicted, 0.001) for c in cands})
+    factors = planner.calibration(tiny_cfg(2), dataset, RATES, cands)
+    assert factors == pytest.approx({"data/depcomm": 2.0, "p2p": 5.0})
     assert list(planner.calibration(tiny_cfg(2), dataset, RATES)) == ["single"]
     monkeypatch.setattr(planner, "CALIBRATE_MAX_S", 0.0)  # too big to run: left at 1
     with pytest.warns(UserWarning, match="not calibrated"):

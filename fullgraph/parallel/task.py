@@ -166,6 +166,10 @@ class TaskParallel(DistributedStrategy[TaskPlan]):
                     raise ValueError("--task-device-memory sizes the chunks of the column-split "
                                      "P group: use it with --group-parallel tensor, or give "
                                      "--chunks with --group-parallel data")
+                if self.deps == "regroup":
+                    raise ValueError("--task-device-memory with --task-deps regroup: the "
+                                     "edges skipped would depend on the budget; give "
+                                     "--chunks and --subgraphs for regroup")
                 if self.chunks or self.subgraphs > 1:
                     raise ValueError(f"--task-device-memory {self.device_memory} sets the "
                                      "chunks and the subgraphs (one chunk each, so that one "

@@ -170,6 +170,8 @@ def test_device_memory_budget_refuses_what_it_cannot_size():
     for extra in ({"chunks": 4}, {"subgraphs": 2}):
         with pytest.raises(ValueError, match="leave --chunks and --subgraphs unset"):
             TaskParallel.Options(device_memory="1MB", **extra)
+    with pytest.raises(ValueError, match="regroup"):
+        TaskParallel.Options(device_memory="1MB", deps="regroup")
     with pytest.raises(ValueError):
         TaskParallel.Options(device_memory="lots")
 
