@@ -262,6 +262,7 @@ class LaunchConfig:
 
 
 ADAPT_MODES = ("off", "adjust", "adjust+partial")
+LATE_GRADIENTS = ("reuse", "rescale")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -292,12 +293,19 @@ class AdaptConfig:
                             "epochs; every worker synchronises every K epochs")
     slack: float = option(0.5, "adjust+partial: alpha, the tolerated wait as a share of "
                           "each stage's and step's warm-up time")
+    late_gradients: str = option("reuse", "adjust+partial: what stands in for a left-out "
+                                 "worker's gradient: reuse (its latest gradient, at most "
+                                 "--staleness epochs old; the rest rescaled) or rescale (the "
+                                 "paper's formula 14 only: the members' sum scaled up)",
+                                 choices=LATE_GRADIENTS)
 
     def __post_init__(self) -> None:
         _require(self.mode in ADAPT_MODES, "adapt", "mode", self.mode, " | ".join(ADAPT_MODES))
         _require(self.cache_budget_mb is None or self.cache_budget_mb >= 0, "adapt",
                  "cache_budget_mb", self.cache_budget_mb, ">= 0 or unset")
         _require(self.staleness >= 1, "adapt", "staleness", self.staleness, ">= 1")
+        _require(self.late_gradients in LATE_GRADIENTS, "adapt", "late_gradients",
+                 self.late_gradients, " | ".join(LATE_GRADIENTS))
         _require(0 <= self.slack < float("inf"), "adapt", "slack", self.slack,
                  "a finite number >= 0")
         if self.inject is not None:

@@ -160,13 +160,14 @@ def executor_overheads(cfg: Any, cands: list[P.Candidate], feat_dim: int, classe
     return best
 
 
-def plan_rates(graph: Graph, workers: int) -> P.PlanRates:
-    """Rates measured here at the thread count each worker gets: aggregation and GEMM,
-    the local link; cores shared by workers (``overhead`` is per candidate, see
-    ``executor_overhead``)."""
+def plan_rates(graph: Graph, workers: int, threads: int | None = None,
+               backend: str = "auto") -> P.PlanRates:
+    """Rates measured here as a worker computes (``threads`` each, default the
+    launcher's share; SpMM ``backend``): aggregation and GEMM, the local link; cores
+    shared by workers (``overhead`` is per candidate, see ``executor_overhead``)."""
     from fullgraph.comm.group import single_comm
 
-    with worker_threads(threads_per_worker(workers)):
+    with worker_threads(threads or threads_per_worker(workers), backend):
         machine = taskmodel.measure_machine(single_comm())
         edge = costmodel.measure_edge_cost(graph)
     byte, latency = measure_link()
@@ -176,21 +177,27 @@ def plan_rates(graph: Graph, workers: int) -> P.PlanRates:
 
 
 @contextlib.contextmanager
-def worker_threads(threads: int) -> Iterator[None]:
-    """This process at a worker's thread count, torch's and numba's (numba's parallel
-    kernels otherwise wait for threads the workers do not have: 16 ms per Cora
-    aggregation beside a busy core, against 0.1 ms)."""
+def worker_threads(threads: int, backend: str | None = None) -> Iterator[None]:
+    """This process computing as a worker does: at its thread count, torch's and
+    numba's (numba's parallel kernels otherwise wait for threads the workers do not
+    have: 16 ms per Cora aggregation beside a busy core, against 0.1 ms), and with its
+    SpMM ``backend`` (``--spmm-backend``; None: this process's)."""
     from fullgraph.ops import kernels
+    from fullgraph.ops.spmm import current_backend, set_backend
 
     before = torch.get_num_threads()
     numba_before = kernels.numba.get_num_threads() if kernels.HAVE_NUMBA else 1
+    backend_before = current_backend()
     torch.set_num_threads(threads)
     kernels.set_threads(threads)
+    if backend is not None:
+        set_backend(backend)
     try:
         yield
     finally:
         torch.set_num_threads(before)
         kernels.set_threads(numba_before)
+        set_backend(backend_before)
 
 
 def workload_seconds(rounds: int = 3) -> float:

@@ -117,7 +117,7 @@ def measured_rates(cfg: Any, dataset: Dataset,
     feat, classes = dataset.data.num_features, dataset.data.num_classes
     workers = cfg.launch.workers
     cands = candidates(workers)
-    factors = calibration(cfg, dataset, rates, cands)
+    factors, ring_epochs = _calibrate(cfg, dataset, rates, cands)
     rates = replace(rates, calibration=statistics.median(factors.values()))
     if workers > 1:
         try:
@@ -125,7 +125,7 @@ def measured_rates(cfg: Any, dataset: Dataset,
         except RuntimeError as err:
             warnings.warn(f"{err}; the plan's fixed costs are measured in one process instead")
         else:
-            with worker_threads(_worker_threads(cfg)):
+            with _as_worker(cfg):
                 alone = workload_seconds()
             rates = replace(rates, slowdown=max(1.0, measured.workload / alone))
             ring = tiny_dataset(feat, classes, RING_PER_WORKER * workers)
@@ -140,8 +140,10 @@ def measured_rates(cfg: Any, dataset: Dataset,
             return rates, {c.label: replace(rates, overhead=0.0, fixed=measured.fixed[c.label],
                                             rounds_paid=rounds[c.label],
                                             calibration=factors[c.label]) for c in cands}
-    with worker_threads(_worker_threads(cfg)):
-        overhead = executor_overheads(cfg, cands, feat, classes)
+    overhead = ring_epochs  # one worker: its epoch on the ring, timed by the calibration
+    if overhead is None:
+        with _as_worker(cfg):
+            overhead = executor_overheads(cfg, cands, feat, classes)
     return rates, {c.label: replace(rates, overhead=overhead[c.label],
                                     calibration=factors[c.label]) for c in cands}
 
@@ -163,6 +165,12 @@ def _worker_threads(cfg: Any) -> int:
     return cfg.runtime.threads or threads_per_worker(cfg.launch.workers)
 
 
+def _as_worker(cfg: Any) -> Any:
+    """This process computing as ``cfg``'s workers will: their thread count and SpMM
+    backend."""
+    return worker_threads(_worker_threads(cfg), cfg.runtime.spmm_backend)
+
+
 CALIBRATE_MAX_S = 5.0
 """The longest the planner spends on the calibration epochs (predicted, all candidates)."""
 
@@ -171,12 +179,20 @@ def calibration(cfg: Any, dataset: Dataset, rates: P.PlanRates,
                 cands: list[P.Candidate] | None = None) -> dict[str, float]:
     """Per candidate (default: ``single``), its measured epoch on the whole graph in one
     process over the predicted graph work of a single-process epoch
-    (``PlanRates.calibration``), at the thread count each worker gets. It scales the
-    counted work to what the candidate's executor does with it: what the counts leave
-    out (dropout's random numbers, activations, the loss) and the executor's own
-    per-row work (p2p's pieces, tensor parallelism's chunks). 1.0 for all (with a
-    warning) when those epochs would take over ``CALIBRATE_MAX_S`` together, or half
-    the RAM."""
+    (``PlanRates.calibration``), at the thread count and SpMM backend each worker gets.
+    It scales the counted work to what the candidate's executor does with it: what the
+    counts leave out (dropout's random numbers, activations, the loss) and the
+    executor's own per-row work (p2p's pieces, tensor parallelism's chunks). 1.0 for
+    all (with a warning) when those epochs would take over ``CALIBRATE_MAX_S``
+    together, or half the RAM."""
+    return _calibrate(cfg, dataset, rates, cands)[0]
+
+
+def _calibrate(cfg: Any, dataset: Dataset, rates: P.PlanRates,
+               cands: list[P.Candidate] | None = None
+               ) -> tuple[dict[str, float], dict[str, float] | None]:
+    """``calibration``, and per candidate its epoch on the tiny ring in this process
+    (what ``executor_overheads`` measures; None where the calibration was skipped)."""
     cands = cands or [P.Candidate("single", "single")]
     program = _program(dataset, cfg)
     graph, _ = propagation_inputs(program, dataset.graph)
@@ -189,11 +205,12 @@ def calibration(cfg: Any, dataset: Dataset, rates: P.PlanRates,
             rss_bytes() + len(cands) * single.total > available_ram() // 2:
         warnings.warn("the plan's compute rates are not calibrated: one epoch of this graph "
                       "per strategy in one process would take too long or too much memory")
-        return {c.label: 1.0 for c in cands}
-    with worker_threads(_worker_threads(cfg)):
+        return {c.label: 1.0 for c in cands}, None
+    with _as_worker(cfg):
         epochs = _epochs_here(cfg, cands, dataset)
-    return {label: min(20.0, max(0.25, (real - ring) / max(predicted, 1e-9)))
-            for label, (real, ring) in epochs.items()}
+    return ({label: min(20.0, max(0.25, (real - ring) / max(predicted, 1e-9)))
+             for label, (real, ring) in epochs.items()},
+            {label: ring for label, (_, ring) in epochs.items()})
 
 
 def _epochs_here(cfg: Any, cands: list[P.Candidate], dataset: Dataset,
@@ -252,7 +269,8 @@ def plan_run(cfg: Any, dataset: Dataset, *, base_rss: int | None = None,
     (rates measured here unless given; unless ``overheads`` is False, the executors are
     also run to measure what the counts cannot give, see ``measured_rates``)."""
     workers = cfg.launch.workers
-    rates = rates or plan_rates(dataset.graph, workers)
+    rates = rates or plan_rates(dataset.graph, workers, _worker_threads(cfg),
+                                cfg.runtime.spmm_backend)
     per_candidate = None
     if overheads:
         rates, per_candidate = measured_rates(cfg, dataset, rates)

@@ -171,11 +171,11 @@ def test_strategy_auto_is_resolved_before_the_workers_launch(cora_env, monkeypat
     from fullgraph import launch
 
     seen: list[list[str]] = []
-    monkeypatch.setattr(planner, "plan_rates", lambda graph, workers: RATES)  # measured above
+    monkeypatch.setattr(planner, "plan_rates", lambda graph, *a: RATES)  # measured above
     monkeypatch.setattr(planner, "probe",
                         lambda cfg, labels, *a: Probe(dict.fromkeys(labels, 1e-3), 0.01))
-    monkeypatch.setattr(planner, "calibration",
-                        lambda cfg, data, rates, cands: {c.label: 1.0 for c in cands})
+    monkeypatch.setattr(planner, "_calibrate",
+                        lambda cfg, data, rates, cands: ({c.label: 1.0 for c in cands}, None))
     monkeypatch.setattr(launch, "launch_local", lambda argv, *a, **k: seen.append(argv) or 0)
     assert main(["train", "--dataset", "cora", "--workers", "2", "--strategy", "auto",
                  "--epochs", "1"]) == 0
@@ -274,3 +274,73 @@ def test_fit_with_strategy_auto_runs_the_concrete_strategy():
 
     result = fit(tiny_dataset(F, C), strategy="auto", epochs=1, hidden=4)
     assert result.config.runtime.strategy == "single"
+
+
+def test_measured_rates_combine_the_probe_the_calibration_and_the_round_cost(monkeypatch):
+    """Several workers: per candidate its probe epoch as the fixed cost (no one-process
+    overhead) and its own calibration; the base rates take the median calibration, the
+    probe's slowdown against the same workload timed here, and the round cost read from
+    DepComm against DepCache on the probe ring."""
+    dataset = tiny_dataset(F, C, n=64)
+    cfg = tiny_cfg(2, partition={"method": "chunk"})
+    labels = [c.label for c in P.CANDIDATES]
+    fixed = {label: 0.001 * (i + 1) for i, label in enumerate(labels)}
+    fixed["data/depcomm"], fixed["data/depcache"] = 0.050, 0.010
+    factors = {label: 1.0 + i for i, label in enumerate(labels)}
+    monkeypatch.setattr(planner, "_calibrate", lambda *a: (factors, {k: 9.0 for k in labels}))
+    monkeypatch.setattr(planner, "probe", lambda cfg, got, *a: Probe(
+        {k: fixed[k] for k in got}, 0.030))
+    monkeypatch.setattr(planner, "workload_seconds", lambda: 0.010)
+    base, per = planner.measured_rates(cfg, dataset, RATES)
+    assert sorted(per) == sorted(labels)
+    assert base.calibration == pytest.approx(float(np.median(list(factors.values()))))
+    assert base.slowdown == pytest.approx(3.0)  # 30 ms on the workers against 10 ms here
+    # the ring's rounds under each candidate, counted as the planner counts them
+    ring = tiny_dataset(F, C, 2 * planner.RING_PER_WORKER)
+    program = planner._program(ring, cfg)
+    graph, _ = propagation_inputs(program, ring.graph)
+    book = planner.partition(ring.graph, 2, "chunk", seed=cfg.options["partition"].seed)
+    rounds = {c.label: max(r.rounds for r in planner._costs(cfg, c, program, graph, book,
+                                                           base, F)[0]) for c in P.CANDIDATES}
+    extra = rounds["data/depcomm"] - rounds["data/depcache"]
+    assert extra > 0
+    assert base.latency == pytest.approx(max(RATES.latency, 0.040 / extra))
+    for label, rates in per.items():
+        assert rates.fixed == fixed[label] and rates.overhead == 0.0
+        assert rates.calibration == factors[label] and rates.rounds_paid == rounds[label]
+        assert rates.slowdown == base.slowdown and rates.latency == base.latency
+
+
+def test_one_worker_reuses_the_calibrations_ring_epoch_as_its_overhead(monkeypatch):
+    dataset = tiny_dataset(F, C, n=64)
+
+    def not_again(*a):
+        raise AssertionError("the ring epoch was already timed by the calibration")
+
+    monkeypatch.setattr(planner, "_calibrate", lambda *a: ({"single": 1.5}, {"single": 0.004}))
+    monkeypatch.setattr(planner, "executor_overheads", not_again)
+    monkeypatch.setattr(planner, "probe", not_again)
+    base, per = planner.measured_rates(tiny_cfg(1), dataset, RATES)
+    assert per["single"].overhead == 0.004 and per["single"].calibration == 1.5
+    # a skipped calibration (graph too big) times the ring epoch on its own
+    monkeypatch.setattr(planner, "_calibrate", lambda *a: ({"single": 1.0}, None))
+    monkeypatch.setattr(planner, "executor_overheads", lambda cfg, cands, *a: {"single": 0.007})
+    assert planner.measured_rates(tiny_cfg(1), dataset, RATES)[1]["single"].overhead == 0.007
+
+
+def test_the_planner_times_at_the_workers_spmm_backend_and_threads(monkeypatch):
+    from fullgraph.ops.spmm import current_backend
+    from fullgraph.plan_measure import worker_threads
+
+    seen = []
+    monkeypatch.setattr(planner, "_epochs_here", lambda cfg, cands, data: seen.append(
+        (current_backend(), torch.get_num_threads())) or {
+        c.label: (1.0, 0.001) for c in cands})
+    before = current_backend(), torch.get_num_threads()
+    cfg = tiny_cfg(2, runtime={"spmm_backend": "torch", "threads": 1})
+    planner.calibration(cfg, tiny_dataset(F, C, n=64), RATES)
+    assert seen == [("torch", 1)]
+    assert (current_backend(), torch.get_num_threads()) == before  # restored
+    with pytest.raises(RuntimeError), worker_threads(1, "torch"):
+        raise RuntimeError("restored on errors too")
+    assert (current_backend(), torch.get_num_threads()) == before

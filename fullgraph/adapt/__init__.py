@@ -78,7 +78,8 @@ def build_adapters(cfg: Any, strategy: Any, model: Any, plan: Any, rank: int, wo
 
         # first, so that its step clock starts before any injected delay
         adapters.insert(0, PartialReduce(strategy, model, plan, opts.staleness, opts.slack,
-                                         cfg.train.epochs, note))
+                                         cfg.train.epochs, note,
+                                         late_gradients=opts.late_gradients))
     if opts.mode != "off":
         adapters.append(_adjuster(cfg, strategy, model, plan, note))
     return adapters

@@ -13,13 +13,24 @@ bounded by ``--staleness K``:
   the process group's store. Once every worker is ready, or the step's deadline
   (1 + alpha) T0_step from its start has passed with a majority (M // 2 + 1) ready,
   the first worker to propose fixes the ready set S (``tagged.agree``). The members
-  send their gradients and local losses to S's lowest rank, which sums them in rank
-  order, scales each parameter's sum by N^(h) / N_S^(h) (formulas 13-14: the
-  training-related vertices h hops from the training set over all workers, over
-  those of S; h is the number of propagations the parameter's stage feeds) and
-  sends the result to every worker. A worker outside S discards its own gradient
-  and applies the same result, so parameters and optimiser states stay equal
-  everywhere.
+  send their gradients and local losses to S's lowest rank (the leader), which sums
+  them in rank order and sends the result to every worker. A worker outside S
+  applies the same result, so parameters and optimiser states stay equal
+  everywhere. What stands in for the left-out workers' gradients
+  (``--late-gradients``):
+
+  - ``rescale`` (the paper's formula 14): each parameter's sum is scaled by
+    N^(h) / N_S^(h) (formula 13: the training-related vertices h hops from the
+    training set over all workers, over those of S; h is the number of propagations
+    the parameter's stage feeds).
+  - ``reuse`` (the default): a left-out worker still sends its gradient to the
+    leader once it has it, late; the leader keeps the latest one of each worker and
+    adds it, when at most K epochs old, in place of the missing one (the historical
+    gradient, as partial computation uses historical rows). Formula 14 scales for
+    the workers with none. A METIS part can hold most of a class's training
+    vertices (on Coauthor CS, 13 of 15 classes have 80 % or more on one of 4
+    parts): rescaling the others' gradients cannot stand in for that class, while
+    its slightly old gradient does.
 
 Every K-th epoch after the ``WARMUP`` epochs, and the warm-up and last epochs,
 are full synchronisations: every receive in flight is completed, the halo
@@ -48,6 +59,7 @@ from fullgraph.comm.stale import POINTS_PER_EPOCH, EpochStats, Point, StaleHalo
 from fullgraph.comm.tagged import (
     TAG_BASE,
     Outbox,
+    Tagged,
     agree,
     post_recv,
     post_send,
@@ -75,12 +87,16 @@ class PartialReduce(Adapter):
         epochs: the run's last epoch.
         note: where events go (``Profiler.note``).
         warmup: full-synchronisation epochs at the start (default: ``WARMUP``).
+        late_gradients: ``reuse`` or ``rescale`` (see the module docstring).
     """
 
     local_between = True
 
     def __init__(self, strategy: Any, model: Any, plan: Any, staleness: int, slack: float,
-                 epochs: int, note: Note, warmup: int = WARMUP) -> None:
+                 epochs: int, note: Note, warmup: int = WARMUP,
+                 late_gradients: str = "reuse") -> None:
+        if late_gradients not in ("reuse", "rescale"):
+            raise ValueError(f"late_gradients must be reuse or rescale, got {late_gradients!r}")
         comm = plan.comm
         require_tagged(comm, "--adapt adjust+partial")
         self.comm, self.plan, self.note = comm, plan, note
@@ -96,6 +112,13 @@ class PartialReduce(Adapter):
         self.store = store_of(comm) if comm.world_size > 1 else None
         self.prefix = f"fullgraph/partial/{next(_RUNS)}/"
         self.outbox = Outbox()
+        self.reuse = late_gradients == "reuse"
+        # at the leader: each worker's latest late gradient (epoch, flat), and those in
+        # flight (rank, epoch, message)
+        self.held: dict[int, tuple[int, Tensor]] = {}
+        self.incoming: list[tuple[int, int, Tagged]] = []
+        self.reused: list[int] = []  # this epoch's workers whose held gradient was added
+        self.reused_age = 0  # the oldest of them, in epochs
         self.samples: dict[Point, list[float]] = {}
         self.t0: dict[Point, float] = {}
         self.step_samples: list[float] = []
@@ -108,9 +131,11 @@ class PartialReduce(Adapter):
         self.syncs: list[int] = []
 
     def header(self) -> list[str]:
+        late = ("a left-out worker's latest gradient (up to K epochs old) reused, else "
+                "BFS-weighted" if self.reuse else "BFS-weighted")
         return [f"partial  adjust+partial (approximate): halo rows up to K={self.staleness} "
                 f"epochs old past a per-stage deadline of (1 + {self.slack}) x its warm-up "
-                f"time; gradients summed over the ready majority, BFS-weighted; every worker "
+                f"time; gradients summed over the ready majority, {late}; every worker "
                 f"synchronised on the first {self.warmup} epochs, every {self.staleness}th "
                 f"after them and the last, and accuracy evaluated on those only"]
 
@@ -136,6 +161,7 @@ class PartialReduce(Adapter):
         if self.sync:  # every worker comes here: the backlog of a straggler is waited for
             start = time.perf_counter()
             self.halo.drain()
+            self._take_late(wait=True)
             self.outbox.reap()
             self.halo.stats.blocked_s += time.perf_counter() - start
             self._forget(epoch)
@@ -220,7 +246,8 @@ class PartialReduce(Adapter):
         return [int(r) for r in value.split(",")]
 
     def _reduce(self, members: list[int], loss: Tensor) -> float:
-        """Sum the members' gradients at their lowest rank, scale, send to all."""
+        """Sum the members' gradients at their lowest rank (with the held gradients of
+        the others under ``reuse``), scale, send to all."""
         comm, params = self.comm, self.params
         dtype = params[0].dtype if params else torch.float64
         present = [float(p.grad is not None) for p in params]
@@ -231,13 +258,30 @@ class PartialReduce(Adapter):
         leader = members[0]
         up = TAG_BASE + self.epoch * POINTS_PER_EPOCH + POINTS_PER_EPOCH - 2
         down = up + 1
+        late = up - 1
+        self.reused, self.reused_age = [], 0
         if comm.rank == leader:
             parts = {comm.rank: flat}
             pending = {m: post_recv(flat.shape, dtype, m, up, comm, PHASE)
                        for m in members if m != comm.rank}
             for m, message in pending.items():
                 parts[m] = message.wait()
-            result = self._scaled(sum_in_order([parts[m] for m in members]), members)
+            covered = list(members)
+            if self.reuse:
+                left_out = [r for r in range(comm.world_size) if r not in members]
+                self._take_late(wait=False)
+                for r in left_out:
+                    held = self.held.get(r)
+                    if held is not None and self.epoch - held[0] <= self.staleness \
+                            and held[1].shape == flat.shape:
+                        parts[r] = held[1]
+                        self.reused.append(r)
+                        self.reused_age = max(self.reused_age, self.epoch - held[0])
+                covered = sorted(members + self.reused)
+                for r in left_out:  # its gradient of this epoch, whenever it comes
+                    self.incoming.append((r, self.epoch, post_recv(flat.shape, dtype, r, late,
+                                                                   comm, PHASE)))
+            result = self._scaled(sum_in_order([parts[m] for m in covered]), covered)
             for r in range(comm.world_size):
                 if r != comm.rank:
                     self.outbox.add(post_send(result, r, down, comm, PHASE))
@@ -245,6 +289,8 @@ class PartialReduce(Adapter):
             if comm.rank in members:
                 self.outbox.add(post_send(flat, leader, up, comm, PHASE))
             result = post_recv(flat.shape, dtype, leader, down, comm, PHASE).wait()
+            if self.reuse and comm.rank not in members:
+                self.outbox.add(post_send(flat, leader, late, comm, PHASE))
         flags = result[-1 - len(params):-1]
         offset = 0
         for p, flag in zip(params, flags.tolist()):
@@ -252,6 +298,23 @@ class PartialReduce(Adapter):
             p.grad = result[offset:offset + n].view_as(p).to(p.dtype).clone() if flag else None
             offset += n
         return float(result[-1])
+
+    def _take_late(self, wait: bool) -> None:
+        """Move the late gradients that arrived (``wait``: all of them, each within the
+        timeout) into ``held``, keeping each worker's latest; forget held ones too old
+        to be used again."""
+        still = []
+        for rank, epoch, message in self.incoming:
+            if wait:
+                message.wait()
+            if message.done():
+                if rank not in self.held or self.held[rank][0] < epoch:
+                    self.held[rank] = (epoch, message.buffer)
+            else:
+                still.append((rank, epoch, message))
+        self.incoming = still
+        self.held = {r: (e, g) for r, (e, g) in self.held.items()
+                     if self.epoch - e <= self.staleness}
 
     def _scaled(self, total: Tensor, members: Sequence[int]) -> Tensor:
         """Formula 14 on sums: each parameter's sum times N^(h) / N_S^(h); the loss
@@ -271,6 +334,8 @@ class PartialReduce(Adapter):
         world = self.comm.world_size
         return {"kind": "partial", "sync": sync, "ready": members,
                 "skipped": sorted(set(range(world)) - set(members)),
+                "reused": [] if sync else list(self.reused),
+                "reused_age": 0 if sync else self.reused_age,
                 "stale_peers": stats.stale_peers, "stale_rows": stats.stale_rows,
                 "oldest": stats.oldest, "forced_waits": stats.forced_waits,
                 "late_refreshes": stats.late_refreshes, "blocked_s": blocked,
@@ -292,6 +357,7 @@ class PartialReduce(Adapter):
 
     def close(self) -> None:
         self.halo.close()
+        self._take_late(wait=True)
         self.outbox.flush()
 
     def abort(self) -> None:
@@ -299,6 +365,7 @@ class PartialReduce(Adapter):
         self.halo.outbox.pending.clear()
         self.halo.pending.clear()
         self.outbox.pending.clear()
+        self.incoming.clear()
 
 
 def sum_in_order(parts: list[Tensor]) -> Tensor:

@@ -51,6 +51,11 @@ def set_backend(name: str) -> None:
     _BACKEND[0] = name
 
 
+def current_backend() -> str:
+    """The backend set for this process (``auto``, ``numba`` or ``torch``)."""
+    return _BACKEND[0]
+
+
 def resolve_backend(device: torch.device) -> str:
     """The backend in use on ``device`` (``auto`` resolved)."""
     name = _BACKEND[0]

@@ -144,13 +144,13 @@ def test_stale_halo_waits_when_nothing_recent_is_kept(tmp_path):
 # ------------------------------------------------- whole runs in spawned worlds
 def _config(model: str, epochs: int, *, mode: str = "adjust+partial", slack: float = 0.5,
             staleness: int = 3, inject: str | None = None, lr: float = 0.05,
-            seed: int = 0, strategy: str = "data") -> Config:
+            seed: int = 0, strategy: str = "data", late: str = "reuse") -> Config:
     return Config(model=ModelConfig(name=model, hidden=6, dropout=0.3,
                                     **({"heads": 2} if model == "gat" else {})),
                   train=TrainConfig(epochs=epochs, lr=lr, weight_decay=0.0, seed=seed),
                   runtime=RuntimeConfig(strategy=strategy),
                   adapt=AdaptConfig(mode=mode, slack=slack, staleness=staleness,
-                                    inject=inject))
+                                    inject=inject, late_gradients=late))
 
 
 def _losses(result) -> list[float]:
@@ -180,18 +180,19 @@ def test_partial_reduce_without_deadlines_equals_single_process(tmp_path):
 STRAGGLER, K, EPOCHS = 2, 3, 12
 
 
-def _straggler_world(comm: Comm) -> None:
+def _straggler_world(comm: Comm, late: str) -> None:
     from fullgraph.comm.tagged import probe_links
 
     times = probe_links(comm, 4096)  # T_c,i,j of the online adjustment: one per peer
     assert times[comm.rank] == 0.0 and all(t > 0 for r, t in enumerate(times) if r != comm.rank)
     dataset = sbm(300, 3, seed=1)
     inject = f"sleep:p=0,s=0.6,n=100,at=4,ranks={STRAGGLER}"
-    result = train(dataset, _config("gcn", EPOCHS, inject=inject, staleness=K), comm=comm)
+    result = train(dataset, _config("gcn", EPOCHS, inject=inject, staleness=K, late=late),
+                   comm=comm)
     per_rank = result.extra["profiles"]  # [rank][epoch]
     events = [[next(e for e in per_rank[r][i].events if e["kind"] == "partial")
                for r in range(comm.world_size)] for i in range(EPOCHS)]  # [epoch][rank]
-    left_out, stale, beyond = [], 0, []
+    left_out, stale, beyond, reused = [], 0, [], []
     for epoch, per_rank in enumerate(events, start=1):
         sync = per_rank[0]["sync"]
         assert all(e["sync"] == sync for e in per_rank), (epoch, per_rank)
@@ -202,6 +203,9 @@ def _straggler_world(comm: Comm) -> None:
             continue
         assert all(e["ready"] == [0, 1] for e in per_rank), (epoch, per_rank)
         left_out.append(True)
+        lead = per_rank[0]  # rank 0 sums the gradients
+        assert lead["reused"] in ([], [STRAGGLER]) and lead["reused_age"] <= K, (epoch, lead)
+        reused.append(epoch if lead["reused"] else None)
         for rank in (0, 1):  # the fast ones did not wait for rank 2: old rows instead
             e = per_rank[rank]
             assert e["oldest"] <= K, (epoch, rank, e)
@@ -214,6 +218,11 @@ def _straggler_world(comm: Comm) -> None:
     assert sorted(beyond)[len(beyond) // 2] < 0.05, beyond
     runs = "".join("x" if x else "." for x in left_out)
     assert "x" * K not in runs and "x" in runs, runs  # brought back within K epochs
+    if late == "rescale":
+        assert not any(reused), reused
+    else:  # its gradient of epoch 5 (8), drained at the sync of 6 (9), stands in at 7, 8
+        # (10, 11); at 4 there is none yet, at 5 that of 4 is still on its way
+        assert {7, 8, 10, 11} <= set(reused), reused
     flat = torch.cat([p.detach().reshape(-1) for p in result.model.parameters()])
     gathered = [torch.empty_like(flat) for _ in range(comm.world_size)]
     torch.distributed.all_gather(gathered, flat)
@@ -222,8 +231,11 @@ def _straggler_world(comm: Comm) -> None:
 
 
 @pytest.mark.dist
-def test_fast_workers_go_on_without_a_straggler_for_at_most_k_epochs(tmp_path):
-    run_ranks(_straggler_world, 3, tmp_path)
+@pytest.mark.parametrize("late", ["reuse", "rescale"])
+def test_fast_workers_go_on_without_a_straggler_for_at_most_k_epochs(tmp_path, late):
+    """Rank 2 sleeps 0.6 s per epoch from epoch 4. ``reuse``: its late gradient
+    stands in for it, at most K epochs old; ``rescale``: never."""
+    run_ranks(_straggler_world, 3, tmp_path, late)
 
 
 def _resume_world(comm: Comm, ckpt: str) -> None:
@@ -313,4 +325,6 @@ def test_staleness_and_slack_are_checked():
         AdaptConfig(mode="adjust+partial", staleness=0)
     with pytest.raises(ConfigError, match="slack"):
         AdaptConfig(mode="adjust+partial", slack=-1.0)
+    with pytest.raises(ConfigError, match="late_gradients"):
+        AdaptConfig(mode="adjust+partial", late_gradients="average")
 
