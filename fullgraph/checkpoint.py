@@ -40,6 +40,7 @@ from torch import Tensor
 from fullgraph.config import Config
 from fullgraph.errors import ConfigError
 from fullgraph.graph.data import Dataset
+from fullgraph.graph.sparse import row_blocks
 from fullgraph.report import EpochRecord
 
 FORMAT = "fullgraph-checkpoint"
@@ -74,12 +75,24 @@ def digest(*tensors: Tensor) -> str:
     return h.hexdigest()
 
 
+def feature_digest(x: Tensor) -> str:
+    """``digest(x)`` of the dense matrix, read in row blocks: the same for features held
+    dense or as CSR (a checkpoint belongs to the model, not to the layout)."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(f"{x.dtype}{tuple(x.shape)};".encode())
+    for _, block in row_blocks(x):
+        if block.numel():
+            h.update(block.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
+                     .data)
+    return h.hexdigest()
+
+
 def dataset_fingerprint(dataset: Dataset) -> dict[str, Any]:
     """Sizes and content digests of a dataset as trained on (options applied)."""
     g, d = dataset.graph, dataset.data
     return {"vertices": g.num_nodes, "edges": g.num_edges, "features": d.num_features,
             "classes": d.num_classes, "topology": digest(g.indptr, g.indices),
-            "feature values": digest(d.features), "labels": digest(d.labels),
+            "feature values": feature_digest(d.features), "labels": digest(d.labels),
             "masks": digest(d.train_mask, d.val_mask, d.test_mask)}
 
 

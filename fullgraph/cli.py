@@ -194,6 +194,9 @@ def build_parser() -> argparse.ArgumentParser:
     p_conv.add_argument("--symmetrize", action=argparse.BooleanOptionalAction, default=False)
     p_conv.add_argument("--input", help="ogb: directory in the OGB raw layout")
     p_conv.add_argument("--seed", type=int, default=0, help="split seed when no masks are given")
+    p_conv.add_argument("--sparse-features", choices=("auto", "on", "off"), default="auto",
+                        help="store the features as CSR (their non-zeros): on, off, or auto "
+                        "(on at 5%% non-zeros or fewer and 64+ columns)")
     cli_outputs.add_parsers(sub)  # predict, evaluate
 
     p_plan = sub.add_parser("plan", help="memory, traffic and epoch time of every strategy, "
@@ -392,8 +395,11 @@ def cmd_partition(args: argparse.Namespace) -> int:
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
+    import dataclasses
+
     from fullgraph.config import DataConfig
     from fullgraph.graph import datasets
+    from fullgraph.graph.sparse import choose_layout, is_sparse
 
     root = DataConfig(root=args.root).resolved_root()
     opts = datasets.ConvertOptions(
@@ -401,9 +407,12 @@ def cmd_convert(args: argparse.Namespace) -> int:
         masks=args.masks, input=args.input, binary=args.binary, symmetrize=args.symmetrize,
         seed=args.seed, num_classes=args.num_classes)
     ds = datasets.convert(args.format, opts)
+    ds.data = dataclasses.replace(ds.data, features=choose_layout(ds.data.features,
+                                                                  args.sparse_features))
     path = datasets.save_processed(ds, root, args.name)
     s = ds.summary()
-    print(f"wrote {args.name}: {s['vertices']} vertices, {s['edges']} edges -> {path}")
+    layout = " (features stored sparse)" if is_sparse(ds.data.features) else ""
+    print(f"wrote {args.name}: {s['vertices']} vertices, {s['edges']} edges{layout} -> {path}")
     return 0
 
 

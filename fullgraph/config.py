@@ -60,6 +60,9 @@ def _require(cond: bool, section: str, name: str, value: Any, expected: str) -> 
         raise ConfigError(f"{section}.{name}: got {value!r}; expected {expected}")
 
 
+SPARSE_FEATURES = ("auto", "on", "off")
+
+
 @dataclass(frozen=True, kw_only=True)
 class DataConfig:
     """Which dataset, where it lives and how its features are stored.
@@ -76,9 +79,15 @@ class DataConfig:
     normalize_features: bool = option(False, "divide each feature row by its sum (as PyG's "
                                       "NormalizeFeatures)")
     split_seed: int = option(0, "seed of the random split of datasets without a public one")
+    sparse_features: str = option("auto", "hold the features as CSR (their non-zeros) through "
+                                  "the first layer: on, off, or auto (on at 5% non-zeros or "
+                                  "fewer and 64+ columns, as bag-of-words features)",
+                                  choices=SPARSE_FEATURES)
 
     def __post_init__(self) -> None:
         _require(bool(self.dataset), "data", "dataset", self.dataset, "a dataset name or path")
+        _require(self.sparse_features in SPARSE_FEATURES, "data", "sparse_features",
+                 self.sparse_features, " | ".join(SPARSE_FEATURES))
         _require(self.feature_dtype in FEATURE_DTYPES, "data", "feature_dtype",
                  self.feature_dtype, " | ".join(FEATURE_DTYPES))
 

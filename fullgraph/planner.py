@@ -20,6 +20,7 @@ import torch
 
 from fullgraph import plan as P
 from fullgraph.graph.data import Dataset
+from fullgraph.graph.sparse import nbytes
 from fullgraph.launch import threads_per_worker
 from fullgraph.memory import parse_bytes
 from fullgraph.models import build_model
@@ -291,7 +292,7 @@ def plan_run(cfg: Any, dataset: Dataset, *, base_rss: int | None = None,
 
 def dataset_bytes(dataset: Dataset) -> int:
     d = dataset.data
-    return int(dataset.graph.nbytes() + d.features.numel() * d.features.element_size()
+    return int(dataset.graph.nbytes() + nbytes(d.features)
                + d.labels.numel() * d.labels.element_size() + 3 * d.num_nodes)
 
 

@@ -27,6 +27,7 @@ from fullgraph.models import build_model
 from fullgraph.models.base import GNN
 from fullgraph.models.stages import LayerInput, StageContext, propagation_inputs
 from fullgraph.models.walk import GraphRunner, walk
+from fullgraph.parallel.base import feature_rows
 
 FORMAT = "fullgraph-model"
 VERSION = 1
@@ -58,7 +59,7 @@ class SavedModel(nn.Module):
         Args:
             graph: a fullgraph ``Graph``, or a (2, E) ``edge_index`` (row 0 sources,
                 row 1 destinations) over ``features.shape[0]`` vertices.
-            features: (N, F) input features.
+            features: (N, F) input features, dense or CSR.
         """
         return self._run(graph, features, stop=None)
 
@@ -86,8 +87,8 @@ class SavedModel(nn.Module):
         graph, norms = propagation_inputs(self.program, graph.to(param.device), param.dtype)
         ctx = StageContext(torch.arange(n, device=param.device), 0, self.training,
                            torch.arange(graph.num_edges, device=param.device))
-        return walk(self.program, GraphRunner(graph, norms, ctx),
-                    features.to(param.device, param.dtype), stop=stop)
+        x = feature_rows(features, None, self.program, param.dtype, param.device)  # CSR or dense
+        return walk(self.program, GraphRunner(graph, norms, ctx), x, stop=stop)
 
 
 def save_model(path: str | Path, model: GNN, cfg: Config, dataset: Dataset,

@@ -28,8 +28,10 @@ from fullgraph.config import Config
 from fullgraph.errors import ConfigError
 from fullgraph.extras import MissingExtraError, missing_message
 from fullgraph.graph.data import Dataset
+from fullgraph.graph.sparse import density, is_sparse
 from fullgraph.models import build_model
 from fullgraph.models.base import GNN
+from fullgraph.models.walk import reads_sparse
 from fullgraph.ops import kernels
 from fullgraph.ops.spmm import auto_choice, describe_backend, set_auto, set_backend
 from fullgraph.parallel import build_strategy
@@ -331,9 +333,15 @@ def _header_lines(dataset: Dataset, model: GNN, cfg: Config, device: torch.devic
                   setup_s: float, world: int) -> list[str]:
     s = dataset.summary()
     params = sum(p.numel() for p in model.parameters())
+    x = dataset.data.features
+    layout = ""
+    if is_sparse(x):
+        layout = (f" (sparse: {100 * density(x):.2f}% non-zero, held as CSR"
+                  + (")" if reads_sparse(model) else "; made dense for this model, which "
+                     "propagates the raw features)"))
     return [
         f"dataset  {s['name']}: {s['vertices']} vertices, {s['edges']} edges, "
-        f"{s['features']} features, {s['classes']} classes "
+        f"{s['features']} features{layout}, {s['classes']} classes "
         f"(train {s['train']} / val {s['val']} / test {s['test']})",
         f"model    {model.name}: {cfg.model.layers} layers, hidden {cfg.model.hidden}, "
         f"{params} parameters, stages {model.signature()}",

@@ -13,7 +13,8 @@ from fullgraph.cli import build_parser, main
 
 # One flag per Config field; adding a knob means adding it here on purpose.
 TRAIN_FLAGS = sorted("""
---config --dataset --root --feature-dtype --normalize-features --split-seed --model --hidden
+--config --dataset --root --feature-dtype --normalize-features --split-seed --sparse-features
+--model --hidden
 --layers --dropout --input-dropout --activation --residual --decoupled --num-props --heads
 --batch-norm --out-heads --attn-dropout --epochs --lr --weight-decay --seed --device --eval-every
 --metrics-out --progress --log-level --quiet --strategy --spmm-backend --threads --workers
@@ -23,7 +24,7 @@ TRAIN_FLAGS = sorted("""
 --checkpoint-dir --checkpoint-every --resume --save-model
 --task-split --task-gamma --subgraphs --recompute --chunks --task-deps --group-parallel
 --task-device-memory --hops
---adapt --cache-budget --inject --staleness --slack --shares
+--adapt --cache-budget --inject --staleness --slack --late-gradients --shares
 """.split())
 
 

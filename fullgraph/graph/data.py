@@ -18,6 +18,7 @@ from torch import Tensor
 
 from fullgraph.errors import ValidationError
 from fullgraph.graph.csr import Graph
+from fullgraph.graph.sparse import convert, csr, is_sparse, row_blocks
 
 FEATURE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 MASK_NAMES = ("train_mask", "val_mask", "test_mask")
@@ -28,7 +29,8 @@ class VertexData:
     """Per-vertex tensors of a node-classification dataset.
 
     Attributes:
-        features: (N, F) float32, bfloat16 or float16.
+        features: (N, F) float32, bfloat16 or float16; dense, or a CSR tensor
+            (``torch.sparse_csr``: sparse input features, see ``graph.sparse``).
         labels: (N,) int64 class ids, -1 for unlabelled vertices.
         train_mask, val_mask, test_mask: (N,) bool, pairwise disjoint.
         num_classes: number of classes C; every label in a mask is in ``[0, C)``.
@@ -51,14 +53,17 @@ class VertexData:
 
     def features_as(self, dtype: torch.dtype = torch.float32) -> Tensor:
         """Features in ``dtype`` (no copy when already stored so)."""
-        return self.features if self.features.dtype == dtype else self.features.to(dtype)
+        if self.features.dtype == dtype:
+            return self.features
+        return convert(self.features, dtype, self.features.device)
 
     def with_feature_dtype(self, name: str) -> "VertexData":
         """A copy whose features are stored as ``name`` (float32, bfloat16 or float16)."""
         if name not in FEATURE_DTYPES:
             raise ValidationError("unknown feature storage dtype", field="feature_dtype",
                                   found=name, expected=" | ".join(FEATURE_DTYPES))
-        return VertexData(self.features.to(FEATURE_DTYPES[name]), self.labels, self.train_mask,
+        x = convert(self.features, FEATURE_DTYPES[name], self.features.device)
+        return VertexData(x, self.labels, self.train_mask,
                           self.val_mask, self.test_mask, self.num_classes)
 
     def row_normalized(self) -> "VertexData":
@@ -67,6 +72,21 @@ class VertexData:
         Rows are shifted by the global minimum when it is negative, and rows summing
         to less than 1 are left unscaled (as PyG's ``NormalizeFeatures``).
         """
+        if is_sparse(self.features):
+            f = self.features
+            values = f.values().to(torch.float32)
+            if values.numel() == 0 or float(values.min()) >= 0:  # zeros stay zeros
+                ptr = f.crow_indices()
+                rows = torch.repeat_interleave(torch.arange(f.shape[0]), ptr[1:] - ptr[:-1])
+                sums = torch.zeros(f.shape[0]).index_add_(0, rows, values)
+                values = values / sums.clamp(min=1.0)[rows]
+                x = csr(ptr, f.col_indices(), values.to(f.dtype),
+                        (int(f.shape[0]), int(f.shape[1])))
+                return VertexData(x, self.labels, self.train_mask, self.val_mask,
+                                  self.test_mask, self.num_classes)
+            dense = VertexData(self.features.to_dense(), self.labels, self.train_mask,
+                               self.val_mask, self.test_mask, self.num_classes)
+            return dense.row_normalized()  # a negative minimum shifts every entry
         x = self.features.to(torch.float32)
         low = float(x.min()) if x.numel() else 0.0
         if low < 0:
@@ -179,8 +199,16 @@ class Dataset:
 
 def _check_finite(x: Tensor, source: str, block_rows: int = 1 << 16) -> None:
     """Raise on the first NaN/inf feature, scanning in row blocks (memory-mapped safe)."""
-    for start in range(0, x.shape[0], block_rows):
-        blk = x[start:start + block_rows]
+    if is_sparse(x):  # the stored entries only
+        bad_entries = (~torch.isfinite(x.values())).nonzero()
+        if bad_entries.numel():
+            e = int(bad_entries[0, 0])
+            r = int(torch.searchsorted(x.crow_indices(), torch.tensor(e), right=True)) - 1
+            raise ValidationError("feature is not finite", source=source,
+                                  field=f"features[{r}, {int(x.col_indices()[e])}]",
+                                  found=float(x.values()[e]), expected="a finite number")
+        return
+    for start, blk in row_blocks(x, block_rows):
         bad = ~torch.isfinite(blk)
         if bool(bad.any()):
             r, c = (int(v) for v in torch.nonzero(bad)[0])

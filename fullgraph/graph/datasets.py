@@ -15,6 +15,7 @@ leading dot (so neither ``.`` nor ``..``), not empty.
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import os
 import shutil
@@ -26,6 +27,7 @@ from typing import Any
 from fullgraph.errors import CacheError, ConfigError, DatasetNotFoundError
 from fullgraph.graph import store
 from fullgraph.graph.data import Dataset
+from fullgraph.graph.sparse import choose_layout
 
 BUILTIN = Path(__file__).resolve().parent / "builtin"
 PLANETOID_SUFFIXES = ("x", "tx", "allx", "y", "ty", "ally", "graph", "test.index")
@@ -117,6 +119,9 @@ def load_for(cfg: Any) -> Dataset:
                    split_seed=cfg.split_seed)
     if cfg.normalize_features:
         dataset.data = dataset.data.row_normalized()
+    features = choose_layout(dataset.data.features, cfg.sparse_features)
+    if features is not dataset.data.features:
+        dataset.data = dataclasses.replace(dataset.data, features=features)
     return dataset
 
 

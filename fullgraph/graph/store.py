@@ -11,6 +11,10 @@ RAM. A dataset directory holds::
     edge_weight.npy  (E,) optional
     features.npy     (N, F) float32 or float16; bfloat16 is stored as its uint16 bits
                      and ``meta.json`` records the real dtype
+    or, for sparse features (a CSR ``VertexData.features``; ``meta.json`` then records
+    ``feature_shape`` [N, F]):
+    features_indptr.npy (N + 1,) int64, features_indices.npy (Z,) int64 column ids,
+    features_values.npy (Z,) the non-zeros, dtype as above
     labels.npy       (N,) int64
     train_mask.npy, val_mask.npy, test_mask.npy   (N,) bool
 
@@ -43,6 +47,7 @@ from torch import Tensor
 from fullgraph.errors import CacheError, ValidationError
 from fullgraph.graph.csr import Graph
 from fullgraph.graph.data import Dataset, VertexData
+from fullgraph.graph.sparse import csr, is_sparse
 
 FORMAT_VERSION = 1
 META_FILE = "meta.json"
@@ -82,6 +87,8 @@ def save_dataset(dataset: Dataset, path: Path | str) -> None:
                 "num_nodes": dataset.graph.num_nodes, "num_edges": dataset.graph.num_edges,
                 "num_classes": dataset.data.num_classes, "info": dataset.info,
                 "checksum_algorithm": CHECKSUM_ALGORITHM, "arrays": arrays}
+        if is_sparse(dataset.data.features):
+            meta["feature_shape"] = list(dataset.data.features.shape)
         _write_meta(tmp / META_FILE, meta)
         _fsync_dir(tmp)
         _swap_into_place(tmp, path)
@@ -95,8 +102,14 @@ def _arrays_of(dataset: Dataset) -> dict[str, Tensor]:
     arrays = {"indptr": g.indptr, "indices": g.indices}
     if g.edge_weight is not None:
         arrays["edge_weight"] = g.edge_weight
-    arrays.update(features=d.features, labels=d.labels, train_mask=d.train_mask,
-                  val_mask=d.val_mask, test_mask=d.test_mask)
+    x = d.features
+    if is_sparse(x):
+        arrays.update(features_indptr=x.crow_indices(), features_indices=x.col_indices(),
+                      features_values=x.values())
+    else:
+        arrays["features"] = x
+    arrays.update(labels=d.labels, train_mask=d.train_mask, val_mask=d.val_mask,
+                  test_mask=d.test_mask)
     return arrays
 
 
@@ -187,7 +200,8 @@ def load_dataset(path: Path | str, *, mmap: bool = True, verify: bool = True) ->
     tensors = {name: _load_array(path, name, entry, mmap=mmap, verify=verify)
                for name, entry in _array_entries(path, meta).items()}
     graph = _graph_from(path, meta, tensors)
-    data = VertexData(tensors["features"], tensors["labels"], tensors["train_mask"],
+    data = VertexData(_features_from(path, meta, tensors), tensors["labels"],
+                      tensors["train_mask"],
                       tensors["val_mask"], tensors["test_mask"], int(meta["num_classes"]))
     if data.num_nodes != graph.num_nodes:
         raise CacheError("feature rows do not match the number of vertices",
@@ -258,8 +272,9 @@ def read_meta(path: Path) -> dict[str, Any]:
 
 def _array_entries(path: Path, meta: dict[str, Any]) -> dict[str, dict[str, Any]]:
     entries = meta["arrays"]
-    required = ("indptr", "indices", "features", "labels", "train_mask", "val_mask",
-                "test_mask")
+    sparse = ("features_indptr", "features_indices", "features_values")
+    required = ("indptr", "indices", "labels", "train_mask", "val_mask", "test_mask") + \
+        (sparse if "feature_shape" in meta else ("features",))
     for name in required:
         if not isinstance(entries, dict) or name not in entries:
             raise CacheError("dataset metadata lists no such array", source=path / META_FILE,
@@ -300,6 +315,24 @@ def _load_array(path: Path, name: str, entry: dict[str, Any], *, mmap: bool,
     if dtype in _BIT_VIEWS:
         return torch.from_numpy(array.view(np.int16)).view(dtype)
     return torch.from_numpy(array)
+
+
+def _features_from(path: Path, meta: dict[str, Any], tensors: dict[str, Tensor]) -> Tensor:
+    """The dense feature array, or the CSR one from its three arrays (O(1) checks)."""
+    if "feature_shape" not in meta:
+        return tensors["features"]
+    shape = meta["feature_shape"]
+    ptr, cols, vals = (tensors[f"features_{k}"] for k in ("indptr", "indices", "values"))
+    ok = (isinstance(shape, list) and len(shape) == 2 and ptr.dtype == torch.int64
+          and ptr.shape == (int(shape[0]) + 1,) and cols.shape == vals.shape
+          and int(ptr[0]) == 0 and int(ptr[-1]) == vals.shape[0])
+    if not ok:
+        raise CacheError("sparse feature arrays do not match feature_shape", source=path,
+                         field="features_indptr, features_indices, features_values",
+                         found=f"feature_shape {shape}, indptr {tuple(ptr.shape)}, "
+                         f"indices {tuple(cols.shape)}, values {tuple(vals.shape)}",
+                         hint=REBUILD_HINT)
+    return csr(ptr, cols, vals, (int(shape[0]), int(shape[1])))
 
 
 def _graph_from(path: Path, meta: dict[str, Any], tensors: dict[str, Tensor]) -> Graph:

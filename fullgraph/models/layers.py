@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fullgraph.models.stages import StageContext, Transform
+from fullgraph.ops.sparse import is_sparse, sparse_linear
 
 ACTIVATIONS = {
     "relu": F.relu,
@@ -66,6 +67,11 @@ def init_bias(out_dim: int, fan_in: int, init: str) -> nn.Parameter:
     return nn.Parameter(bias)
 
 
+def linear(lin: nn.Linear, x: Tensor) -> Tensor:
+    """``lin(x)`` for dense or CSR (sparse input features) rows ``x``."""
+    return sparse_linear(x, lin.weight, lin.bias) if is_sparse(x) else lin(x)
+
+
 class Dense(Transform):
     """``y = act(lin(x) + bias + root(layer_input) + layer_input if residual)``.
 
@@ -103,15 +109,17 @@ class Dense(Transform):
         self.act_name = act
         self.act = activation(act)
         self.uses_layer_input = self.root is not None or residual
+        # its weights take CSR rows (sparse input features); adding them does not
+        self.reads_sparse = not residual
 
     def forward(self, x: Tensor, ctx: StageContext, layer_input: Tensor | None = None) -> Tensor:
-        y = self.lin(x) if self.lin is not None else x
+        y = linear(self.lin, x) if self.lin is not None else x
         if self.bias is not None:
             y = y + self.bias
         if self.root is not None or self.residual:
             assert layer_input is not None, "this stage reads the layer input"
             if self.root is not None:
-                y = y + self.root(layer_input)
+                y = y + linear(self.root, layer_input)
             if self.residual:
                 y = y + layer_input
         return self.act(y) if self.act is not None else y

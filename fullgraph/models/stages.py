@@ -31,6 +31,7 @@ from torch import Tensor, nn
 
 from fullgraph.graph.csr import Graph
 from fullgraph.ops import keyed_dropout, spmm
+from fullgraph.ops.sparse import is_sparse, sparse_dropout
 
 
 class StageKind(str, enum.Enum):
@@ -104,11 +105,14 @@ class Transform(Stage):
         uses_layer_input: the stage reads the layer input (must be given the same rows).
         reduces_rows: the stage also reads statistics over all rows (``ctx.sum_rows``,
             e.g. batch normalisation), so its executor must supply ``ctx.row_sum``.
+        reads_sparse: the stage takes CSR rows (sparse input features) as its input
+            and layer input.
     """
 
     kind = StageKind.TRANSFORM
     uses_layer_input: bool = False
     reduces_rows: bool = False
+    reads_sparse: bool = False  # takes CSR rows (sparse input features)
 
     def __init__(self, in_dim: int, out_dim: int) -> None:
         super().__init__()
@@ -129,6 +133,10 @@ class LayerInput(Transform):
         self.p = check_probability(dropout, "dropout")
 
     def forward(self, x: Tensor, ctx: StageContext, layer_input: Tensor | None = None) -> Tensor:
+        if is_sparse(x):  # sparse input features: the stored entries only, same mask
+            if not ctx.training or self.p == 0.0:
+                return x
+            return sparse_dropout(x, self.p, ctx.gids, stage_seed(ctx.seed, self.index))
         return keyed_dropout(x, self.p, ctx.gids, stage_seed(ctx.seed, self.index), ctx.training)
 
     def extra_repr(self) -> str:

@@ -105,6 +105,17 @@ def _describe(program: StageProgram) -> tuple[StageInfo, ...]:
     return tuple(infos)
 
 
+def reads_sparse(program: StageProgram) -> bool:
+    """Whether ``program`` can take sparse (CSR) input features: its first layer opens
+    with dropout and every stage that reads the raw features after it is a T stage
+    that takes CSR rows (a dense layer, not a propagation)."""
+    stages, infos = program.stages, describe(program)
+    if len(stages) < 2 or not isinstance(stages[0], LayerInput):
+        return False
+    readers = [stages[1]] + [stages[i.index] for i in infos if i.layer_input_from == 0]
+    return all(isinstance(st, Transform) and st.reads_sparse for st in readers)
+
+
 def has_edge_stage(program: StageProgram) -> bool:
     """Whether the program has an E stage (attention)."""
     return any(i.is_edge for i in describe(program))

@@ -119,6 +119,34 @@ if HAVE_NUMBA:
                 else:
                     out[r, c] = 0.0
 
+    @njit(parallel=True, cache=True, nogil=True)
+    def keyed_dropout_csr(indptr, indices, values, row_keys, seed, p, scale,
+                          out):  # pragma: no cover - numba
+        """``keyed_dropout`` of a CSR matrix's stored entries: out[e] = values[e] * scale
+        where the key of (row, indices[e]) keeps it, else 0 (the dense kernel's bits)."""
+        m32 = 0xFFFFFFFF
+        for r in prange(row_keys.shape[0]):
+            k = _mix32(((row_keys[r] & m32) ^ seed) & m32)
+            k = _mix32((k + ((row_keys[r] >> 32) & m32) * 0x27D4EB2F) & m32)
+            for e in range(indptr[r], indptr[r + 1]):
+                h = _mix32((k + indices[e] * 0x9E3779B9) & m32)
+                if h * 2.3283064365386963e-10 >= p:
+                    out[e] = values[e] * scale
+                else:
+                    out[e] = 0.0
+
+    @njit(cache=True, nogil=True)
+    def csr_t_matmul(indptr, indices, values, g, out):  # pragma: no cover - numba
+        """out += A^T g for the CSR matrix A (R, K): out[indices[e]] += values[e] * g[r]
+        (serial: rows of ``out`` are shared between rows of A)."""
+        d = g.shape[1]
+        for r in range(indptr.shape[0] - 1):
+            for e in range(indptr[r], indptr[r + 1]):
+                j = indices[e]
+                v = values[e]
+                for c in range(d):
+                    out[j, c] += v * g[r, c]
+
     @njit(inline="always", cache=True)
     def _mix32(h):  # pragma: no cover - numba
         m32 = 0xFFFFFFFF

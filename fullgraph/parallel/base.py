@@ -26,7 +26,8 @@ from torch import Tensor
 from fullgraph.graph.data import Dataset
 from fullgraph.memory import SavedBytes
 from fullgraph.models.stages import StageProgram
-from fullgraph.models.walk import describe
+from fullgraph.models.walk import describe, reads_sparse
+from fullgraph.ops.sparse import convert, is_sparse, take_rows
 from fullgraph.partition.options import PartitionOptions
 
 if TYPE_CHECKING:
@@ -323,3 +324,15 @@ def get_strategy(name: str) -> type[Strategy]:
     if name not in STRATEGIES:
         raise ValueError(f"unknown strategy {name!r}; expected one of {', '.join(STRATEGIES)}")
     return STRATEGIES[name]
+
+
+def feature_rows(features: Tensor, rows: Tensor | None, program: StageProgram,
+                 dtype: torch.dtype, device: torch.device) -> Tensor:
+    """The input rows ``rows`` (None: all) of ``features`` as ``program``'s first layer
+    takes them, in ``dtype`` on ``device``: CSR when the features are sparse and the
+    program reads CSR rows (``walk.reads_sparse``: dropout, then a dense layer), dense
+    otherwise (a model that propagates the raw features first, as GIN)."""
+    x = features if rows is None else take_rows(features, rows)
+    if is_sparse(x) and not reads_sparse(program):
+        x = x.to_dense()
+    return convert(x, dtype, device)

@@ -46,6 +46,7 @@ from fullgraph.models.stages import EdgeTransform, StageContext, StageProgram
 from fullgraph.models.walk import Carry, Runner, describe, recomputed_transform_run, walk
 from fullgraph.ops import spmm
 from fullgraph.ops.chunked import Chunk, chunked_spmm
+from fullgraph.ops.sparse import nbytes
 from fullgraph.parallel.base import LocalResult, Plan, Work
 from fullgraph.schedule.pipeline import Segment, pipelined_propagation
 
@@ -229,7 +230,7 @@ def count_resident(program: StageProgram, plan: ColumnPlan, dtype: torch.dtype) 
     account, itemsize = plan.account, torch.empty(0, dtype=dtype).element_size()
     assert account is not None
     rows, n = int(plan.gids.numel()), plan.graph.num_dst
-    account.reside("feature rows", plan.features.numel() * itemsize)
+    account.reside("feature rows", nbytes(plan.features))
     params = sum(p.numel() * p.element_size() for p in program.parameters())
     account.reside("parameters and gradients", 2 * params)
     acts = 0

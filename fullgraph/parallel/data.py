@@ -39,8 +39,9 @@ from fullgraph.graph.csr import Graph
 from fullgraph.graph.data import Dataset
 from fullgraph.models.stages import StageContext, StageProgram, propagation_inputs
 from fullgraph.models.walk import Runner, describe, walk
+from fullgraph.ops.sparse import take_rows
 from fullgraph.parallel import costmodel
-from fullgraph.parallel.base import LocalResult, Plan, Work, register
+from fullgraph.parallel.base import LocalResult, Plan, Work, feature_rows, register
 from fullgraph.parallel.rowplan import RowPlan, plan_rows, stage_weights
 from fullgraph.parallel.rows import RowPartitioned, partition_book
 from fullgraph.partition import PartitionBook
@@ -206,7 +207,8 @@ class DataParallel(RowPartitioned[DataPlan]):
         if plan.device.type != "cpu":
             plan.rows.blocks = [None if b is None else b.to(plan.device)
                                 for b in plan.rows.blocks]
-        plan.features = plan.source.features[plan.rows.input_rows].to(plan.dtype).to(plan.device)
+        plan.features = feature_rows(plan.source.features, plan.rows.input_rows, program,
+                                     plan.dtype, plan.device)
         plan.tables = self._tables(program, plan)
         plan.weights, plan.edge_pos = stage_weights(program, plan.rows, plan.norms, plan.device)
 
@@ -300,9 +302,10 @@ class _RowRunner(Runner):
 
     def transform(self, s: int, stage: Any, h: Tensor, layer_input: Tensor | None) -> Tensor:
         rows = self.rows
-        x = h if rows.in_pos[s] is None else h[rows.in_pos[s]]
-        if layer_input is not None and rows.layer_pos[s] is not None:
-            layer_input = layer_input[rows.layer_pos[s]]
+        in_pos, layer_pos = rows.in_pos[s], rows.layer_pos[s]
+        x = h if in_pos is None else take_rows(h, in_pos)  # CSR: sparse features
+        if layer_input is not None and layer_pos is not None:
+            layer_input = take_rows(layer_input, layer_pos)
         return self._timed("T", x.shape[0] * stage.out_dim,
                            lambda: stage(x, self._ctx(s), layer_input))
 

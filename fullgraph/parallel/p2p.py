@@ -56,7 +56,7 @@ from fullgraph.graph.data import Dataset
 from fullgraph.memory import parse_bytes
 from fullgraph.models.stages import StageProgram, propagation_inputs
 from fullgraph.models.walk import out_dim
-from fullgraph.parallel.base import LocalResult, Work, register
+from fullgraph.parallel.base import LocalResult, Work, feature_rows, register
 from fullgraph.parallel.p2p_backward import Backward
 from fullgraph.parallel.p2p_plan import P2PPlan, build_phases, phase_bounds, plan_to_device
 from fullgraph.parallel.p2p_run import Forward
@@ -136,7 +136,8 @@ class P2PParallel(RowPartitioned[P2PPlan]):
         weights, _ = stage_weights(program, rows, norms, torch.device("cpu"))
         plan = P2PPlan(
             **self.owned_targets(dataset, owned, device), comm=comm, graph=graph, book=book,
-            rows=rows, features=dataset.data.features[owned].to(dtype).to(device), phases=phases,
+            rows=rows, features=feature_rows(dataset.data.features, owned, program, dtype, device),
+            phases=phases,
             weights=[None if w is None else w.to(device) for w in weights], mode=mode,
             schedule=self.options.schedule, limits=limits)
         if device.type != "cpu":

@@ -20,6 +20,7 @@ from torch import Tensor
 from fullgraph.comm.halo import start_fetch
 from fullgraph.models.stages import StageContext, StageProgram
 from fullgraph.models.walk import Carry, Runner, walk
+from fullgraph.ops.sparse import densify, take_rows
 from fullgraph.parallel.p2p_plan import BinBlock, Key, P2PPlan, Phase
 
 
@@ -92,6 +93,9 @@ class Carried:
         self.buffers: dict[Key, Tensor] = {}
 
     def store(self, key: Key, blk: BinBlock, value: Tensor) -> None:
+        # sparse input features read again by a later phase (GraphSAGE's root weight
+        # after its first propagation) are carried dense: buffers are written by rows
+        value = densify(value)
         buf = self.buffers.get(key)
         if buf is None:
             total = self.plan.rows.owned.numel() if key[0] == "rows" else \
@@ -150,8 +154,8 @@ class _BinRunner(Runner):
 
 def _load(blk: BinBlock, h_prev: Tensor, halo: Tensor | None) -> Tensor:
     """A bin's input rows: its own rows (phase 0), else its local then pushed sources."""
-    if blk.src_local is None:
-        return h_prev.index_select(0, blk.rows)
+    if blk.src_local is None:  # the input features: CSR when sparse
+        return take_rows(h_prev, blk.rows)
     parts = [h_prev.index_select(0, blk.src_local)]
     assert blk.src_halo is not None
     if blk.src_halo.numel():
@@ -191,7 +195,8 @@ class Forward:
             if not mode.eager:
                 incoming.all()
         nxt = plan.phases[k + 1].link if k + 1 < len(plan.phases) else None
-        out = h_prev.new_empty(h_prev.shape[0], ph.out_dim)
+        out = torch.empty(h_prev.shape[0], ph.out_dim, dtype=h_prev.dtype,  # h_prev: maybe CSR
+                          device=h_prev.device)
         issued: list[Any] = []
         saved: list[dict[str, Any]] = []
         grad_in = keep and k > 0 and plan.phases[k - 1].needs_grad

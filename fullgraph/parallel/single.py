@@ -14,7 +14,7 @@ from torch import Tensor
 from fullgraph.graph.csr import Graph
 from fullgraph.graph.data import Dataset
 from fullgraph.models.stages import StageContext, StageProgram, propagation_inputs
-from fullgraph.parallel.base import LocalResult, Plan, Strategy, register
+from fullgraph.parallel.base import LocalResult, Plan, Strategy, feature_rows, register
 
 if TYPE_CHECKING:
     from fullgraph.comm.group import Comm
@@ -61,7 +61,7 @@ class SingleProcess(Strategy[SinglePlan]):
             masks={k: v.to(device) for k, v in masks.items()},
             num_train_global=int(data.train_mask.sum()),
             graph=graph, norms={k: v.to(device) for k, v in norms.items()},
-            features=data.features_as(dtype).to(device),
+            features=feature_rows(data.features, None, program, dtype, device),
             gids=torch.arange(graph.num_nodes, device=device),
             eids=torch.arange(graph.num_edges, device=device))
 

@@ -44,7 +44,7 @@ from fullgraph.graph.data import Dataset
 from fullgraph.memory import MemoryAccount, parse_bytes
 from fullgraph.models.stages import StageProgram, propagation_inputs
 from fullgraph.models.walk import describe, has_edge_stage
-from fullgraph.parallel.base import DistributedStrategy, LocalResult, Work, register
+from fullgraph.parallel.base import DistributedStrategy, LocalResult, Work, feature_rows, register
 from fullgraph.parallel.columns import ColumnPlan, column_forward, column_work, edge_plan
 from fullgraph.parallel.taskmodel import (
     TaskSplit,
@@ -261,7 +261,8 @@ class TaskParallel(DistributedStrategy[TaskPlan]):
             masks={k: v[label_gids].to(device) for k, v in masks.items()},
             num_train_global=int(data.train_mask.sum()), comm=comm, graph=graph.to(device),
             norms={k: v.to(device) for k, v in norms.items()}, row_counts=row_counts,
-            gids=gids.to(device), features=data.features[gids].to(dtype).to(device),
+            gids=gids.to(device),
+            features=feature_rows(data.features, gids, program, dtype, device),
             col_ranks=split.p_ranks, out_rows=out_rows,
             out_gids=None if out_gids is None else out_gids.to(device),
             split=split, recompute=self.options.recompute)

@@ -42,7 +42,7 @@ from fullgraph.memory import MemoryAccount, parse_bytes
 from fullgraph.models.stages import StageProgram, propagation_inputs
 from fullgraph.models.walk import describe, has_edge_stage
 from fullgraph.ops.chunked import build_chunks
-from fullgraph.parallel.base import DistributedStrategy, LocalResult, Work, register
+from fullgraph.parallel.base import DistributedStrategy, LocalResult, Work, feature_rows, register
 from fullgraph.parallel.columns import (
     ColumnPlan,
     column_forward,
@@ -166,7 +166,8 @@ class TensorParallel(DistributedStrategy[ColumnPlan]):
             graph=graph.to(graph_device),
             norms={k: v.to(graph_device) for k, v in norms.items()},
             row_counts=row_counts, gids=torch.empty(0, dtype=torch.long),
-            features=data.features[:0],
+            features=feature_rows(data.features, torch.zeros(0, dtype=torch.long), program,
+                                  dtype, rows_device),
             column_split=self.options.column_split, shares=shares, source=data)
         self._place_rows(program, plan, row_counts, rows_device, dtype)
         return plan
@@ -181,7 +182,7 @@ class TensorParallel(DistributedStrategy[ColumnPlan]):
         plan.row_counts, plan.layouts = row_counts, {}
         plan.gids, plan.labels = gids.to(rows_device), data.labels[gids].to(rows_device)
         plan.masks = {k: v[gids].to(rows_device) for k, v in masks.items()}
-        plan.features = data.features[gids].to(dtype).to(rows_device)
+        plan.features = feature_rows(data.features, gids, program, dtype, rows_device)
         if has_edge_stage(program):
             plan.edges = edge_plan(plan.graph, row_counts, comm)
             plan.edges.block = plan.edges.block.to(rows_device)

@@ -28,6 +28,7 @@ from fullgraph.graph.formats._common import (
     check_masks,
     field_locator,
 )
+from fullgraph.graph.sparse import densify
 from fullgraph.graph.split import fraction_split
 
 
@@ -94,7 +95,7 @@ def to_pyg(dataset: Dataset) -> Any:
     Data = require("torch_geometric", "to_pyg").data.Data
     src, dst = dataset.graph.edges()
     d = dataset.data
-    return Data(x=d.features, y=d.labels, edge_index=torch.stack([src, dst]),
+    return Data(x=densify(d.features), y=d.labels, edge_index=torch.stack([src, dst]),
                 train_mask=d.train_mask, val_mask=d.val_mask, test_mask=d.test_mask,
                 num_nodes=dataset.graph.num_nodes)
 
