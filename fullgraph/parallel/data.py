@@ -59,12 +59,17 @@ class DependencyPlan:
         rates: the unit costs the hybrid cost model used (None for the other modes).
         per_rank: ``summary()`` of every worker's plan, in rank order (set by
             ``replan``, for the run header).
+        trial: hybrid with measured rates: seconds of a training step (the slowest
+            worker's) under each plan tried, and the one kept (see
+            ``DataParallel.TRIAL_STEPS``).
     """
 
     direct: Tensor
     cached: Tensor
     rates: costmodel.Rates | None = None
     per_rank: list[dict[str, int]] = field(default_factory=list)
+    trial: dict[str, float] = field(default_factory=dict)
+    kept: str | None = None
 
     def fetch_mask(self, num_nodes: int) -> Tensor:
         mask = torch.zeros(num_nodes, dtype=torch.bool)
@@ -184,8 +189,49 @@ class DataParallel(RowPartitioned[DataPlan]):
             deps.cached[:] = True
         elif self.options.mode == "hybrid":
             deps.cached = self._cost_model(program, plan, owned)
+            if deps.rates is not None and deps.rates.measured and comm.world_size > 1:
+                self.replan(program, plan, deps.cached)
+                deps.cached = self._trial(program, plan)
         self.replan(program, plan, deps.cached)
         return plan
+
+    TRIAL_STEPS = 2
+    """Hybrid with measured rates: timed training steps (after one untimed) of the cost
+    model's split and of the two pure modes; the fastest is kept. The unit costs are
+    measured on small kernels in isolation and the model leaves out per-round and
+    per-row overheads, so on one host its split was slower than either pure mode;
+    trying costs a few steps once."""
+
+    def _trial(self, program: StageProgram, plan: DataPlan) -> Tensor:
+        """The cost model's split (current) or a pure mode, whichever trains fastest
+        (collective; forward and backward without an update: parameters and buffers,
+        such as batch normalisation's running statistics, unchanged)."""
+        deps = plan.deps
+        buffers = [(b, b.clone()) for b in program.buffers()]
+        options = {"hybrid": deps.cached.clone(),
+                   "depcomm": torch.zeros_like(deps.cached),
+                   "depcache": torch.ones_like(deps.cached)}
+        seconds = []
+        for cached in options.values():
+            self.replan(program, plan, cached)
+            seconds.append(min(self._trial_step(program, plan)
+                               for _ in range(self.TRIAL_STEPS + 1)))  # the first warms up
+        slowest = torch.tensor(seconds, dtype=torch.float64)
+        prim.all_reduce_(slowest, plan.comm, "setup", op="max")
+        deps.trial = dict(zip(options, slowest.tolist()))
+        deps.kept = min(deps.trial, key=deps.trial.__getitem__)
+        with torch.no_grad():
+            for buf, before in buffers:
+                buf.copy_(before)
+        return options[deps.kept]
+
+    def _trial_step(self, program: StageProgram, plan: DataPlan) -> float:
+        program.train()
+        t0 = time.perf_counter()
+        self.loss(self.forward(program, plan, training=True, seed=0), plan).backward()
+        for p in program.parameters():
+            p.grad = None
+        return time.perf_counter() - t0
 
     def replan(self, program: StageProgram, plan: DataPlan, cached: Tensor) -> None:
         """Switch the dependency plan to ``cached`` (collective: every worker calls it).
@@ -260,6 +306,9 @@ class DataParallel(RowPartitioned[DataPlan]):
                 f"cached:fetched per rank {split}")
         if plan.deps.rates is not None:
             line += f"; costs {plan.deps.rates.describe()}"
+        if plan.deps.trial:
+            tried = ", ".join(f"{k} {1000 * v:.1f} ms" for k, v in plan.deps.trial.items())
+            line += f"; a training step tried under each: {tried}; kept {plan.deps.kept}"
         return [line]
 
     # ---------------------------------------------------------------- execute

@@ -44,6 +44,7 @@ data-parallel halo fetch.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,7 +65,11 @@ from fullgraph.parallel.rowplan import plan_rows, stage_weights
 from fullgraph.parallel.rows import RowPartitioned, partition_book
 from fullgraph.schedule.bins import SCHEDULES, bin_limit, build_schedule
 
-DEFAULT_BIN_SIZE = 5000  # G3's initial bin size for graphs that fit (§7 setup)
+RAM_SHARE = 4
+"""Without a device or a given bin size, a worker's bins may use 1 / (RAM_SHARE x the
+workers on its host) of the RAM available at setup: one bin per phase on graphs that
+fit, which on one host ran faster than G3's 5,000-vertex bins (the pipeline has no
+slow link to hide; each bin costs an exchange round)."""
 
 
 # ---------------------------------------------------------------- the strategy
@@ -88,8 +93,8 @@ class P2PParallel(RowPartitioned[P2PPlan]):
                 half of it over a vertex's input + output bytes (G3 §5.3 step 2)
                 (default: None, then ``bin_size``).
             bin_size: vertices per bin when no ``bin_memory`` is given (default: None:
-                on a CUDA device from its free memory as ``bin_memory``, else 5000,
-                G3's initial bin size).
+                from the free memory of the CUDA device, or on CPU from a share of the
+                available RAM, ``RAM_SHARE``; the smallest over the workers).
         """
 
         schedule: str = option("multi-level", "which pipelines overlap communication with "
@@ -97,7 +102,9 @@ class P2PParallel(RowPartitioned[P2PPlan]):
         bin_memory: str | None = option(None, "device memory for bins, e.g. 4GB; unset: "
                                         "--bin-size")
         bin_size: int | None = option(None, "vertices per bin; unset: from free device "
-                                      "memory on cuda, else 5000")
+                                      "memory on cuda, else from available RAM (one bin "
+                                      "when the graph fits; set it to pipeline over a "
+                                      "slow link)")
 
         def __post_init__(self) -> None:
             if self.schedule not in SCHEDULES:
@@ -130,7 +137,11 @@ class P2PParallel(RowPartitioned[P2PPlan]):
         bounds = phase_bounds(program, rows.shares_halo)
         mode = SCHEDULES[self.options.schedule]
         itemsize = torch.empty(0, dtype=dtype).element_size()
-        limits = [self._limit(program, a, b, itemsize, device) for a, b in bounds]
+        limits = [self._limit(program, a, b, itemsize, device, comm) for a, b in bounds]
+        if comm.world_size > 1:  # every worker builds every part's bins: the same limits
+            from fullgraph.comm.primitives import all_gather_object
+
+            limits = [min(per) for per in zip(*all_gather_object(limits, comm, "setup"))]
         schedule = build_schedule(graph, book.part_of, comm.world_size, limits, mode)
         phases = build_phases(program, graph, book, rows, bounds, schedule, comm)
         weights, _ = stage_weights(program, rows, norms, torch.device("cpu"))
@@ -145,9 +156,10 @@ class P2PParallel(RowPartitioned[P2PPlan]):
         return plan
 
     def _limit(self, program: StageProgram, start: int, stop: int, itemsize: int,
-               device: torch.device) -> int:
+               device: torch.device, comm: Comm) -> int:
         """Vertices per bin of phase [start, stop): from ``bin_memory``, else
-        ``bin_size``, else the free memory of a CUDA device, else 5000."""
+        ``bin_size``, else the free memory of a CUDA device, else this worker's share
+        of the available RAM (``RAM_SHARE``)."""
         opts = self.options
         in_dim = program.stages[start].in_dim
         width = out_dim(program, start, stop)
@@ -158,7 +170,11 @@ class P2PParallel(RowPartitioned[P2PPlan]):
         if device.type == "cuda":
             free, _ = torch.cuda.mem_get_info(device)
             return bin_limit(free, in_dim, width, itemsize)
-        return DEFAULT_BIN_SIZE
+        from fullgraph.plan_measure import available_ram
+
+        here = int(os.environ.get("LOCAL_WORLD_SIZE", comm.world_size))  # workers on this host
+        share = available_ram() // (RAM_SHARE * max(1, here))
+        return bin_limit(share, in_dim, width, itemsize)
 
     # ---------------------------------------------------------------- execute
     def forward(self, model: StageProgram, plan: P2PPlan, *, training: bool,

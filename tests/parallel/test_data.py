@@ -158,7 +158,8 @@ def check_depcomm_bytes(comm):
 
 def check_measured_costs(comm):
     """No unit cost given: all three are measured, the byte cost is the same on every
-    worker, the run header says so, and the run is exact whatever the split."""
+    worker, the run header says so, the split is checked by timing it against the pure
+    modes, and the run is exact whatever the split."""
     dataset = make_dataset()
     ref_model = make_model("gat", False, 9, 3)
     ref_losses, (ref_out, _), _ = run_epochs(SingleProcess(), dataset, ref_model, None)
@@ -180,6 +181,17 @@ def check_measured_costs(comm):
                            f"{cached + fetched}: {cached} cached (DepCache), {fetched} fetched")
     assert "/".join(f"{r['cached']}:{r['fetched']}" for r in per_rank) in line
     assert "(measured byte, edge, vertex)" in line
+    # measured rates: the split kept is the fastest of the model's and the pure modes,
+    # timed once at setup without changing the parameters (the run above is exact)
+    trial, kept = plan.deps.trial, plan.deps.kept
+    assert sorted(trial) == ["depcache", "depcomm", "hybrid"] and all(t > 0 for t in
+                                                                      trial.values())
+    assert kept == min(trial, key=trial.__getitem__)
+    assert all_gather_object((trial, kept), comm, "test") == [(trial, kept)] * comm.world_size
+    if kept != "hybrid":
+        assert bool(plan.deps.cached.all()) if kept == "depcache" else \
+            not bool(plan.deps.cached.any())
+    assert f"kept {kept}" in line
 
 
 # the other checks share the spawned worlds of the exactness rotation (spawns are the
