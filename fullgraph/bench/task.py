@@ -82,15 +82,18 @@ def run(args: argparse.Namespace, data: Path, workers: int, flags: list[str]) ->
         log = read_run_log(metrics)
     ranks = {r: recs[1:] or recs for r, recs in log.ranks.items()}  # drop epoch 1 (warm-up)
     epochs = log.epochs[1:] or log.epochs
+    ranks = ranks or {0: epochs}  # one process: its epochs are its rank's
     return {
         "saved_mb": max(max(x.get("saved_bytes", 0) for x in recs) for recs in ranks.values())
         / 2**20,
         "rss_mb": max(max(x.get("peak_mem", 0) for x in recs) for recs in ranks.values()) / 2**20,
         "mb_epoch": statistics.median(
-            sum(sum(x["bytes_sent"].values()) for x in (recs[i] for recs in ranks.values()))
+            sum(sum(x.get("bytes_sent", {}).values())
+                for x in (recs[i] for recs in ranks.values()))
             for i in range(len(epochs))) / 1e6,
         "epoch_s": statistics.median(e["epoch_s"] for e in epochs),
-        "compute_s": {r: statistics.median(x["compute_s"] for x in recs)
+        "compute_s": {r: statistics.median(x["compute_s"] if "compute_s" in x else x["epoch_s"]
+                                           for x in recs)
                       for r, recs in ranks.items()},
         "test_acc": (log.summary or {}).get("test_acc"),
     }
