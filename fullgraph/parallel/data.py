@@ -196,8 +196,9 @@ class DataParallel(RowPartitioned[DataPlan]):
         return plan
 
     TRIAL_STEPS = 2
-    """Hybrid with measured rates: timed training steps (after one untimed) of the cost
-    model's split and of the two pure modes; the fastest is kept. The unit costs are
+    """Hybrid with measured rates: timed steps (a training forward and backward and an
+    evaluation forward; after one untimed) of the cost model's split and of the two
+    pure modes; the fastest is kept. The unit costs are
     measured on small kernels in isolation and the model leaves out per-round and
     per-row overheads, so on one host its split was slower than either pure mode;
     trying costs a few steps once."""
@@ -226,11 +227,17 @@ class DataParallel(RowPartitioned[DataPlan]):
         return options[deps.kept]
 
     def _trial_step(self, program: StageProgram, plan: DataPlan) -> float:
+        """Seconds of what an epoch does with the plan: a training forward and
+        backward, and an evaluation forward (its exchanges too)."""
         program.train()
         t0 = time.perf_counter()
         self.loss(self.forward(program, plan, training=True, seed=0), plan).backward()
         for p in program.parameters():
             p.grad = None
+        program.eval()
+        with torch.no_grad():
+            self.forward(program, plan, training=False, seed=0)
+        program.train()
         return time.perf_counter() - t0
 
     def replan(self, program: StageProgram, plan: DataPlan, cached: Tensor) -> None:
