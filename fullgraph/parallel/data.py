@@ -195,10 +195,11 @@ class DataParallel(RowPartitioned[DataPlan]):
         self.replan(program, plan, deps.cached)
         return plan
 
-    TRIAL_STEPS = 2
-    """Hybrid with measured rates: timed steps (a training forward and backward and an
-    evaluation forward; after one untimed) of the cost model's split and of the two
-    pure modes; the fastest is kept. The unit costs are
+    TRIAL_STEPS = 3
+    """Hybrid with measured rates: timed rounds (after one untimed) in which the cost
+    model's split and the two pure modes each run a step in turn (a training forward
+    and backward and an evaluation forward); the fastest (least over the rounds,
+    slowest worker) is kept. The unit costs are
     measured on small kernels in isolation and the model leaves out per-round and
     per-row overheads, so on one host its split was slower than either pure mode;
     trying costs a few steps once."""
@@ -212,12 +213,14 @@ class DataParallel(RowPartitioned[DataPlan]):
         options = {"hybrid": deps.cached.clone(),
                    "depcomm": torch.zeros_like(deps.cached),
                    "depcache": torch.ones_like(deps.cached)}
-        seconds = []
-        for cached in options.values():
-            self.replan(program, plan, cached)
-            seconds.append(min(self._trial_step(program, plan)
-                               for _ in range(self.TRIAL_STEPS + 1)))  # the first warms up
-        slowest = torch.tensor(seconds, dtype=torch.float64)
+        seconds = dict.fromkeys(options, float("inf"))
+        for round_ in range(self.TRIAL_STEPS + 1):  # round 0 warms up; in turn, so that a
+            for name, cached in options.items():  # load spike hits a round, not a mode
+                self.replan(program, plan, cached)
+                took = self._trial_step(program, plan)
+                if round_:
+                    seconds[name] = min(seconds[name], took)
+        slowest = torch.tensor(list(seconds.values()), dtype=torch.float64)
         prim.all_reduce_(slowest, plan.comm, "setup", op="max")
         deps.trial = dict(zip(options, slowest.tolist()))
         deps.kept = min(deps.trial, key=deps.trial.__getitem__)
