@@ -134,9 +134,10 @@ def cat_rows(parts: list[Tensor]) -> Tensor:
                (sum(int(p.shape[0]) for p in parts), int(parts[0].shape[1])))
 
 
-def row_blocks(x: Tensor, block_rows: int = 1 << 14) -> Any:
-    """(start, dense rows) blocks of ``x``, dense or CSR, in row order (never the
-    whole matrix dense at once)."""
+def row_blocks(x: Tensor, block_rows: int | None = None) -> Any:
+    """(start, dense rows) blocks of ``x``, dense or CSR, in row order, never the whole
+    matrix dense at once (default: blocks of about 2^24 entries, 64 MiB of float32)."""
+    block_rows = block_rows or max(1, (1 << 24) // max(1, int(x.shape[1])))
     for start in range(0, x.shape[0], block_rows):
         stop = min(start + block_rows, x.shape[0])
         if is_sparse(x):

@@ -112,6 +112,8 @@ def reads_sparse(program: StageProgram) -> bool:
     stages, infos = program.stages, describe(program)
     if len(stages) < 2 or not isinstance(stages[0], LayerInput):
         return False
+    if getattr(stages[1], "lin", None) is None:  # the features' first reader has a weight
+        return False
     readers = [stages[1]] + [stages[i.index] for i in infos if i.layer_input_from == 0]
     return all(isinstance(st, Transform) and st.reads_sparse for st in readers)
 

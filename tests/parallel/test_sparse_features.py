@@ -134,7 +134,9 @@ CASES = [("data", "gcn", {"data_parallel": {"mode": "depcomm"}}),
          ("p2p", "sage", {}),
          ("tensor", "sage", {"tensor_parallel": {"num_chunks": 2}}),
          ("tensor", "gcn-decoupled", {}),
+         ("tensor", "gat", {"tensor_parallel": {"device_memory": "60KB", "pipeline": True}}),
          ("task", "gcn", {}),
+         ("task", "gat", {"task_parallel": {"recompute": True, "subgraphs": 2}}),
          ("task", "sage", {"task_parallel": {"split": "1:2"}})]
 
 
