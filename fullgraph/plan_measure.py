@@ -188,11 +188,11 @@ def worker_threads(threads: int, backend: str | None = None) -> Iterator[None]:
     before = torch.get_num_threads()
     numba_before = kernels.numba.get_num_threads() if kernels.HAVE_NUMBA else 1
     backend_before = current_backend()
-    torch.set_num_threads(threads)
-    kernels.set_threads(threads)
-    if backend is not None:
-        set_backend(backend)
     try:
+        torch.set_num_threads(threads)
+        kernels.set_threads(threads)
+        if backend is not None:
+            set_backend(backend)
         yield
     finally:
         torch.set_num_threads(before)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-import numpy as np
 import torch
 from torch import Tensor
 
@@ -76,15 +75,15 @@ def take_rows(x: Tensor, rows: Tensor) -> Tensor:
         return x[rows]
     if rows.dtype == torch.bool:
         rows = rows.nonzero()[:, 0]
-    ptr = x.crow_indices().numpy()
-    r = rows.to(torch.int64).numpy()
+    ptr = x.crow_indices()
+    r = rows.to(device=ptr.device, dtype=torch.int64)  # on the features' device (CUDA too)
     starts, counts = ptr[r], ptr[r + 1] - ptr[r]
-    indptr = np.zeros(len(r) + 1, dtype=np.int64)
-    np.cumsum(counts, out=indptr[1:])
-    pos = np.repeat(starts - indptr[:-1], counts) + np.arange(indptr[-1], dtype=np.int64)
-    pos_t = torch.from_numpy(pos)
-    return csr(torch.from_numpy(indptr), x.col_indices()[pos_t], x.values()[pos_t],
-               (len(r), int(x.shape[1])))
+    indptr = torch.zeros(r.numel() + 1, dtype=torch.int64, device=ptr.device)
+    torch.cumsum(counts, 0, out=indptr[1:])
+    total = int(indptr[-1])
+    pos = torch.repeat_interleave(starts - indptr[:-1], counts, output_size=total) + \
+        torch.arange(total, dtype=torch.int64, device=ptr.device)
+    return csr(indptr, x.col_indices()[pos], x.values()[pos], (r.numel(), int(x.shape[1])))
 
 
 def convert(x: Tensor, dtype: torch.dtype, device: torch.device | str) -> Tensor:

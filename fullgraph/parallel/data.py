@@ -19,6 +19,7 @@ global training count, so N workers reproduce the single-process executor.
 """
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from functools import partial
@@ -213,6 +214,8 @@ class DataParallel(RowPartitioned[DataPlan]):
         options = {"hybrid": deps.cached.clone(),
                    "depcomm": torch.zeros_like(deps.cached),
                    "depcache": torch.ones_like(deps.cached)}
+        if not self._fits_all_cached(program, plan):  # replicas beyond memory: not tried
+            del options["depcache"]
         seconds = dict.fromkeys(options, float("inf"))
         for round_ in range(self.TRIAL_STEPS + 1):  # round 0 warms up; in turn, so that a
             for name, cached in options.items():  # load spike hits a round, not a mode
@@ -220,7 +223,8 @@ class DataParallel(RowPartitioned[DataPlan]):
                 took = self._trial_step(program, plan)
                 if round_:
                     seconds[name] = min(seconds[name], took)
-        slowest = torch.tensor(list(seconds.values()), dtype=torch.float64)
+        slowest = torch.tensor(list(seconds.values()), dtype=torch.float64,
+                               device=plan.comm.device)
         prim.all_reduce_(slowest, plan.comm, "setup", op="max")
         deps.trial = dict(zip(options, slowest.tolist()))
         deps.kept = min(deps.trial, key=deps.trial.__getitem__)
@@ -228,6 +232,25 @@ class DataParallel(RowPartitioned[DataPlan]):
             for buf, before in buffers:
                 buf.copy_(before)
         return options[deps.kept]
+
+    def _fits_all_cached(self, program: StageProgram, plan: DataPlan) -> bool:
+        """Whether every worker can hold the replicated input rows of pure DepCache in
+        half of its share of free memory (collective)."""
+        rows = plan_rows(program, plan.graph, plan.book.part_to_gids(plan.comm.rank),
+                         torch.zeros(plan.graph.num_dst, dtype=torch.bool),
+                         owner=plan.book.part_of)
+        itemsize = torch.empty(0, dtype=plan.dtype).element_size()
+        need = rows.input_rows.numel() * program.in_dim * itemsize
+        if plan.device.type == "cuda":
+            free = torch.cuda.mem_get_info(plan.device)[0]
+        else:
+            from fullgraph.plan_measure import available_ram
+
+            free = available_ram() // max(1, int(os.environ.get("LOCAL_WORLD_SIZE",
+                                                                plan.comm.world_size)))
+        over = torch.tensor([float(need > free // 2)], device=plan.comm.device)
+        prim.all_reduce_(over, plan.comm, "setup", op="max")
+        return not bool(over)
 
     def _trial_step(self, program: StageProgram, plan: DataPlan) -> float:
         """Seconds of what an epoch does with the plan: a training forward and
@@ -241,6 +264,8 @@ class DataParallel(RowPartitioned[DataPlan]):
         with torch.no_grad():
             self.forward(program, plan, training=False, seed=0)
         program.train()
+        if plan.device.type == "cuda":  # the kernels' time, not their launches'
+            torch.cuda.synchronize(plan.device)
         return time.perf_counter() - t0
 
     def replan(self, program: StageProgram, plan: DataPlan, cached: Tensor) -> None:
