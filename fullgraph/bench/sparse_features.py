@@ -19,13 +19,13 @@ import dataclasses
 import datetime
 import platform
 import shutil
-import statistics
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from fullgraph.bench.kernels import _median_time
 
 
 def bow_dataset(n: int, features: int, words: int, seed: int = 0) -> Any:
@@ -59,19 +59,9 @@ def load(name: str, args: argparse.Namespace) -> Any:
     (tmp / name / "raw").mkdir(parents=True)
     shutil.copy(Path(args.root) / name / f"{name}.npz", tmp / name / "raw")
     ds = load_dataset(name, tmp)
-    ds.data = dataclasses.replace(ds.data.row_normalized(),
-                                  features=to_sparse(ds.data.row_normalized().features))
+    data = ds.data.row_normalized()
+    ds.data = dataclasses.replace(data, features=to_sparse(data.features))
     return ds
-
-
-def _median_step(step: Any, epochs: int) -> float:
-    step()  # warm-up
-    times = []
-    for _ in range(epochs):
-        t0 = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def epoch_ours(ds: Any, sparse: bool, args: argparse.Namespace) -> float:
@@ -90,7 +80,7 @@ def epoch_ours(ds: Any, sparse: bool, args: argparse.Namespace) -> float:
     plan = strategy.setup(ds, model, torch.device("cpu"))
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
     seeds = iter(range(10**6))
-    return _median_step(lambda: strategy.train_step(model, plan, opt,
+    return _median_time(lambda: strategy.train_step(model, plan, opt,
                                                     seed=step_seed(0, next(seeds))),
                         args.epochs)
 
@@ -122,7 +112,7 @@ def epoch_pyg(ds: Any, sparse: bool, args: argparse.Namespace) -> float | None:
         F.cross_entropy(conv2(h, adj_t)[mask], y[mask]).backward()
         opt.step()
 
-    return _median_step(step, args.epochs)
+    return _median_time(step, args.epochs)
 
 
 def main(argv: list[str] | None = None) -> int:
