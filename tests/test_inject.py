@@ -174,3 +174,6 @@ def test_link_shaper_swaps_the_queue_and_puts_it_back():
     assert "tbf" in before and "100Mbit" in before, done.stdout
     assert "tbf" in during and "10Mbit" in during, done.stdout
     assert "tbf" in after and "100Mbit" in after, done.stdout
+    # a fresh queue each time (a tbf changed in place with packets queued could stall)
+    handles = [line.split()[2] for line in (before, during, after)]
+    assert len(set(handles)) == 3, done.stdout

@@ -241,15 +241,20 @@ def core_for(rank: int) -> int:
 
 
 class LinkShaper:
-    """This worker's own interface sent through ``tc netem`` while a net slowdown lasts.
+    """This worker's own interface sent through ``tc`` while a net slowdown lasts.
 
     ``start`` remembers the interface's root queue (a ``tbf`` shaper, as the emulated
-    hosts have, or the kernel default) and replaces it; ``stop`` puts it back.
+    hosts have, or the kernel default) and puts a new one in its place; ``stop`` puts
+    the old one back. Each change deletes the root queue and adds a fresh one: changing
+    a ``tbf`` in place (``tc qdisc replace`` of a tbf by a tbf) while packets were
+    queued left the queue stalled with its backlog on this machine's kernel, and every
+    TCP stream through it backed off until the workers' collective timeout
+    (``bench.cloud --link``: 2 of 3 runs hung).
     """
 
     def __init__(self, device: str) -> None:
         self.device = device
-        self._restore: list[str] | None = None
+        self._restore: list[str] | None = None  # the old root queue; [] = the default
 
     @property
     def active(self) -> bool:
@@ -261,26 +266,35 @@ class LinkShaper:
         shown = _tc("qdisc", "show", "dev", self.device).split()
         if len(shown) > 1 and shown[1] == "tbf":
             opts = dict(zip(shown[shown.index("rate"):][::2], shown[shown.index("rate"):][1::2]))
-            self._restore = ["qdisc", "replace", "dev", self.device, "root", "tbf", "rate",
-                             opts["rate"], "burst", opts.get("burst", "256Kb"), "latency",
-                             opts.get("lat", "50ms")]
+            restore = ["tbf", "rate", opts["rate"], "burst", opts.get("burst", "256Kb"),
+                       "latency", opts.get("lat", "50ms")]
         else:
-            self._restore = ["qdisc", "del", "dev", self.device, "root"]
+            restore = []
         if delay is None:  # rate only: a token bucket, in every kernel
             queue = ["tbf", "rate", str(rate), "burst", "32kb", "latency", "400ms"]
         else:  # netem: delay, and rate if given (sch_netem must be available)
             queue = ["netem", "delay", delay] + (["rate", rate] if rate else [])
         try:
-            _tc("qdisc", "replace", "dev", self.device, "root", *queue)
+            self._set_root(queue)
         except RuntimeError as exc:
-            self._restore = None
+            self._set_root(restore)
             raise RuntimeError(f"--inject net: {exc} (a delay needs the kernel's netem "
                                "queue, sch_netem; a rate alone does not)") from None
+        self._restore = restore
 
     def stop(self) -> None:
         if self._restore is not None:
-            _tc(*self._restore)
+            self._set_root(self._restore)
             self._restore = None
+
+    def _set_root(self, queue: list[str]) -> None:
+        """A fresh root queue ``queue`` ([]: the kernel's default) on the interface."""
+        try:
+            _tc("qdisc", "del", "dev", self.device, "root")
+        except RuntimeError:
+            pass  # no root queue of its own: the default
+        if queue:
+            _tc("qdisc", "add", "dev", self.device, "root", *queue)
 
 
 def link_device() -> str:
