@@ -88,7 +88,18 @@ def feature_digest(x: Tensor) -> str:
 
 
 def dataset_fingerprint(dataset: Dataset) -> dict[str, Any]:
-    """Sizes and content digests of a dataset as trained on (options applied)."""
+    """Sizes and content digests of a dataset as trained on (options applied).
+
+    A per-part shard gives the whole dataset's, recorded when the shards were
+    written, marked as sharded (and row-normalised when it was): a checkpoint moves
+    between shard sets of any part count, not between shards and the whole dataset.
+    """
+    sh = dataset.shard
+    if sh is not None:
+        out = {**sh.fingerprint, "sharded": True}
+        if sh.normalized:
+            out["feature values"] = f"{out.get('feature values')}, row-normalised"
+        return out
     g, d = dataset.graph, dataset.data
     return {"vertices": g.num_nodes, "edges": g.num_edges, "features": d.num_features,
             "classes": d.num_classes, "topology": digest(g.indptr, g.indices),

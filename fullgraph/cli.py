@@ -171,6 +171,15 @@ def build_parser() -> argparse.ArgumentParser:
     p_part.add_argument("--out", help="where to write the partition book (.npz)")
     p_part.add_argument("--report", action="store_true",
                         help="print |V_i|, |E(V_i)|, remote vertices, edge cut, replication")
+    p_part.add_argument("--shards", metavar="DIR",
+                        help="also write per-part shards to DIR: each part's own feature rows "
+                        "and in-edges (plus --shard-hops of replicated neighbours); train "
+                        "with --dataset DIR --strategy data --workers PARTS, each worker "
+                        "then reads only its part")
+    p_part.add_argument("--shard-hops", type=int, default=0, metavar="H",
+                        help="hops of in-neighbours each shard replicates: 0 (default) for "
+                        "--dep-mode depcomm; the model's layer count for depcache, hybrid "
+                        "or --adapt")
 
     from fullgraph.graph.datasets import CONVERT_FORMATS
 
@@ -285,9 +294,9 @@ def _load_once_per_host(cfg: Any, comm: Comm | None) -> Any:
     if comm is None or comm.world_size == 1:
         return datasets.load_for(cfg.data)
     first = os.environ.get("LOCAL_RANK", "0") == "0"
-    dataset = datasets.load_for(cfg.data) if first else None
-    barrier(comm, "dataset")
-    return dataset if dataset is not None else datasets.load_for(cfg.data)
+    dataset = datasets.load_for(cfg.data, part=comm.rank) if first else None
+    barrier(comm, "dataset")  # a shard set: each worker opens its own part
+    return dataset if dataset is not None else datasets.load_for(cfg.data, part=comm.rank)
 
 
 def _train(cfg: Any, status: Any) -> int:
@@ -378,8 +387,10 @@ def cmd_partition(args: argparse.Namespace) -> int:
     from fullgraph.partition import partition
     from fullgraph.partition.metrics import format_report, quality
 
-    if not args.out and not args.report:
-        raise ValueError("nothing to do: give --out FILE, --report, or both")
+    if not args.out and not args.report and not args.shards:
+        raise ValueError("nothing to do: give --out FILE, --shards DIR or --report")
+    if args.shard_hops < 0:
+        raise ValueError(f"--shard-hops: must be >= 0, got {args.shard_hops}")
     data_cfg = DataConfig(dataset=args.dataset, root=args.root)
     dataset = datasets.load(data_cfg.dataset, data_cfg.resolved_root())
     t0 = time.perf_counter()
@@ -389,6 +400,16 @@ def cmd_partition(args: argparse.Namespace) -> int:
     if args.out:
         book.save(args.out)
         print(f"wrote {args.out}")
+    if args.shards:
+        from fullgraph.partition.shards import write_shards
+
+        t0 = time.perf_counter()
+        sizes = write_shards(dataset, book, args.shards, args.shard_hops, args.partitioner)
+        each = ", ".join(f"{s['vertices']}/{s['rows']}/{s['edges']}" for s in sizes)
+        print(f"wrote {len(sizes)} shards with {args.shard_hops} hops to {args.shards} in "
+              f"{time.perf_counter() - t0:.2f} s (own vertices/feature rows/edges per part: "
+              f"{each}; whole graph {dataset.graph.num_nodes} vertices, "
+              f"{dataset.graph.num_edges} edges)")
     if args.report:
         print(format_report(quality(dataset.graph, book)))
     return 0
@@ -436,7 +457,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from fullgraph.planner import plan_run, table_lines
 
     cfg, base = _config_at_log_level(args), rss_bytes()
-    print("\n".join(table_lines(plan_run(cfg, datasets.load_for(cfg.data), base_rss=base))))
+    dataset = datasets.load_for(cfg.data)
+    if dataset.shard is not None:
+        print(f"fullgraph plan: {cfg.data.dataset} is per-part shards: they train with "
+              f"--strategy data --workers {dataset.shard.parts}, each worker holding one part; "
+              "plan the dataset they were written from to compare strategies")
+        return 0
+    print("\n".join(table_lines(plan_run(cfg, dataset, base_rss=base))))
     return 0
 
 

@@ -362,6 +362,11 @@ def resolve_config(cfg: Any, dataset: Dataset) -> tuple[Any, list[str]]:
     the strategy is a concrete one), and the flags that select it."""
     if cfg.runtime.strategy != "auto":
         return cfg, []
+    if dataset.shard is not None:  # shards train data-parallel: each worker has one part
+        import dataclasses
+
+        runtime = dataclasses.replace(cfg.runtime, strategy="data")
+        return dataclasses.replace(cfg, runtime=runtime), ["--strategy", "data"]
     cand, flags = resolve_auto(cfg, dataset)
     return candidate_config(cfg, cand), flags
 

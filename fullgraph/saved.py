@@ -147,11 +147,14 @@ def load_dataset_for(model: SavedModel, dataset: str | None = None,
     """``dataset`` (default: the one trained on) prepared as the model's training data was."""
     from fullgraph.config import DataConfig
     from fullgraph.graph import datasets
+    from fullgraph.partition.shards import require_whole
 
     opts = dict(model.meta["data"])
     if dataset is not None:
         opts["dataset"] = dataset
-    return datasets.load_for(DataConfig(root=root, **opts))
+    loaded = datasets.load_for(DataConfig(root=root, **opts))
+    require_whole(loaded, "predict and evaluate")
+    return loaded
 
 
 @torch.no_grad()

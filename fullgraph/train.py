@@ -36,7 +36,7 @@ from fullgraph.ops import kernels
 from fullgraph.ops.spmm import auto_choice, describe_backend, set_auto, set_backend
 from fullgraph.parallel import build_strategy
 from fullgraph.parallel.base import EpochHook, Plan, Strategy, section_users
-from fullgraph.partition import PartitionBook
+from fullgraph.partition import PartitionBook, shards
 from fullgraph.profile import EpochProfile, Profiler, split_waiting, summary_lines
 from fullgraph.report import EpochRecord, Reporter
 
@@ -90,6 +90,7 @@ def check_before_launch(cfg: Config, dataset: Dataset, workers: int) -> None:
     """
     check_device(cfg.train.device)
     check_adapt_options(cfg, workers)
+    shards.check_use(dataset, cfg.runtime.strategy, workers)
     if cfg.runtime.strategy == "task":  # chunk grids the graph or the P group cannot hold
         from fullgraph.parallel.task import TaskParallel
         TaskParallel(cfg.options["task_parallel"]).check_sizes(dataset.graph.num_nodes, workers)
@@ -168,6 +169,7 @@ def train(dataset: Dataset, cfg: Config, *, reporter: Reporter | None = None,
     reporter = reporter or Reporter(cfg.train.epochs, enabled=False)
     phase = status.set_phase if status is not None else (lambda _: None)
     strategy = strategy or build_strategy(cfg)
+    shards.check_use(dataset, strategy.name, comm.world_size if comm is not None else 1)
     model = build(dataset, cfg).to(strategy.model_device(device), dtype)
     phase("setup")
     t_setup = time.perf_counter()
@@ -339,10 +341,14 @@ def _header_lines(dataset: Dataset, model: GNN, cfg: Config, device: torch.devic
         layout = (f" (sparse: {100 * density(x):.2f}% non-zero, held as CSR"
                   + (")" if reads_sparse(model) else "; made dense for this model, which "
                      "propagates the raw features)"))
+    sh = dataset.shard
+    held = "" if sh is None else (
+        f"; per-part shards ({sh.parts} parts, {sh.hops} hops): this worker's part holds "
+        f"{x.shape[0]} feature rows and {dataset.graph.num_edges} edges")
     return [
         f"dataset  {s['name']}: {s['vertices']} vertices, {s['edges']} edges, "
         f"{s['features']} features{layout}, {s['classes']} classes "
-        f"(train {s['train']} / val {s['val']} / test {s['test']})",
+        f"(train {s['train']} / val {s['val']} / test {s['test']}){held}",
         f"model    {model.name}: {cfg.model.layers} layers, hidden {cfg.model.hidden}, "
         f"{params} parameters, stages {model.signature()}",
         f"run      strategy {cfg.runtime.strategy}, {world} worker(s), device {device}, "

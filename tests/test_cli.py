@@ -180,7 +180,7 @@ def test_partition_writes_a_book_and_reports(root, tmp_path, capsys):
     assert main(["partition", "--parts", "2", "--report"]) == 0
     assert "edge cut" in capsys.readouterr().out
     assert main(["partition", "--parts", "2"]) == 2
-    assert "nothing to do: give --out FILE, --report" in capsys.readouterr().err
+    assert "nothing to do: give --out FILE, --shards DIR or --report" in capsys.readouterr().err
 
 
 def test_train_reads_the_partition_file(root, tmp_path, capsys):
@@ -288,6 +288,36 @@ def test_partition_file_through_the_launcher(launch_root, tmp_path):
     assert f"deps     hybrid, partition file {book}; remote dependencies" in stdout
     np.testing.assert_allclose([r["loss"] for r in events(metrics, "epoch")], single,
                                rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.dist
+def test_shards_through_the_launcher(launch_root, tmp_path):
+    """`fullgraph partition --shards` then `train --dataset DIR` on 2 workers with
+    DepCache: each worker opens only its part, the header says what it holds, and the
+    losses are the single-process ones on the whole dataset."""
+    from clirun import events, run_cli
+
+    root, single = launch_root
+    shards = tmp_path / "shards"
+    made = run_cli(["partition", "--parts", "2", "--partitioner", "random", "--shards",
+                    str(shards), "--shard-hops", "2"], root)
+    assert made.returncode == 0, made.stderr
+    assert "wrote 2 shards with 2 hops" in made.stdout
+    metrics = tmp_path / "m.jsonl"
+    stdout = _launched_losses(["--dataset", str(shards), "--strategy", "data", "--workers",
+                               "2", "--dep-mode", "depcache", "--run-dir",
+                               str(tmp_path / "run")], root, metrics)
+    assert "dataset  cora: 2708 vertices, 10556 edges" in stdout
+    assert "per-part shards (2 parts, 2 hops): this worker's part holds" in stdout
+    np.testing.assert_allclose([r["loss"] for r in events(metrics, "epoch")], single,
+                               rtol=1e-5, atol=1e-6)
+    # another worker count or strategy is refused before any worker starts
+    for args, message in ((["--workers", "3"], "use --workers 2"),
+                          (["--workers", "2", "--strategy", "tensor"], "cannot train on "
+                           "per-part shards")):
+        out = run_cli(["train", "--dataset", str(shards), "--strategy", "data", *args,
+                       "--epochs", "1"], root)
+        assert out.returncode == 2 and message in out.stderr, out.stderr
 
 
 @pytest.mark.dist

@@ -235,28 +235,34 @@ class Graph:
 
 
 # ---------------------------------------------------------------- normalisation
-def gcn_norm(graph: Graph, dtype: torch.dtype = torch.float32) -> Tensor:
+def gcn_norm(graph: Graph, dtype: torch.dtype = torch.float32,
+             degrees: Tensor | None = None) -> Tensor:
     """Symmetric GCN edge weights ``1 / sqrt(deg(dst) * deg(src))``.
 
     ``deg`` is the in-degree, counting the self-loops the graph holds (Kipf & Welling
     add them before normalising; build the graph with ``self_loops="add"`` for that).
     Vertices of degree 0 get weight 0 on their (absent) edges. For a bipartite block
     pass a square graph: degrees of both endpoints come from the same vertex set.
+    ``degrees``: the (N,) in-degrees to use instead of the graph's own (a shard's
+    graph holds only some in-edges; its whole graph's degrees are recorded apart).
     """
-    deg = graph.in_degrees().to(dtype)
+    deg = (graph.in_degrees() if degrees is None else degrees).to(dtype)
     inv_sqrt = torch.where(deg > 0, deg.rsqrt(), torch.zeros_like(deg))
     src, dst = graph.edges()
     return inv_sqrt[dst] * inv_sqrt[src]
 
 
-def mean_norm(graph: Graph, dtype: torch.dtype = torch.float32) -> Tensor:
-    """Edge weights ``1 / in_degree(dst)``: a weighted sum with them is the mean."""
-    deg = graph.in_degrees().to(dtype)
+def mean_norm(graph: Graph, dtype: torch.dtype = torch.float32,
+              degrees: Tensor | None = None) -> Tensor:
+    """Edge weights ``1 / in_degree(dst)``: a weighted sum with them is the mean
+    (``degrees``: as for ``gcn_norm``)."""
+    deg = (graph.in_degrees() if degrees is None else degrees).to(dtype)
     inv = torch.where(deg > 0, 1.0 / deg, torch.zeros_like(deg))
     return inv[graph.dst_index()]
 
 
-def sum_norm(graph: Graph, dtype: torch.dtype = torch.float32) -> Tensor:
+def sum_norm(graph: Graph, dtype: torch.dtype = torch.float32,
+             degrees: Tensor | None = None) -> Tensor:
     """Edge weights of 1 (plain sum aggregation)."""
     return torch.ones(graph.num_edges, dtype=dtype, device=graph.device)
 

@@ -10,6 +10,7 @@ Shapes: N = number of vertices, F = feature dimension.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,7 +19,7 @@ from torch import Tensor
 
 from fullgraph.errors import ValidationError
 from fullgraph.graph.csr import Graph
-from fullgraph.graph.sparse import convert, csr, is_sparse, row_blocks
+from fullgraph.graph.sparse import convert, csr, is_sparse, row_blocks, take_rows
 
 FEATURE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 MASK_NAMES = ("train_mask", "val_mask", "test_mask")
@@ -34,6 +35,9 @@ class VertexData:
         labels: (N,) int64 class ids, -1 for unlabelled vertices.
         train_mask, val_mask, test_mask: (N,) bool, pairwise disjoint.
         num_classes: number of classes C; every label in a mask is in ``[0, C)``.
+        row_ids: None when ``features`` holds every vertex's row (N rows); else the
+            (M,) ascending int64 ids of the vertices whose rows it holds, in order
+            (a per-part shard, ``partition.shards``). Labels and masks cover all N.
     """
 
     features: Tensor
@@ -42,10 +46,35 @@ class VertexData:
     val_mask: Tensor
     test_mask: Tensor
     num_classes: int
+    row_ids: Tensor | None = None
 
     @property
     def num_nodes(self) -> int:
-        return int(self.features.shape[0])
+        return int(self.labels.shape[0])
+
+    def take_features(self, gids: Tensor) -> Tensor:
+        """The feature rows of vertices ``gids`` (global ids), dense or CSR as stored.
+
+        Raises:
+            ValueError: ``features`` holds only some rows (a shard) and not all of these.
+        """
+        return take_rows(self.features, self.row_positions(gids))
+
+    def row_positions(self, gids: Tensor) -> Tensor:
+        """Where the rows of vertices ``gids`` are in ``features`` (ValueError as for
+        ``take_features``)."""
+        if self.row_ids is None:
+            return gids
+        ids = gids.to(torch.int64)
+        pos = torch.searchsorted(self.row_ids, ids).clamp_(max=max(0, self.row_ids.numel() - 1))
+        absent = self.row_ids.numel() == 0 or bool((self.row_ids[pos] != ids).any())
+        if absent:
+            missing = ids if self.row_ids.numel() == 0 else ids[self.row_ids[pos] != ids]
+            raise ValueError(f"this shard holds the feature rows of {self.row_ids.numel()} "
+                             f"vertices, not those of {missing.numel()} that are needed (first: "
+                             f"vertex {int(missing[0])}); the plan needs more hops of "
+                             "replicated rows than the shard was written with")
+        return pos
 
     @property
     def num_features(self) -> int:
@@ -63,37 +92,40 @@ class VertexData:
             raise ValidationError("unknown feature storage dtype", field="feature_dtype",
                                   found=name, expected=" | ".join(FEATURE_DTYPES))
         x = convert(self.features, FEATURE_DTYPES[name], self.features.device)
-        return VertexData(x, self.labels, self.train_mask,
-                          self.val_mask, self.test_mask, self.num_classes)
+        return dataclasses.replace(self, features=x)
 
-    def row_normalized(self) -> "VertexData":
+    def row_normalized(self, low: float | None = None) -> "VertexData":
         """A copy whose feature rows are shifted to be non-negative and sum to 1.
 
         Rows are shifted by the global minimum when it is negative, and rows summing
-        to less than 1 are left unscaled (as PyG's ``NormalizeFeatures``).
+        to less than 1 are left unscaled (as PyG's ``NormalizeFeatures``). ``low``: that
+        minimum when ``features`` holds only some rows (a shard records the whole
+        dataset's); default: the minimum of ``features``.
         """
         if is_sparse(self.features):
             f = self.features
             values = f.values().to(torch.float32)
-            if values.numel() == 0 or float(values.min()) >= 0:  # zeros stay zeros
+            least = float(values.min()) if values.numel() else 0.0
+            if low is not None:
+                least = min(least, low)
+            if least >= 0:  # zeros stay zeros
                 ptr = f.crow_indices()
                 rows = torch.repeat_interleave(torch.arange(f.shape[0]), ptr[1:] - ptr[:-1])
                 sums = torch.zeros(f.shape[0]).index_add_(0, rows, values)
                 values = values / sums.clamp(min=1.0)[rows]
                 x = csr(ptr, f.col_indices(), values.to(f.dtype),
                         (int(f.shape[0]), int(f.shape[1])))
-                return VertexData(x, self.labels, self.train_mask, self.val_mask,
-                                  self.test_mask, self.num_classes)
-            dense = VertexData(self.features.to_dense(), self.labels, self.train_mask,
-                               self.val_mask, self.test_mask, self.num_classes)
-            return dense.row_normalized()  # a negative minimum shifts every entry
+                return dataclasses.replace(self, features=x)
+            dense = dataclasses.replace(self, features=self.features.to_dense())
+            return dense.row_normalized(low)  # a negative minimum shifts every entry
         x = self.features.to(torch.float32)
-        low = float(x.min()) if x.numel() else 0.0
-        if low < 0:
-            x = x - low
+        least = float(x.min()) if x.numel() else 0.0
+        if low is not None:
+            least = min(least, low)
+        if least < 0:
+            x = x - least
         x = x / x.sum(dim=1, keepdim=True).clamp(min=1.0)
-        return VertexData(x.to(self.features.dtype), self.labels, self.train_mask, self.val_mask,
-                          self.test_mask, self.num_classes)
+        return dataclasses.replace(self, features=x.to(self.features.dtype))
 
     def validate(self, num_nodes: int, source: str = "vertex data") -> None:
         """Check shapes, finiteness, label range and mask consistency.
@@ -105,10 +137,13 @@ class VertexData:
         if x.dim() != 2:
             raise ValidationError("features must be a 2-D array", source=source,
                                   field="features", found=tuple(x.shape), expected="(N, F)")
-        if x.shape[0] != num_nodes:
-            raise ValidationError("feature rows do not match the number of vertices",
+        rows = num_nodes if self.row_ids is None else self.row_ids.numel()
+        if x.shape[0] != rows:
+            raise ValidationError("feature rows do not match the number of vertices"
+                                  if self.row_ids is None else
+                                  "feature rows do not match the row ids of a shard",
                                   source=source, field="features", found=x.shape[0],
-                                  expected=num_nodes)
+                                  expected=rows)
         if x.dtype not in FEATURE_DTYPES.values():
             raise ValidationError("features must be floating point", source=source,
                                   field="features", found=x.dtype,
@@ -163,6 +198,56 @@ class VertexData:
 
 
 @dataclass
+class Shard:
+    """What one part of a sharded dataset holds (``fullgraph.partition.shards``).
+
+    A part keeps the rows a data-parallel worker of its partition reads: its own
+    vertices, and with ``hops`` = h the vertices up to h hops upstream of them
+    (DepCache's replicated inputs). The graph keeps the in-edges of ``edge_rows``
+    only (vertex ids stay global), the features the rows of ``VertexData.row_ids``.
+
+    Attributes:
+        part: which part this is; parts: how many there are.
+        hops: h, the depth of the replicated neighbourhood (0: own rows only).
+        part_of: (N,) int64 part of every vertex (the partition).
+        in_degree: (N,) int64 in-degree of every vertex in the whole graph, not
+            counting self-loops (for the edge norms).
+        edge_rows: ascending ids of the vertices whose in-edges ``graph`` holds:
+            the part's vertices and those up to h - 1 hops upstream.
+        num_edges: edges of the whole graph.
+        feature_min: least feature value of the whole dataset (row normalisation).
+        fingerprint: digests of the whole dataset (``checkpoint.dataset_fingerprint``).
+        normalized: whether the rows were row-normalised after loading (then with
+            ``feature_min``, as the whole dataset's would be).
+    """
+
+    part: int
+    parts: int
+    hops: int
+    part_of: Tensor
+    in_degree: Tensor
+    edge_rows: Tensor
+    num_edges: int
+    feature_min: float
+    fingerprint: dict[str, Any] = field(default_factory=dict)
+    normalized: bool = False
+
+    def check_edge_rows(self, gids: Tensor, what: str) -> None:
+        """Raise ValueError when some of ``gids`` lack their in-edges in this part."""
+        ids = gids.to(torch.int64)
+        if ids.numel() == 0:
+            return
+        pos = torch.searchsorted(self.edge_rows, ids).clamp_(
+            max=max(0, self.edge_rows.numel() - 1))
+        bad = ids if self.edge_rows.numel() == 0 else ids[self.edge_rows[pos] != ids]
+        if bad.numel():
+            raise ValueError(f"{what}: shard {self.part} of {self.parts} was written with "
+                             f"{self.hops} hops and lacks the in-edges of {bad.numel()} "
+                             f"vertices the plan computes (first: vertex {int(bad[0])}); "
+                             "write the shards again with more --shard-hops")
+
+
+@dataclass
 class Dataset:
     """A graph and its vertex data, with a name and free-form provenance.
 
@@ -171,12 +256,17 @@ class Dataset:
         graph: square CSR by destination, as stored (self-loops as in the source).
         data: features, labels, masks.
         info: provenance and description (source files, licence, split scheme).
+        shard: None for a whole dataset; for one part of a sharded dataset
+            (``fullgraph partition --shards``), what the part holds: then ``graph``
+            keeps only the in-edges of ``shard.edge_rows`` and ``data.features`` only
+            the rows ``data.row_ids``.
     """
 
     name: str
     graph: Graph
     data: VertexData
     info: dict[str, Any] = field(default_factory=dict)
+    shard: Shard | None = None
 
     def validate(self) -> None:
         """Check that graph and data are consistent; raise ``ValidationError`` if not."""
@@ -191,8 +281,9 @@ class Dataset:
     def summary(self) -> dict[str, Any]:
         """Counts a user wants to see in ``fullgraph datasets``."""
         d = self.data
-        return {"name": self.name, "vertices": self.graph.num_nodes,
-                "edges": self.graph.num_edges, "features": d.num_features,
+        edges = self.graph.num_edges if self.shard is None else self.shard.num_edges
+        return {"name": self.name, "vertices": self.graph.num_nodes, "edges": edges,
+                "features": d.num_features,
                 "classes": d.num_classes, "train": int(d.train_mask.sum()),
                 "val": int(d.val_mask.sum()), "test": int(d.test_mask.sum())}
 

@@ -81,14 +81,19 @@ KNOWN: dict[str, DatasetSpec] = {s.name: s for s in (
 
 
 def load(name: str, root: Path, *, feature_dtype: str = "float32", split_seed: int = 0,
-         download: bool = True, verify: bool = True) -> Dataset:
+         download: bool = True, verify: bool = True, part: int = 0) -> Dataset:
     """Open dataset ``name`` under ``root`` (or at path ``name``), processing it if needed.
+
+    ``name`` may be a directory of per-part shards (``fullgraph partition --shards``):
+    then only part ``part`` is opened (a worker's rank; the launcher checks part 0).
 
     Raises:
         DatasetNotFoundError: unknown name (the message lists the known ones), or raw
             files missing and not downloadable (the message says what to put where).
     """
     direct = Path(name).expanduser()
+    if name and (direct / store.SHARDS_FILE).is_file():  # a shard set: one part of it
+        return _finish(store.load_shard(direct, part, verify=verify), feature_dtype)
     if name and (direct / store.META_FILE).is_file():
         return _finish(store.load_dataset(direct, verify=verify), feature_dtype)
     check_name(name, path_ok=True)
@@ -113,12 +118,16 @@ def load(name: str, root: Path, *, feature_dtype: str = "float32", split_seed: i
     return _finish(store.load_dataset(processed, verify=False), feature_dtype)
 
 
-def load_for(cfg: Any) -> Dataset:
-    """Load the dataset a ``DataConfig`` names and apply its data options."""
+def load_for(cfg: Any, part: int = 0) -> Dataset:
+    """Load the dataset a ``DataConfig`` names and apply its data options (``part``: of
+    a shard set, which one)."""
     dataset = load(cfg.dataset, cfg.resolved_root(), feature_dtype=cfg.feature_dtype,
-                   split_seed=cfg.split_seed)
+                   split_seed=cfg.split_seed, part=part)
     if cfg.normalize_features:
-        dataset.data = dataset.data.row_normalized()
+        sh = dataset.shard
+        dataset.data = dataset.data.row_normalized(None if sh is None else sh.feature_min)
+        if sh is not None:
+            sh.normalized = True
     features = choose_layout(dataset.data.features, cfg.sparse_features)
     if features is not dataset.data.features:
         dataset.data = dataclasses.replace(dataset.data, features=features)

@@ -18,6 +18,12 @@ RAM. A dataset directory holds::
     labels.npy       (N,) int64
     train_mask.npy, val_mask.npy, test_mask.npy   (N,) bool
 
+One part of a sharded dataset (``partition.shards``) is a dataset directory too:
+``meta.json`` then has a ``shard`` entry (part, parts, hops, num_edges, feature_min,
+fingerprint), the feature arrays hold M rows named by ``feature_row_ids.npy`` (M,)
+int64, and ``shard_part_of.npy``, ``shard_in_degree.npy`` (N,) int64 and
+``shard_edge_rows.npy`` hold the rest of ``graph.data.Shard``.
+
 Invariants: nothing is half-written. ``save_dataset`` writes into a temporary sibling
 directory, fsyncs it, then swaps it into place by renames, so a reader sees the old
 dataset, the new one, or (for the instant between two renames) none, never a mix.
@@ -44,13 +50,16 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fullgraph.errors import CacheError, ValidationError
+from fullgraph.errors import CacheError, ConfigError, ValidationError
 from fullgraph.graph.csr import Graph
-from fullgraph.graph.data import Dataset, VertexData
+from fullgraph.graph.data import Dataset, Shard, VertexData
 from fullgraph.graph.sparse import csr, is_sparse
 
 FORMAT_VERSION = 1
 META_FILE = "meta.json"
+SHARDS_FILE = "shards.json"
+"""The manifest of a directory of per-part shards (``partition.shards``)."""
+SHARDS_FORMAT = "fullgraph-shards-1"
 CHECKSUM_ALGORITHM = "sha256"
 CHUNK_BYTES = 16 << 20
 REBUILD_HINT = "delete the directory to rebuild it from the source files"
@@ -89,6 +98,11 @@ def save_dataset(dataset: Dataset, path: Path | str) -> None:
                 "checksum_algorithm": CHECKSUM_ALGORITHM, "arrays": arrays}
         if is_sparse(dataset.data.features):
             meta["feature_shape"] = list(dataset.data.features.shape)
+        sh = dataset.shard
+        if sh is not None:
+            meta["shard"] = {"part": sh.part, "parts": sh.parts, "hops": sh.hops,
+                             "num_edges": sh.num_edges, "feature_min": sh.feature_min,
+                             "fingerprint": sh.fingerprint}
         _write_meta(tmp / META_FILE, meta)
         _fsync_dir(tmp)
         _swap_into_place(tmp, path)
@@ -110,6 +124,12 @@ def _arrays_of(dataset: Dataset) -> dict[str, Tensor]:
         arrays["features"] = x
     arrays.update(labels=d.labels, train_mask=d.train_mask, val_mask=d.val_mask,
                   test_mask=d.test_mask)
+    if d.row_ids is not None:
+        arrays["feature_row_ids"] = d.row_ids
+    if dataset.shard is not None:
+        arrays.update(shard_part_of=dataset.shard.part_of,
+                      shard_in_degree=dataset.shard.in_degree,
+                      shard_edge_rows=dataset.shard.edge_rows)
     return arrays
 
 
@@ -202,13 +222,70 @@ def load_dataset(path: Path | str, *, mmap: bool = True, verify: bool = True) ->
     graph = _graph_from(path, meta, tensors)
     data = VertexData(_features_from(path, meta, tensors), tensors["labels"],
                       tensors["train_mask"],
-                      tensors["val_mask"], tensors["test_mask"], int(meta["num_classes"]))
-    if data.num_nodes != graph.num_nodes:
-        raise CacheError("feature rows do not match the number of vertices",
-                         source=path / "features.npy", found=data.num_nodes,
-                         expected=graph.num_nodes, hint=REBUILD_HINT)
+                      tensors["val_mask"], tensors["test_mask"], int(meta["num_classes"]),
+                      row_ids=tensors.get("feature_row_ids"))
+    rows = graph.num_nodes if data.row_ids is None else data.row_ids.numel()
+    if data.features.shape[0] != rows or data.labels.shape[0] != graph.num_nodes:
+        raise CacheError("feature rows or labels do not match the number of vertices",
+                         source=path / "features.npy",
+                         found=f"{data.features.shape[0]} rows, {data.labels.shape[0]} labels",
+                         expected=f"{rows} rows, {graph.num_nodes} labels", hint=REBUILD_HINT)
     _check_label_range(path, str(meta["name"]), data)
-    return Dataset(str(meta["name"]), graph, data, dict(meta["info"]))
+    return Dataset(str(meta["name"]), graph, data, dict(meta["info"]),
+                   shard=_shard_from(path, meta, tensors))
+
+
+def _shard_from(path: Path, meta: dict[str, Any], tensors: dict[str, Tensor]) -> Shard | None:
+    entry = meta.get("shard")
+    if entry is None:
+        return None
+    needed = ("shard_part_of", "shard_in_degree", "shard_edge_rows", "feature_row_ids")
+    missing = [k for k in needed if k not in tensors]
+    keys = ("part", "parts", "hops", "num_edges", "feature_min")
+    if missing or not isinstance(entry, dict) or any(k not in entry for k in keys):
+        raise CacheError("shard metadata is incomplete", source=path / META_FILE,
+                         field="shard", found=f"arrays missing: {missing}" if missing else entry,
+                         hint="write the shards again with fullgraph partition --shards")
+    return Shard(int(entry["part"]), int(entry["parts"]), int(entry["hops"]),
+                 tensors["shard_part_of"], tensors["shard_in_degree"],
+                 tensors["shard_edge_rows"], int(entry["num_edges"]),
+                 float(entry["feature_min"]), dict(entry.get("fingerprint") or {}))
+
+
+def read_shard_manifest(path: Path | str) -> dict[str, Any]:
+    """The ``shards.json`` of a directory of per-part shards (CacheError if unreadable)."""
+    file = Path(path) / SHARDS_FILE
+    try:
+        manifest = json.loads(file.read_text(encoding="ascii"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CacheError("shard manifest is not readable", source=file, found=str(exc),
+                         hint="write the shards again with fullgraph partition --shards"
+                         ) from None
+    if not isinstance(manifest, dict) or manifest.get("format") != SHARDS_FORMAT:
+        raise CacheError("not a shard manifest of this version", source=file,
+                         field="format", expected=SHARDS_FORMAT,
+                         found=manifest.get("format") if isinstance(manifest, dict)
+                         else type(manifest).__name__,
+                         hint="write the shards again with fullgraph partition --shards")
+    return manifest
+
+
+def load_shard(path: Path | str, part: int, *, verify: bool = True) -> Dataset:
+    """Part ``part`` of the shard set at ``path`` (memory-mapped)."""
+    path = Path(path)
+    manifest = read_shard_manifest(path)
+    parts = int(manifest["parts"])
+    if not 0 <= part < parts:
+        raise ConfigError(f"dataset {path}: a set of {parts} shards has no part {part}; "
+                          f"train it with --workers {parts}")
+    dataset = load_dataset(path / f"part-{part}", verify=verify)
+    sh = dataset.shard
+    if sh is None or sh.part != part or sh.parts != parts:
+        raise CacheError("shard directory does not match the manifest",
+                         source=path / f"part-{part}", found=None if sh is None else
+                         f"part {sh.part} of {sh.parts}", expected=f"part {part} of {parts}",
+                         hint="write the shards again with fullgraph partition --shards")
+    return dataset
 
 
 def _check_label_range(path: Path, name: str, data: VertexData) -> None:

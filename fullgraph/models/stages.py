@@ -281,11 +281,17 @@ class StageProgram(nn.Module):
         return walk(self, GraphRunner(graph, norms, ctx), x)
 
 
-def propagation_inputs(program: StageProgram, graph: Graph,
-                       dtype: torch.dtype = torch.float32) -> tuple[Graph, dict[str, Tensor]]:
-    """The graph a program propagates over (self-loops adjusted) and its edge norms."""
+def propagation_inputs(program: StageProgram, graph: Graph, dtype: torch.dtype = torch.float32,
+                       in_degree: Tensor | None = None) -> tuple[Graph, dict[str, Tensor]]:
+    """The graph a program propagates over (self-loops adjusted) and its edge norms.
+
+    ``in_degree``: when ``graph`` holds only some in-edges (a per-part shard), every
+    vertex's in-degree in the whole graph without self-loops, which the norms then
+    use (plus the self-loop the program adds).
+    """
     from fullgraph.graph.csr import NORMS
 
     if graph.has_self_loops() != program.self_loops or program.self_loops:
         graph = graph.with_self_loops(program.self_loops)
-    return graph, {name: NORMS[name](graph, dtype) for name in sorted(program.norms)}
+    degrees = None if in_degree is None else in_degree + int(program.self_loops)
+    return graph, {name: NORMS[name](graph, dtype, degrees) for name in sorted(program.norms)}

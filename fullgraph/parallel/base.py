@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from fullgraph.graph.data import Dataset
+from fullgraph.graph.data import Dataset, VertexData
 from fullgraph.memory import SavedBytes
 from fullgraph.models.stages import StageProgram
 from fullgraph.models.walk import describe, reads_sparse
@@ -326,13 +326,17 @@ def get_strategy(name: str) -> type[Strategy]:
     return STRATEGIES[name]
 
 
-def feature_rows(features: Tensor, rows: Tensor | None, program: StageProgram,
+def feature_rows(features: Tensor | VertexData, rows: Tensor | None, program: StageProgram,
                  dtype: torch.dtype, device: torch.device) -> Tensor:
-    """The input rows ``rows`` (None: all) of ``features`` as ``program``'s first layer
-    takes them, in ``dtype`` on ``device``: CSR when the features are sparse and the
-    program reads CSR rows (``walk.reads_sparse``: dropout, then a dense layer), dense
-    otherwise (a model that propagates the raw features first, as GIN)."""
-    x = features if rows is None else take_rows(features, rows)
+    """The input rows ``rows`` (global ids; None: all) of ``features`` as ``program``'s
+    first layer takes them, in ``dtype`` on ``device``: CSR when the features are
+    sparse and the program reads CSR rows (``walk.reads_sparse``: dropout, then a
+    dense layer), dense otherwise (a model that propagates the raw features first, as
+    GIN). Given a ``VertexData``, rows are looked up by id (a shard holds some)."""
+    if isinstance(features, VertexData):
+        x = features.features if rows is None else features.take_features(rows)
+    else:
+        x = features if rows is None else take_rows(features, rows)
     if is_sparse(x) and not reads_sparse(program):
         x = x.to_dense()
     return convert(x, dtype, device)

@@ -37,7 +37,7 @@ from fullgraph.comm.reduce import row_sum
 from fullgraph.fields import option
 from fullgraph.graph.blocks import in_edges
 from fullgraph.graph.csr import Graph
-from fullgraph.graph.data import Dataset
+from fullgraph.graph.data import Dataset, Shard
 from fullgraph.models.stages import StageContext, StageProgram, propagation_inputs
 from fullgraph.models.walk import Runner, describe, walk
 from fullgraph.ops.sparse import take_rows
@@ -99,6 +99,11 @@ class DataPlan(Plan):
     weights: list[Tensor | None] = field(default_factory=list)
     edge_pos: list[Tensor | None] = field(default_factory=list)
     clock: StageClock | None = None
+    shard: Shard | None = None
+    """The dataset's part when it is a per-part shard (``partition.shards``)."""
+    edge_ids: Tensor | None = None
+    """On a shard: the id in the whole propagation graph of each edge of ``graph``
+    (the key of edge-keyed dropout, as attention dropout); None: the same ids."""
     stale: Any = None
     """A ``comm.stale.StaleHalo`` for partial computation (``--adapt adjust+partial``):
     the training forward's halo exchanges go through it. None: exact exchanges."""
@@ -177,7 +182,9 @@ class DataParallel(RowPartitioned[DataPlan]):
             from fullgraph.comm.group import single_comm
 
             comm = single_comm()
-        graph, norms = propagation_inputs(program, dataset.graph, dtype)
+        shard = dataset.shard
+        graph, norms = propagation_inputs(program, dataset.graph, dtype,
+                                          None if shard is None else shard.in_degree)
         book = partition_book(dataset, comm, self.partition)
         owned = book.part_to_gids(comm.rank)
         direct = _remote_in_neighbours(graph, owned, book.part_of, comm.rank)
@@ -185,7 +192,11 @@ class DataParallel(RowPartitioned[DataPlan]):
         plan = DataPlan(
             **self.owned_targets(dataset, owned, device), comm=comm, graph=graph,
             norms=norms, book=book, deps=deps, rows=None, features=None,  # type: ignore[arg-type]
-            source=dataset.data, dtype=dtype)
+            source=dataset.data, dtype=dtype, shard=shard,
+            edge_ids=None if shard is None else _whole_edge_ids(graph, shard.in_degree,
+                                                                program.self_loops))
+        if shard is not None and self.options.mode != "depcomm":
+            self._check_shard(program, plan)
         if self.options.mode == "depcache":
             deps.cached[:] = True
         elif self.options.mode == "hybrid":
@@ -195,6 +206,14 @@ class DataParallel(RowPartitioned[DataPlan]):
                 deps.cached = self._trial(program, plan)
         self.replan(program, plan, deps.cached)
         return plan
+
+    def _check_shard(self, program: StageProgram, plan: DataPlan) -> None:
+        """Refuse DepCache and hybrid on shards with fewer hops than pure DepCache needs
+        (every worker alike, before any cost is measured)."""
+        rows = plan_rows(program, plan.graph, plan.book.part_to_gids(plan.comm.rank),
+                         torch.zeros(plan.graph.num_dst, dtype=torch.bool),
+                         owner=plan.book.part_of)
+        _check_rows(plan, rows, f"dep-mode {self.options.mode}")
 
     TRIAL_STEPS = 3
     """Hybrid with measured rates: timed rounds (after one untimed) in which the cost
@@ -285,10 +304,11 @@ class DataParallel(RowPartitioned[DataPlan]):
         fetch = plan.deps.fetch_mask(plan.graph.num_dst)
         plan.rows = plan_rows(program, plan.graph, plan.book.part_to_gids(plan.comm.rank),
                               fetch, owner=plan.book.part_of)
+        _check_rows(plan, plan.rows, "replan")
         if plan.device.type != "cpu":
             plan.rows.blocks = [None if b is None else b.to(plan.device)
                                 for b in plan.rows.blocks]
-        plan.features = feature_rows(plan.source.features, plan.rows.input_rows, program,
+        plan.features = feature_rows(plan.source, plan.rows.input_rows, program,
                                      plan.dtype, plan.device)
         plan.tables = self._tables(program, plan)
         plan.weights, plan.edge_pos = stage_weights(program, plan.rows, plan.norms, plan.device)
@@ -407,9 +427,11 @@ class _RowRunner(Runner):
     def edge(self, s: int, stage: Any, h: Tensor) -> Tensor:
         block = self.rows.block(s)
         src = self._sources(s, h)
+        ids = self.plan.edge_ids
+        eids = block.eids if ids is None or block.eids is None else ids[block.eids]
         return self._timed("PE", block.graph.num_edges * stage.in_dim,
                            lambda: stage(block.graph, h[block.dst_pos], src,
-                                         self._ctx(s, block.eids)))
+                                         self._ctx(s, eids)))
 
     def propagate(self, s: int, stage: Any, h: Tensor, edge_weights: Tensor | None) -> Tensor:
         plan = self.plan
@@ -422,6 +444,28 @@ class _RowRunner(Runner):
         graph = self.rows.block(s).graph
         return self._timed("PE", graph.num_edges * stage.in_dim,
                            lambda: stage(graph, src, weight))
+
+
+def _check_rows(plan: DataPlan, rows: RowPlan, what: str) -> None:
+    """On a per-part shard: the rows ``rows`` aggregates have their in-edges there and
+    the input rows it reads are held (ValueError naming what lacks)."""
+    if plan.shard is None:
+        return
+    for s, block in enumerate(rows.blocks):
+        if block is not None:
+            plan.shard.check_edge_rows(rows.rows[s], f"data parallel, {what}")
+    plan.source.row_positions(rows.input_rows)
+
+
+def _whole_edge_ids(graph: Graph, in_degree: Tensor, self_loops: bool) -> Tensor:
+    """For a shard's propagation graph: each edge's id in the whole one. A row whose
+    in-edges the shard holds has all of them, in the same order as there (sorted by
+    source when self-loops were adjusted, as stored otherwise), and the whole graph's
+    row starts follow from the in-degrees (plus the self-loop the program adds)."""
+    starts = torch.zeros(in_degree.numel() + 1, dtype=torch.int64)
+    torch.cumsum(in_degree + int(self_loops), 0, out=starts[1:])
+    dst = graph.dst_index()
+    return starts[dst] + (torch.arange(graph.num_edges) - graph.indptr[dst])
 
 
 def _remote_in_neighbours(graph: Graph, owned: Tensor, part_of: Tensor, rank: int) -> Tensor:

@@ -45,8 +45,13 @@ class RowPartitioned(DistributedStrategy[PlanT]):
 
 
 def partition_book(dataset: Dataset, comm: Comm, opts: PartitionOptions) -> PartitionBook:
-    """The partition every worker uses: loaded from ``opts.file`` or computed on rank 0
-    with ``opts.method`` and broadcast (collective)."""
+    """The partition every worker uses: a shard's own, loaded from ``opts.file`` or
+    computed on rank 0 with ``opts.method`` and broadcast (collective)."""
+    if dataset.shard is not None:
+        if opts.file:
+            raise ValueError(f"partition file {opts.file}: the dataset is per-part shards, "
+                             "which carry their own partition; leave out --partition-file")
+        return PartitionBook.from_assignment(dataset.shard.part_of, dataset.shard.parts)
     if opts.file:
         book = PartitionBook.load(opts.file, num_nodes=dataset.graph.num_nodes)
         if book.num_parts != comm.world_size:
