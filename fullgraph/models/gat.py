@@ -13,7 +13,6 @@ from the MLP output, then K P stages that all reuse those coefficients.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fullgraph.graph.csr import Graph
@@ -28,7 +27,8 @@ from fullgraph.models.stages import (
     check_probability,
     stage_seed,
 )
-from fullgraph.ops import edge_softmax, keyed_dropout
+from fullgraph.ops import keyed_dropout
+from fullgraph.ops.edge_softmax import attention_softmax
 
 
 class GATAttention(EdgeTransform):
@@ -59,9 +59,8 @@ class GATAttention(EdgeTransform):
         return (x.view(-1, self.heads, self.channels) * att).sum(-1)
 
     def forward(self, graph: Graph, x_dst: Tensor, x_src: Tensor, ctx: StageContext) -> Tensor:
-        src, dst = graph.edges()
-        logits = self.scores(x_src, "src")[src] + self.scores(x_dst, "dst")[dst]
-        alpha = edge_softmax(graph, F.leaky_relu(logits, self.negative_slope))
+        alpha = attention_softmax(graph, self.scores(x_src, "src"), self.scores(x_dst, "dst"),
+                                  self.negative_slope)
         if ctx.eids is None and self.p and ctx.training:
             raise ValueError("attention dropout needs global edge ids (ctx.eids)")
         keys = ctx.eids if ctx.eids is not None else torch.arange(graph.num_edges)

@@ -18,6 +18,7 @@ try:  # numba is optional: ops fall back to torch kernels without it
     if os.environ.get("FULLGRAPH_NO_NUMBA"):
         raise ImportError("numba disabled by FULLGRAPH_NO_NUMBA")
     import numba
+    import numpy as np
     from numba import njit, prange
     HAVE_NUMBA = True
 except ImportError:  # pragma: no cover - exercised in the no-numba CI job
@@ -58,6 +59,35 @@ if HAVE_NUMBA:
             for e in range(indptr[i], indptr[i + 1]):
                 j = indices[e]
                 w = weight[e]
+                for c in range(d):
+                    out[i, c] += w * x[j, c]
+
+    @njit(parallel=True, cache=True, nogil=True)
+    def spmm_weighted_perm(indptr, indices, perm, weight, x, out):  # pragma: no cover
+        """``spmm_weighted`` with the weight of edge k at weight[perm[k]] (the
+        transposed CSR of a backward pass reads the forward's weights in place)."""
+        n_dst = out.shape[0]
+        heads = weight.shape[1]
+        chans = x.shape[1] // heads
+        for i in prange(n_dst):
+            for k in range(indptr[i], indptr[i + 1]):
+                j = indices[k]
+                e = perm[k]
+                for h in range(heads):
+                    w = weight[e, h]
+                    base = h * chans
+                    for c in range(base, base + chans):
+                        out[i, c] += w * x[j, c]
+
+    @njit(parallel=True, cache=True, nogil=True)
+    def spmm_scalar_perm(indptr, indices, perm, weight, x, out):  # pragma: no cover
+        """``spmm_scalar`` with the weight of edge k at weight[perm[k]]."""
+        n_dst = out.shape[0]
+        d = x.shape[1]
+        for i in prange(n_dst):
+            for k in range(indptr[i], indptr[i + 1]):
+                j = indices[k]
+                w = weight[perm[k]]
                 for c in range(d):
                     out[i, c] += w * x[j, c]
 
@@ -146,6 +176,71 @@ if HAVE_NUMBA:
                 v = values[e]
                 for c in range(d):
                     out[j, c] += v * g[r, c]
+
+    @njit(parallel=True, cache=True, nogil=True)
+    def attention_softmax(indptr, indices, s_src, s_dst, slope, out):  # pragma: no cover
+        """GAT's attention in one pass per row: out[e, h] = softmax over the in-edges
+        of i of leaky_relu(s_src[indices[e], h] + s_dst[i, h]); no (E, H) temporary
+        but ``out`` (the scores are written there, then turned into weights). Heads
+        innermost: each source row is read once, contiguously."""
+        heads = out.shape[1]
+        for i in prange(indptr.shape[0] - 1):
+            lo, hi = indptr[i], indptr[i + 1]
+            peak = np.full(heads, -np.inf, dtype=out.dtype)
+            total = np.zeros(heads, dtype=np.float64)
+            for e in range(lo, hi):
+                j = indices[e]
+                for h in range(heads):
+                    v = s_src[j, h] + s_dst[i, h]
+                    if v <= 0:
+                        v = v * slope
+                    out[e, h] = v
+                    if v > peak[h]:
+                        peak[h] = v
+            for e in range(lo, hi):
+                for h in range(heads):
+                    v = np.exp(out[e, h] - peak[h])
+                    out[e, h] = v
+                    total[h] += v
+            for e in range(lo, hi):
+                for h in range(heads):
+                    out[e, h] = out[e, h] / total[h]
+
+    @njit(parallel=True, cache=True, nogil=True)
+    def attention_softmax_backward(indptr, indices, s_src, s_dst, slope, alpha, grad,
+                                   d_pre, grad_dst):  # pragma: no cover - numba
+        """Backward of ``attention_softmax``: d_pre[e, h], the gradient of the score
+        before the LeakyReLU (the softmax's Jacobian times ``grad``, times the slope
+        where the score was not positive), and grad_dst[i, h] = its sum over the row;
+        the gradient of s_src is d_pre summed over each source's out-edges."""
+        heads = alpha.shape[1]
+        for i in prange(indptr.shape[0] - 1):
+            lo, hi = indptr[i], indptr[i + 1]
+            dot = np.zeros(heads, dtype=np.float64)
+            for e in range(lo, hi):
+                for h in range(heads):
+                    dot[h] += alpha[e, h] * grad[e, h]
+            for h in range(heads):
+                grad_dst[i, h] = 0.0
+            for e in range(lo, hi):
+                j = indices[e]
+                for h in range(heads):
+                    d = alpha[e, h] * (grad[e, h] - dot[h])
+                    if s_src[j, h] + s_dst[i, h] <= 0:
+                        d = d * slope
+                    d_pre[e, h] = d
+                    grad_dst[i, h] += d
+
+    @njit(parallel=True, cache=True, nogil=True)
+    def segment_sum_perm(indptr, perm, values, out):  # pragma: no cover - numba
+        """out[r] = sum of values[perm[k]] for k in row r of ``indptr`` (a transposed
+        CSR whose ``perm`` maps its edges to the rows of ``values``)."""
+        d = values.shape[1]
+        for r in prange(indptr.shape[0] - 1):
+            for k in range(indptr[r], indptr[r + 1]):
+                e = perm[k]
+                for c in range(d):
+                    out[r, c] += values[e, c]
 
     @njit(inline="always", cache=True)
     def _mix32(h):  # pragma: no cover - numba

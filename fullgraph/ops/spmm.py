@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from fullgraph.extras import MissingExtraError, missing_message
-from fullgraph.graph.csr import Graph
+from fullgraph.graph.csr import Graph, Transposed
 from fullgraph.ops import kernels
 
 if TYPE_CHECKING:
@@ -129,6 +129,8 @@ class _SpMM(torch.autograd.Function):
             if weight is None and ctx.reduce == "mean":
                 inv_deg = 1.0 / graph.in_degrees().clamp(min=1).to(grad_out.dtype)
                 grad_x = aggregate(t.graph, grad_out * inv_deg[:, None], None, "sum")
+            elif weight is not None and resolve_backend(grad_out.device) == "numba":
+                grad_x = _transposed_numba(t, grad_out.contiguous(), weight)
             else:
                 w_t = None if weight is None else weight[t.perm]
                 grad_x = aggregate(t.graph, grad_out.contiguous(), w_t, "sum")
@@ -174,6 +176,20 @@ def _aggregate_numba(graph: Graph, x: Tensor, weight: Tensor | None, reduce: str
     else:
         kernels.spmm_weighted(indptr, indices, weight.detach().to(x.dtype).contiguous().numpy(),
                               xs, out.numpy())
+    return out
+
+
+def _transposed_numba(t: Transposed, g: Tensor, weight: Tensor) -> Tensor:
+    """The weighted SpMM over the transposed CSR ``t``, reading the forward's edge
+    weights through ``t.perm`` in place (no (E, H) gather per backward pass)."""
+    out = torch.zeros(t.graph.num_dst, g.shape[1], dtype=g.dtype)
+    w = weight.detach().to(g.dtype).contiguous().numpy()
+    args = (t.graph.indptr.numpy(), t.graph.indices.numpy(), t.perm.numpy(), w, g.numpy(),
+            out.numpy())
+    if weight.dim() == 1:
+        kernels.spmm_scalar_perm(*args)
+    else:
+        kernels.spmm_weighted_perm(*args)
     return out
 
 

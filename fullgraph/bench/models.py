@@ -1,0 +1,158 @@
+"""One training epoch of every model against PyG's layers (a script, not a test).
+
+On one cached R-MAT graph (``--vertices``, ``--edges`` after symmetrisation,
+``--features``, 16 classes), per model: fullgraph's single-process executor and the
+same 2-layer architecture from PyG's layers (``GCNConv`` with cached normalisation,
+``SAGEConv`` with mean aggregation, ``GATConv``, ``GINConv`` with a 2-layer MLP), both
+trained in this process with dropout 0.5 and Adam; an epoch is forward, loss,
+backward and the optimiser step, the median of ``--epochs`` after one warm-up. The two
+systems of a model run in turn, ``--rounds`` times, and the medians over rounds are
+reported with their ratio. PyG gets the graph as a sparse CSR ``adj_t`` where its
+layer takes one (GCN, SAGE, GIN) and as an edge list with self-loops added
+beforehand for GAT.
+
+    python -m fullgraph.bench.models
+    python -m fullgraph.bench.models --vertices 20000 --edges 400000 --epochs 2   # quick
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import statistics
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from fullgraph.bench.kernels import _median_time
+from fullgraph.bench.rmat import cached_rmat
+
+MODELS = ("gcn", "sage", "gat", "gin")
+CLASSES = 16
+
+
+def ours_step(ds: Any, model: str, args: argparse.Namespace) -> Callable[[], None]:
+    from fullgraph.config import Config, ModelConfig, TrainConfig
+    from fullgraph.parallel.single import SingleProcess
+    from fullgraph.train import build, step_seed
+
+    extra = {"heads": args.heads} if model == "gat" else {}
+    hidden = args.gat_channels if model == "gat" else args.hidden
+    cfg = Config(model=ModelConfig(name=model, hidden=hidden, dropout=0.5, **extra),
+                 train=TrainConfig(epochs=1))
+    torch.manual_seed(0)
+    net = build(ds, cfg)
+    strategy = SingleProcess()
+    plan = strategy.setup(ds, net, torch.device("cpu"))
+    opt = torch.optim.Adam(net.parameters(), lr=0.01)
+    epoch = [0]
+
+    def step() -> None:
+        epoch[0] += 1
+        strategy.train_step(net, plan, opt, seed=step_seed(0, epoch[0]))
+
+    return step
+
+
+class PygNet(nn.Module):
+    """Two PyG layers with dropout on each input and ReLU between (as fullgraph's)."""
+
+    def __init__(self, model: str, in_dim: int, args: argparse.Namespace) -> None:
+        super().__init__()
+        from torch_geometric.nn import GATConv, GCNConv, GINConv, SAGEConv
+
+        h = args.hidden
+        if model == "gcn":
+            self.convs = nn.ModuleList([GCNConv(in_dim, h, cached=True),
+                                        GCNConv(h, CLASSES, cached=True)])
+        elif model == "sage":
+            self.convs = nn.ModuleList([SAGEConv(in_dim, h), SAGEConv(h, CLASSES)])
+        elif model == "gat":
+            c, heads = args.gat_channels, args.heads
+            self.convs = nn.ModuleList([
+                GATConv(in_dim, c, heads=heads, dropout=0.5, add_self_loops=False),
+                GATConv(c * heads, CLASSES, heads=1, dropout=0.5, add_self_loops=False)])
+        else:
+            def mlp(i: int, o: int) -> nn.Module:
+                return nn.Sequential(nn.Linear(i, h), nn.ReLU(), nn.Linear(h, o))
+            self.convs = nn.ModuleList([GINConv(mlp(in_dim, h)), GINConv(mlp(h, CLASSES))])
+
+    def forward(self, x: Tensor, graph: Tensor) -> Tensor:
+        x = self.convs[0](F.dropout(x, 0.5, self.training), graph)
+        return self.convs[1](F.dropout(F.relu(x), 0.5, self.training), graph)
+
+
+def pyg_step(ds: Any, model: str, args: argparse.Namespace) -> Callable[[], None]:
+    g = ds.graph
+    if model == "gat":
+        looped = g.with_self_loops(True)
+        src, dst = looped.edges()
+        graph = torch.stack([src, dst])
+    else:
+        if g.has_self_loops():
+            g = g.with_self_loops(False)  # GCNConv adds its own, SAGE/GIN take none
+        graph = torch.sparse_csr_tensor(g.indptr, g.indices.to(torch.int64),
+                                        torch.ones(g.num_edges), size=(g.num_dst, g.num_src),
+                                        check_invariants=False)
+    torch.manual_seed(0)
+    net = PygNet(model, ds.data.num_features, args)
+    opt = torch.optim.Adam(net.parameters(), lr=0.01)
+    x, y, mask = ds.data.features_as(torch.float32), ds.data.labels, ds.data.train_mask
+
+    def step() -> None:
+        opt.zero_grad()
+        F.cross_entropy(net(x, graph)[mask], y[mask]).backward()
+        opt.step()
+
+    return step
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--vertices", type=int, default=200_000)
+    p.add_argument("--edges", type=int, default=4_000_000, help="after symmetrisation")
+    p.add_argument("--features", type=int, default=128)
+    p.add_argument("--hidden", type=int, default=256)
+    p.add_argument("--heads", type=int, default=8, help="GAT heads of the hidden layer")
+    p.add_argument("--gat-channels", type=int, default=8, help="GAT columns per head")
+    p.add_argument("--models", default=",".join(MODELS))
+    p.add_argument("--epochs", type=int, default=3, help="timed epochs per round (median)")
+    p.add_argument("--rounds", type=int, default=3, help="rounds of both systems in turn")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--cache", default="/tmp/fullgraph-bench")
+    args = p.parse_args(argv)
+    from fullgraph.allocator import active_allocator
+    from fullgraph.graph import store
+    from fullgraph.ops import kernels
+
+    torch.set_num_threads(args.threads)
+    kernels.set_threads(args.threads)
+    ds = store.load_dataset(cached_rmat(args.cache, args.vertices, args.edges, args.features,
+                                        CLASSES, 0), mmap=False, verify=False)
+    print(f"python -m fullgraph.bench.models {' '.join(sys.argv[1:] if argv is None else argv)}")
+    print(f"{datetime.date.today()}, {platform.machine()} {os.cpu_count()} cores, "
+          f"{args.threads} threads, allocator {active_allocator()}, torch {torch.__version__}; "
+          f"R-MAT {ds.graph.num_nodes} vertices, {ds.graph.num_edges} edges, "
+          f"{args.features} features, {CLASSES} classes; hidden {args.hidden} (GAT "
+          f"{args.heads} heads x {args.gat_channels})\n")
+    print("| model | fullgraph epoch, s | PyG epoch, s | fullgraph / PyG |")
+    print("| --- | --- | --- | --- |")
+    for model in args.models.split(","):
+        steps = {"ours": ours_step(ds, model, args), "pyg": pyg_step(ds, model, args)}
+        times: dict[str, list[float]] = {"ours": [], "pyg": []}
+        for _ in range(args.rounds):
+            for name, step in steps.items():
+                times[name].append(_median_time(step, args.epochs))
+        ours, theirs = statistics.median(times["ours"]), statistics.median(times["pyg"])
+        print(f"| {model} | {ours:.3f} | {theirs:.3f} | {ours / theirs:.2f} |", flush=True)
+        del steps
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
