@@ -36,14 +36,17 @@ def set_threads(num_threads: int) -> None:
 if HAVE_NUMBA:
 
     @njit(parallel=True, cache=True, nogil=True)
-    def spmm_weighted(indptr, indices, weight, x, out):  # pragma: no cover - numba
-        """out[i, h*C:(h+1)*C] = sum_e weight[e, h] * x[indices[e], h*C:(h+1)*C]."""
+    def spmm_weighted(indptr, indices, weight, x, out, perm=None):  # pragma: no cover
+        """out[i, h*C:(h+1)*C] = sum_e weight[e, h] * x[indices[e], h*C:(h+1)*C]; with
+        ``perm``, edge k's weight is weight[perm[k]] (the transposed CSR of a backward
+        pass reads the forward's weights in place; numba compiles each case apart)."""
         n_dst = out.shape[0]
         heads = weight.shape[1]
         chans = x.shape[1] // heads
         for i in prange(n_dst):
-            for e in range(indptr[i], indptr[i + 1]):
-                j = indices[e]
+            for k in range(indptr[i], indptr[i + 1]):
+                j = indices[k]
+                e = k if perm is None else perm[k]
                 for h in range(heads):
                     w = weight[e, h]
                     base = h * chans
@@ -51,43 +54,15 @@ if HAVE_NUMBA:
                         out[i, c] += w * x[j, c]
 
     @njit(parallel=True, cache=True, nogil=True)
-    def spmm_scalar(indptr, indices, weight, x, out):  # pragma: no cover - numba
-        """out[i] = sum_e weight[e] * x[indices[e]] (single head, 1-D weights)."""
-        n_dst = out.shape[0]
-        d = x.shape[1]
-        for i in prange(n_dst):
-            for e in range(indptr[i], indptr[i + 1]):
-                j = indices[e]
-                w = weight[e]
-                for c in range(d):
-                    out[i, c] += w * x[j, c]
-
-    @njit(parallel=True, cache=True, nogil=True)
-    def spmm_weighted_perm(indptr, indices, perm, weight, x, out):  # pragma: no cover
-        """``spmm_weighted`` with the weight of edge k at weight[perm[k]] (the
-        transposed CSR of a backward pass reads the forward's weights in place)."""
-        n_dst = out.shape[0]
-        heads = weight.shape[1]
-        chans = x.shape[1] // heads
-        for i in prange(n_dst):
-            for k in range(indptr[i], indptr[i + 1]):
-                j = indices[k]
-                e = perm[k]
-                for h in range(heads):
-                    w = weight[e, h]
-                    base = h * chans
-                    for c in range(base, base + chans):
-                        out[i, c] += w * x[j, c]
-
-    @njit(parallel=True, cache=True, nogil=True)
-    def spmm_scalar_perm(indptr, indices, perm, weight, x, out):  # pragma: no cover
-        """``spmm_scalar`` with the weight of edge k at weight[perm[k]]."""
+    def spmm_scalar(indptr, indices, weight, x, out, perm=None):  # pragma: no cover
+        """out[i] = sum_e weight[e] * x[indices[e]] (single head, 1-D weights);
+        ``perm`` as for ``spmm_weighted``."""
         n_dst = out.shape[0]
         d = x.shape[1]
         for i in prange(n_dst):
             for k in range(indptr[i], indptr[i + 1]):
                 j = indices[k]
-                w = weight[perm[k]]
+                w = weight[k if perm is None else perm[k]]
                 for c in range(d):
                     out[i, c] += w * x[j, c]
 

@@ -184,12 +184,12 @@ def _transposed_numba(t: Transposed, g: Tensor, weight: Tensor) -> Tensor:
     weights through ``t.perm`` in place (no (E, H) gather per backward pass)."""
     out = torch.zeros(t.graph.num_dst, g.shape[1], dtype=g.dtype)
     w = weight.detach().to(g.dtype).contiguous().numpy()
-    args = (t.graph.indptr.numpy(), t.graph.indices.numpy(), t.perm.numpy(), w, g.numpy(),
-            out.numpy())
+    args = (t.graph.indptr.numpy(), t.graph.indices.numpy(), w, g.numpy(), out.numpy(),
+            t.perm.numpy())
     if weight.dim() == 1:
-        kernels.spmm_scalar_perm(*args)
+        kernels.spmm_scalar(*args)
     else:
-        kernels.spmm_weighted_perm(*args)
+        kernels.spmm_weighted(*args)
     return out
 
 
