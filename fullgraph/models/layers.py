@@ -72,6 +72,11 @@ def linear(lin: nn.Linear, x: Tensor) -> Tensor:
     return sparse_linear(x, lin.weight, lin.bias) if is_sparse(x) else lin(x)
 
 
+def _plain(x: Tensor, lin: nn.Linear) -> bool:
+    """Whether ``lin(x)`` is one GEMM that can take an addend: dense rows, no own bias."""
+    return not is_sparse(x) and lin.bias is None and x.dtype == lin.weight.dtype
+
+
 class Dense(Transform):
     """``y = act(lin(x) + bias + root(layer_input) + layer_input if residual)``.
 
@@ -113,13 +118,21 @@ class Dense(Transform):
         self.reads_sparse = not residual
 
     def forward(self, x: Tensor, ctx: StageContext, layer_input: Tensor | None = None) -> Tensor:
-        y = linear(self.lin, x) if self.lin is not None else x
-        if self.bias is not None:
-            y = y + self.bias
+        # dense rows: the bias and the root term are added inside the GEMMs (addmm),
+        # not in passes of their own over the (R, out_dim) output
+        if self.lin is not None and self.bias is not None and _plain(x, self.lin):
+            y = torch.addmm(self.bias, x, self.lin.weight.t())
+        else:
+            y = linear(self.lin, x) if self.lin is not None else x
+            if self.bias is not None:
+                y = y + self.bias
         if self.root is not None or self.residual:
             assert layer_input is not None, "this stage reads the layer input"
             if self.root is not None:
-                y = y + linear(self.root, layer_input)
+                if _plain(layer_input, self.root):
+                    y = torch.addmm(y, layer_input, self.root.weight.t())
+                else:
+                    y = y + linear(self.root, layer_input)
             if self.residual:
                 y = y + layer_input
         return self.act(y) if self.act is not None else y
