@@ -101,11 +101,13 @@ def run_in_hosts(args: argparse.Namespace, cmd: list[str], env: dict[str, str]) 
 
 
 def injections(args: argparse.Namespace) -> list[tuple[str, list[str]]]:
+    """The columns of table 1: stable first, then those ``--injections`` names."""
     out = [("stable", []), ("sleep", ["--inject", args.sleep]),
            ("cpu throttle", ["--inject", args.throttle])]
     if args.link_ctx is not None:
         out.append(("network", ["--inject", args.net]))
-    return out
+    wanted = set(args.injections.split(",")) if args.injections else None
+    return [c for c in out if c[0] == "stable" or wanted is None or c[0] in wanted]
 
 
 def time_table(args: argparse.Namespace, data: Path) -> tuple[list[str], dict[Any, Any]]:
@@ -225,6 +227,8 @@ def main(argv: list[str] | None = None) -> int:
                    "by a link of this rate (e.g. 1gbit; needs root and iproute2) and add "
                    "network injection (--net)")
     p.add_argument("--net", default="net:rate=20mbit,p=0.1,n=5,seed=1,ranks=0+1")
+    p.add_argument("--injections", default="", help="comma list of the injected columns of "
+                   "table 1 (sleep, cpu throttle, network; default: all)")
     p.add_argument("--run-timeout", type=float, default=1800.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--cache", default="/tmp/fullgraph-bench")
