@@ -150,7 +150,9 @@ def _from_pyg(data: Any) -> Any:
 def _with_data_options(dataset: Any, cfg: Any) -> Any:
     """``dataset`` as ``load_for`` would give it: stored dtype, normalised features."""
     from fullgraph.graph.data import Dataset
+    from fullgraph.partition.shards import require_whole
 
+    require_whole(dataset, "fit(dataset=...)")  # a shard set trains from its directory
     data = dataset.data
     if data.features.dtype != torch.float32 or cfg.data.feature_dtype != "float32":
         data = data.with_feature_dtype(cfg.data.feature_dtype)

@@ -97,8 +97,9 @@ def dataset_fingerprint(dataset: Dataset) -> dict[str, Any]:
     sh = dataset.shard
     if sh is not None:
         out = {**sh.fingerprint, "sharded": True}
-        if sh.normalized:
-            out["feature values"] = f"{out.get('feature values')}, row-normalised"
+        dtype = str(dataset.data.features.dtype).replace("torch.", "")
+        out["feature values"] = (f"{out.get('feature values')} as written, held as {dtype}"
+                                 + (", row-normalised" if sh.normalized else ""))
         return out
     g, d = dataset.graph, dataset.data
     return {"vertices": g.num_nodes, "edges": g.num_edges, "features": d.num_features,

@@ -168,6 +168,8 @@ def build_parser() -> argparse.ArgumentParser:
     p_part.add_argument("--parts", type=int, required=True, help="number of parts (workers)")
     p_part.add_argument("--partitioner", default="metis", help="chunk, random, metis, ...")
     p_part.add_argument("--seed", type=int, default=0)
+    p_part.add_argument("--split-seed", type=int, default=0,
+                        help="split of a dataset with random splits (as train's)")
     p_part.add_argument("--out", help="where to write the partition book (.npz)")
     p_part.add_argument("--report", action="store_true",
                         help="print |V_i|, |E(V_i)|, remote vertices, edge cut, replication")
@@ -178,8 +180,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "then reads only its part")
     p_part.add_argument("--shard-hops", type=int, default=0, metavar="H",
                         help="hops of in-neighbours each shard replicates: 0 (default) for "
-                        "--dep-mode depcomm; the model's layer count for depcache, hybrid "
-                        "or --adapt")
+                        "--dep-mode depcomm; the model's propagation hops for depcache, "
+                        "hybrid or --adapt (its layers; layers x K for TAGCN; --num-props "
+                        "for a decoupled model)")
 
     from fullgraph.graph.datasets import CONVERT_FORMATS
 
@@ -391,8 +394,14 @@ def cmd_partition(args: argparse.Namespace) -> int:
         raise ValueError("nothing to do: give --out FILE, --shards DIR or --report")
     if args.shard_hops < 0:
         raise ValueError(f"--shard-hops: must be >= 0, got {args.shard_hops}")
-    data_cfg = DataConfig(dataset=args.dataset, root=args.root)
-    dataset = datasets.load(data_cfg.dataset, data_cfg.resolved_root())
+    if args.shard_hops and not args.shards:
+        raise ValueError("--shard-hops: only with --shards DIR")
+    from fullgraph.partition.shards import require_whole
+
+    data_cfg = DataConfig(dataset=args.dataset, root=args.root, split_seed=args.split_seed)
+    dataset = datasets.load(data_cfg.dataset, data_cfg.resolved_root(),
+                            split_seed=args.split_seed)
+    require_whole(dataset, "partition")
     t0 = time.perf_counter()
     book = partition(dataset.graph, args.parts, args.partitioner, seed=args.seed)
     print(f"{args.partitioner} partition of {dataset.name} into {args.parts} parts in "
@@ -401,10 +410,12 @@ def cmd_partition(args: argparse.Namespace) -> int:
         book.save(args.out)
         print(f"wrote {args.out}")
     if args.shards:
+        from fullgraph.checkpoint import dataset_fingerprint
         from fullgraph.partition.shards import write_shards
 
         t0 = time.perf_counter()
-        sizes = write_shards(dataset, book, args.shards, args.shard_hops, args.partitioner)
+        sizes = write_shards(dataset, book, args.shards, args.shard_hops,
+                             dataset_fingerprint(dataset), args.partitioner, args.split_seed)
         each = ", ".join(f"{s['vertices']}/{s['rows']}/{s['edges']}" for s in sizes)
         print(f"wrote {len(sizes)} shards with {args.shard_hops} hops to {args.shards} in "
               f"{time.perf_counter() - t0:.2f} s (own vertices/feature rows/edges per part: "

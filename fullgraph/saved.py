@@ -153,7 +153,7 @@ def load_dataset_for(model: SavedModel, dataset: str | None = None,
     if dataset is not None:
         opts["dataset"] = dataset
     loaded = datasets.load_for(DataConfig(root=root, **opts))
-    require_whole(loaded, "predict and evaluate")
+    require_whole(loaded, "predict / evaluate")
     return loaded
 
 

@@ -91,6 +91,12 @@ def check_before_launch(cfg: Config, dataset: Dataset, workers: int) -> None:
     check_device(cfg.train.device)
     check_adapt_options(cfg, workers)
     shards.check_use(dataset, cfg.runtime.strategy, workers)
+    if dataset.shard is not None:
+        if cfg.options["partition"].file:
+            raise ConfigError(f"partition.file: {cfg.options['partition'].file}: the dataset "
+                              "is per-part shards, which carry their own partition; leave "
+                              "out --partition-file")
+        check_shard_hops(cfg, dataset, build(dataset, cfg))
     if cfg.runtime.strategy == "task":  # chunk grids the graph or the P group cannot hold
         from fullgraph.parallel.task import TaskParallel
         TaskParallel(cfg.options["task_parallel"]).check_sizes(dataset.graph.num_nodes, workers)
@@ -101,7 +107,8 @@ def check_before_launch(cfg: Config, dataset: Dataset, workers: int) -> None:
     if cfg.runtime.spmm_backend == "numba" and not kernels.HAVE_NUMBA:
         raise MissingExtraError(missing_message("numba", "runtime.spmm_backend: 'numba'") +
                                 " (or use --spmm-backend torch)")
-    if cfg.runtime.strategy not in section_users()["partition"] or workers < 2:
+    if cfg.runtime.strategy not in section_users()["partition"] or workers < 2 \
+            or dataset.shard is not None:  # shards carry their partition
         return
     opts = cfg.options["partition"]
     if opts.file:
@@ -116,6 +123,24 @@ def check_before_launch(cfg: Config, dataset: Dataset, workers: int) -> None:
             raise ConfigError(f"partition.method: {opts.method!r} needs pymetis, a dependency "
                               "of fullgraph that is not installed (pip install pymetis, or use "
                               "--partitioner chunk or random)") from None
+
+
+def check_shard_hops(cfg: Config, dataset: Dataset, model: GNN) -> None:
+    """On per-part shards, when a plan may replicate rows (DepCache, hybrid, or any mode
+    under ``--adapt``): refuse shards written with fewer hops than the model needs."""
+    if dataset.shard is None or cfg.runtime.strategy != "data":
+        return
+    mode = cfg.options["data_parallel"].mode
+    if mode == "depcomm" and cfg.adapt.mode == "off":
+        return
+    from fullgraph.parallel.data import check_shard_hops as check
+
+    what = f"dep-mode {mode}" + (f" with --adapt {cfg.adapt.mode}" if cfg.adapt.mode != "off"
+                                 else "")
+    try:
+        check(model, dataset, what)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def step_seed(seed: int, epoch: int) -> int:
@@ -171,6 +196,7 @@ def train(dataset: Dataset, cfg: Config, *, reporter: Reporter | None = None,
     strategy = strategy or build_strategy(cfg)
     shards.check_use(dataset, strategy.name, comm.world_size if comm is not None else 1)
     model = build(dataset, cfg).to(strategy.model_device(device), dtype)
+    check_shard_hops(cfg, dataset, model)
     phase("setup")
     t_setup = time.perf_counter()
     plan = strategy.setup(dataset, model, device, comm, dtype=dtype)

@@ -31,6 +31,7 @@ and do not overlap within one item: while one lasts, no other starts.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import re
@@ -268,6 +269,10 @@ class LinkShaper:
             opts = dict(zip(shown[shown.index("rate"):][::2], shown[shown.index("rate"):][1::2]))
             restore = ["tbf", "rate", opts["rate"], "burst", opts.get("burst", "256Kb"),
                        "latency", opts.get("lat", "50ms")]
+        elif len(shown) > 2 and shown[2] != "0:":
+            raise RuntimeError(f"--inject net: {self.device} has a root queue of its own "
+                               f"({' '.join(shown[1:3])}) that the injection could not put "
+                               "back; only a tbf shaper or the kernel's default is replaced")
         else:
             restore = []
         if delay is None:  # rate only: a token bucket, in every kernel
@@ -277,7 +282,8 @@ class LinkShaper:
         try:
             self._set_root(queue)
         except RuntimeError as exc:
-            self._set_root(restore)
+            with contextlib.suppress(RuntimeError):  # the first error is the one to show
+                self._set_root(restore)
             raise RuntimeError(f"--inject net: {exc} (a delay needs the kernel's netem "
                                "queue, sch_netem; a rate alone does not)") from None
         self._restore = restore
@@ -289,10 +295,9 @@ class LinkShaper:
 
     def _set_root(self, queue: list[str]) -> None:
         """A fresh root queue ``queue`` ([]: the kernel's default) on the interface."""
-        try:
+        shown = _tc("qdisc", "show", "dev", self.device).split()
+        if len(shown) > 2 and shown[2] != "0:":  # handle 0: is the kernel's default
             _tc("qdisc", "del", "dev", self.device, "root")
-        except RuntimeError:
-            pass  # no root queue of its own: the default
         if queue:
             _tc("qdisc", "add", "dev", self.device, "root", *queue)
 

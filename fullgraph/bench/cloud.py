@@ -107,6 +107,10 @@ def injections(args: argparse.Namespace) -> list[tuple[str, list[str]]]:
     if args.link_ctx is not None:
         out.append(("network", ["--inject", args.net]))
     wanted = set(args.injections.split(",")) if args.injections else None
+    unknown = (wanted or set()) - {name for name, _ in out}
+    if unknown:
+        raise SystemExit(f"--injections: no column {sorted(unknown)} here; expected some of "
+                         f"{', '.join(name for name, _ in out[1:])}")
     return [c for c in out if c[0] == "stable" or wanted is None or c[0] in wanted]
 
 

@@ -12,6 +12,7 @@ layer takes one (GCN, SAGE, GIN) and as an edge list with self-loops added
 beforehand for GAT.
 
     python -m fullgraph.bench.models
+    python -m fullgraph.bench.models --tables attention   # fused GAT attention vs torch ops
     python -m fullgraph.bench.models --vertices 20000 --edges 400000 --epochs 2   # quick
 """
 from __future__ import annotations
@@ -112,6 +113,42 @@ def pyg_step(ds: Any, model: str, args: argparse.Namespace) -> Callable[[], None
     return step
 
 
+def attention_table(ds: Any, args: argparse.Namespace) -> list[str]:
+    """GAT's attention weights (forward and backward) fused against the same from torch
+    ops, on the graph with self-loops, ``--heads`` heads, medians of ``--epochs`` calls
+    each over ``--rounds`` alternating rounds."""
+    from fullgraph.ops.edge_softmax import attention_softmax, edge_softmax
+
+    g = ds.graph.with_self_loops(True)
+    g.transpose()
+    gen = torch.Generator().manual_seed(0)
+    s_src = torch.randn(g.num_src, args.heads, generator=gen)
+    s_dst = torch.randn(g.num_dst, args.heads, generator=gen)
+    grad = torch.randn(g.num_edges, args.heads, generator=gen)
+
+    def composite(a: Tensor, b: Tensor) -> Tensor:
+        src, dst = g.edges()
+        return edge_softmax(g, F.leaky_relu(a[src] + b[dst], 0.2))
+
+    def fused(a: Tensor, b: Tensor) -> Tensor:
+        return attention_softmax(g, a, b, 0.2)
+
+    def call(fn: Callable[[Tensor, Tensor], Tensor]) -> Callable[[], None]:
+        def run() -> None:
+            a, b = s_src.clone().requires_grad_(), s_dst.clone().requires_grad_()
+            fn(a, b).backward(grad)
+        return run
+
+    times: dict[str, list[float]] = {"fused": [], "composite": []}
+    for _ in range(args.rounds):
+        for name, fn in (("fused", fused), ("composite", composite)):
+            times[name].append(_median_time(call(fn), args.epochs))
+    ours, theirs = statistics.median(times["fused"]), statistics.median(times["composite"])
+    return [f"GAT attention weights, forward and backward, {g.num_edges} edges x {args.heads} "
+            "heads:", "", "| fused (numba) s | torch ops s | fused / torch ops |",
+            "| --- | --- | --- |", f"| {ours:.3f} | {theirs:.3f} | {ours / theirs:.2f} |"]
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--vertices", type=int, default=200_000)
@@ -125,6 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=3, help="rounds of both systems in turn")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--cache", default="/tmp/fullgraph-bench")
+    p.add_argument("--tables", default="models", help="comma list of models, attention")
     args = p.parse_args(argv)
     from fullgraph.allocator import active_allocator
     from fullgraph.graph import store
@@ -140,6 +178,11 @@ def main(argv: list[str] | None = None) -> int:
           f"R-MAT {ds.graph.num_nodes} vertices, {ds.graph.num_edges} edges, "
           f"{args.features} features, {CLASSES} classes; hidden {args.hidden} (GAT "
           f"{args.heads} heads x {args.gat_channels})\n")
+    tables = args.tables.split(",")
+    if "attention" in tables:
+        print("\n".join(attention_table(ds, args)) + "\n", flush=True)
+    if "models" not in tables:
+        return 0
     print("| model | fullgraph epoch, s | PyG epoch, s | fullgraph / PyG |")
     print("| --- | --- | --- | --- |")
     for model in args.models.split(","):

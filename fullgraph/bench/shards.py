@@ -37,6 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hops", default="0,1,2")
     p.add_argument("--cache", default="/tmp/fullgraph-bench")
     args = p.parse_args(argv)
+    from fullgraph.checkpoint import dataset_fingerprint
     from fullgraph.graph import store
     from fullgraph.partition import partition
     from fullgraph.partition.shards import write_shards
@@ -44,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     data = cached_rmat(args.cache, args.vertices, args.edges, args.features, 16, 0)
     dataset = store.load_dataset(data, verify=False)
     whole = du(data)
+    fingerprint = dataset_fingerprint(dataset)
     n, e = dataset.graph.num_nodes, dataset.graph.num_edges
     t0 = time.perf_counter()
     book = partition(dataset.graph, args.parts, "metis", seed=0)
@@ -59,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         for hops in (int(h) for h in args.hops.split(",")):
             out = Path(tmp) / f"h{hops}"
             t0 = time.perf_counter()
-            sizes = write_shards(dataset, book, out, hops, "metis")
+            sizes = write_shards(dataset, book, out, hops, fingerprint, "metis")
             took = time.perf_counter() - t0
             nbytes = [du(out / f"part-{k}") for k in range(args.parts)]
             big, mean = max(nbytes), sum(nbytes) / len(nbytes)

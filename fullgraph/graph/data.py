@@ -66,6 +66,8 @@ class VertexData:
         if self.row_ids is None:
             return gids
         ids = gids.to(torch.int64)
+        if ids.numel() == 0:
+            return ids
         pos = torch.searchsorted(self.row_ids, ids).clamp_(max=max(0, self.row_ids.numel() - 1))
         absent = self.row_ids.numel() == 0 or bool((self.row_ids[pos] != ids).any())
         if absent:

@@ -93,7 +93,8 @@ def load(name: str, root: Path, *, feature_dtype: str = "float32", split_seed: i
     """
     direct = Path(name).expanduser()
     if name and (direct / store.SHARDS_FILE).is_file():  # a shard set: one part of it
-        return _finish(store.load_shard(direct, part, verify=verify), feature_dtype)
+        return _finish(store.load_shard(direct, part, verify=verify, split_seed=split_seed),
+                       feature_dtype)
     if name and (direct / store.META_FILE).is_file():
         return _finish(store.load_dataset(direct, verify=verify), feature_dtype)
     check_name(name, path_ok=True)
@@ -124,8 +125,12 @@ def load_for(cfg: Any, part: int = 0) -> Dataset:
     dataset = load(cfg.dataset, cfg.resolved_root(), feature_dtype=cfg.feature_dtype,
                    split_seed=cfg.split_seed, part=part)
     if cfg.normalize_features:
+        import torch
+
         sh = dataset.shard
-        dataset.data = dataset.data.row_normalized(None if sh is None else sh.feature_min)
+        low = None if sh is None else float(  # the whole dataset's minimum, as stored now
+            torch.tensor(sh.feature_min).to(dataset.data.features.dtype))
+        dataset.data = dataset.data.row_normalized(low)
         if sh is not None:
             sh.normalized = True
     features = choose_layout(dataset.data.features, cfg.sparse_features)

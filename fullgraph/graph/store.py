@@ -104,8 +104,8 @@ def save_dataset(dataset: Dataset, path: Path | str) -> None:
                              "num_edges": sh.num_edges, "feature_min": sh.feature_min,
                              "fingerprint": sh.fingerprint}
         _write_meta(tmp / META_FILE, meta)
-        _fsync_dir(tmp)
-        _swap_into_place(tmp, path)
+        fsync_dir(tmp)
+        swap_into_place(tmp, path)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -171,7 +171,7 @@ def _check_replaceable(path: Path) -> None:
                          hint="choose another path or remove it yourself")
 
 
-def _swap_into_place(tmp: Path, path: Path) -> None:
+def swap_into_place(tmp: Path, path: Path) -> None:
     """Rename ``path`` away, rename ``tmp`` to ``path``, then delete the old copy."""
     old = None
     if path.exists():
@@ -184,12 +184,12 @@ def _swap_into_place(tmp: Path, path: Path) -> None:
         if old is not None:
             os.rename(old, path)
         raise
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -270,11 +270,22 @@ def read_shard_manifest(path: Path | str) -> dict[str, Any]:
     return manifest
 
 
-def load_shard(path: Path | str, part: int, *, verify: bool = True) -> Dataset:
-    """Part ``part`` of the shard set at ``path`` (memory-mapped)."""
+def load_shard(path: Path | str, part: int, *, verify: bool = True,
+               split_seed: int | None = None) -> Dataset:
+    """Part ``part`` of the shard set at ``path`` (memory-mapped); ``split_seed``, when
+    given, must be the one the shards were written with."""
     path = Path(path)
     manifest = read_shard_manifest(path)
-    parts = int(manifest["parts"])
+    parts = manifest.get("parts")
+    if not isinstance(parts, int) or parts < 1:
+        raise CacheError("shard manifest lacks its part count", source=path / SHARDS_FILE,
+                         field="parts", found=parts,
+                         hint="write the shards again with fullgraph partition --shards")
+    written = int(manifest.get("split_seed", 0))
+    if split_seed is not None and split_seed != written:
+        raise ConfigError(f"data.split_seed: {split_seed}, but the shards at {path} hold the "
+                          f"split of seed {written}; write them with partition --split-seed "
+                          f"{split_seed}")
     if not 0 <= part < parts:
         raise ConfigError(f"dataset {path}: a set of {parts} shards has no part {part}; "
                           f"train it with --workers {parts}")

@@ -10,6 +10,7 @@ the graph with self-loops (which is the eps = 0 update without the MLP).
 """
 from __future__ import annotations
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -37,7 +38,7 @@ class GINUpdate(Transform):
 
     def forward(self, x: Tensor, ctx: StageContext, layer_input: Tensor | None = None) -> Tensor:
         assert layer_input is not None, "GIN's update reads the layer input"
-        h = self.lin1(x + (1.0 + self.eps) * layer_input)
+        h = self.lin1(torch.add(x, layer_input, alpha=1.0 + self.eps))  # one pass
         if self.norm is not None:
             h = self.norm(h, ctx)
         y = self.lin2(F.relu(h))

@@ -16,6 +16,7 @@ from torch import Tensor
 
 from fullgraph.graph.csr import Graph
 from fullgraph.ops import kernels
+from fullgraph.ops.spmm import current_backend
 
 
 def edge_softmax(graph: Graph, scores: Tensor) -> Tensor:
@@ -66,15 +67,17 @@ def attention_softmax(graph: Graph, s_src: Tensor, s_dst: Tensor,
 
     Returns:
         (E, H) weights, differentiable in ``s_src`` and ``s_dst``. On CPU with numba
-        one fused pass per row forward and backward, holding no (E, H) array but the
-        output (and the backward's gradient); elsewhere the same from torch ops.
+        (unless ``--spmm-backend torch``) one fused pass per row forward and backward,
+        holding no (E, H) array but the output (and the backward's gradient);
+        elsewhere the same from torch ops.
     """
     if s_src.shape[0] != graph.num_src or s_dst.shape[0] != graph.num_dst \
             or s_src.dim() != 2 or s_src.shape[1] != s_dst.shape[1]:
         raise ValueError(f"attention_softmax: s_src must be (num_src={graph.num_src}, H) and "
                          f"s_dst (num_dst={graph.num_dst}, H), got {tuple(s_src.shape)} and "
                          f"{tuple(s_dst.shape)}")
-    if kernels.HAVE_NUMBA and s_src.device.type == "cpu" and s_dst.device.type == "cpu":
+    if kernels.HAVE_NUMBA and s_src.device.type == "cpu" and s_dst.device.type == "cpu" \
+            and current_backend() != "torch":
         return _AttentionSoftmax.apply(s_src, s_dst, graph, float(negative_slope))
     src, dst = graph.edges()
     return edge_softmax(graph, F.leaky_relu(s_src[src] + s_dst[dst], negative_slope))

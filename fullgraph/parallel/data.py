@@ -193,10 +193,10 @@ class DataParallel(RowPartitioned[DataPlan]):
             **self.owned_targets(dataset, owned, device), comm=comm, graph=graph,
             norms=norms, book=book, deps=deps, rows=None, features=None,  # type: ignore[arg-type]
             source=dataset.data, dtype=dtype, shard=shard,
-            edge_ids=None if shard is None else _whole_edge_ids(graph, shard.in_degree,
-                                                                program.self_loops))
+            edge_ids=None if shard is None else _whole_edge_ids(
+                graph, shard.in_degree, program.self_loops).to(device))
         if shard is not None and self.options.mode != "depcomm":
-            self._check_shard(program, plan)
+            check_shard_hops(program, dataset, f"dep-mode {self.options.mode}")
         if self.options.mode == "depcache":
             deps.cached[:] = True
         elif self.options.mode == "hybrid":
@@ -206,14 +206,6 @@ class DataParallel(RowPartitioned[DataPlan]):
                 deps.cached = self._trial(program, plan)
         self.replan(program, plan, deps.cached)
         return plan
-
-    def _check_shard(self, program: StageProgram, plan: DataPlan) -> None:
-        """Refuse DepCache and hybrid on shards with fewer hops than pure DepCache needs
-        (every worker alike, before any cost is measured)."""
-        rows = plan_rows(program, plan.graph, plan.book.part_to_gids(plan.comm.rank),
-                         torch.zeros(plan.graph.num_dst, dtype=torch.bool),
-                         owner=plan.book.part_of)
-        _check_rows(plan, rows, f"dep-mode {self.options.mode}")
 
     TRIAL_STEPS = 3
     """Hybrid with measured rates: timed rounds (after one untimed) in which the cost
@@ -351,7 +343,8 @@ class DataParallel(RowPartitioned[DataPlan]):
 
     def describe(self, model: StageProgram, plan: DataPlan) -> list[str]:
         """The partition and the dependency split over all workers (from ``replan``)."""
-        source = (f"partition file {self.partition.file}" if self.partition.file
+        source = ("per-part shards" if plan.shard is not None else
+                  f"partition file {self.partition.file}" if self.partition.file
                   else f"partitioner {self.partition.method}")
         ranks = plan.deps.per_rank
         total = {k: sum(r[k] for r in ranks) for k in ("remote", "cached", "fetched")}
@@ -444,6 +437,23 @@ class _RowRunner(Runner):
         graph = self.rows.block(s).graph
         return self._timed("PE", graph.num_edges * stage.in_dim,
                            lambda: stage(graph, src, weight))
+
+
+def check_shard_hops(program: StageProgram, dataset: Dataset, what: str) -> None:
+    """On a per-part shard: refuse (ValueError) when pure DepCache, the most any plan
+    replicates, needs rows or in-edges the part does not hold (too few hops). Local:
+    every part has the same hops, so every worker decides alike."""
+    sh = dataset.shard
+    if sh is None:
+        return
+    graph, _ = propagation_inputs(program, dataset.graph, in_degree=sh.in_degree)
+    owned = torch.nonzero(sh.part_of == sh.part).flatten()
+    rows = plan_rows(program, graph, owned, torch.zeros(graph.num_dst, dtype=torch.bool),
+                     owner=sh.part_of)
+    for s, block in enumerate(rows.blocks):
+        if block is not None:
+            sh.check_edge_rows(rows.rows[s], what)
+    dataset.data.row_positions(rows.input_rows)
 
 
 def _check_rows(plan: DataPlan, rows: RowPlan, what: str) -> None:

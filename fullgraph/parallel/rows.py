@@ -51,7 +51,13 @@ def partition_book(dataset: Dataset, comm: Comm, opts: PartitionOptions) -> Part
         if opts.file:
             raise ValueError(f"partition file {opts.file}: the dataset is per-part shards, "
                              "which carry their own partition; leave out --partition-file")
-        return PartitionBook.from_assignment(dataset.shard.part_of, dataset.shard.parts)
+        sh = dataset.shard
+        if (sh.part, sh.parts) != (comm.rank, comm.world_size):
+            raise ValueError(f"dataset {dataset.name!r}: worker {comm.rank} of "
+                             f"{comm.world_size} was given part {sh.part} of {sh.parts} "
+                             "per-part shards; worker r trains on part r of as many parts as "
+                             "there are workers")
+        return PartitionBook.from_assignment(sh.part_of, sh.parts)
     if opts.file:
         book = PartitionBook.load(opts.file, num_nodes=dataset.graph.num_nodes)
         if book.num_parts != comm.world_size:

@@ -104,17 +104,18 @@ def part_dataset(dataset: Dataset, book: PartitionBook, part: int, hops: int,
 
 
 def write_shards(dataset: Dataset, book: PartitionBook, out: Path | str, hops: int,
-                 method: str = "") -> list[dict[str, int]]:
+                 fingerprint: dict[str, Any], method: str = "",
+                 split_seed: int = 0) -> list[dict[str, int]]:
     """Write one shard per part of ``book`` into ``out``, replacing a shard set there.
 
-    Returns per part its vertices, held feature rows and held edges.
+    ``fingerprint``: the whole dataset's (``checkpoint.dataset_fingerprint``), which
+    every part keeps for checkpoints. Returns per part its vertices, held feature
+    rows and held edges.
 
     Raises:
         ConfigError: ``hops`` < 0, the book is of another graph, or ``out`` exists and
             is not a shard set.
     """
-    from fullgraph.checkpoint import dataset_fingerprint
-
     if dataset.shard is not None:
         raise ConfigError(f"partition --shards: {dataset.name!r} is already a shard")
     if hops < 0:
@@ -135,7 +136,6 @@ def write_shards(dataset: Dataset, book: PartitionBook, out: Path | str, hops: i
         values = x.values() if is_sparse(x) else x
         low = float(values.min()) if values.numel() else 0.0
         feature_min = min(low, 0.0) if is_sparse(x) else low  # sparse: the zeros count
-        fingerprint = dataset_fingerprint(dataset)
         sizes = []
         for p in range(book.num_parts):
             part = part_dataset(dataset, book, p, hops, in_degree, feature_min, fingerprint)
@@ -147,15 +147,14 @@ def write_shards(dataset: Dataset, book: PartitionBook, out: Path | str, hops: i
         manifest = {"format": FORMAT, "name": dataset.name, "parts": book.num_parts,
                     "hops": hops, "num_nodes": dataset.graph.num_nodes,
                     "num_edges": dataset.graph.num_edges, "partitioner": method,
+                    "split_seed": split_seed,
                     "sizes": sizes}
-        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n", encoding="ascii")
-        if out.exists():
-            old = out.with_name(f".{out.name}.old-{os.getpid()}")
-            out.rename(old)
-            tmp.rename(out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            tmp.rename(out)
+        with open(tmp / MANIFEST, "w", encoding="ascii") as f:
+            f.write(json.dumps(manifest, indent=1) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        store.fsync_dir(tmp)
+        store.swap_into_place(tmp, out)  # the old set stays whole until the new one is in
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -165,9 +164,9 @@ def write_shards(dataset: Dataset, book: PartitionBook, out: Path | str, hops: i
 def require_whole(dataset: Dataset, what: str) -> None:
     """Refuse per-part shards where the whole dataset is needed (ConfigError)."""
     if dataset.shard is not None:
-        raise ConfigError(f"{what} need the whole dataset, not one of its per-part shards: "
-                          f"give --dataset with the dataset the shards were written from "
-                          f"({dataset.name!r})")
+        raise ConfigError(f"{what}: needs the whole dataset, not one of its per-part shards "
+                          f"(of {dataset.name!r}); give the dataset the shards were written "
+                          "from, or train the shards with --dataset DIR --strategy data")
 
 
 def check_use(dataset: Dataset, strategy: str, workers: int) -> None:

@@ -12,12 +12,13 @@ from cases import MODELS, make_dataset, make_model, run_epochs
 from harness import run_ranks
 from test_data import EDGE_COST, VERTEX_COST, check_mixed, mixed_byte_cost
 
+from fullgraph.checkpoint import dataset_fingerprint
 from fullgraph.errors import ConfigError
 from fullgraph.graph.sparse import to_sparse
 from fullgraph.graph.store import load_shard as load_part
 from fullgraph.parallel.data import DataParallel
 from fullgraph.parallel.single import SingleProcess
-from fullgraph.partition import PartitionOptions, partition
+from fullgraph.partition import PartitionBook, PartitionOptions, partition
 from fullgraph.partition.shards import check_use, closure, write_shards
 
 
@@ -25,7 +26,7 @@ def _write(tmp_path, world: int, hops: int, method: str = "metis", dataset=None)
     dataset = dataset or make_dataset()
     book = partition(dataset.graph, world, method, seed=0)
     book.save(tmp_path / "book.npz")
-    write_shards(dataset, book, tmp_path / "shards", hops, method)
+    write_shards(dataset, book, tmp_path / "shards", hops, dataset_fingerprint(dataset), method)
     return dataset, book
 
 
@@ -98,6 +99,25 @@ def test_sparse_features_are_sharded_as_csr(tmp_path):
     torch.testing.assert_close(part.data.features.to_dense(), x[part.data.row_ids])
 
 
+def test_a_checkpoint_fingerprint_belongs_to_the_whole_dataset(tmp_path):
+    """Every part of every shard set of one dataset has the same fingerprint (resume
+    moves between part counts); it differs from the unsharded one's and notes row
+    normalisation."""
+    dataset = make_dataset()
+    for parts in (2, 3):
+        write_shards(dataset, partition(dataset.graph, parts, "chunk"), tmp_path / f"s{parts}",
+                     parts - 2, dataset_fingerprint(dataset))
+    prints = [dataset_fingerprint(load_part(tmp_path / f"s{n}", p))
+              for n in (2, 3) for p in range(n)]
+    assert all(f == prints[0] for f in prints)
+    whole = dataset_fingerprint(dataset)
+    assert prints[0] == {**whole, "sharded": True, "feature values":
+                         f"{whole['feature values']} as written, held as float32"}
+    part = load_part(tmp_path / "s2", 0)
+    part.shard.normalized = True
+    assert dataset_fingerprint(part)["feature values"].endswith("row-normalised")
+
+
 def test_shards_are_refused_where_they_cannot_train(tmp_path):
     _write(tmp_path, 2, 0)
     part = load_part(tmp_path / "shards", 0)
@@ -110,13 +130,43 @@ def test_shards_are_refused_where_they_cannot_train(tmp_path):
     with pytest.raises(ConfigError, match="has no part 2; train it with --workers 2"):
         load_part(tmp_path / "shards", 2)
     with pytest.raises(ConfigError, match="already a shard"):
-        write_shards(part, None, tmp_path / "again", 0)  # type: ignore[arg-type]
+        write_shards(part, None, tmp_path / "again", 0, {})  # type: ignore[arg-type]
     (tmp_path / "taken").mkdir()
     (tmp_path / "taken" / "x").write_text("mine")
     dataset = make_dataset()
     with pytest.raises(ConfigError, match="exists and is not a shard set"):
-        write_shards(dataset, partition(dataset.graph, 2, "chunk"), tmp_path / "taken", 0)
+        write_shards(dataset, partition(dataset.graph, 2, "chunk"), tmp_path / "taken", 0, {})
     assert (tmp_path / "taken" / "x").read_text() == "mine"
+
+
+def test_an_empty_part_and_a_split_seed_mismatch(tmp_path):
+    """A part with no vertex of its own loads and gives no rows; shards are tied to the
+    split they were written with."""
+    dataset = make_dataset()
+    part_of = torch.zeros(dataset.graph.num_nodes, dtype=torch.int64)
+    part_of[::2] = 1  # part 2 of 3 gets nothing
+    book = PartitionBook.from_assignment(part_of, 3)
+    write_shards(dataset, book, tmp_path / "s", 0, dataset_fingerprint(dataset))
+    empty = load_part(tmp_path / "s", 2)
+    assert empty.data.features.shape[0] == 0 and empty.graph.num_edges == 0
+    assert empty.data.take_features(torch.zeros(0, dtype=torch.int64)).shape == (0, 9)
+    with pytest.raises(ConfigError, match="hold the split of seed 0"):
+        load_part(tmp_path / "s", 0, split_seed=1)
+
+
+@pytest.mark.parametrize("flags", [["--dep-mode", "depcache"], ["--adapt", "adjust"]])
+def test_too_few_hops_are_refused_before_training(tmp_path, flags):
+    from fullgraph.cli import build_parser, config_from_args
+    from fullgraph.train import build, check_shard_hops
+
+    _write(tmp_path, 2, 1)
+    part = load_part(tmp_path / "shards", 0)
+    cfg = config_from_args(build_parser().parse_args(
+        ["train", "--strategy", "data", "--workers", "2", *flags]))
+    with pytest.raises(ConfigError, match="written with 1 hops"):
+        check_shard_hops(cfg, part, build(part, cfg))
+    cfg = config_from_args(build_parser().parse_args(["train", "--strategy", "data"]))
+    check_shard_hops(cfg, part, build(part, cfg))  # DepComm needs no replicas
 
 
 # ---------------------------------------------------------------- exactness
