@@ -133,7 +133,11 @@ def load_for(cfg: Any, part: int = 0) -> Dataset:
         dataset.data = dataset.data.row_normalized(low)
         if sh is not None:
             sh.normalized = True
-    features = choose_layout(dataset.data.features, cfg.sparse_features)
+    mode = cfg.sparse_features
+    if dataset.shard is not None and mode == "auto":
+        mode = "keep"  # a part keeps the layout auto chose for the whole dataset
+    features = dataset.data.features if mode == "keep" else \
+        choose_layout(dataset.data.features, mode)
     if features is not dataset.data.features:
         dataset.data = dataclasses.replace(dataset.data, features=features)
     return dataset

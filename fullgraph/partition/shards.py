@@ -29,6 +29,7 @@ renamed into place.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -44,7 +45,7 @@ from fullgraph.graph import store
 from fullgraph.graph.blocks import in_edges
 from fullgraph.graph.csr import Graph
 from fullgraph.graph.data import Dataset, Shard, VertexData
-from fullgraph.graph.sparse import is_sparse
+from fullgraph.graph.sparse import choose_layout, is_sparse
 from fullgraph.partition.book import PartitionBook
 
 MANIFEST, FORMAT = store.SHARDS_FILE, store.SHARDS_FORMAT
@@ -92,7 +93,7 @@ def part_dataset(dataset: Dataset, book: PartitionBook, part: int, hops: int,
     sub = Graph(torch.from_numpy(indptr), graph.indices[eid_t].clone(), graph.num_nodes,
                 weight, validate=False)
     row_t = torch.from_numpy(rows.astype(np.int64))
-    x = data.take_features(row_t)
+    x = data.take_features(row_t)  # in the layout --sparse-features auto chose for the whole
     if not is_sparse(x):
         x = x.contiguous()
     vdata = VertexData(x, data.labels, data.train_mask, data.val_mask, data.test_mask,
@@ -129,6 +130,11 @@ def write_shards(dataset: Dataset, book: PartitionBook, out: Path | str, hops: i
         raise ConfigError(f"partition --shards: {out} exists and is not a shard set; "
                           "give a new directory")
     out.parent.mkdir(parents=True, exist_ok=True)
+    # the layout `--sparse-features auto` picks for the whole dataset, for every part
+    features = choose_layout(dataset.data.features, "auto")
+    if features is not dataset.data.features:
+        dataset = dataclasses.replace(dataset, data=dataclasses.replace(dataset.data,
+                                                                        features=features))
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
         in_degree = loop_free_in_degree(dataset.graph)
