@@ -4,6 +4,7 @@ dataset (float64, dropout on), each worker reading only its own part."""
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -180,8 +181,16 @@ def _cases(world: int) -> list[tuple[str, bool, str]]:
 
 
 def check_exact_on_shards(comm, tmp: str):
+    """Each rank first copies the manifest and only its own part to a directory of its
+    own (a host without shared storage) and trains from there."""
+    import shutil
+
+    host = Path(tmp) / f"host{comm.rank}"
+    host.mkdir()
+    shutil.copy(Path(tmp) / "shards" / "shards.json", host)
+    shutil.copytree(Path(tmp) / "shards" / f"part-{comm.rank}", host / f"part-{comm.rank}")
     whole = make_dataset()
-    mine = load_part(f"{tmp}/shards", comm.rank)
+    mine = load_part(host, comm.rank)
     assert mine.data.features.shape[0] < whole.graph.num_nodes  # only its part
     for name, decoupled, mode in _cases(comm.world_size):
         ref_model = make_model(name, decoupled, 9, 3)
