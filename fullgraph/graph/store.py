@@ -225,11 +225,17 @@ def load_dataset(path: Path | str, *, mmap: bool = True, verify: bool = True) ->
                       tensors["val_mask"], tensors["test_mask"], int(meta["num_classes"]),
                       row_ids=tensors.get("feature_row_ids"))
     rows = graph.num_nodes if data.row_ids is None else data.row_ids.numel()
-    if data.features.shape[0] != rows or data.labels.shape[0] != graph.num_nodes:
-        raise CacheError("feature rows or labels do not match the number of vertices",
-                         source=path / "features.npy",
-                         found=f"{data.features.shape[0]} rows, {data.labels.shape[0]} labels",
-                         expected=f"{rows} rows, {graph.num_nodes} labels", hint=REBUILD_HINT)
+    if data.features.shape[0] != rows:
+        raise CacheError("feature rows do not match the number of vertices"
+                         if data.row_ids is None else
+                         "feature rows do not match the shard's row ids",
+                         source=path / ("features.npy" if "features" in tensors
+                                        else "features_indptr.npy"),
+                         found=data.features.shape[0], expected=rows, hint=REBUILD_HINT)
+    if data.labels.shape[0] != graph.num_nodes:
+        raise CacheError("labels do not match the number of vertices",
+                         source=path / "labels.npy", found=data.labels.shape[0],
+                         expected=graph.num_nodes, hint=REBUILD_HINT)
     _check_label_range(path, str(meta["name"]), data)
     return Dataset(str(meta["name"]), graph, data, dict(meta["info"]),
                    shard=_shard_from(path, meta, tensors))

@@ -291,3 +291,16 @@ def test_checksum_is_streamed_and_stable(tmp_path: Path, monkeypatch: pytest.Mon
     file.write_bytes(bytes(range(256)) * 3)
     import hashlib
     assert store.file_checksum(file) == hashlib.sha256(file.read_bytes()).hexdigest()
+
+
+def test_a_short_labels_file_is_named(tmp_path: Path) -> None:
+    """Labels of the wrong length are reported against labels.npy, not the features."""
+    path = tmp_path / "ds"
+    save_dataset(make_dataset(), path)
+    np.save(path / "labels.npy", np.zeros(59, dtype=np.int64))
+    meta = json.loads((path / "meta.json").read_text())
+    meta["arrays"]["labels"]["shape"] = [59]
+    (path / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(CacheError, match="labels do not match") as err:
+        load_dataset(path, verify=False)
+    assert "labels.npy" in str(err.value)
