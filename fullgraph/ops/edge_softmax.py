@@ -106,6 +106,8 @@ class _AttentionSoftmax(torch.autograd.Function):
             grad_dst.numpy())
         grad_src = torch.zeros_like(s_src)
         t = graph.transpose()
-        kernels.segment_sum_perm(t.graph.indptr.numpy(), t.perm.numpy(), d_pre.numpy(),
-                                 grad_src.numpy())
+        # per source, the sum of d_pre over its out-edges: an unweighted SpMM over the
+        # transposed CSR whose "source rows" are the edges, named by the permutation
+        kernels.spmm_unweighted(t.graph.indptr.numpy(), t.perm.numpy(), d_pre.numpy(),
+                                grad_src.numpy(), False)
         return grad_src, grad_dst, None, None

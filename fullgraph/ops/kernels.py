@@ -206,17 +206,6 @@ if HAVE_NUMBA:
                     d_pre[e, h] = d
                     grad_dst[i, h] += d
 
-    @njit(parallel=True, cache=True, nogil=True)
-    def segment_sum_perm(indptr, perm, values, out):  # pragma: no cover - numba
-        """out[r] = sum of values[perm[k]] for k in row r of ``indptr`` (a transposed
-        CSR whose ``perm`` maps its edges to the rows of ``values``)."""
-        d = values.shape[1]
-        for r in prange(indptr.shape[0] - 1):
-            for k in range(indptr[r], indptr[r + 1]):
-                e = perm[k]
-                for c in range(d):
-                    out[r, c] += values[e, c]
-
     @njit(inline="always", cache=True)
     def _mix32(h):  # pragma: no cover - numba
         m32 = 0xFFFFFFFF
