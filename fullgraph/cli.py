@@ -160,6 +160,14 @@ def build_parser() -> argparse.ArgumentParser:
     p_gen.add_argument("--homophily", type=float, default=0.8, help="sbm: intra-block fraction")
     p_gen.add_argument("--symmetrize", action=argparse.BooleanOptionalAction, default=False)
     p_gen.add_argument("--seed", type=int, default=0)
+    p_gen.add_argument("--feature-dtype", choices=("float32", "float16", "bfloat16"),
+                       default="float32", help="how features are stored (default: float32)")
+    p_gen.add_argument("--labels", choices=("random", "degree"), default="random",
+                       help="rmat: uniform classes, or in-degree bands (default: random)")
+    p_gen.add_argument("--memory", metavar="SIZE",
+                       help="rmat: memory for the edges being sorted, e.g. 4G (default: a "
+                       "quarter of the available memory); rmat streams to disk, so a graph "
+                       "larger than memory can be written")
 
     p_part = sub.add_parser("partition", help="partition a dataset once and save the book; "
                             "`train --partition-file` reuses it")
@@ -368,17 +376,31 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if args.name is not None:
         datasets.check_name(args.name)  # before the work of generating
     if args.kind == "rmat":
+        from fullgraph.launch import available_memory
+        from fullgraph.memory import parse_bytes
+
+        memory = (parse_bytes(args.memory) if args.memory is not None
+                  else max(256 << 20, (available_memory() or 4 << 30) // 4))
+        name = args.name or f"rmat-{args.vertices}-{args.edges}"
+        datasets.check_name(name)
+        path = datasets.processed_dir(root, name)
         a, b, c, d = args.rmat
-        ds = synthetic.rmat(args.vertices, args.edges, a=a, b=b, c=c, d=d, seed=args.seed,
-                            num_features=args.features, num_classes=args.classes,
-                            symmetrize=args.symmetrize)
+        out = synthetic.write_rmat(path, args.vertices, args.edges, a=a, b=b, c=c, d=d,
+                                   seed=args.seed, num_features=args.features,
+                                   num_classes=args.classes, symmetrize=args.symmetrize,
+                                   feature_dtype=args.feature_dtype, labels=args.labels,
+                                   name=name, memory_bytes=memory)
+        vertices, edges = out["vertices"], out["edges"]
     else:
+        if args.memory is not None:
+            raise ValueError("--memory: only for rmat (sbm is built in memory)")
         ds = synthetic.sbm(args.vertices, args.classes, avg_degree=args.avg_degree,
-                           homophily=args.homophily, num_features=args.features, seed=args.seed)
-    name = args.name or ds.name
-    path = datasets.save_processed(ds, root, name)
-    s = ds.summary()
-    print(f"wrote {name}: {s['vertices']} vertices, {s['edges']} edges -> {path}")
+                           homophily=args.homophily, num_features=args.features, seed=args.seed,
+                           feature_dtype=args.feature_dtype)
+        name = args.name or ds.name
+        path = datasets.save_processed(ds, root, name)
+        vertices, edges = ds.summary()["vertices"], ds.summary()["edges"]
+    print(f"wrote {name}: {vertices} vertices, {edges} edges -> {path}")
     return 0
 
 

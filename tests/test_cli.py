@@ -7,6 +7,7 @@ import sys
 
 import numpy as np
 import pytest
+import torch
 
 from fullgraph import launch
 from fullgraph.cli import build_parser, main
@@ -431,3 +432,21 @@ def test_more_workers_than_cores_warn(root, no_launch, monkeypatch):
     with pytest.warns(UserWarning, match="3 workers on 2 cores"):
         assert main(["train", "--workers", "3", "--strategy", "data"]) == 0
     assert len(no_launch) == 1
+
+
+def test_generate_rmat_streams_the_same_dataset(root, capsys):
+    """A tiny --memory forces many destination ranges; the result is rmat()'s dataset."""
+    from fullgraph.graph import datasets, synthetic
+    from fullgraph.graph.store import load_dataset
+
+    assert main(["generate", "rmat", "--vertices", "500", "--edges", "4000", "--features", "6",
+                 "--classes", "4", "--memory", "4K", "--feature-dtype", "float16",
+                 "--name", "tiny"]) == 0
+    assert "wrote tiny: 500 vertices" in capsys.readouterr().out
+    got = load_dataset(datasets.processed_dir(root, "tiny"))
+    want = synthetic.rmat(500, 4000, num_features=6, num_classes=4, feature_dtype="float16")
+    assert torch.equal(got.graph.indptr, want.graph.indptr)
+    assert torch.equal(got.graph.indices, want.graph.indices)
+    assert torch.equal(got.data.features, want.data.features)
+    assert torch.equal(got.data.train_mask, want.data.train_mask)
+    assert main(["train", "--dataset", "tiny", "--epochs", "1", "--progress", "off"]) == 0

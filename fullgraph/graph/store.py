@@ -39,6 +39,7 @@ Shapes: N = number of vertices, E = number of edges, F = feature dimension.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import shutil
@@ -84,31 +85,142 @@ def save_dataset(dataset: Dataset, path: Path | str) -> None:
         ValidationError: the dataset is inconsistent, or its ``info`` is not JSON.
         CacheError: ``path`` exists and is not a dataset directory.
     """
-    path = Path(path)
     dataset.validate()
-    _check_replaceable(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
-    try:
-        arrays = {name: _write_array(tmp / f"{name}.npy", tensor)
-                  for name, tensor in _arrays_of(dataset).items()}
-        meta = {"format_version": FORMAT_VERSION, "name": dataset.name,
-                "num_nodes": dataset.graph.num_nodes, "num_edges": dataset.graph.num_edges,
-                "num_classes": dataset.data.num_classes, "info": dataset.info,
-                "checksum_algorithm": CHECKSUM_ALGORITHM, "arrays": arrays}
-        if is_sparse(dataset.data.features):
-            meta["feature_shape"] = list(dataset.data.features.shape)
-        sh = dataset.shard
-        if sh is not None:
-            meta["shard"] = {"part": sh.part, "parts": sh.parts, "hops": sh.hops,
-                             "num_edges": sh.num_edges, "feature_min": sh.feature_min,
-                             "fingerprint": sh.fingerprint}
-        _write_meta(tmp / META_FILE, meta)
-        fsync_dir(tmp)
-        swap_into_place(tmp, path)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    with DatasetWriter(path) as writer:
+        for name, tensor in _arrays_of(dataset).items():
+            writer.put(name, tensor)
+        x = dataset.data.features
+        writer.commit(name=dataset.name, num_nodes=dataset.graph.num_nodes,
+                      num_edges=dataset.graph.num_edges, num_classes=dataset.data.num_classes,
+                      info=dataset.info,
+                      feature_shape=list(x.shape) if is_sparse(x) else None,
+                      shard=dataset.shard)
+
+
+class DatasetWriter:
+    """Writes a dataset directory array by array, for data too large to hold at once.
+
+    Arrays go into a temporary sibling of ``path``: small ones whole (``put``), large
+    ones block by block, in order (``append`` ... ``close``), through plain file writes
+    (no memory map, so the blocks written are page cache, not the writer's memory).
+    ``commit`` writes ``meta.json``, fsyncs and swaps the directory into place, so the
+    atomicity of ``save_dataset`` holds here too; leaving the ``with`` block without
+    ``commit`` (an error, a kill) removes the temporary directory, and the old
+    dataset, if any, stays as it was.
+
+    Example::
+
+        with DatasetWriter(path) as w:
+            x = w.append("features", torch.float32, (f,))
+            for block in blocks: x.append(block)  # (rows, f) numpy arrays
+            w.close("features")
+            w.put("labels", y)
+            ...
+            w.commit(name="...", num_nodes=n, num_edges=e, num_classes=c, info={})
+    """
+
+    def __init__(self, path: Path | str) -> None:
+        self.path = Path(path)
+        _check_replaceable(self.path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.tmp = Path(tempfile.mkdtemp(prefix=f".{self.path.name}.tmp-", dir=self.path.parent))
+        self.entries: dict[str, dict[str, Any]] = {}
+        self._open: dict[str, ArrayAppender] = {}
+        self._done = False
+
+    def __enter__(self) -> "DatasetWriter":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if not self._done:
+            self.abort()
+
+    def put(self, name: str, tensor: Tensor) -> None:
+        """Write a whole tensor as ``name.npy``."""
+        self.entries[name] = _write_array(self.tmp / f"{name}.npy", tensor)
+
+    def append(self, name: str, dtype: torch.dtype,
+               row_shape: tuple[int, ...] = ()) -> "ArrayAppender":
+        """Start ``name.npy``, to be filled in order by ``ArrayAppender.append``."""
+        appender = ArrayAppender(self.tmp / f"{name}.npy", dtype, row_shape)
+        self._open[name] = appender
+        return appender
+
+    def close(self, name: str) -> None:
+        """Finish an array begun with ``append``: its header gets the rows written."""
+        self.entries[name] = self._open.pop(name).close()
+
+    def commit(self, *, name: str, num_nodes: int, num_edges: int, num_classes: int,
+               info: dict[str, Any], feature_shape: list[int] | None = None,
+               shard: Shard | None = None) -> None:
+        """Write ``meta.json`` and swap the directory into place."""
+        if self._open:
+            raise ValueError(f"arrays still open: {', '.join(sorted(self._open))}")
+        meta: dict[str, Any] = {
+            "format_version": FORMAT_VERSION, "name": name, "num_nodes": num_nodes,
+            "num_edges": num_edges, "num_classes": num_classes, "info": info,
+            "checksum_algorithm": CHECKSUM_ALGORITHM, "arrays": self.entries}
+        if feature_shape is not None:
+            meta["feature_shape"] = feature_shape
+        if shard is not None:
+            meta["shard"] = {"part": shard.part, "parts": shard.parts, "hops": shard.hops,
+                             "num_edges": shard.num_edges, "feature_min": shard.feature_min,
+                             "fingerprint": shard.fingerprint}
+        _write_meta(self.tmp / META_FILE, meta)
+        fsync_dir(self.tmp)
+        swap_into_place(self.tmp, self.path)
+        self._done = True
+
+    def abort(self) -> None:
+        """Drop everything written so far."""
+        for appender in self._open.values():
+            appender.file.close()
+        self._open.clear()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+        self._done = True
+
+
+class ArrayAppender:
+    """One ``.npy`` file written row block by row block; see ``DatasetWriter.append``."""
+
+    def __init__(self, path: Path, dtype: torch.dtype, row_shape: tuple[int, ...]) -> None:
+        self.path, self.dtype, self.row_shape = path, dtype, tuple(row_shape)
+        self.stored = _stored_dtype(dtype)
+        self.rows = 0
+        self.file = open(path, "wb")
+        self.file.write(_npy_header(self.stored, (0, *self.row_shape)))
+
+    def append(self, block: np.ndarray | Tensor) -> None:
+        """Write rows ``(k, *row_shape)``; a tensor is stored as ``stored_array`` gives it."""
+        array = stored_array(block) if isinstance(block, Tensor) else np.asarray(block)
+        if array.dtype != self.stored or tuple(array.shape[1:]) != self.row_shape:
+            raise ValueError(f"{self.path.name}: cannot append {array.dtype} "
+                             f"{array.shape} to rows of {self.stored} {self.row_shape}")
+        self.file.write(np.ascontiguousarray(array).data)
+        self.rows += array.shape[0]
+
+    def close(self) -> dict[str, Any]:
+        """Put the row count in the header, fsync, return the ``meta.json`` entry."""
+        shape = (self.rows, *self.row_shape)
+        header = _npy_header(self.stored, shape)
+        self.file.flush()
+        self.file.seek(0)
+        self.file.write(header)
+        self.file.flush()
+        os.fsync(self.file.fileno())
+        self.file.close()
+        return {"file": self.path.name, "dtype": _dtype_name(self.dtype), "shape": list(shape),
+                "checksum": file_checksum(self.path)}
+
+
+def _npy_header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
+    """numpy's own ``.npy`` header; its length does not depend on the first axis's size
+    (numpy pads it to room for 21 digits), so it can be rewritten in place."""
+    out = io.BytesIO()
+    np.lib.format.write_array_header_1_0(
+        out, {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False,
+              "shape": shape})
+    return out.getvalue()
 
 
 def _arrays_of(dataset: Dataset) -> dict[str, Tensor]:
@@ -136,18 +248,22 @@ def _arrays_of(dataset: Dataset) -> dict[str, Tensor]:
 def _write_array(file: Path, tensor: Tensor) -> dict[str, Any]:
     """Write one tensor as ``.npy``, fsync it, and return its ``meta.json`` entry."""
     dtype_name = _dtype_name(tensor.dtype)
-    tensor = tensor.detach().cpu().contiguous()
-    if tensor.dtype in _BIT_VIEWS:
-        int_view, np_view = _BIT_VIEWS[tensor.dtype]
-        array = tensor.view(int_view).numpy().view(np_view)
-    else:
-        array = tensor.numpy()
+    array = stored_array(tensor)
     with open(file, "wb") as f:
         np.lib.format.write_array(f, array, allow_pickle=False)
         f.flush()
         os.fsync(f.fileno())
     return {"file": file.name, "dtype": dtype_name, "shape": list(tensor.shape),
             "checksum": file_checksum(file)}
+
+
+def stored_array(tensor: Tensor) -> np.ndarray:
+    """The numpy array a tensor is stored as (bfloat16 as its uint16 bits), on the CPU."""
+    tensor = tensor.detach().cpu().contiguous()
+    if tensor.dtype in _BIT_VIEWS:
+        int_view, np_view = _BIT_VIEWS[tensor.dtype]
+        return tensor.view(int_view).numpy().view(np_view)
+    return tensor.numpy()
 
 
 def _write_meta(file: Path, meta: dict[str, Any]) -> None:

@@ -20,15 +20,18 @@ C = number of classes.
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 import torch
 
 from fullgraph.errors import ValidationError
-from fullgraph.graph.csr import Graph, SelfLoops
+from fullgraph.graph.csr import INT32_LIMIT, Graph, SelfLoops
 from fullgraph.graph.data import FEATURE_DTYPES, Dataset, VertexData
 from fullgraph.graph.split import fraction_split
+from fullgraph.graph.store import ArrayAppender, DatasetWriter
 
 try:
     import numba
@@ -37,6 +40,7 @@ except ImportError:  # numba is optional (the "fast" extra); numpy gives the sam
 
 LabelScheme = Literal["random", "degree"]
 BLOCK_EDGES = 1 << 22  # edges generated per kernel call; bounds numpy temporaries
+FEATURE_BLOCK_ROWS = 1 << 16  # feature rows drawn at once by write_rmat
 _GAMMA = np.uint64(0x9E3779B97F4A7C15)
 _MIX1 = np.uint64(0xBF58476D1CE4E5B9)
 _MIX2 = np.uint64(0x94D049BB133111EB)
@@ -70,6 +74,21 @@ def rmat_edges(num_nodes: int, num_edges: int, *, a: float = 0.57, b: float = 0.
         ValidationError: bad counts or probabilities, or probabilities that put
             (almost) no edge in range.
     """
+    blocks = _rmat_blocks(num_nodes, num_edges, a, b, c, d, seed)
+    src, dst = np.empty(num_edges, np.int64), np.empty(num_edges, np.int64)
+    filled = 0
+    for s, t in blocks:
+        src[filled:filled + s.size], dst[filled:filled + s.size] = s, t
+        filled += s.size
+    return src, dst
+
+
+def _rmat_blocks(num_nodes: int, num_edges: int, a: float, b: float, c: float, d: float,
+                 seed: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """The edges of ``rmat_edges`` in blocks of at most ``BLOCK_EDGES``, in order.
+
+    The arguments are checked here, before the first block is asked for.
+    """
     _check_probabilities(a, b, c, d)
     _check_count(num_nodes, "num_nodes", minimum=1)
     _check_count(num_edges, "num_edges", minimum=0)
@@ -82,20 +101,23 @@ def rmat_edges(num_nodes: int, num_edges: int, *, a: float = 0.57, b: float = 0.
                               hint=f"acceptance {accept:.2e}; raise a or use a power of two")
     base = np.uint64(np.random.SeedSequence(seed).generate_state(1, np.uint64)[0])
     cuts = tuple(np.uint64(min(round(p * 2**32), 2**32)) for p in (a, a + b, a + b + c))
-    src, dst = np.empty(num_edges, np.int64), np.empty(num_edges, np.int64)
-    filled, counter = 0, 0
-    while filled < num_edges:
-        need = num_edges - filled
-        count = need if all_in_range else int(need / accept * 1.02) + 1024
-        count = min(count, BLOCK_EDGES)
-        s, t = _rmat_block(counter, count, scale, base, cuts)
-        if not all_in_range:
-            keep = (s < num_nodes) & (t < num_nodes)
-            s, t = s[keep], t[keep]
-        take = min(need, s.size)  # the first accepted edges in counter order
-        src[filled:filled + take], dst[filled:filled + take] = s[:take], t[:take]
-        filled, counter = filled + take, counter + count
-    return src, dst
+
+    def blocks() -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        filled, counter = 0, 0
+        while filled < num_edges:
+            need = num_edges - filled
+            count = need if all_in_range else int(need / accept * 1.02) + 1024
+            count = min(count, BLOCK_EDGES)
+            s, t = _rmat_block(counter, count, scale, base, cuts)
+            if not all_in_range:
+                keep = (s < num_nodes) & (t < num_nodes)
+                s, t = s[keep], t[keep]
+            take = min(need, s.size)  # the first accepted edges in counter order
+            if take:
+                yield s[:take], t[:take]
+            filled, counter = filled + take, counter + count
+
+    return blocks()
 
 
 def rmat(num_nodes: int, num_edges: int, *, a: float = 0.57, b: float = 0.19, c: float = 0.19,
@@ -134,13 +156,163 @@ def rmat(num_nodes: int, num_edges: int, *, a: float = 0.57, b: float = 0.19, c:
     del src, dst
     feature_seed, label_seed, split_seed = _child_seeds(seed, 3)
     features = _randn((num_nodes, num_features), feature_seed).to(FEATURE_DTYPES[feature_dtype])
-    y = _rmat_labels(graph, num_classes, labels, label_seed)
+    y = _rmat_labels(graph.in_degrees(), num_classes, labels, label_seed, num_nodes)
     masks = fraction_split(y, train=train, val=val, seed=split_seed)
-    info = {"generator": "rmat", "num_nodes": num_nodes, "requested_edges": num_edges,
-            "a": a, "b": b, "c": c, "d": d, "seed": seed, "symmetrize": symmetrize,
-            "self_loops": self_loops, "labels": labels, "train": train, "val": val}
+    info = _rmat_info(num_nodes, num_edges, a, b, c, d, seed, symmetrize, self_loops, labels,
+                      train, val)
     return Dataset(f"rmat-{num_nodes}-{num_edges}", graph,
                    VertexData(features, y, *masks, num_classes), info)
+
+
+def write_rmat(path: Path | str, num_nodes: int, num_edges: int, *, a: float = 0.57,
+               b: float = 0.19, c: float = 0.19, d: float = 0.05, seed: int = 0,
+               num_features: int = 128, num_classes: int = 47, symmetrize: bool = False,
+               self_loops: SelfLoops = "remove", train: float = 0.6, val: float = 0.2,
+               feature_dtype: str = "float32", labels: LabelScheme = "random",
+               name: str | None = None, memory_bytes: int = 1 << 30) -> dict[str, Any]:
+    """Write ``rmat(...)`` straight into the dataset directory ``path``, in bounded memory.
+
+    The directory is byte for byte the one ``store.save_dataset(rmat(...), path)``
+    writes (same arrays, same checksums), but no (E,) or (N, F) array is ever held
+    whole. Edges go in destination ranges whose sort keys fit in ``memory_bytes``
+    (8 bytes per drawn edge): when one range holds every edge they are drawn once,
+    otherwise once to count each destination's edges and once more per range. Each
+    range is sorted, de-duplicated and appended to ``indices.npy``; features are drawn
+    and written 65,536 rows at a time. Beside the keys, it
+    holds about 40 bytes per vertex (degrees, labels, masks, the split's permutation).
+
+    Args:
+        path: the dataset directory to write (replaced atomically, as ``save_dataset``).
+        num_nodes ... labels: as in ``rmat``.
+        name: the dataset's name (default: ``rmat-{num_nodes}-{num_edges}``).
+        memory_bytes: bound on the edge sort keys held at once (default: 1 GiB).
+
+    Returns:
+        ``{"name", "vertices", "edges", "ranges"}``: ``ranges`` is the number of
+        destination ranges (passes over the edges after the counting one).
+
+    Raises:
+        ValidationError: on any out-of-range argument.
+    """
+    _check_count(num_features, "num_features", minimum=1)
+    _check_count(num_classes, "num_classes", minimum=1)
+    _check_count(memory_bytes, "memory_bytes", minimum=1)
+    _check_choice(feature_dtype, "feature_dtype", tuple(FEATURE_DTYPES))
+    _check_choice(labels, "labels", ("random", "degree"))
+    _check_choice(self_loops, "self_loops", ("remove", "keep", "add"))
+
+    def edges() -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        for s, t in _rmat_blocks(num_nodes, num_edges, a, b, c, d, seed):
+            if symmetrize:
+                s, t = np.concatenate([s, t]), np.concatenate([t, s])
+            if self_loops != "keep":
+                keep = s != t
+                s, t = s[keep], t[keep]
+            yield s, t
+
+    _rmat_blocks(num_nodes, num_edges, a, b, c, d, seed)  # checks the rest up front
+    loops = num_nodes if self_loops == "add" else 0
+    bound = num_edges * (2 if symmetrize else 1) + loops
+    capacity = max(1, memory_bytes // 8)
+    if bound <= capacity:
+        ranges, drawn = [(0, num_nodes)], np.array([bound])
+    else:  # count each destination's edges, then cut ranges whose keys fit
+        counts = np.zeros(num_nodes, np.int64)
+        for _, t in edges():
+            counts += np.bincount(t, minlength=num_nodes)
+        counts += 1 if loops else 0
+        ranges, drawn = _ranges_by_count(counts, capacity)
+        del counts
+    index_dtype = torch.int32 if num_nodes <= INT32_LIMIT else torch.int64
+    feature_seed, label_seed, split_seed = _child_seeds(seed, 3)
+    with DatasetWriter(path) as writer:
+        indices = writer.append("indices", index_dtype)
+        indptr = np.zeros(num_nodes + 1, np.int64)
+        filled = 0
+        for (lo, hi), size in zip(ranges, drawn):
+            keys = np.empty(int(size), np.int64)
+            k = 0
+            for s, t in edges():
+                if (lo, hi) != (0, num_nodes):
+                    inside = (t >= lo) & (t < hi)
+                    s, t = s[inside], t[inside]
+                keys[k:k + s.size] = (t - lo) * np.int64(num_nodes) + s
+                k += s.size
+            if loops:
+                v = np.arange(lo, hi, dtype=np.int64)
+                keys[k:k + v.size] = (v - lo) * np.int64(num_nodes) + v
+                k += v.size
+            keys = keys[:k]
+            keys.sort()
+            filled = _append_rows(keys, lo, num_nodes, indices, filled, indptr)
+            del keys
+        np.cumsum(indptr, out=indptr)
+        writer.close("indices")
+        writer.put("indptr", torch.from_numpy(indptr))
+        in_degree = np.diff(indptr)
+        del indptr
+        x = writer.append("features", FEATURE_DTYPES[feature_dtype], (num_features,))
+        gen = torch.Generator().manual_seed(feature_seed)
+        for lo in range(0, num_nodes, FEATURE_BLOCK_ROWS):  # equal to one draw (16 | rows * F)
+            rows = min(FEATURE_BLOCK_ROWS, num_nodes - lo)
+            block = torch.randn((rows, num_features), generator=gen, dtype=torch.float32)
+            x.append(block.to(FEATURE_DTYPES[feature_dtype]))
+        writer.close("features")
+        if labels == "degree":
+            y = _labels_by_degree(torch.from_numpy(in_degree), num_classes, label_seed)
+        else:
+            y = _rmat_labels(None, num_classes, labels, label_seed, num_nodes)
+        del in_degree
+        writer.put("labels", y)
+        for mask_name, mask in zip(("train_mask", "val_mask", "test_mask"),
+                                   fraction_split(y, train=train, val=val, seed=split_seed)):
+            writer.put(mask_name, mask)
+        name = name or f"rmat-{num_nodes}-{num_edges}"
+        writer.commit(name=name, num_nodes=num_nodes, num_edges=filled,
+                      num_classes=num_classes,
+                      info=_rmat_info(num_nodes, num_edges, a, b, c, d, seed, symmetrize,
+                                      self_loops, labels, train, val))
+    return {"name": name, "vertices": num_nodes, "edges": filled, "ranges": len(ranges)}
+
+
+def _ranges_by_count(counts: np.ndarray, capacity: int) -> tuple[list[tuple[int, int]],
+                                                                  np.ndarray]:
+    """Cut ``[0, N)`` into destination ranges of at most ``capacity`` edges each.
+
+    A single destination with more edges than ``capacity`` gets a range of its own.
+    """
+    cum = np.cumsum(counts)
+    ranges, sizes, lo = [], [], 0
+    while lo < counts.size:
+        before = int(cum[lo - 1]) if lo else 0
+        hi = max(lo + 1, int(np.searchsorted(cum, before + capacity, side="right")))
+        ranges.append((lo, hi))
+        sizes.append(int(cum[hi - 1]) - before)
+        lo = hi
+    return ranges, np.array(sizes, np.int64)
+
+
+def _append_rows(keys: np.ndarray, lo: int, num_nodes: int, out: ArrayAppender,
+                 filled: int, indptr: np.ndarray) -> int:
+    """Write the distinct sorted ``(dst - lo) * N + src`` keys as CSR rows from ``lo``.
+
+    Sources are appended to ``out``; each row's edge count is added into
+    ``indptr[dst + 1]`` (a cumulative sum later makes it the row pointer). Works in
+    slices of ``BLOCK_EDGES`` keys, so temporaries stay small. Returns the new fill.
+    """
+    width = np.int64(num_nodes)
+    for start in range(0, keys.size, BLOCK_EDGES):
+        k = keys[start:start + BLOCK_EDGES]
+        keep = np.empty(k.size, dtype=bool)
+        keep[0] = start == 0 or k[0] != keys[start - 1]
+        np.not_equal(k[1:], k[:-1], out=keep[1:])
+        k = k[keep]
+        dst = k // width
+        out.append((k - dst * width).astype(out.stored))
+        filled += k.size
+        first = np.flatnonzero(np.concatenate([[True], dst[1:] != dst[:-1]]))
+        indptr[lo + 1 + dst[first]] += np.diff(np.append(first, k.size))
+    return filled
 
 
 # ------------------------------------------------------------ block model
@@ -294,16 +466,26 @@ def _in_range_probability(limit: int, scale: int, probs: tuple[float, ...]) -> f
 
 
 # --------------------------------------------------------------------- helpers
-def _rmat_labels(graph: Graph, num_classes: int, scheme: LabelScheme, seed: int) -> torch.Tensor:
+def _rmat_info(num_nodes: int, num_edges: int, a: float, b: float, c: float, d: float,
+               seed: int, symmetrize: bool, self_loops: str, labels: str, train: float,
+               val: float) -> dict[str, Any]:
+    return {"generator": "rmat", "num_nodes": num_nodes, "requested_edges": num_edges,
+            "a": a, "b": b, "c": c, "d": d, "seed": seed, "symmetrize": symmetrize,
+            "self_loops": self_loops, "labels": labels, "train": train, "val": val}
+
+
+def _rmat_labels(in_degree: torch.Tensor | None, num_classes: int, scheme: LabelScheme,
+                 seed: int, num_nodes: int) -> torch.Tensor:
     if scheme == "degree":
-        return _labels_by_degree(graph, num_classes, seed)
+        assert in_degree is not None
+        return _labels_by_degree(in_degree, num_classes, seed)
     rng = np.random.default_rng(seed)
-    return torch.from_numpy(rng.integers(0, num_classes, graph.num_nodes, dtype=np.int64))
+    return torch.from_numpy(rng.integers(0, num_classes, num_nodes, dtype=np.int64))
 
 
-def _labels_by_degree(graph: Graph, num_classes: int, seed: int) -> torch.Tensor:
+def _labels_by_degree(in_degree: torch.Tensor, num_classes: int, seed: int) -> torch.Tensor:
     """C equal-size classes by in-degree rank (ties broken at random)."""
-    deg = graph.in_degrees().numpy()
+    deg = in_degree.numpy()
     tie = np.random.default_rng(seed).random(deg.size)
     order = np.lexsort((tie, deg))
     y = np.empty(deg.size, dtype=np.int64)

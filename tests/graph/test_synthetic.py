@@ -174,3 +174,68 @@ def test_sbm_edge_cases() -> None:
     assert one.data.num_classes == 1 and one.graph.num_edges > 0
     empty = sbm(20, 2, avg_degree=0.0, feature_dtype="float16")
     assert empty.graph.num_edges == 0 and empty.data.features.dtype == torch.float16
+
+
+# ------------------------------------------------------------- streamed R-MAT
+STREAM_CASES = [
+    dict(num_nodes=1000, num_edges=20000),
+    dict(num_nodes=1000, num_edges=20000, symmetrize=True, self_loops="add", labels="degree",
+         feature_dtype="bfloat16"),
+    dict(num_nodes=777, num_edges=9000, self_loops="keep", feature_dtype="float16",
+         num_features=5, seed=3),
+]
+
+
+@pytest.mark.parametrize("case", range(len(STREAM_CASES)))
+@pytest.mark.parametrize("memory", [1 << 30, 8 * 3000, 8])
+def test_write_rmat_equals_saving_rmat_byte_for_byte(tmp_path, case: int, memory: int) -> None:
+    """One range, a few ranges and one range per destination give the same files."""
+    from fullgraph.graph.store import save_dataset
+
+    kwargs = STREAM_CASES[case]
+    save_dataset(rmat(**kwargs), tmp_path / "whole")
+    out = synthetic.write_rmat(tmp_path / "streamed", **kwargs, memory_bytes=memory)
+    whole = sorted(p.name for p in (tmp_path / "whole").iterdir())
+    assert whole == sorted(p.name for p in (tmp_path / "streamed").iterdir())
+    for name in whole:
+        assert (tmp_path / "whole" / name).read_bytes() == \
+            (tmp_path / "streamed" / name).read_bytes(), name
+    assert (out["ranges"] == 1) == (memory == 1 << 30)
+    assert out["ranges"] > 1 or memory == 1 << 30
+
+
+def test_write_rmat_holds_one_range_of_keys(tmp_path, monkeypatch) -> None:
+    """No key array is larger than the budget (a destination of its own aside)."""
+    sizes: list[int] = []
+    real = synthetic._append_rows
+
+    def spy(keys, *args):
+        sizes.append(keys.size)
+        return real(keys, *args)
+
+    monkeypatch.setattr(synthetic, "_append_rows", spy)
+    out = synthetic.write_rmat(tmp_path / "d", 4096, 40000, memory_bytes=8 * 5000)
+    graph = rmat(4096, 40000).graph
+    biggest_row = int(graph.in_degrees().max())
+    assert len(sizes) == out["ranges"] > 1 and sum(sizes) >= graph.num_edges
+    assert max(sizes) <= max(5000, biggest_row * 2)
+
+
+def test_write_rmat_crash_leaves_nothing(tmp_path, monkeypatch) -> None:
+    from fullgraph.graph import store
+
+    def boom(tensor):
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(store, "stored_array", boom)
+    with pytest.raises(RuntimeError, match="disk full"):
+        synthetic.write_rmat(tmp_path / "d", 100, 1000)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_write_rmat_checks_arguments_before_writing(tmp_path) -> None:
+    with pytest.raises(ValidationError, match="num_edges"):
+        synthetic.write_rmat(tmp_path / "d", 100, -1)
+    with pytest.raises(ValidationError, match="self_loops"):
+        synthetic.write_rmat(tmp_path / "d", 100, 10, self_loops="drop")  # type: ignore[arg-type]
+    assert list(tmp_path.iterdir()) == []
