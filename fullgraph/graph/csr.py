@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from fullgraph.errors import ValidationError
+from fullgraph.graph import kernels as _kernels
 
 SelfLoops = Literal["keep", "add", "remove"]
 INT32_LIMIT = 2**31 - 1
@@ -170,13 +171,25 @@ class Graph:
 
         Other edges are kept as they are, repeated ones included.
         """
+        n = self.num_nodes
+        if self._row_loops():
+            indptr, indices = _kernels.with_loops(self.indptr.numpy(), self.indices.numpy(),
+                                                  present)
+            return Graph(torch.from_numpy(indptr), torch.from_numpy(indices), n,
+                         validate=False)
         src, dst = self.edges()
-        return Graph.from_edges(src, dst, self.num_nodes, dedup=False,
+        return Graph.from_edges(src, dst, n, dedup=False,
                                 self_loops="add" if present else "remove")
 
     def has_self_loops(self) -> bool:
+        if self._row_loops():
+            return _kernels.has_loops(self.indptr.numpy(), self.indices.numpy())
         src, dst = self.edges()
         return bool((src == dst).any())
+
+    def _row_loops(self) -> bool:
+        """Whether ``graph.kernels`` can walk this graph's rows (numba, host memory)."""
+        return _kernels.HAVE_NUMBA and self.indptr.device.type == "cpu"
 
     # ------------------------------------------------------------- derived data
     def in_degrees(self) -> Tensor:
@@ -204,6 +217,14 @@ class Graph:
 
     def transpose(self) -> Transposed:
         """CSR by source (out-edges), built once and cached; used by backward passes."""
+        if self._transposed is None and self._row_loops():
+            ids = np.int32 if self.num_dst <= INT32_LIMIT else np.int64
+            t_indptr, t_ids, perm = _kernels.transpose(
+                self.indptr.numpy(), self.indices.numpy(), self.num_src, np.dtype(ids),
+                np.dtype(np.int32 if self.num_edges <= INT32_LIMIT else np.int64))
+            self._transposed = Transposed(
+                Graph(torch.from_numpy(t_indptr), torch.from_numpy(t_ids),
+                      num_src=self.num_dst, validate=False), torch.from_numpy(perm))
         if self._transposed is None:
             src = self.indices.cpu().numpy()
             perm = np.argsort(src, kind="stable")
@@ -253,6 +274,9 @@ def gcn_norm(graph: Graph, dtype: torch.dtype = torch.float32,
     """
     deg = (graph.in_degrees() if degrees is None else degrees).to(dtype)
     inv_sqrt = torch.where(deg > 0, deg.rsqrt(), torch.zeros_like(deg))
+    if graph._row_loops() and inv_sqrt.device.type == "cpu":  # no (E,) int64 ids
+        return torch.from_numpy(_kernels.endpoint_product(
+            graph.indptr.numpy(), graph.indices.numpy(), inv_sqrt.numpy()))
     src, dst = graph.edges()
     return inv_sqrt[dst] * inv_sqrt[src]
 
@@ -263,7 +287,8 @@ def mean_norm(graph: Graph, dtype: torch.dtype = torch.float32,
     (``degrees``: as for ``gcn_norm``)."""
     deg = (graph.in_degrees() if degrees is None else degrees).to(dtype)
     inv = torch.where(deg > 0, 1.0 / deg, torch.zeros_like(deg))
-    return inv[graph.dst_index()]
+    return torch.repeat_interleave(inv, graph.in_degrees().to(inv.device),
+                                   output_size=graph.num_edges)
 
 
 def sum_norm(graph: Graph, dtype: torch.dtype = torch.float32,
