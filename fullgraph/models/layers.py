@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fullgraph.models.stages import StageContext, Transform
+from fullgraph.ops.dropout import dropout_matmul, dropped_from
 from fullgraph.ops.sparse import is_sparse, sparse_linear
 
 ACTIVATIONS = {
@@ -120,7 +121,11 @@ class Dense(Transform):
     def forward(self, x: Tensor, ctx: StageContext, layer_input: Tensor | None = None) -> Tensor:
         # dense rows: the bias and the root term are added inside the GEMMs (addmm),
         # not in passes of their own over the (R, out_dim) output
-        if self.lin is not None and self.bias is not None and _plain(x, self.lin):
+        dropped = dropped_from(x) if self.lin is not None and _plain(x, self.lin) else None
+        if dropped is not None:  # keeps x's undropped rows, not a copy (dropout_matmul)
+            assert self.lin is not None
+            y = dropout_matmul(dropped, self.lin.weight, self.bias, x)
+        elif self.lin is not None and self.bias is not None and _plain(x, self.lin):
             y = torch.addmm(self.bias, x, self.lin.weight.t())
         else:
             y = linear(self.lin, x) if self.lin is not None else x
@@ -129,13 +134,22 @@ class Dense(Transform):
         if self.root is not None or self.residual:
             assert layer_input is not None, "this stage reads the layer input"
             if self.root is not None:
-                if _plain(layer_input, self.root):
+                dropped = dropped_from(layer_input)
+                if dropped is not None and _plain(layer_input, self.root):
+                    y = dropout_matmul(dropped, self.root.weight, y, layer_input)
+                elif _plain(layer_input, self.root):
                     y = torch.addmm(y, layer_input, self.root.weight.t())
                 else:
                     y = y + linear(self.root, layer_input)
             if self.residual:
                 y = y + layer_input
-        return self.act(y) if self.act is not None else y
+        if self.act is None:
+            return y
+        if self.act_name == "relu" and y is not x:
+            # y is this stage's own fresh output, which no backward reads: one (R, D_out)
+            # tensor instead of two (the ReLU keeps its output for its backward)
+            return torch.relu_(y)
+        return self.act(y)
 
     def extra_repr(self) -> str:
         parts = [f"index={self.index}", f"{self.in_dim}->{self.out_dim}"]

@@ -204,6 +204,7 @@ def walk(program: StageProgram, runner: Runner, h: Tensor, *, start: int = 0,
     infos = describe(program)
     stop = len(infos) if stop is None else stop
     carry = Carry() if carry is None else carry
+    last_read = _last_readers(infos)
     s = start
     while s < stop:
         info = infos[s]
@@ -219,7 +220,128 @@ def walk(program: StageProgram, runner: Runner, h: Tensor, *, start: int = 0,
         else:
             h = runner.transform_run(run, program, h, carry)
         s = run[-1] + 1
+        # let go of the values no later stage of the program reads (a layer input, or a
+        # layer's attention weights, would otherwise live until the forward ends)
+        for held in (carry.layer_inputs, carry.edge_weights):
+            for k in [k for k in held if last_read.get(k, k) < s]:
+                del held[k]
     return h
+
+
+def needs_row_sums(program: StageProgram, stages: list[int]) -> bool:
+    """Whether a stage of ``stages`` sums over every vertex (global batch norm), which
+    a run over blocks of rows cannot do."""
+    from fullgraph.models.norm import GlobalBatchNorm
+
+    return any(isinstance(m, GlobalBatchNorm) for s in stages
+               for m in program.stages[s].modules())
+
+
+def blocked_transform_run(runner: Runner, stages: list[int], program: StageProgram, h: Tensor,
+                          carry: Carry, ctx: StageContext, block_rows: int,
+                          dtype: torch.dtype | None = None) -> Tensor:
+    """``runner.transform_run`` of ``stages``, ``block_rows`` rows at a time, keeping
+    no activations: each block is recomputed in the backward pass. No (R, D) tensor of
+    the run is held whole but its output (and, in the backward, its gradient), so a run
+    whose hidden rows exceed memory still trains; ``h`` may be memory-mapped rows of
+    another dtype (``dtype``: what the run computes in), read one block at a time.
+
+    Exact: T stages are row-wise and their dropout is keyed by the rows' global ids
+    (``ctx.gids``), so a block computes what the whole run computes for its rows. A
+    stage that sums over every vertex (``needs_row_sums``) or a layer input read after
+    the run (kept whole) makes it fall back to ``recomputed_transform_run``.
+    """
+    infos = describe(program)
+    last_read = _last_readers(infos)
+    end = stages[-1] + 1
+    if (needs_row_sums(program, stages) or h.shape[0] <= block_rows
+            or any(infos[s].opens_layer and last_read.get(s, s) >= end for s in stages)):
+        x = h if dtype is None else h.to(dtype)
+        return recomputed_transform_run(runner, stages, program, x, carry)
+    outside = sorted({src for s in stages if (src := infos[s].layer_input_from) is not None
+                      and src not in stages})
+    params = [q for s in stages for q in program.stages[s].parameters() if q.requires_grad]
+
+    def block(lo: int, hi: int, x: Tensor, *layer_inputs: Tensor) -> Tensor:
+        rows = _BlockRows(StageContext(ctx.gids[lo:hi], ctx.seed, ctx.training))
+        local = Carry(layer_inputs=dict(zip(outside, layer_inputs)))
+        x = x if dtype is None else x.to(dtype)
+        return Runner.transform_run(rows, stages, program, x, local)
+
+    return _BlockedRun.apply(block, block_rows, len(params), h,
+                             *(carry.layer_inputs[i] for i in outside), *params)
+
+
+class _BlockRows(Runner):
+    """Runs T stages on one block of rows with the block's own context."""
+
+    def __init__(self, ctx: StageContext) -> None:
+        self.ctx = ctx
+
+    def transform(self, s: int, stage: Stage, h: Tensor, layer_input: Tensor | None) -> Tensor:
+        return stage(h, self.ctx, layer_input)
+
+
+class _BlockedRun(torch.autograd.Function):
+    """Forward block by block without autograd; backward recomputes each block and
+    sums its gradients (inputs: the rows, the outside layer inputs, the parameters)."""
+
+    @staticmethod
+    def forward(ctx, block, block_rows: int, num_params: int, h: Tensor,
+                *rest: Tensor) -> Tensor:
+        n = h.shape[0]
+        ctx.block, ctx.block_rows, ctx.num_params = block, block_rows, num_params
+        ctx.save_for_backward(h, *rest)
+        layer_inputs = rest[:len(rest) - num_params]
+        out: Tensor | None = None
+        for lo in range(0, n, block_rows):
+            hi = min(n, lo + block_rows)
+            y = block(lo, hi, h[lo:hi], *(t[lo:hi] for t in layer_inputs))
+            if out is None:
+                out = y.new_empty((n, *y.shape[1:]))
+            out[lo:hi] = y
+        assert out is not None
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        h, *rest = ctx.saved_tensors
+        num_rows = len(rest) - ctx.num_params
+        layer_inputs, params = rest[:num_rows], rest[num_rows:]
+        row_inputs = [h, *layer_inputs]
+        need = ctx.needs_input_grad[3:]
+        row_grads = [torch.zeros_like(t) if need[i] else None for i, t in enumerate(row_inputs)]
+        param_grads: list[Tensor | None] = [None] * len(params)
+        for lo in range(0, h.shape[0], ctx.block_rows):
+            hi = min(h.shape[0], lo + ctx.block_rows)
+            with torch.enable_grad():
+                leaves = [t[lo:hi].detach().requires_grad_(bool(need[i]))
+                          for i, t in enumerate(row_inputs)]
+                y = ctx.block(lo, hi, *leaves)
+                wanted = [t for i, t in enumerate(leaves) if need[i]] + list(params)
+                got = torch.autograd.grad(y, wanted, grad[lo:hi], allow_unused=True)
+            k = 0
+            for i in range(len(leaves)):
+                if need[i]:
+                    row_grad = row_grads[i]
+                    if got[k] is not None and row_grad is not None:
+                        row_grad[lo:hi] = got[k]
+                    k += 1
+            for j, g in enumerate(got[k:]):
+                if g is not None:
+                    prev = param_grads[j]
+                    param_grads[j] = g if prev is None else prev + g
+        return (None, None, None, *row_grads, *param_grads)
+
+
+def _last_readers(infos: tuple[StageInfo, ...]) -> dict[int, int]:
+    """Stage index -> the last stage that reads its output through the carry."""
+    last: dict[int, int] = {}
+    for info in infos:
+        for src in (info.layer_input_from, info.edge_weights_from):
+            if src is not None:
+                last[src] = info.index
+    return last
 
 
 def recomputed_transform_run(runner: Runner, stages: list[int], program: StageProgram,

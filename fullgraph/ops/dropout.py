@@ -12,6 +12,7 @@ Shapes: R rows, D columns.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -60,20 +61,111 @@ def keyed_dropout(x: Tensor, p: float, row_keys: Tensor, seed: int, training: bo
         raise ValueError(f"dropout probability must be in [0, 1), got {p}")
     flat = x.dim() == 1
     x2 = x[:, None] if flat else x.reshape(x.shape[0], math.prod(x.shape[1:]))
-    out = _KeyedDropout.apply(x2, row_keys.to(x.device).to(torch.int64), int(seed) & _M32, p)
-    return out[:, 0] if flat else out.view_as(x)
+    keys = row_keys.to(x.device).to(torch.int64)
+    out = _KeyedDropout.apply(x2, keys, int(seed) & _M32, p)
+    if flat:
+        return out[:, 0]
+    out = out.view_as(x)
+    if x.dim() == 2:  # a later matrix product may rebuild it from x (dropout_matmul)
+        setattr(out, _DROPPED_ATTR, Dropped(x, keys, int(seed) & _M32, p))
+    return out
 
 
-def _apply_mask(x: Tensor, keys: Tensor, seed: int, p: float) -> Tensor:
+def _apply_mask(x: Tensor, keys: Tensor, seed: int, p: float, *,
+                inplace: bool = False) -> Tensor:
+    """``x`` with the keyed mask applied; into ``x`` itself when ``inplace`` (and x is a
+    plain contiguous tensor no one else needs)."""
     scale = 1.0 / (1.0 - p)
     if kernels.HAVE_NUMBA and x.device.type == "cpu" and x.dtype in (torch.float32,
                                                                       torch.float64):
-        out = torch.empty_like(x, memory_format=torch.contiguous_format)
+        inplace = inplace and x.is_contiguous()
+        out = x if inplace else torch.empty_like(x, memory_format=torch.contiguous_format)
         kernels.keyed_dropout(x.detach().contiguous().numpy(), keys.contiguous().numpy(), seed,
-                              p, scale, out.numpy())
+                              p, scale, out.detach().numpy())
         return out
     keep = keyed_uniform(keys, x.shape[1], seed).to(x.device) >= p
+    if inplace:
+        return x.mul_(keep.to(x.dtype)).mul_(scale)
     return x * keep.to(x.dtype) * scale
+
+
+@dataclass(frozen=True)
+class Dropped:
+    """How a keyed-dropout output was made: ``keyed_dropout(x, p, keys, seed)``.
+
+    ``keyed_dropout`` hangs it on its output (``dropped_from``), so a matrix product
+    that reads the output can save ``x`` (which the layer before keeps anyway) instead
+    of a second (R, D) tensor, and recompute the mask in its backward
+    (``dropout_matmul``).
+    """
+
+    x: Tensor
+    keys: Tensor
+    seed: int
+    p: float
+
+
+_DROPPED_ATTR = "_fullgraph_dropped"
+
+
+def dropped_from(t: Tensor) -> Dropped | None:
+    """The ``Dropped`` record of a ``keyed_dropout`` output, or None for other tensors."""
+    return getattr(t, _DROPPED_ATTR, None)
+
+
+def dropout_matmul(src: Dropped, weight: Tensor, add: Tensor | None = None,
+                   dropped: Tensor | None = None) -> Tensor:
+    """``add + keyed_dropout(src.x) @ weight.T`` without keeping the dropped rows.
+
+    Equal to the unfused product (the same mask, recomputed from the keys); the
+    backward rebuilds the dropped rows ``ROW_BLOCK`` at a time for the weight's
+    gradient, so its (R, D) input is never held twice.
+
+    Args:
+        src: the dropout's input and mask (from ``dropped_from``).
+        weight: (D_out, D) as in ``nn.Linear``.
+        add: None, a (D_out,) bias or an (R, D_out) addend.
+        dropped: the dropout's output, when it is at hand: the forward multiplies it
+            instead of rebuilding it (it is not kept for the backward either way).
+    """
+    return _DropoutMatmul.apply(src.x, weight, add, src.keys, src.seed, src.p,
+                                None if dropped is None else dropped.detach())
+
+
+ROW_BLOCK = 1 << 16
+"""Rows of the dropped input rebuilt at once by ``dropout_matmul``'s backward."""
+
+
+class _DropoutMatmul(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor, add: Tensor | None, keys: Tensor, seed: int,
+                p: float, dropped: Tensor | None) -> Tensor:
+        ctx.seed, ctx.p = seed, p
+        ctx.add_shape = None if add is None else add.shape
+        ctx.save_for_backward(x, weight, keys)
+        if dropped is None:
+            dropped = _apply_mask(x, keys, seed, p)
+        if add is None:
+            return torch.mm(dropped, weight.t())
+        return torch.addmm(add, dropped, weight.t())
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        x, weight, keys = ctx.saved_tensors
+        grad_x = grad_w = grad_add = None
+        if ctx.needs_input_grad[0]:
+            grad_x = _apply_mask(torch.mm(grad, weight.to(grad.dtype)), keys, ctx.seed, ctx.p,
+                                 inplace=True)
+        if ctx.needs_input_grad[1]:
+            grad_w = torch.zeros_like(weight)
+            for lo in range(0, x.shape[0], ROW_BLOCK):
+                rows = _apply_mask(x[lo:lo + ROW_BLOCK], keys[lo:lo + ROW_BLOCK], ctx.seed,
+                                   ctx.p)
+                grad_w.addmm_(grad[lo:lo + ROW_BLOCK].t(), rows)
+        if ctx.needs_input_grad[2]:
+            assert ctx.add_shape is not None
+            grad_add = grad.sum(0) if len(ctx.add_shape) == 1 else grad
+        return grad_x, grad_w, grad_add, None, None, None, None
 
 
 class _KeyedDropout(torch.autograd.Function):

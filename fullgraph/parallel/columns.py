@@ -43,7 +43,14 @@ from fullgraph.graph.blocks import Block, build_block, in_edges
 from fullgraph.graph.csr import Graph
 from fullgraph.memory import MemoryAccount
 from fullgraph.models.stages import EdgeTransform, StageContext, StageProgram
-from fullgraph.models.walk import Carry, Runner, describe, recomputed_transform_run, walk
+from fullgraph.models.walk import (
+    Carry,
+    Runner,
+    blocked_transform_run,
+    describe,
+    recomputed_transform_run,
+    walk,
+)
 from fullgraph.ops import spmm
 from fullgraph.ops.chunked import Chunk, chunked_spmm
 from fullgraph.ops.sparse import nbytes
@@ -75,6 +82,10 @@ class ColumnPlan(Plan):
             ``row_counts``), and ``out_gids`` their global ids on this rank.
         recompute: keep no activations of runs of T stages; recompute them in the
             backward pass (``recomputed_transform_run``).
+        row_block: run T stages this many rows at a time, recomputing them in the
+            backward pass (``blocked_transform_run``); None: all rows at once.
+        row_dtype: with ``row_block``, the dtype the runs compute in when the input
+            rows are kept in another (memory-mapped features in their stored dtype).
         shares: relative speed of each rank (tensor parallelism): every P stage's
             columns are split in proportion (``share_counts``, no shared columns);
             None: ``column_split``.
@@ -102,6 +113,8 @@ class ColumnPlan(Plan):
     column_split: str = "balanced"
     col_ranks: tuple[int, ...] | None = None
     recompute: bool = False
+    row_block: int | None = None
+    row_dtype: torch.dtype | None = None
     out_rows: list[int] | None = None
     out_gids: Tensor | None = None
     shares: tuple[float, ...] | None = None
@@ -165,6 +178,9 @@ class PlacementRunner(Runner):
     def transform_run(self, stages: list[int], program: StageProgram, h: Tensor,
                       carry: Carry) -> Tensor:
         h = self._rows(h, program.stages[stages[0]].in_dim)  # the gather is not recomputed
+        if self.plan.row_block is not None:
+            return blocked_transform_run(self, stages, program, h, carry, self.ctx,
+                                         self.plan.row_block, self.plan.row_dtype)
         if self.plan.recompute:
             return recomputed_transform_run(self, stages, program, h, carry)
         return super().transform_run(stages, program, h, carry)

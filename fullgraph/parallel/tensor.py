@@ -42,6 +42,7 @@ from fullgraph.memory import MemoryAccount, parse_bytes
 from fullgraph.models.stages import StageProgram, propagation_inputs
 from fullgraph.models.walk import describe, has_edge_stage
 from fullgraph.ops.chunked import build_chunks
+from fullgraph.ops.sparse import is_sparse
 from fullgraph.parallel.base import DistributedStrategy, LocalResult, Work, feature_rows, register
 from fullgraph.parallel.columns import (
     ColumnPlan,
@@ -103,6 +104,12 @@ class TensorParallel(DistributedStrategy[ColumnPlan]):
                 each; a worker may get no columns), replacing ``column_split``;
                 ``--adapt adjust`` changes them between epochs from measured speeds
                 (default: None, even rows and ``column_split`` columns).
+            row_block: run the dense (T) stages this many rows at a time and recompute
+                them in the backward pass, so no (rows, hidden) activation is held
+                whole and memory-mapped dense features are read one block at a time
+                from the store, in their stored dtype (fp16 / bf16 too): with a
+                decoupled model, a graph whose features and hidden rows exceed memory
+                trains (default: None, all rows at once).
         """
 
         device_memory: str | None = option(None, "device budget for propagation, e.g. 2GB: "
@@ -118,6 +125,9 @@ class TensorParallel(DistributedStrategy[ColumnPlan]):
                                        "e.g. cpu; unset: --device")
         shares: str | None = option(None, "relative worker speeds, e.g. 2,1: rows and columns "
                                     "split in proportion; unset: even")
+        row_block: int | None = option(None, "run the dense stages this many rows at a time, "
+                                       "recomputing them in the backward: hidden rows and "
+                                       "memory-mapped features are never held whole")
 
         def __post_init__(self) -> None:
             if self.column_split not in COLUMN_SPLITS:
@@ -128,6 +138,8 @@ class TensorParallel(DistributedStrategy[ColumnPlan]):
                 raise ValueError(f"num_chunks must be >= 1, got {self.num_chunks}")
             if self.shares is not None:
                 parse_shares(self.shares)
+            if self.row_block is not None and self.row_block < 1:
+                raise ValueError(f"row_block must be >= 1, got {self.row_block}")
 
         def share_list(self, world: int) -> tuple[float, ...] | None:
             """The shares for ``world`` workers (None: not given)."""
@@ -182,7 +194,16 @@ class TensorParallel(DistributedStrategy[ColumnPlan]):
         plan.row_counts, plan.layouts = row_counts, {}
         plan.gids, plan.labels = gids.to(rows_device), data.labels[gids].to(rows_device)
         plan.masks = {k: v[gids].to(rows_device) for k, v in masks.items()}
-        plan.features = feature_rows(data.features, gids, program, dtype, rows_device)
+        x = data.features
+        if (self.options.row_block is not None and rows_device.type == "cpu"
+                and isinstance(x, torch.Tensor) and not is_sparse(x)):
+            # a view of this rank's rows, memory-mapped and in their stored dtype: the
+            # blocked runs read and convert them one block at a time
+            plan.features = x[start:start + row_counts[comm.rank]]
+            plan.row_dtype = dtype
+        else:
+            plan.features = feature_rows(x, gids, program, dtype, rows_device)
+        plan.row_block = self.options.row_block
         if has_edge_stage(program):
             plan.edges = edge_plan(plan.graph, row_counts, comm)
             plan.edges.block = plan.edges.block.to(rows_device)

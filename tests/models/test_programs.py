@@ -422,3 +422,29 @@ def test_model_config_hops_reach_tagcn_and_warn_elsewhere():
     for other in (dict(name="gcn"), dict(name="tagcn", decoupled=True)):
         with pytest.warns(UserWarning, match="hops has no effect"):
             ModelConfig(hops=2, **other)
+
+
+@pytest.mark.parametrize("name", ["gcn", "sage", "gat", "gin"])
+def test_the_walk_lets_go_of_what_no_later_stage_reads(name):
+    """Layer inputs and attention weights leave the carry after their last reader, so
+    the forward does not hold every layer's dropped input to its end."""
+    from fullgraph.models.walk import Carry, GraphRunner, describe, walk
+
+    graph, x = random_graph(), features(dtype=torch.float32)
+    torch.manual_seed(0)
+    m = build_model(name, IN_DIM, HIDDEN, OUT_DIM, num_layers=3, dropout=0.5)
+    pg, norms = propagation_inputs(m, graph)
+    ctx = StageContext(torch.arange(N), 3, True, eids=torch.arange(pg.num_edges))
+    seen: list[int] = []
+    carry = Carry()
+
+    class Watched(GraphRunner):
+        def transform(self, s, stage, h, layer_input):
+            seen.append(len(carry.layer_inputs) + len(carry.edge_weights))
+            return super().transform(s, stage, h, layer_input)
+
+    out = walk(m, Watched(pg, norms, ctx), x, carry=carry)
+    torch.testing.assert_close(out, m(pg, norms, x, ctx))
+    assert carry.layer_inputs == {} and carry.edge_weights == {}
+    assert max(seen) <= 2  # never more than one layer's values at once
+    assert sum(i.opens_layer for i in describe(m)) == 3

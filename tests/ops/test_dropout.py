@@ -56,3 +56,49 @@ def test_backward_reapplies_the_mask():
     y = keyed_dropout(x, 0.3, keys, 2, True)
     y.sum().backward()
     torch.testing.assert_close(x.grad, (y.detach() != 0).double() / 0.7)
+
+
+def _saved_storages(fn):
+    """Data pointers of every tensor autograd saves while ``fn`` runs, and its result."""
+    ptrs: list[int] = []
+
+    def pack(t):
+        ptrs.append(t.untyped_storage().data_ptr())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn()
+    return ptrs, out
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("add", ["none", "bias", "rows"])
+def test_dropout_matmul_equals_the_unfused_product_and_keeps_no_dropped_copy(dtype, add,
+                                                                             monkeypatch):
+    monkeypatch.setattr(kd, "ROW_BLOCK", 7)  # several row blocks in the backward
+    torch.manual_seed(0)
+    x = torch.randn(40, 6, dtype=dtype, requires_grad=True)
+    w = torch.randn(3, 6, dtype=dtype, requires_grad=True)
+    addend = {"none": None, "bias": torch.randn(3, dtype=dtype, requires_grad=True),
+              "rows": torch.randn(40, 3, dtype=dtype, requires_grad=True)}[add]
+    keys = torch.arange(100, 140)
+    dropped = keyed_dropout(x, 0.4, keys, 11, True)
+    src = kd.dropped_from(dropped)
+    assert src is not None and src.x is x
+    plain = dropped @ w.t() if addend is None else torch.addmm(addend, dropped, w.t())
+    ptrs, fused = _saved_storages(lambda: kd.dropout_matmul(src, w, addend, dropped))
+    assert dropped.untyped_storage().data_ptr() not in ptrs  # x, not its dropped copy
+    grad = torch.randn_like(plain)
+    inputs = [t for t in (x, w, addend) if t is not None]
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else {}
+    torch.testing.assert_close(fused, plain, **tol)
+    for a, b in zip(torch.autograd.grad(fused, inputs, grad),
+                    torch.autograd.grad(plain, inputs, grad)):
+        torch.testing.assert_close(a, b, **tol)
+
+
+def test_only_a_two_dimensional_dropout_output_is_marked():
+    x = torch.randn(5, 4)
+    assert kd.dropped_from(keyed_dropout(x, 0.5, torch.arange(5), 1, False)) is None  # no-op
+    assert kd.dropped_from(keyed_dropout(x[:, 0], 0.5, torch.arange(5), 1, True)) is None
+    assert kd.dropped_from(x @ torch.eye(4)) is None

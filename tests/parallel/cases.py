@@ -26,7 +26,10 @@ def make_model(name: str, decoupled: bool, in_dim: int, out_dim: int, dtype=torc
     opts = dict(num_layers=2, dropout=0.3, decoupled=decoupled, num_props=2)
     if name == "gat":
         opts.update(heads=2)
-    if variant:
+    if variant == "bn":  # GIN with global batch norm
+        assert name == "gin", (name, variant)
+        opts.update(batch_norm=True)
+    elif variant:
         assert name == "tagcn" and variant == "agg_first", (name, variant)
         opts.update(aggregate_first=True)
     return build_model(name, in_dim, 5, out_dim, **opts).to(dtype)
