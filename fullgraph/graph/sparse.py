@@ -103,7 +103,8 @@ def sampled_density(x: Tensor, rows: int = 4096) -> float:
     ``rows`` evenly spaced rows, so a memory-mapped matrix is not read whole)."""
     if is_sparse(x) or x.shape[0] <= rows:
         return density(x)
-    return density(x[torch.linspace(0, x.shape[0] - 1, rows).long()])
+    # integer spacing: a float32 linspace rounds its last point past the end at 20M rows
+    return density(x[torch.arange(rows) * (x.shape[0] - 1) // (rows - 1)])
 
 
 def choose_layout(x: Tensor, mode: str) -> Tensor:

@@ -304,3 +304,15 @@ def test_a_short_labels_file_is_named(tmp_path: Path) -> None:
     with pytest.raises(CacheError, match="labels do not match") as err:
         load_dataset(path, verify=False)
     assert "labels.npy" in str(err.value)
+
+
+def test_sampled_density_reaches_the_last_row_exactly():
+    """Evenly spaced sample rows of a 20M-row matrix stay in range (a float32 spacing
+    rounded the last one to row 20,000,000)."""
+    from fullgraph.graph.sparse import sampled_density
+
+    x = torch.zeros(20_000_000, 1, dtype=torch.uint8).expand(20_000_000, 3)
+    assert sampled_density(x) == 0.0
+    y = torch.zeros(5000, 2)
+    y[-1] = 1.0
+    assert sampled_density(y, rows=2) == 0.5
