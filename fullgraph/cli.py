@@ -162,6 +162,10 @@ def build_parser() -> argparse.ArgumentParser:
     p_gen.add_argument("--seed", type=int, default=0)
     p_gen.add_argument("--feature-dtype", choices=("float32", "float16", "bfloat16"),
                        default="float32", help="how features are stored (default: float32)")
+    p_gen.add_argument("--self-loops", choices=("remove", "keep", "add"), default="remove",
+                       help="rmat: drop the drawn self-loops, keep them, or give every "
+                       "vertex exactly one (what GCN, GAT and GIN propagate over, so their "
+                       "runs use the stored graph without a copy) (default: remove)")
     p_gen.add_argument("--labels", choices=("random", "degree"), default="random",
                        help="rmat: uniform classes, or in-degree bands (default: random)")
     p_gen.add_argument("--memory", metavar="SIZE",
@@ -388,12 +392,15 @@ def cmd_generate(args: argparse.Namespace) -> int:
         out = synthetic.write_rmat(path, args.vertices, args.edges, a=a, b=b, c=c, d=d,
                                    seed=args.seed, num_features=args.features,
                                    num_classes=args.classes, symmetrize=args.symmetrize,
+                                   self_loops=args.self_loops,
                                    feature_dtype=args.feature_dtype, labels=args.labels,
                                    name=name, memory_bytes=memory)
         vertices, edges = out["vertices"], out["edges"]
     else:
         if args.memory is not None:
             raise ValueError("--memory: only for rmat (sbm is built in memory)")
+        if args.self_loops != "remove":
+            raise ValueError("--self-loops: only for rmat")
         ds = synthetic.sbm(args.vertices, args.classes, avg_degree=args.avg_degree,
                            homophily=args.homophily, num_features=args.features, seed=args.seed,
                            feature_dtype=args.feature_dtype)

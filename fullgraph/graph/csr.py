@@ -167,12 +167,17 @@ class Graph:
         return self.indices.to(torch.int64), self.dst_index()
 
     def with_self_loops(self, present: bool) -> "Graph":
-        """A copy with exactly one self-loop per vertex (``present=True``) or none.
+        """The graph with exactly one self-loop per vertex (``present=True``) or none.
 
-        Other edges are kept as they are, repeated ones included.
+        Other edges are kept as they are, repeated ones included. A copy, unless the
+        graph is already so (then itself, where ``graph.kernels`` can check that).
         """
         n = self.num_nodes
         if self._row_loops():
+            ptr, ids = self.indptr.numpy(), self.indices.numpy()
+            if self.edge_weight is None and (_kernels.one_loop_per_row(ptr, ids) if present
+                                             else not _kernels.has_loops(ptr, ids)):
+                return self  # already so: no copy (a stored graph stays memory-mapped)
             indptr, indices = _kernels.with_loops(self.indptr.numpy(), self.indices.numpy(),
                                                   present)
             return Graph(torch.from_numpy(indptr), torch.from_numpy(indices), n,

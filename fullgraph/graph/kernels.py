@@ -40,7 +40,12 @@ def with_loops(indptr: np.ndarray, indices: np.ndarray,
 
 def has_loops(indptr: np.ndarray, indices: np.ndarray) -> bool:
     """Whether some row ``v`` lists ``v`` among its sources."""
-    return bool(_count_loops(indptr, indices) > 0)
+    return bool(_count_loops(indptr, indices)[0] > 0)
+
+
+def one_loop_per_row(indptr: np.ndarray, indices: np.ndarray) -> bool:
+    """Whether every row ``v`` lists ``v`` exactly once."""
+    return bool(_count_loops(indptr, indices)[1] == indptr.shape[0] - 1)
 
 
 def transpose(indptr: np.ndarray, indices: np.ndarray, num_src: int,
@@ -96,12 +101,16 @@ if HAVE_NUMBA:
 
     @njit(parallel=True, cache=True, nogil=True)
     def _count_loops(indptr, indices):  # pragma: no cover - numba
-        total = 0
+        """(loops, rows with exactly one loop)."""
+        total, once = 0, 0
         for v in prange(indptr.shape[0] - 1):
+            c = 0
             for k in range(indptr[v], indptr[v + 1]):
                 if indices[k] == v:
-                    total += 1
-        return total
+                    c += 1
+            total += c
+            once += 1 if c == 1 else 0
+        return total, once
 
     @njit(cache=True, nogil=True)
     def _transpose_fill(indptr, indices, t_indptr, t_indices, perm):  # pragma: no cover

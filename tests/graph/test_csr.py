@@ -139,3 +139,20 @@ def test_row_kernels_equal_the_vectorised_path(monkeypatch, symmetrize, loops):
                 assert a == b
             else:
                 assert a.dtype == b.dtype and torch.equal(a, b)
+
+
+@pytest.mark.skipif(not graph_kernels.HAVE_NUMBA, reason="numba not installed")
+def test_a_graph_already_looped_is_not_copied():
+    from fullgraph.graph import synthetic
+
+    looped = synthetic.rmat(500, 4000, self_loops="add").graph
+    bare = synthetic.rmat(500, 4000, self_loops="remove").graph
+    assert looped.with_self_loops(True) is looped
+    assert bare.with_self_loops(False) is bare
+    assert looped.with_self_loops(False) is not looped
+    twice = Graph.from_edges(*looped.edges(), 500, dedup=False, self_loops="keep")
+    doubled = Graph.from_edges(torch.cat([twice.edges()[0], torch.tensor([3])]),
+                               torch.cat([twice.edges()[1], torch.tensor([3])]), 500,
+                               dedup=False)
+    fixed = doubled.with_self_loops(True)  # a vertex with two loops gets a copy with one
+    assert fixed is not doubled and torch.equal(fixed.indices, looped.indices)
