@@ -11,8 +11,7 @@ def cached_rmat(cache: str | Path, vertices: int, edges: int, features: int, cla
     from fullgraph.graph import store, synthetic
 
     where = Path(cache) / f"rmat-{vertices}-{edges}-{features}-{classes}-{seed}"
-    if not store.is_cached(where):
-        ds = synthetic.rmat(vertices, edges // 2, seed=seed, num_features=features,
-                            num_classes=classes, symmetrize=True)
-        store.save_dataset(ds, where)
+    if not store.is_cached(where):  # streamed: the same files as rmat() + save_dataset
+        synthetic.write_rmat(where, vertices, edges // 2, seed=seed, num_features=features,
+                             num_classes=classes, symmetrize=True)
     return where
