@@ -57,8 +57,8 @@ def peak_run(cmd: list[str]) -> tuple[str, int, int]:
             time.sleep(0.05)
     text = out_file.read_text()
     out_file.unlink()
-    if child.returncode:
-        raise SystemExit(f"training failed (exit {child.returncode}):\n{text[-2000:]}")
+    if child.returncode:  # e.g. -9 from the kernel when memory ran out: a row says so
+        text += f"\n(exit {child.returncode})"
     return text, peak["VmRSS"], peak["RssAnon"]
 
 
@@ -108,7 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     sizes = [int(s) for s in args.sizes.split(",")]
     print(f"# growth: GCN hidden {args.hidden}, {args.epochs} epochs, degree {args.degree}, "
           f"{platform.node()}, {os.cpu_count()} cores, {datetime.date.today()}", flush=True)
-    rows = []
+    rows: list[dict] = []
+    failed: list[tuple[int, int, int]] = []
     for n in sizes:
         t0 = time.perf_counter()
         where, edges = dataset(Path(args.cache), n, args.degree, args.seed)
@@ -121,11 +122,16 @@ def main(argv: list[str] | None = None) -> int:
         text, rss, anon = peak_run(cmd)
         match = MEDIAN.search(text)
         if match is None:
-            raise SystemExit(f"no median epoch in the output:\n{text[-2000:]}")
+            print(f"# {n} vertices: did not finish, peak {rss / 2**30:.2f} GiB; the run "
+                  f"ended with:\n{text[-600:]}", flush=True)
+            failed.append((n, edges, rss))
+            continue
         rows.append({"vertices": n, "edges": edges, "epoch": float(match.group(1)),
                      "rss": rss, "anon": anon})
         print(f"# {n} vertices: dataset {made:.0f} s, epoch {rows[-1]['epoch']:.2f} s, "
               f"peak {rss / 2**30:.2f} GiB", flush=True)
+    if not rows:
+        return 1
     a, b = fit([r["edges"] for r in rows], [r["epoch"] for r in rows])
     print("\n| vertices | edges | median epoch s | s per M edges | deviation from fit | "
           "peak RSS GiB (anon) | GiB per M vertices |")
@@ -136,6 +142,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['epoch'] / r['edges'] * 1e6:.3f} | {(r['epoch'] - line) / line:+.1%} | "
               f"{r['rss'] / 2**30:.2f} ({r['anon'] / 2**30:.2f}) | "
               f"{r['rss'] / 2**30 / r['vertices'] * 1e6:.2f} |")
+    for n, edges, rss in failed:
+        print(f"| {n:,} | {edges:,} | did not finish | | | {rss / 2**30:.2f} at the end | |")
     print(f"\nfit: epoch = {a:.3f} s + {b * 1e6:.4f} s per million edges")
     if args.plot:
         print(plot(rows, Path(args.plot)))
