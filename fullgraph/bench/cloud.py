@@ -41,6 +41,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from fullgraph.bench.figures import NO_MATPLOTLIB, new_figure, save_figure
 from fullgraph.bench.rmat import cached_rmat
 from fullgraph.runlog import read_run_log
 
@@ -195,11 +196,9 @@ def breakdown_table(args: argparse.Namespace, data: Path) -> list[str]:
 
 
 def plot_breakdown(rows: list[tuple], rank: int, out: Path) -> str:
-    try:
-        from matplotlib.figure import Figure
-    except ImportError:
-        return "(no plot: matplotlib is not installed; pip install 'fullgraph[plots]')"
-    fig = Figure(figsize=(8, 3.5))
+    fig = new_figure(8, 3.5)
+    if fig is None:
+        return NO_MATPLOTLIB
     ax = fig.add_subplot()
     epochs = [row[0] for row in rows]
     for k, label in ((1, "T_local"), (2, "T_cache"), (3, "T_comm")):
@@ -211,10 +210,7 @@ def plot_breakdown(rows: list[tuple], rank: int, out: Path) -> str:
     ax.set_ylabel("seconds")
     ax.set_title(f"rank {rank}: cost breakdown under CPU throttling, online adjustment on")
     ax.legend()
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=100)
-    return f"![cost breakdown]({out.name})"
+    return save_figure(fig, out, "cost breakdown")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -38,6 +38,7 @@ from typing import Any
 
 import torch
 
+from fullgraph.bench.figures import NO_MATPLOTLIB, new_figure, save_figure
 from fullgraph.runlog import read_run_log
 
 INJECT = "sleep:p=0.1,n=5,seed={seed}"
@@ -133,11 +134,9 @@ def convergence_table(args: argparse.Namespace, cora: list[str]) -> list[str]:
 
 
 def plot_curves(curves: dict[str, list[tuple[float, float]]], out: Path) -> str:
-    try:
-        from matplotlib.figure import Figure
-    except ImportError:
-        return "(no plot: matplotlib is not installed; pip install 'fullgraph[plots]')"
-    fig = Figure(figsize=(6, 3.5))
+    fig = new_figure(6, 3.5)
+    if fig is None:
+        return NO_MATPLOTLIB
     ax = fig.add_subplot()
     for mode, points in curves.items():
         ax.plot([t for t, _ in points], [100 * v for _, v in points], label=mode)
@@ -145,10 +144,7 @@ def plot_curves(curves: dict[str, list[tuple[float, float]]], out: Path) -> str:
     ax.set_ylabel("validation accuracy, %")
     ax.set_title("Cora, 4 workers, compute injection")
     ax.legend()
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=100)
-    return f"![epoch-to-accuracy](docs/img/{out.name})"
+    return save_figure(fig, out, "epoch-to-accuracy", "docs/img/")
 
 
 def class_spread_table(args: argparse.Namespace, datasets: dict[str, list[str]]) -> list[str]:

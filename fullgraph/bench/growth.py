@@ -25,6 +25,8 @@ import sys
 import time
 from pathlib import Path
 
+from fullgraph.bench.figures import NO_MATPLOTLIB, new_figure, save_figure
+
 CHILD = "import sys; from fullgraph.cli import main; sys.exit(main(sys.argv[1:]))"
 MEDIAN = re.compile(r"median epoch ([0-9.]+) s")
 
@@ -72,11 +74,9 @@ def fit(xs: list[float], ys: list[float]) -> tuple[float, float]:
 
 
 def plot(rows: list[dict], out: Path) -> str:
-    try:
-        from matplotlib.figure import Figure
-    except ImportError:
-        return "(no plot: matplotlib is not installed; pip install 'fullgraph[plots]')"
-    fig = Figure(figsize=(9, 3.5))
+    fig = new_figure(9, 3.5)
+    if fig is None:
+        return NO_MATPLOTLIB
     edges = [r["edges"] / 1e6 for r in rows]
     ax = fig.add_subplot(1, 2, 1)
     ax.plot(edges, [r["epoch"] for r in rows], "o-")
@@ -88,10 +88,7 @@ def plot(rows: list[dict], out: Path) -> str:
     ax.set_xlabel("edges (millions)")
     ax.set_ylabel("GiB")
     ax.legend()
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=100)
-    return f"![growth]({out.name})"
+    return save_figure(fig, out, "growth")
 
 
 def main(argv: list[str] | None = None) -> int:
