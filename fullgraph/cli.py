@@ -164,7 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
                        default="float32", help="how features are stored (default: float32)")
     p_gen.add_argument("--self-loops", choices=("remove", "keep", "add"), default="remove",
                        help="rmat: drop the drawn self-loops, keep them, or give every "
-                       "vertex exactly one (what GCN, GAT and decoupled models propagate "
+                       "vertex exactly one (what GCN, GAT, GIN and decoupled models propagate "
                        "over, so their runs use the stored graph without a copy) "
                        "(default: remove)")
     p_gen.add_argument("--labels", choices=("random", "degree"), default="random",

@@ -139,7 +139,7 @@ def test_stage_dims_chain():
 # ---------------------------------------------------------- propagation graphs
 @pytest.mark.parametrize("name, coupled_loops, norms", [
     ("gcn", True, {"gcn"}), ("sage", False, {"mean"}), ("gat", True, set()),
-    ("gin", False, {"sum"}),
+    ("gin", True, {"sum"}),
 ])
 @pytest.mark.parametrize("input_loops", [0, 5, N // 2])
 def test_propagation_graph_self_loops(name, coupled_loops, norms, input_loops):

@@ -82,7 +82,9 @@ def test_which_models_read_csr_rows():
 
     assert reads_sparse(program("gcn")) and reads_sparse(program("sage"))
     assert reads_sparse(program("gat", heads=2)) and reads_sparse(program("gcn", decoupled=True))
-    assert not reads_sparse(program("gin"))  # it sums the raw features first
+    assert reads_sparse(program("gin"))  # 40 columns > 8 hidden: its weight comes first
+    assert not reads_sparse(program("gin", eps=0.5))  # it sums the raw features first
+    assert not reads_sparse(program("gin", aggregate_first=True))
     assert not reads_sparse(program("gcn", aggregate_first=True))
 
 
