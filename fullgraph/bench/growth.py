@@ -8,7 +8,10 @@ epoch time, the time per million edges, the peak resident memory of the run (sam
 every 50 ms from ``/proc``; "anon" leaves out the page cache of the memory-mapped
 dataset) and the memory per million vertices, then a least-squares line of epoch time
 against edges and each size's deviation from it. ``--plot FILE`` draws both against
-edges (needs matplotlib).
+edges (needs matplotlib). ``--row-block N`` trains each size with ``--strategy tensor
+--workers 1 --row-block N`` instead: the dense stages between propagations run N rows
+at a time and are recomputed in the backward pass, so no (N, hidden) activation is
+held whole (the largest-graph measurement).
 
     python -m fullgraph.bench.growth
     python -m fullgraph.bench.growth --sizes 250000,500000 --epochs 2   # quick
@@ -98,12 +101,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hidden", type=int, default=256)
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--row-block", type=int, default=None,
+                   help="train with --strategy tensor --workers 1 --row-block N")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--cache", default="/tmp/fullgraph-bench")
     p.add_argument("--plot", help="write the figure here (PNG)")
     args = p.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",")]
     print(f"# growth: GCN hidden {args.hidden}, {args.epochs} epochs, degree {args.degree}, "
+          f"{f'row blocks of {args.row_block}, ' if args.row_block else ''}"
           f"{platform.node()}, {os.cpu_count()} cores, {datetime.date.today()}", flush=True)
     rows: list[dict] = []
     failed: list[tuple[int, int, int]] = []
@@ -116,6 +122,8 @@ def main(argv: list[str] | None = None) -> int:
                "--eval-every", str(args.epochs), "--progress", "off"]
         if args.threads:
             cmd += ["--threads", str(args.threads)]
+        if args.row_block:
+            cmd += ["--strategy", "tensor", "--workers", "1", "--row-block", str(args.row_block)]
         text, rss, anon = peak_run(cmd)
         match = MEDIAN.search(text)
         if match is None:

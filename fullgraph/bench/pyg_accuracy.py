@@ -62,7 +62,8 @@ def adjacency(ds: Dataset) -> Tensor:
     src, dst = graph.edges()
     n = ds.data.num_nodes
     values = torch.ones(src.numel())
-    return torch.sparse_coo_tensor(torch.stack([dst, src]), values, (n, n)).coalesce() \
+    return torch.sparse_coo_tensor(torch.stack([dst, src]), values, (n, n),
+                                   check_invariants=True).coalesce() \
         .to_sparse_csr()
 
 
