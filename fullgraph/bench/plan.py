@@ -7,7 +7,10 @@ each for ``--epochs`` epochs with ``fullgraph train --metrics-out``. Measured me
 is the largest per-rank peak RSS of the metrics file (``peak_mem``), compared with
 the predicted worker process (interpreter, libraries, dataset) plus the candidate's
 largest per-worker total; measured epoch time is the median over epochs after the
-first of the slowest rank's wall time. It also checks the recommendation: the
+first of the slowest rank's wall time. Each candidate trains ``--rounds`` times (every
+candidate once per round, in turn, so that a load spike hits one run of several
+candidates rather than every run of one) and the measured figures are the medians
+over the rounds. It also checks the recommendation: the
 recommended candidate's measured epoch against the fastest measured.
 
 The planner's intermediate data is compared with the bytes autograd saved for the
@@ -83,6 +86,7 @@ def measure(root: str, dataset: str, workers: int, flags: list[str], epochs: int
 
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     root = make_root(args.scale)
+    rounds = max(1, args.rounds)
     base = rss_bytes()
     rows = []
     for dataset in args.graphs:
@@ -91,11 +95,17 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                                     "model": {"name": args.model},
                                     "launch": {"workers": workers}})
             result = plan_run(cfg, datasets.load_for(cfg.data), base_rss=base)
-            for est in result.estimates:
-                got = measure(root, dataset, workers, candidate_flags(est.candidate),
-                              args.epochs, args.model)
-                if got is None:
+            runs: dict[int, list[dict[str, float]]] = {i: [] for i in range(len(result.estimates))}
+            for _ in range(rounds):  # every candidate once per round, in turn
+                for i, est in enumerate(result.estimates):
+                    got = measure(root, dataset, workers, candidate_flags(est.candidate),
+                                  args.epochs, args.model)
+                    if got is not None:
+                        runs[i].append(got)
+            for i, est in enumerate(result.estimates):
+                if not runs[i]:
                     continue
+                got = {k: statistics.median(r[k] for r in runs[i]) for k in runs[i][0]}
                 rows.append({"graph": dataset, "workers": workers,
                              "strategy": est.candidate.label,
                              "recommended": est is result.recommended,
@@ -104,7 +114,8 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                              "inter_pred": max(c.memory["intermediate"] for c in est.costs),
                              "inter_meas": got["saved"], "moved_pred": est.bytes_moved,
                              "moved_meas": got["recv"],
-                             "time_meas": got["epoch_s"]})
+                             "time_meas": got["epoch_s"],
+                             "time_runs": [r["epoch_s"] for r in runs[i]]})
                 print(json.dumps(rows[-1]), flush=True)
     return rows
 
@@ -149,6 +160,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scale", type=float, default=0.5, help="R-MAT size factor")
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--model", default="gcn")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="runs per candidate, one candidate after the other per round; "
+                        "the measured numbers are their medians")
     args = parser.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     print("\n".join(report(run(args))))
