@@ -145,6 +145,25 @@ def check_fingerprint(saved: dict[str, Any], current: dict[str, Any], source: st
                           + "; ".join(diffs))
 
 
+def load_parameters(module: torch.nn.Module, state: dict[str, Any], what: str) -> None:
+    """``module.load_state_dict(state)``, or one ConfigError naming ``what`` and the first
+    names that differ: the parameters of another program of the same model (one written
+    by a fullgraph whose layers of this model were built differently) do not fit."""
+    mine = module.state_dict()
+    missing = [k for k in mine if k not in state]
+    unexpected = [k for k in state if k not in mine]
+    shapes = [f"{k} {tuple(state[k].shape)} there, {tuple(v.shape)} here"
+              for k, v in mine.items() if k in state and state[k].shape != v.shape]
+    if missing or unexpected or shapes:
+        parts = [f"{label} {', '.join(names[:4])}{', ...' if len(names) > 4 else ''}"
+                 for label, names in (("missing", missing), ("not in this model", unexpected),
+                                      ("shapes differ:", shapes)) if names]
+        raise ConfigError(f"{what}: its parameters do not fit this model's program "
+                          f"({'; '.join(parts)}); it was written for another build of the "
+                          "model (an earlier fullgraph, or other options): train anew")
+    module.load_state_dict(state)
+
+
 def run_facts(cfg: Config, world: int, plan: Any) -> dict[str, Any]:
     """Strategy, worker count and partition of a run (recorded, never checked)."""
     book = getattr(plan, "book", None)
@@ -264,7 +283,7 @@ class Checkpointer:
         if source is None:
             return LoopState()
         ckpt = _checked(read(source), self.fingerprint, self.cfg)
-        model.load_state_dict(ckpt["model"])
+        load_parameters(model, ckpt["model"], f"train.resume: {source}")
         optimizer.load_state_dict(ckpt["optimizer"])
         torch.set_rng_state(ckpt["rng"])
         best = ckpt["best"]

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from fullgraph.checkpoint import dataset_fingerprint, to_cpu, write_atomic
+from fullgraph.checkpoint import dataset_fingerprint, load_parameters, to_cpu, write_atomic
 from fullgraph.config import Config
 from fullgraph.errors import ConfigError
 from fullgraph.graph.csr import Graph
@@ -137,7 +137,7 @@ def load_model(path: str | Path) -> SavedModel:
     m = saved["model"]
     program = build_model(m["name"], m["in_dim"], m["hidden"], m["out_dim"], **m["options"])
     program = program.to(getattr(torch, m["dtype"]))
-    program.load_state_dict(saved["state_dict"])
+    load_parameters(program, saved["state_dict"], f"model: {path}")
     meta = {k: saved[k] for k in ("model", "data", "dataset", "trained")}
     return SavedModel(program, meta).eval()
 

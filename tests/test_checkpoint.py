@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -161,6 +162,35 @@ def test_checkpoint_of_another_run_is_refused_naming_the_difference(tmp_path):
     check_before_launch(config("data", EPOCHS, None, resume=tmp_path), ds, 2)
     with pytest.raises(ConfigError, match=r"no checkpoint in .*nowhere \(checkpoint.pt not found"):
         train(ds, config("single", EPOCHS, None, resume=tmp_path / "nowhere"))
+
+
+def test_parameters_of_another_program_are_refused_naming_them(tmp_path):
+    """A checkpoint or saved model whose parameters were written for another build of
+    the same model (options equal, layers laid out otherwise, as by an earlier
+    fullgraph) is refused with one message naming the names that differ."""
+    from fullgraph import saved
+
+    ds = make_dataset()
+    model_path = tmp_path / "model.pt"
+    cfg = config("single", STOP, tmp_path / "ckpt")
+    train(ds, dataclasses.replace(cfg, train=dataclasses.replace(cfg.train,
+                                                                 save_model=str(model_path))))
+    path = tmp_path / "ckpt" / checkpoint.FILE_NAME
+    payload = torch.load(path, weights_only=True)
+    first = next(iter(payload["model"]))
+    payload["model"]["stages.99.weight"] = payload["model"].pop(first)
+    torch.save(payload, path)
+    with pytest.raises(ConfigError, match=r"^train.resume: .*ckpt: its parameters do not fit "
+                       rf"this model's program \(missing {re.escape(first)}; not in this model "
+                       r"stages.99.weight\); .*train anew$"):
+        train(ds, config("single", EPOCHS, None, resume=tmp_path / "ckpt"))
+    model = torch.load(model_path, weights_only=True)
+    key = next(k for k, v in model["state_dict"].items() if v.dim() == 2)
+    model["state_dict"][key] = torch.zeros(3, 3)
+    torch.save(model, model_path)
+    with pytest.raises(ConfigError, match=rf"^model: .*model.pt: .*shapes differ: "
+                       rf"{re.escape(key)} \(3, 3\) there"):
+        saved.load_model(model_path)
 
 
 def test_checkpoint_every_without_a_directory_warns():
