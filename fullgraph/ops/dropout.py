@@ -81,7 +81,7 @@ def _apply_mask(x: Tensor, keys: Tensor, seed: int, p: float, *,
         inplace = inplace and x.is_contiguous()
         out = x if inplace else torch.empty_like(x, memory_format=torch.contiguous_format)
         kernels.keyed_dropout(x.detach().contiguous().numpy(), keys.contiguous().numpy(), seed,
-                              p, scale, out.detach().numpy())
+                              p, kernels.scalar_of(scale, x.dtype), out.detach().numpy())
         return out
     keep = keyed_uniform(keys, x.shape[1], seed).to(x.device) >= p
     if inplace:

@@ -12,6 +12,7 @@ Shapes: N_dst rows, N_src source rows, E edges, H heads, C channels per head.
 """
 from __future__ import annotations
 
+import math
 import os
 
 try:  # numba is optional: ops fall back to torch kernels without it
@@ -24,6 +25,15 @@ try:  # numba is optional: ops fall back to torch kernels without it
 except ImportError:  # pragma: no cover - exercised in the no-numba CI job
     numba = None  # type: ignore[assignment]
     HAVE_NUMBA = False
+
+
+def scalar_of(value: float, dtype: object) -> object:
+    """``value`` as a scalar of the torch ``dtype`` the kernel computes in (a numpy
+    float32 for float32 rows, so a product with it stays in float32, as torch's own
+    tensor-scalar product does, instead of widening every element to float64)."""
+    import torch
+
+    return np.float32(value) if HAVE_NUMBA and dtype == torch.float32 else float(value)
 
 
 def set_threads(num_threads: int) -> None:
@@ -111,18 +121,17 @@ if HAVE_NUMBA:
 
     @njit(parallel=True, cache=True, nogil=True)
     def keyed_dropout(x, row_keys, seed, p, scale, out):  # pragma: no cover - numba
-        """out = x * scale where keyed_uniform >= p, else 0 (one fused pass)."""
+        """out = x * scale where keyed_uniform >= p, else 0 (one fused pass; ``scale``
+        of the rows' precision, see ``scalar_of``)."""
         m32 = 0xFFFFFFFF
         num_cols = x.shape[1]
+        keep_from = _keep_threshold(p)
         for r in prange(row_keys.shape[0]):
             k = _mix32(((row_keys[r] & m32) ^ seed) & m32)
-            k = _mix32((k + ((row_keys[r] >> 32) & m32) * 0x27D4EB2F) & m32)
+            k = np.uint32(_mix32((k + ((row_keys[r] >> 32) & m32) * 0x27D4EB2F) & m32))
             for c in range(num_cols):
-                h = _mix32((k + c * 0x9E3779B9) & m32)
-                if h * 2.3283064365386963e-10 >= p:
-                    out[r, c] = x[r, c] * scale
-                else:
-                    out[r, c] = 0.0
+                h = _mix32_u32(np.uint32(k + np.uint32(np.uint32(c) * _GOLDEN)))
+                out[r, c] = x[r, c] * scale if np.int64(h) >= keep_from else 0.0
 
     @njit(parallel=True, cache=True, nogil=True)
     def keyed_dropout_csr(indptr, indices, values, row_keys, seed, p, scale,
@@ -130,15 +139,13 @@ if HAVE_NUMBA:
         """``keyed_dropout`` of a CSR matrix's stored entries: out[e] = values[e] * scale
         where the key of (row, indices[e]) keeps it, else 0 (the dense kernel's bits)."""
         m32 = 0xFFFFFFFF
+        keep_from = _keep_threshold(p)
         for r in prange(row_keys.shape[0]):
             k = _mix32(((row_keys[r] & m32) ^ seed) & m32)
-            k = _mix32((k + ((row_keys[r] >> 32) & m32) * 0x27D4EB2F) & m32)
+            k = np.uint32(_mix32((k + ((row_keys[r] >> 32) & m32) * 0x27D4EB2F) & m32))
             for e in range(indptr[r], indptr[r + 1]):
-                h = _mix32((k + indices[e] * 0x9E3779B9) & m32)
-                if h * 2.3283064365386963e-10 >= p:
-                    out[e] = values[e] * scale
-                else:
-                    out[e] = 0.0
+                h = _mix32_u32(np.uint32(k + np.uint32(np.uint32(indices[e]) * _GOLDEN)))
+                out[e] = values[e] * scale if np.int64(h) >= keep_from else 0.0
 
     @njit(cache=True, nogil=True)
     def csr_t_matmul(indptr, indices, values, g, out):  # pragma: no cover - numba
@@ -205,6 +212,23 @@ if HAVE_NUMBA:
                         d = d * slope
                     d_pre[e, h] = d
                     grad_dst[i, h] += d
+
+    _GOLDEN = np.uint32(0x9E3779B9)
+
+    @njit(inline="always", cache=True)
+    def _keep_threshold(p):  # pragma: no cover - numba
+        """The least 32-bit hash h that keeps an entry: ``h * 2**-32 >= p`` exactly (both
+        sides are exact in float64), so the dropout kernels compare integers."""
+        return np.int64(math.ceil(p * 4294967296.0))
+
+    @njit(inline="always", cache=True)
+    def _mix32_u32(h):  # pragma: no cover - numba
+        """``_mix32`` in uint32 arithmetic (the same bits; a loop of these vectorises)."""
+        h = np.uint32(h ^ (h >> np.uint32(16)))
+        h = np.uint32(h * np.uint32(0x85EBCA6B))
+        h = np.uint32(h ^ (h >> np.uint32(13)))
+        h = np.uint32(h * np.uint32(0xC2B2AE35))
+        return np.uint32(h ^ (h >> np.uint32(16)))
 
     @njit(inline="always", cache=True)
     def _mix32(h):  # pragma: no cover - numba

@@ -48,7 +48,8 @@ def sparse_dropout(x: Tensor, p: float, row_keys: Tensor, seed: int) -> Tensor:
             torch.float32, torch.float64):
         out = torch.empty_like(values)
         kernels.keyed_dropout_csr(indptr.numpy(), indices.numpy(), values.contiguous().numpy(),
-                                  keys.numpy(), seed32, p, scale, out.numpy())
+                                  keys.numpy(), seed32, p,
+                                  kernels.scalar_of(scale, values.dtype), out.numpy())
     else:
         from fullgraph.ops.dropout import _mix32
 

@@ -102,3 +102,30 @@ def test_only_a_two_dimensional_dropout_output_is_marked():
     assert kd.dropped_from(keyed_dropout(x, 0.5, torch.arange(5), 1, False)) is None  # no-op
     assert kd.dropped_from(keyed_dropout(x[:, 0], 0.5, torch.arange(5), 1, True)) is None
     assert kd.dropped_from(x @ torch.eye(4)) is None
+
+
+def _hashes(keys: torch.Tensor, num_cols: int, seed: int) -> torch.Tensor:
+    """The 32-bit hashes behind ``keyed_uniform`` (its torch path, before scaling)."""
+    m32 = 0xFFFFFFFF
+    k = kd._mix32(((keys & m32) ^ seed) & m32)
+    k = kd._mix32((k + ((keys >> 32) & m32) * 0x27D4EB2F) & m32)
+    cols = torch.arange(num_cols, dtype=torch.int64) * 0x9E3779B9
+    return kd._mix32((k[:, None] + cols[None, :]) & m32)
+
+
+@pytest.mark.skipif(not kernels.HAVE_NUMBA, reason="numba not installed")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_kernel_keeps_exactly_the_entries_whose_hash_reaches_p(dtype):
+    """The kernel compares integer hashes with ceil(p * 2**32): an entry is kept iff
+    hash * 2**-32 >= p, exactly, also where the two are equal; kept values are
+    x * scale in x's own precision."""
+    keys, seed = torch.arange(40) * 7 + 2**33, 4242
+    h = _hashes(keys, 13, seed)
+    x = torch.randn(40, 13, dtype=dtype)
+    for p in (h[3, 4].item() * 2.0**-32, (h[5, 6].item() + 1) * 2.0**-32, 0.3, 0.0):
+        keep = h.to(torch.float64) * 2.0**-32 >= p
+        out = keyed_dropout(x, p, keys, seed=seed, training=True)
+        assert torch.equal(out != 0, keep & (x != 0)), p
+        scale = torch.tensor(1.0 / (1.0 - p), dtype=dtype)
+        assert torch.equal(out[keep], x[keep] * scale), p
+    assert keyed_dropout(x, h[3, 4].item() * 2.0**-32, keys, seed=seed, training=True)[3, 4] != 0
