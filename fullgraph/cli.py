@@ -317,7 +317,7 @@ def _load_once_per_host(cfg: Any, comm: Comm | None) -> Any:
 
 def _train(cfg: Any, status: Any) -> int:
     """Train in this process: alone, or as one worker of a launched job."""
-    from fullgraph.allocator import active_allocator, transparent_hugepages
+    from fullgraph.allocator import memory_line
     from fullgraph.comm.group import destroy_comm, init_comm
     from fullgraph.report import Reporter
     from fullgraph.train import check_device, train
@@ -335,8 +335,7 @@ def _train(cfg: Any, status: Any) -> int:
         reporter = Reporter(cfg.train.epochs, metrics_out=cfg.train.metrics_out,
                             progress=cfg.train.progress, enabled=rank == 0,
                             verbose=cfg.train.log_level in ("debug", "info"))
-        header = [f"memory   allocator {active_allocator()}, transparent huge pages "
-                  f"{transparent_hugepages()}"]
+        header = [memory_line()]
         try:
             train(dataset, cfg, reporter=reporter, header=header, comm=comm, status=status,
                   local_rank=int(os.environ.get("LOCAL_RANK", "0")))
