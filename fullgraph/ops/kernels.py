@@ -223,7 +223,7 @@ if HAVE_NUMBA:
 
     @njit(inline="always", cache=True)
     def _mix32_u32(h):  # pragma: no cover - numba
-        """``_mix32`` in uint32 arithmetic (the same bits; a loop of these vectorises)."""
+        """``_mix32`` in uint32 arithmetic (the same bits, with 32-bit products)."""
         h = np.uint32(h ^ (h >> np.uint32(16)))
         h = np.uint32(h * np.uint32(0x85EBCA6B))
         h = np.uint32(h ^ (h >> np.uint32(13)))
