@@ -30,6 +30,18 @@ def _mix32(h: Tensor) -> Tensor:
     return h ^ (h >> 16)
 
 
+def row_hashes(keys: Tensor, seed: int) -> Tensor:
+    """The per-row part of the hash: (R,) int64 in [0, 2**32) of int64 ``keys``."""
+    seed32 = int(seed) & _M32
+    k = _mix32(((keys & _M32) ^ seed32) & _M32)
+    return _mix32((k + ((keys >> 32) & _M32) * 0x27D4EB2F) & _M32)
+
+
+def entry_hashes(row_hash: Tensor, cols: Tensor) -> Tensor:
+    """The 32-bit hash of each (row, column): ``row_hash`` and ``cols`` broadcast."""
+    return _mix32((row_hash + cols * 0x9E3779B9) & _M32)
+
+
 def keyed_uniform(row_keys: Tensor, num_cols: int, seed: int) -> Tensor:
     """(R, num_cols) float32 uniforms in [0, 1) determined by (seed, key, column)."""
     keys = row_keys.to(torch.int64)
@@ -38,10 +50,8 @@ def keyed_uniform(row_keys: Tensor, num_cols: int, seed: int) -> Tensor:
         out = torch.empty(keys.shape[0], num_cols, dtype=torch.float32)
         kernels.keyed_uniform(keys.contiguous().numpy(), num_cols, seed32, out.numpy())
         return out
-    k = _mix32(((keys & _M32) ^ seed32) & _M32)
-    k = _mix32((k + ((keys >> 32) & _M32) * 0x27D4EB2F) & _M32)
-    cols = torch.arange(num_cols, dtype=torch.int64, device=keys.device) * 0x9E3779B9
-    h = _mix32((k[:, None] + cols[None, :]) & _M32)
+    cols = torch.arange(num_cols, dtype=torch.int64, device=keys.device)
+    h = entry_hashes(row_hashes(keys, seed32)[:, None], cols[None, :])
     return h.to(torch.float64).mul_(2.0**-32).to(torch.float32)
 
 

@@ -51,12 +51,10 @@ def sparse_dropout(x: Tensor, p: float, row_keys: Tensor, seed: int) -> Tensor:
                                   keys.numpy(), seed32, p,
                                   kernels.scalar_of(scale, values.dtype), out.numpy())
     else:
-        from fullgraph.ops.dropout import _mix32
+        from fullgraph.ops.dropout import entry_hashes, row_hashes
 
-        k = _mix32(((keys & _M32) ^ seed32) & _M32)
-        k = _mix32((k + ((keys >> 32) & _M32) * 0x27D4EB2F) & _M32)
-        per_entry = torch.repeat_interleave(k, indptr[1:] - indptr[:-1])
-        h = _mix32((per_entry + indices * 0x9E3779B9) & _M32)
+        per_entry = torch.repeat_interleave(row_hashes(keys, seed32), indptr[1:] - indptr[:-1])
+        h = entry_hashes(per_entry, indices.to(torch.int64))
         keep = h.to(torch.float64).mul_(2.0**-32).to(torch.float32) >= p
         out = values * keep.to(values.dtype) * scale
     return csr(indptr, indices, out, (int(x.shape[0]), int(x.shape[1])))

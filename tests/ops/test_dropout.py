@@ -104,15 +104,6 @@ def test_only_a_two_dimensional_dropout_output_is_marked():
     assert kd.dropped_from(x @ torch.eye(4)) is None
 
 
-def _hashes(keys: torch.Tensor, num_cols: int, seed: int) -> torch.Tensor:
-    """The 32-bit hashes behind ``keyed_uniform`` (its torch path, before scaling)."""
-    m32 = 0xFFFFFFFF
-    k = kd._mix32(((keys & m32) ^ seed) & m32)
-    k = kd._mix32((k + ((keys >> 32) & m32) * 0x27D4EB2F) & m32)
-    cols = torch.arange(num_cols, dtype=torch.int64) * 0x9E3779B9
-    return kd._mix32((k[:, None] + cols[None, :]) & m32)
-
-
 @pytest.mark.skipif(not kernels.HAVE_NUMBA, reason="numba not installed")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_kernel_keeps_exactly_the_entries_whose_hash_reaches_p(dtype):
@@ -120,7 +111,7 @@ def test_kernel_keeps_exactly_the_entries_whose_hash_reaches_p(dtype):
     hash * 2**-32 >= p, exactly, also where the two are equal; kept values are
     x * scale in x's own precision."""
     keys, seed = torch.arange(40) * 7 + 2**33, 4242
-    h = _hashes(keys, 13, seed)
+    h = kd.entry_hashes(kd.row_hashes(keys, seed)[:, None], torch.arange(13)[None, :])
     x = torch.randn(40, 13, dtype=dtype)
     for p in (h[3, 4].item() * 2.0**-32, (h[5, 6].item() + 1) * 2.0**-32, 0.3, 0.0):
         keep = h.to(torch.float64) * 2.0**-32 >= p
