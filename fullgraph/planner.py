@@ -362,7 +362,8 @@ def resolve_config(cfg: Any, dataset: Dataset) -> tuple[Any, list[str]]:
     the strategy is a concrete one), and the flags that select it."""
     if cfg.runtime.strategy != "auto":
         return cfg, []
-    if dataset.shard is not None:  # shards train data-parallel: each worker has one part
+    if dataset.shard is not None:  # shards: data parallel (p2p trains on them too; the
+        # planner's estimates need the whole graph)
         import dataclasses
 
         runtime = dataclasses.replace(cfg.runtime, strategy="data")

@@ -294,8 +294,8 @@ def test_partition_file_through_the_launcher(launch_root, tmp_path):
 @pytest.mark.dist
 def test_shards_through_the_launcher(launch_root, tmp_path):
     """`fullgraph partition --shards` then `train --dataset DIR` on 2 workers with
-    DepCache: each worker opens only its part, the header says what it holds, and the
-    losses are the single-process ones on the whole dataset."""
+    DepCache and with p2p: each worker opens only its part, the header says what it
+    holds, and the losses are the single-process ones on the whole dataset."""
     from clirun import events, run_cli
 
     root, single = launch_root
@@ -310,6 +310,14 @@ def test_shards_through_the_launcher(launch_root, tmp_path):
                                str(tmp_path / "run")], root, metrics)
     assert "dataset  cora: 2708 vertices, 10556 edges" in stdout
     assert "per-part shards (2 parts, 2 hops): this worker's part holds" in stdout
+    np.testing.assert_allclose([r["loss"] for r in events(metrics, "epoch")], single,
+                               rtol=1e-5, atol=1e-6)
+    # p2p on the same shards: each worker bins its own part
+    metrics = tmp_path / "p2p.jsonl"
+    stdout = _launched_losses(["--dataset", str(shards), "--strategy", "p2p", "--workers",
+                               "2", "--bin-size", "500", "--run-dir", str(tmp_path / "p2p")],
+                              root, metrics)
+    assert "per-part shards (2 parts, 2 hops)" in stdout
     np.testing.assert_allclose([r["loss"] for r in events(metrics, "epoch")], single,
                                rtol=1e-5, atol=1e-6)
     # another worker count or strategy is refused before any worker starts

@@ -44,7 +44,7 @@ from fullgraph.ops.sparse import take_rows
 from fullgraph.parallel import costmodel
 from fullgraph.parallel.base import LocalResult, Plan, Work, feature_rows, register
 from fullgraph.parallel.rowplan import RowPlan, plan_rows, stage_weights
-from fullgraph.parallel.rows import RowPartitioned, partition_book
+from fullgraph.parallel.rows import RowPartitioned, partition_book, whole_edge_ids
 from fullgraph.partition import PartitionBook
 
 MODES = ("depcomm", "depcache", "hybrid")
@@ -193,7 +193,7 @@ class DataParallel(RowPartitioned[DataPlan]):
             **self.owned_targets(dataset, owned, device), comm=comm, graph=graph,
             norms=norms, book=book, deps=deps, rows=None, features=None,  # type: ignore[arg-type]
             source=dataset.data, dtype=dtype, shard=shard,
-            edge_ids=None if shard is None else _whole_edge_ids(
+            edge_ids=None if shard is None else whole_edge_ids(
                 graph, shard.in_degree, program.self_loops).to(device))
         if shard is not None and self.options.mode != "depcomm":
             check_shard_hops(program, dataset, f"dep-mode {self.options.mode}")
@@ -465,17 +465,6 @@ def _check_rows(plan: DataPlan, rows: RowPlan, what: str) -> None:
         if block is not None:
             plan.shard.check_edge_rows(rows.rows[s], f"data parallel, {what}")
     plan.source.row_positions(rows.input_rows)
-
-
-def _whole_edge_ids(graph: Graph, in_degree: Tensor, self_loops: bool) -> Tensor:
-    """For a shard's propagation graph: each edge's id in the whole one. A row whose
-    in-edges the shard holds has all of them, in the same order as there (sorted by
-    source when self-loops were adjusted, as stored otherwise), and the whole graph's
-    row starts follow from the in-degrees (plus the self-loop the program adds)."""
-    starts = torch.zeros(in_degree.numel() + 1, dtype=torch.int64)
-    torch.cumsum(in_degree + int(self_loops), 0, out=starts[1:])
-    dst = graph.dst_index()
-    return starts[dst] + (torch.arange(graph.num_edges) - graph.indptr[dst])
 
 
 def _remote_in_neighbours(graph: Graph, owned: Tensor, part_of: Tensor, rank: int) -> Tensor:

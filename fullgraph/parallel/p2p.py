@@ -16,7 +16,9 @@ the stage inputs are loaded (its rows and its in-neighbours' rows, local or
 pushed), its stages run, and its output rows go to the peers that read them.
 ``schedule.bins.build_schedule`` fixes the bins, their order, and the exchange round
 every row travels in, from the graph and the partition alone, so every worker
-knows what arrives when (G3 §5.3):
+knows what arrives when (G3 §5.3). Each worker bins its own part from its vertices'
+in-edges, and learns when the rows it reads are pushed through a few collectives at
+setup, so a worker may hold only its part (a per-part shard):
 
 - bins follow the priority list (BFS order, boundary vertices first) and hold at
   most half the device budget (``bin_memory``) over a vertex's input + output bytes
@@ -59,10 +61,16 @@ from fullgraph.models.stages import StageProgram, propagation_inputs
 from fullgraph.models.walk import out_dim
 from fullgraph.parallel.base import LocalResult, Work, feature_rows, register
 from fullgraph.parallel.p2p_backward import Backward
-from fullgraph.parallel.p2p_plan import P2PPlan, build_phases, phase_bounds, plan_to_device
+from fullgraph.parallel.p2p_plan import (
+    P2PPlan,
+    build_phases,
+    phase_bounds,
+    plan_to_device,
+    reduce_max,
+)
 from fullgraph.parallel.p2p_run import Forward
 from fullgraph.parallel.rowplan import plan_rows, stage_weights
-from fullgraph.parallel.rows import RowPartitioned, partition_book
+from fullgraph.parallel.rows import RowPartitioned, partition_book, whole_edge_ids
 from fullgraph.schedule.bins import SCHEDULES, bin_limit, build_schedule
 
 RAM_SHARE = 4
@@ -129,25 +137,41 @@ class P2PParallel(RowPartitioned[P2PPlan]):
             from fullgraph.comm.group import single_comm
 
             comm = single_comm()
-        graph, norms = propagation_inputs(program, dataset.graph, dtype)
+        shard = dataset.shard  # a per-part shard: this worker's rows and their in-edges
+        graph, norms = propagation_inputs(program, dataset.graph, dtype,
+                                          None if shard is None else shard.in_degree)
         book = partition_book(dataset, comm, self.partition)
         owned = book.part_to_gids(comm.rank)
         fetch = torch.ones(graph.num_dst, dtype=torch.bool)  # every remote row is pushed
         rows = plan_rows(program, graph, owned, fetch, owner=book.part_of)
+        if shard is not None:
+            for s, block in enumerate(rows.blocks):
+                if block is not None:
+                    shard.check_edge_rows(rows.rows[s], "p2p")
         bounds = phase_bounds(program, rows.shares_halo)
         mode = SCHEDULES[self.options.schedule]
         itemsize = torch.empty(0, dtype=dtype).element_size()
         limits = [self._limit(program, a, b, itemsize, device, comm) for a, b in bounds]
-        if comm.world_size > 1:  # every worker builds every part's bins: the same limits
+        if comm.world_size > 1:  # one bin size on every worker: the tightest
             from fullgraph.comm.primitives import all_gather_object
 
             limits = [min(per) for per in zip(*all_gather_object(limits, comm, "setup"))]
-        schedule = build_schedule(graph, book.part_of, comm.world_size, limits, mode)
+        # each worker bins its own part from its vertices' in-edges and learns from the
+        # others when the rows it reads are pushed (the same schedule as from the whole
+        # graph, which no worker needs)
+        schedule = build_schedule(graph, book.part_of, comm.world_size, limits, mode,
+                                  parts=[comm.rank], reduce_max=reduce_max(comm))
         phases = build_phases(program, graph, book, rows, bounds, schedule, comm)
+        if shard is not None:  # dropout keys of edges: their ids in the whole graph
+            ids = whole_edge_ids(graph, shard.in_degree, program.self_loops)
+            for ph in phases:
+                for b in ph.bins:
+                    if b.eids is not None:
+                        b.eids = ids[b.eids]
         weights, _ = stage_weights(program, rows, norms, torch.device("cpu"))
         plan = P2PPlan(
             **self.owned_targets(dataset, owned, device), comm=comm, graph=graph, book=book,
-            rows=rows, features=feature_rows(dataset.data.features, owned, program, dtype, device),
+            rows=rows, features=feature_rows(dataset.data, owned, program, dtype, device),
             phases=phases,
             weights=[None if w is None else w.to(device) for w in weights], mode=mode,
             schedule=self.options.schedule, limits=limits)

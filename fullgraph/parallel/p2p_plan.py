@@ -12,6 +12,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from fullgraph.comm import primitives as prim
 from fullgraph.comm.group import Comm
 from fullgraph.graph.blocks import in_edges
 from fullgraph.graph.csr import Graph
@@ -20,8 +21,15 @@ from fullgraph.models.walk import describe, out_dim
 from fullgraph.parallel.base import Plan
 from fullgraph.parallel.rowplan import RowPlan
 from fullgraph.partition import PartitionBook
-from fullgraph.schedule.bins import PhaseBins, ScheduleMode
-from fullgraph.schedule.links import CrossReads, Link, LinkRounds, RowIndex, link_tables
+from fullgraph.schedule.bins import PhaseBins, ReduceMax, ScheduleMode
+from fullgraph.schedule.links import (
+    CrossReads,
+    Link,
+    LinkRounds,
+    ReadsExchange,
+    RowIndex,
+    link_tables,
+)
 
 Key = tuple[str, int]
 """A value carried between phases: ("rows", s) the rows output by stage s (a layer
@@ -176,13 +184,39 @@ def _bins(program: StageProgram, rows: RowPlan, start: int, stop: int, first: bo
     return bins
 
 
+def reduce_max(comm: Comm) -> ReduceMax:
+    """``schedule.bins.ReduceMax`` over the workers of ``comm`` (collective)."""
+    def reduce(values: np.ndarray) -> np.ndarray:
+        t = torch.from_numpy(np.ascontiguousarray(values, dtype=np.int64)).to(comm.device)
+        return prim.all_reduce_(t, comm, "setup", op="max").cpu().numpy()
+    return reduce
+
+
+def reads_exchange(comm: Comm) -> ReadsExchange:
+    """``schedule.links.ReadsExchange`` between the workers of ``comm`` (collective)."""
+    def exchange(vertices: list[np.ndarray], steps: list[np.ndarray]
+                 ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        # one message per peer: the vertices, then their steps
+        send = [torch.from_numpy(np.concatenate([v, s]).astype(np.int64))
+                for v, s in zip(vertices, steps)]
+        counts = prim.all_to_all_v([torch.tensor([t.numel()]) for t in send],
+                                   [1] * comm.world_size, comm, "setup")
+        got = prim.all_to_all_v(send, [int(c) for c in counts], comm, "setup")
+        halves = [t.numpy().reshape(2, -1) for t in got]
+        return [h[0] for h in halves], [h[1] for h in halves]
+    return exchange
+
+
 def build_phases(program: StageProgram, graph: Graph, book: PartitionBook, rows: RowPlan,
                  bounds: list[tuple[int, int]], schedule: list[PhaseBins],
                  comm: Comm) -> list[Phase]:
-    """This worker's phases: bins, waits, links and carried values."""
+    """This worker's phases: bins, waits, links and carried values. ``graph`` needs
+    the in-edges of this worker's vertices only; which of its rows the others read
+    comes from them (``reads_exchange``)."""
     rank = comm.rank
     index = row_index(graph, book, comm.world_size)
-    reads = CrossReads.build(graph, index.part_of)
+    reads = CrossReads.build(graph, index.part_of, reader=rank)
+    exchange = reads_exchange(comm)
     phases: list[Phase] = []
     exported: set[Key] = set()
     for k, ((start, stop), sched) in enumerate(zip(bounds, schedule)):
@@ -191,7 +225,8 @@ def build_phases(program: StageProgram, graph: Graph, book: PartitionBook, rows:
         if k:
             prev = schedule[k - 1]
             rounds = LinkRounds(prev.round_of, sched.step_of, prev.rounds, sched.rounds)
-            link = link_tables(reads, index, rounds, rank, rows.fetched[start].numpy())
+            link = link_tables(reads, index, rounds, rank, rows.fetched[start].numpy(),
+                               exchange)
         imports = _imports(program, start, stop)
         exported.update(imports)
         phases.append(Phase(

@@ -15,6 +15,7 @@ from torch import Tensor
 
 from fullgraph.comm import primitives as prim
 from fullgraph.comm.group import Comm
+from fullgraph.graph.csr import Graph
 from fullgraph.graph.data import Dataset
 from fullgraph.parallel.base import DistributedStrategy, PlanT
 from fullgraph.partition import PartitionBook, PartitionOptions, partition
@@ -70,3 +71,14 @@ def partition_book(dataset: Dataset, comm: Comm, opts: PartitionOptions) -> Part
                             seed=opts.seed).part_of.to(torch.int64)
     prim.broadcast_(part_of, 0, comm, "setup")  # every worker uses rank 0's partition
     return PartitionBook.from_assignment(part_of, comm.world_size)
+
+
+def whole_edge_ids(graph: Graph, in_degree: Tensor, self_loops: bool) -> Tensor:
+    """For a shard's propagation graph: each edge's id in the whole one. A row whose
+    in-edges the shard holds has all of them, in the same order as there (sorted by
+    source when self-loops were adjusted, as stored otherwise), and the whole graph's
+    row starts follow from the in-degrees (plus the self-loop the program adds)."""
+    starts = torch.zeros(in_degree.numel() + 1, dtype=torch.int64)
+    torch.cumsum(in_degree + int(self_loops), 0, out=starts[1:])
+    dst = graph.dst_index()
+    return starts[dst] + (torch.arange(graph.num_edges) - graph.indptr[dst])

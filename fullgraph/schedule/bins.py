@@ -16,6 +16,7 @@ Pure functions of the graph and the partition: tested without processes.
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -90,11 +91,14 @@ def boundary_mask(graph: Graph, vertices: Tensor, part_of: Tensor,
     return touched[vertices]
 
 
-def priority_order(graph: Graph, owned: Tensor, part_of: Tensor) -> Tensor:
+def priority_order(graph: Graph, owned: Tensor, part_of: Tensor,
+                   read_remotely: Tensor | None = None) -> Tensor:
     """G3 Step 1: BFS order with the vertices other parts read (remote out-neighbours)
-    moved to the front."""
+    moved to the front. ``read_remotely``: (N,) bool, those vertices, when known
+    (default: from ``graph``'s edges, which must then be all of them)."""
     order = bfs_order(graph, owned)
-    boundary = boundary_mask(graph, order, part_of, "out")
+    boundary = (boundary_mask(graph, order, part_of, "out") if read_remotely is None
+                else read_remotely[order])
     return torch.cat([order[boundary], order[~boundary]])
 
 
@@ -189,18 +193,35 @@ def remote_in_max(graph: Graph, part_of: np.ndarray, value: np.ndarray) -> np.nd
     return _segment_max(graph.indptr.numpy(), vals)
 
 
-def remote_out_max(graph: Graph, part_of: np.ndarray, value: np.ndarray) -> np.ndarray:
-    """Per vertex u, max of ``value[v]`` over out-edges u -> v into other parts (-1: none)."""
-    t = graph.transpose().graph
-    return remote_in_max(t, part_of, value)
+def remote_out_max(graph: Graph, part_of: np.ndarray, value: np.ndarray,
+                   dst_mask: np.ndarray | None = None) -> np.ndarray:
+    """Per vertex u, max of ``value[v]`` over out-edges u -> v into other parts (-1:
+    none); with ``dst_mask``, over the edges into the vertices it marks only."""
+    src, dst = (t.numpy() for t in graph.edges())
+    cross = part_of[src] != part_of[dst]
+    if dst_mask is not None:
+        cross &= dst_mask[dst]
+    out = np.full(graph.num_dst, -1, dtype=np.int64)
+    np.maximum.at(out, src[cross], value[dst[cross]])
+    return out
 
 
 def _bin_max(bins: list[np.ndarray], value: np.ndarray) -> np.ndarray:
     return np.array([int(value[b].max()) if b.size else -1 for b in bins], dtype=np.int64)
 
 
+ReduceMax = Callable[[np.ndarray], np.ndarray]
+"""Elementwise max of an int64 array over the workers that build parts of a
+schedule (every worker calls it with the same shape, in the same order)."""
+
+
+def _same(values: np.ndarray) -> np.ndarray:
+    return values
+
+
 def build_schedule(graph: Graph, part_of: Tensor, num_parts: int, limits: list[int],
-                   mode: ScheduleMode) -> list[PhaseBins]:
+                   mode: ScheduleMode, parts: Sequence[int] | None = None,
+                   reduce_max: ReduceMax | None = None) -> list[PhaseBins]:
     """Bins, rounds and waits of every phase on every part (G3 §5.3 steps 1-3).
 
     Phase 0 reads only local rows; phase k >= 1 starts with a stage that reads the
@@ -211,6 +232,13 @@ def build_schedule(graph: Graph, part_of: Tensor, num_parts: int, limits: list[i
     reverse, the ones whose output gradients are all local (or arrive first) first.
 
     A pure function of its arguments: every worker computes the same schedule.
+    Built in pieces: with ``parts`` a worker builds the bins of those parts only, from
+    ``graph`` holding the in-edges of their vertices (those of other vertices may be
+    missing, as on a per-part shard), and ``reduce_max`` combines the per-vertex
+    values that cross parts (the rounds rows are pushed in, the steps their gradients
+    return in, which vertices other parts read) with the other workers'. The bins of
+    the parts built equal the whole-graph schedule's; ``round_of`` and ``step_of``
+    cover every vertex either way.
 
     Args:
         graph: the propagation graph (CSR by destination).
@@ -218,15 +246,30 @@ def build_schedule(graph: Graph, part_of: Tensor, num_parts: int, limits: list[i
         num_parts: number of parts.
         limits: per phase, the most vertices in a bin.
         mode: what overlaps (see ``SCHEDULES``).
+        parts: the parts to build (default: all, from the whole ``graph``).
+        reduce_max: with ``parts``, the max over the workers building the others
+            (default: none, ``parts`` must then be all of them).
 
     Returns:
-        One ``PhaseBins`` per phase.
+        One ``PhaseBins`` per phase; ``bins`` etc. are empty for parts not built.
     """
     part_np = part_of.numpy().astype(np.int64)
-    base = []
-    for p in range(num_parts):
+    built = list(range(num_parts)) if parts is None else sorted(set(parts))
+    reduce = _same if reduce_max is None else reduce_max
+    if reduce_max is None and len(built) != num_parts:
+        raise ValueError(f"building parts {built} of {num_parts} needs reduce_max to learn "
+                         "the others' rounds")
+    mine = np.isin(part_np, built)
+    src, dst = (t.numpy() for t in graph.edges())
+    cross = (part_np[src] != part_np[dst]) & mine[dst]
+    flags = np.zeros(graph.num_dst, dtype=np.int64)
+    flags[src[cross]] = 1
+    read_remotely = torch.from_numpy(reduce(flags) > 0)
+    base: list[np.ndarray | None] = [None] * num_parts
+    for p in built:
         owned = torch.from_numpy(np.flatnonzero(part_np == p))
-        base.append((priority_order(graph, owned, part_of) if mode.priority else owned).numpy())
+        base[p] = (priority_order(graph, owned, part_of, read_remotely) if mode.priority
+                   else owned).numpy()
     phases: list[PhaseBins] = []
     ready = np.full(graph.num_dst, -1, dtype=np.int64)
     for k, limit in enumerate(limits):
@@ -234,22 +277,27 @@ def build_schedule(graph: Graph, part_of: Tensor, num_parts: int, limits: list[i
             raise ValueError(f"phase {k}: a bin holds at least one vertex, got limit {limit}")
         if k:
             ready = remote_in_max(graph, part_np, phases[-1].round_of)
-        phases.append(_forward_bins(base, ready, limit, mode, eager=mode.eager and k > 0))
+        phases.append(_forward_bins(base, ready, limit, mode, mode.eager and k > 0, reduce))
     for k in range(len(phases) - 1, -1, -1):
-        need = (remote_out_max(graph, part_np, phases[k + 1].step_of)
+        need = (reduce(remote_out_max(graph, part_np, phases[k + 1].step_of, mine))
                 if k + 1 < len(phases) else np.full(graph.num_dst, -1, dtype=np.int64))
-        _backward_order(phases[k], need, mode)
+        _backward_order(phases[k], need, mode, reduce)
     return phases
 
 
-def _forward_bins(base: list[np.ndarray], ready: np.ndarray, limit: int, mode: ScheduleMode,
-                  eager: bool) -> PhaseBins:
-    """One phase's bins and their waits, each part's vertices from ``base`` (by
+def _forward_bins(base: list[np.ndarray | None], ready: np.ndarray, limit: int,
+                  mode: ScheduleMode, eager: bool, reduce: ReduceMax) -> PhaseBins:
+    """One phase's bins and their waits, each built part's vertices from ``base`` (by
     readiness first when ``eager``) packed ``limit`` at a time."""
     n = ready.shape[0]
-    bins, waits = [], []
+    bins: list[list[np.ndarray]] = []
+    waits: list[np.ndarray] = []
     round_of = np.zeros(n, dtype=np.int64)
     for order in base:
+        if order is None:  # built elsewhere
+            bins.append([])
+            waits.append(np.empty(0, dtype=np.int64))
+            continue
         if eager:
             order = order[np.argsort(ready[order], kind="stable")]
         part_bins = pack_bins(order, limit)
@@ -257,11 +305,13 @@ def _forward_bins(base: list[np.ndarray], ready: np.ndarray, limit: int, mode: S
             round_of[b] = j if mode.per_bin else 0
         bins.append(part_bins)
         waits.append(_bin_max(part_bins, ready))
-    rounds = max(1, max(len(b) for b in bins)) if mode.per_bin else 1
-    return PhaseBins(bins, waits, [], [], rounds, round_of, np.zeros(n, dtype=np.int64))
+    most = reduce(np.array([max(len(b) for b in bins)], dtype=np.int64))
+    rounds = max(1, int(most[0])) if mode.per_bin else 1
+    return PhaseBins(bins, waits, [], [], rounds, reduce(round_of), np.zeros(n, dtype=np.int64))
 
 
-def _backward_order(ph: PhaseBins, need: np.ndarray, mode: ScheduleMode) -> None:
+def _backward_order(ph: PhaseBins, need: np.ndarray, mode: ScheduleMode,
+                    reduce: ReduceMax) -> None:
     """Fill ``ph``'s backward waits, bin order and step of each vertex: bins in
     reverse, with ``mode.eager`` those whose output gradients arrive first first."""
     for p in range(len(ph.bins)):
@@ -273,3 +323,4 @@ def _backward_order(ph: PhaseBins, need: np.ndarray, mode: ScheduleMode) -> None
         ph.bwd_order.append(order)
         for t, b in enumerate(order):
             ph.step_of[ph.bins[p][b]] = t if mode.per_bin else 0
+    ph.step_of = reduce(ph.step_of)

@@ -9,11 +9,14 @@ the owner and writes them at their halo positions on the reader; the backward
 round t is the return direction of a table, sending the reader's halo gradient
 rows back to be added into the owner's gradient rows.
 
-Pure functions of the graph, the partition and the schedule: tested without
-processes.
+Pure functions of the graph, the partition and the schedule, tested without
+processes; or, where each worker holds only its own vertices' in-edges (a per-part
+shard), built from the reads each worker makes and one exchange per link that tells
+every owner which of its rows are read.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -95,9 +98,14 @@ class CrossReads:
     dst: np.ndarray
 
     @classmethod
-    def build(cls, graph: Graph, part_of: np.ndarray) -> CrossReads:
+    def build(cls, graph: Graph, part_of: np.ndarray, reader: int | None = None
+              ) -> CrossReads:
+        """The pairs of every part from the whole ``graph``, or with ``reader`` those of
+        that part only, from the in-edges of its vertices."""
         src, dst = (t.numpy() for t in graph.edges())
         cross = part_of[src] != part_of[dst]
+        if reader is not None:
+            cross &= part_of[dst] == reader
         s, d = src[cross], dst[cross]
         n = graph.num_dst
         key = part_of[d] * n + s
@@ -155,19 +163,32 @@ def _empty(rounds: int, world: int) -> list[list[Tensor]]:
     return [[empty] * world for _ in range(rounds)]
 
 
-def _owner_side(reads: CrossReads, index: RowIndex, rounds: LinkRounds, rank: int,
-                last_step: np.ndarray) -> tuple[list[list[Tensor]], list[list[Tensor]]]:
+ReadsExchange = Callable[[list[np.ndarray], list[np.ndarray]],
+                        tuple[list[np.ndarray], list[np.ndarray]]]
+"""Sends, per owner p, the vertices of p this worker reads and the step of each, and
+returns, per reader q, the vertices of this worker q reads and their steps (a
+collective: every worker calls it once per link, in the same order)."""
+
+
+def _read_by_others(reads: CrossReads, index: RowIndex, rank: int, last_step: np.ndarray
+                    ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """[reader] my vertices it reads (ascending) and their last steps, from the whole
+    partition's ``reads``."""
+    mine = index.part_of[reads.vertex] == rank
+    sel = [mine & (reads.reader == q) for q in range(index.world)]
+    return [reads.vertex[m] for m in sel], [last_step[m] for m in sel]
+
+
+def _owner_side(read_by: tuple[list[np.ndarray], list[np.ndarray]], index: RowIndex,
+                rounds: LinkRounds) -> tuple[list[list[Tensor]], list[list[Tensor]]]:
     """[round][reader] my rows pushed forward, and my rows receiving gradients back."""
     fwd_send = _empty(rounds.fwd_rounds, index.world)
     bwd_recv = _empty(rounds.bwd_rounds, index.world)
-    mine = index.part_of[reads.vertex] == rank
-    for q in range(index.world):
-        sel = mine & (reads.reader == q)
-        u = reads.vertex[sel]  # ascending: the reader's halo order for this owner
+    for q, (u, step) in enumerate(zip(*read_by)):  # u ascending: q's halo order for me
         rows = index.lid[u]
         for j, t in enumerate(_split_by_round(rows, rounds.send_round[u], rounds.fwd_rounds)):
             fwd_send[j][q] = t
-        for j, t in enumerate(_split_by_round(rows, last_step[sel], rounds.bwd_rounds)):
+        for j, t in enumerate(_split_by_round(rows, step, rounds.bwd_rounds)):
             bwd_recv[j][q] = t
     return fwd_send, bwd_recv
 
@@ -201,18 +222,29 @@ def _round_table(send: list[Tensor], recv_pos: list[Tensor]) -> ExchangeTable:
 
 
 def link_tables(reads: CrossReads, index: RowIndex, rounds: LinkRounds, rank: int,
-                halo: np.ndarray) -> Link:
-    """The push tables of one link on worker ``rank`` (a pure function).
+                halo: np.ndarray, exchange: ReadsExchange | None = None) -> Link:
+    """The push tables of one link on worker ``rank``.
 
     Args:
-        reads: the partition's cross-part reads (``CrossReads.build``).
+        reads: cross-part reads (``CrossReads.build``): of the whole partition, or with
+            ``exchange`` at least those of this worker's vertices.
         index: the part and local position of every vertex.
         rounds: the round each row is pushed in and each gradient returned in.
         rank: this worker.
         halo: gids of this worker's remote in-neighbours, ordered by (owner, gid).
+        exchange: learns from the other workers which of this worker's vertices they
+            read (default: none, a pure function of the whole partition's ``reads``).
     """
     last_step = reads.latest(rounds.recv_step)
-    fwd_send, bwd_recv = _owner_side(reads, index, rounds, rank, last_step)
+    if exchange is None:
+        read_by = _read_by_others(reads, index, rank, last_step)
+    else:
+        read = reads.reader == rank
+        u, step = reads.vertex[read], last_step[read]
+        owner = index.part_of[u]
+        read_by = exchange([u[owner == p] for p in range(index.world)],
+                           [step[owner == p] for p in range(index.world)])
+    fwd_send, bwd_recv = _owner_side(read_by, index, rounds)
     fwd_recv, bwd_send = _reader_side(reads, index, rounds, rank, last_step, halo)
     return Link([_round_table(s, r) for s, r in zip(fwd_send, fwd_recv)],
                 [_round_table(s, r) for s, r in zip(bwd_recv, bwd_send)], int(halo.size))

@@ -51,3 +51,15 @@ def run_epochs(strategy, dataset, model, comm, epochs=3, dtype=torch.float64):
         opt.step()
         losses.append(strategy.reduce_loss(loss, plan))
     return losses, outputs, plan
+
+
+def assert_same_run(got, ref, where: str) -> None:
+    """``got`` and ``ref`` are (losses, output rows, their gids, model) of two runs: the
+    same losses, rows and parameters (the reference's rows indexed by ``gids``)."""
+    losses, out, gids, model = got
+    ref_losses, ref_out, ref_model = ref
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), msg=where)
+    torch.testing.assert_close(out, ref_out[gids], msg=where)
+    for (k, p), (_, q) in zip(model.named_parameters(), ref_model.named_parameters()):
+        torch.testing.assert_close(p, q, msg=f"{where} parameter {k}")
+

@@ -19,7 +19,7 @@ from fullgraph.models import build_model
 from fullgraph.parallel.p2p import P2PParallel
 from fullgraph.parallel.single import SingleProcess
 from fullgraph.partition import PartitionOptions
-from fullgraph.schedule.bins import SCHEDULES, bin_limit, build_schedule
+from fullgraph.schedule.bins import SCHEDULES, bin_limit, build_schedule, priority_order
 from fullgraph.schedule.links import CrossReads, LinkRounds, RowIndex, link_tables
 
 MODELS = ["gcn", "sage", "gat", "gin"]
@@ -154,6 +154,59 @@ def test_link_tables_agree_between_ranks():
         fwd = np.concatenate([t.numpy() for rnd in link.fwd_recv for t in rnd])
         bwd = np.concatenate([t.numpy() for rnd in link.bwd_send for t in rnd])
         assert sorted(fwd.tolist()) == list(range(halo.size)) == sorted(bwd.tolist())
+
+
+def check_pieces(comm, name):
+    """Each rank, holding only its own vertices' in-edges, builds its part of the
+    schedule and its link tables: the same as from the whole graph."""
+    from fullgraph.graph.csr import Graph
+    from fullgraph.parallel.p2p_plan import reads_exchange, reduce_max
+
+    graph = make_dataset().graph.with_self_loops(True)
+    world, rank = comm.world_size, comm.rank
+    part_of = torch.from_numpy(np.random.default_rng(1).integers(0, world, graph.num_dst))
+    part = part_of.numpy()
+    src, dst = (t.numpy() for t in graph.edges())
+    keep = part[dst] == rank
+    mine = Graph.from_edges(src[keep], dst[keep], graph.num_dst)
+    mode = SCHEDULES[name]
+    whole = build_schedule(graph, part_of, world, [4, 3, 6], mode)
+    piece = build_schedule(mine, part_of, world, [4, 3, 6], mode, parts=[rank],
+                           reduce_max=reduce_max(comm))
+    owned = torch.from_numpy(np.flatnonzero(part == rank))
+    first = priority_order(graph, owned, part_of) if mode.priority else owned
+    assert np.concatenate(piece[0].bins[rank]).tolist() == first.tolist()  # G3 step 1
+    for k, (w, p) in enumerate(zip(whole, piece)):
+        where = f"{name} phase {k} rank {rank}/{world}"
+        assert [b.tolist() for b in w.bins[rank]] == [b.tolist() for b in p.bins[rank]], where
+        for field in ("fwd_wait", "bwd_order", "bwd_wait"):
+            assert getattr(w, field)[rank].tolist() == getattr(p, field)[rank].tolist(), where
+        assert all(not p.bins[q] for q in range(world) if q != rank), where
+        assert w.rounds == p.rounds, where
+        np.testing.assert_array_equal(w.round_of, p.round_of, err_msg=where)
+        np.testing.assert_array_equal(w.step_of, p.step_of, err_msg=where)
+    lid = np.zeros(graph.num_dst, dtype=np.int64)
+    for q in range(world):
+        lid[part == q] = np.arange(int((part == q).sum()))
+    index = RowIndex(part, lid, world)
+    reads = np.unique(src[keep & (part[src] != rank)])
+    halo = reads[np.lexsort((reads, part[reads]))]
+    for k in (1, 2):
+        rounds = LinkRounds(whole[k - 1].round_of, whole[k].step_of, whole[k - 1].rounds,
+                            whole[k].rounds)
+        a = link_tables(CrossReads.build(graph, part), index, rounds, rank, halo)
+        b = link_tables(CrossReads.build(mine, part, reader=rank), index, rounds, rank, halo,
+                        reads_exchange(comm))
+        for x, y in ((a.fwd_send, b.fwd_send), (a.fwd_recv, b.fwd_recv),
+                     (a.bwd_send, b.bwd_send), (a.bwd_recv, b.bwd_recv)):
+            assert [[t.tolist() for t in r] for r in x] == [[t.tolist() for t in r] for r in y]
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize("world,schedule", [(2, "multi-level"), (3, "sequential"),
+                                            (3, "multi-level"), (4, "inter-layer")])
+def test_each_worker_builds_its_part_of_the_schedule(tmp_path, world, schedule):
+    run_ranks(check_pieces, world, tmp_path, schedule)
 
 
 def test_bin_memory_sets_each_phase_limit():

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from cases import MODELS, make_dataset, make_model, run_epochs
+from cases import MODELS, assert_same_run, make_dataset, make_model, run_epochs
 from harness import run_ranks
 from test_data import EDGE_COST, VERTEX_COST, check_mixed, mixed_byte_cost
 
@@ -18,6 +18,7 @@ from fullgraph.errors import ConfigError
 from fullgraph.graph.sparse import to_sparse
 from fullgraph.graph.store import load_shard as load_part
 from fullgraph.parallel.data import DataParallel
+from fullgraph.parallel.p2p import P2PParallel
 from fullgraph.parallel.single import SingleProcess
 from fullgraph.partition import PartitionBook, PartitionOptions, partition
 from fullgraph.partition.shards import check_use, closure, write_shards
@@ -122,12 +123,13 @@ def test_a_checkpoint_fingerprint_belongs_to_the_whole_dataset(tmp_path):
 def test_shards_are_refused_where_they_cannot_train(tmp_path):
     _write(tmp_path, 2, 0)
     part = load_part(tmp_path / "shards", 0)
-    for strategy in ("single", "tensor", "task", "p2p"):
+    for strategy in ("single", "tensor", "task"):
         with pytest.raises(ConfigError, match=f"{strategy}' cannot train on per-part shards"):
             check_use(part, strategy, 2)
     with pytest.raises(ConfigError, match="use --workers 2"):
         check_use(part, "data", 3)
     check_use(part, "data", 2)
+    check_use(part, "p2p", 2)
     with pytest.raises(ConfigError, match="has no part 2; train it with --workers 2"):
         load_part(tmp_path / "shards", 2)
     with pytest.raises(ConfigError, match="already a shard"):
@@ -180,17 +182,21 @@ def _cases(world: int) -> list[tuple[str, bool, str]]:
     return [(m, True, modes[(i + 1) % 3]) for i, m in enumerate(MODELS)]
 
 
-def check_exact_on_shards(comm, tmp: str):
-    """Each rank first copies the manifest and only its own part to a directory of its
-    own (a host without shared storage) and trains from there."""
+def own_part(comm, tmp: str):
+    """Copy the manifest and this rank's part only to a directory of its own (a host
+    without shared storage) and load the part from there."""
     import shutil
 
     host = Path(tmp) / f"host{comm.rank}"
     host.mkdir()
     shutil.copy(Path(tmp) / "shards" / "shards.json", host)
     shutil.copytree(Path(tmp) / "shards" / f"part-{comm.rank}", host / f"part-{comm.rank}")
-    whole = make_dataset()
-    mine = load_part(host, comm.rank)
+    return load_part(host, comm.rank)
+
+
+def check_exact_on_shards(comm, tmp: str):
+    """Data parallelism, each rank holding only its own part (``own_part``)."""
+    whole, mine = make_dataset(), own_part(comm, tmp)
     assert mine.data.features.shape[0] < whole.graph.num_nodes  # only its part
     for name, decoupled, mode in _cases(comm.world_size):
         ref_model = make_model(name, decoupled, 9, 3)
@@ -206,10 +212,7 @@ def check_exact_on_shards(comm, tmp: str):
         where = f"{name} decoupled={decoupled} {mode} rank {comm.rank}/{comm.world_size}"
         if mode == "hybrid":
             check_mixed(plan, where)
-        torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), msg=where)
-        torch.testing.assert_close(out, ref_out[gids], msg=where)
-        for (k, p), (_, q) in zip(model.named_parameters(), ref_model.named_parameters()):
-            torch.testing.assert_close(p, q, msg=f"{where} parameter {k}")
+        assert_same_run((losses, out, gids, model), (ref_losses, ref_out, ref_model), where)
 
 
 def check_too_few_hops(comm, tmp: str):
@@ -237,3 +240,28 @@ def test_data_parallel_on_shards_equals_single_process(tmp_path, world):
 def test_depcache_needs_as_many_hops_as_layers(tmp_path):
     _write(tmp_path, 2, 1)
     run_ranks(check_too_few_hops, 2, tmp_path, str(tmp_path))
+
+
+def check_p2p_on_shards(comm, tmp: str):
+    """P2P (G3) on per-part shards without replicas: each rank holds its own part
+    only, builds its bins from its own in-edges, and trains as the single process."""
+    whole, mine = make_dataset(), own_part(comm, tmp)
+    assert mine.graph.num_edges < whole.graph.num_edges
+    cases = [(m, False, "multi-level", 4) for m in MODELS] + [("gat", True, "sequential", 1000)]
+    for name, decoupled, schedule, bin_size in cases:
+        ref_model = make_model(name, decoupled, 9, 3)
+        ref_losses, (ref_out, _), _ = run_epochs(SingleProcess(), whole, ref_model, None)
+        model = make_model(name, decoupled, 9, 3)
+        strategy = P2PParallel(P2PParallel.Options(schedule=schedule, bin_size=bin_size))
+        losses, (out, gids), plan = run_epochs(strategy, mine, model, comm)
+        assert plan.phases[1].rounds > 1 or bin_size == 1000
+        where = f"p2p {name} decoupled={decoupled} {schedule} rank {comm.rank}/{comm.world_size}"
+        assert_same_run((losses, out, gids, model), (ref_losses, ref_out, ref_model), where)
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize("world", [2, 3])
+def test_p2p_on_shards_equals_single_process(tmp_path, world):
+    _write(tmp_path, world, 0, "random")
+    run_ranks(check_p2p_on_shards, world, tmp_path, str(tmp_path))
+
