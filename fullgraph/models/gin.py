@@ -16,11 +16,10 @@ the graph with self-loops (which is the eps = 0 update without the MLP).
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fullgraph.models.base import GNN
-from fullgraph.models.layers import Dense, activation, init_bias, linear
+from fullgraph.models.layers import Dense, activation, init_bias, linear, own_relu
 from fullgraph.models.norm import GlobalBatchNorm
 from fullgraph.models.stages import Propagate, Stage, StageContext, Transform
 
@@ -67,8 +66,10 @@ class GINUpdate(Transform):
             h = linear(self.lin1, x)
         if self.norm is not None:
             h = self.norm(h, ctx)
-        y = self.lin2(F.relu(h))
-        return self.act(y) if self.act is not None else y
+        y = self.lin2(own_relu(h))  # h and y are fresh: their ReLU reuses them
+        if self.act is None:
+            return y
+        return own_relu(y) if self.act_name == "relu" else self.act(y)
 
     def extra_repr(self) -> str:
         return (f"index={self.index}, {self.in_dim}->{self.out_dim}, eps={self.eps}, "

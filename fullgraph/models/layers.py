@@ -78,6 +78,43 @@ def _plain(x: Tensor, lin: nn.Linear) -> bool:
     return not is_sparse(x) and lin.bias is None and x.dtype == lin.weight.dtype
 
 
+_keep_graph = getattr(torch._C._autograd, "_get_current_graph_task_keep_graph", None)
+"""Whether the running backward pass keeps its graph (``retain_graph=True``); torch's
+own compiled autograd asks the same before freeing what a backward saved."""
+
+
+class _OwnRelu(torch.autograd.Function):
+    """ReLU in place on a fresh tensor no other backward reads; its backward writes
+    the input gradient into the output's own storage, so no third (R, D) tensor is
+    allocated beside the output and its incoming gradient. Autograd runs it only
+    after every consumer of the output has run its own backward, so the output is no
+    longer needed then. A backward that keeps its graph (``retain_graph=True``, to
+    run again) gets a new tensor instead; were the output read after all, autograd's
+    in-place check would fail loudly rather than hand out gradient values."""
+
+    @staticmethod
+    def forward(ctx, y: Tensor) -> Tensor:
+        ctx.mark_dirty(y)
+        out = torch.relu_(y)
+        ctx.save_for_backward(out)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> Tensor:
+        (out,) = ctx.saved_tensors
+        if _keep_graph is None or _keep_graph():
+            return torch.ops.aten.threshold_backward(grad, out, 0)
+        return torch.ops.aten.threshold_backward.grad_input(grad, out, 0, grad_input=out)
+
+
+def own_relu(y: Tensor) -> Tensor:
+    """``relu_(y)`` for a fresh ``y`` that only this stage holds (see ``_OwnRelu``);
+    plain ``relu_`` where no gradient is needed."""
+    if not (torch.is_grad_enabled() and y.requires_grad):
+        return torch.relu_(y)
+    return _OwnRelu.apply(y)
+
+
 class Dense(Transform):
     """``y = act(lin(x) + bias + root(layer_input) + layer_input if residual)``.
 
@@ -147,8 +184,8 @@ class Dense(Transform):
             return y
         if self.act_name == "relu" and y is not x:
             # y is this stage's own fresh output, which no backward reads: one (R, D_out)
-            # tensor instead of two (the ReLU keeps its output for its backward)
-            return torch.relu_(y)
+            # tensor instead of two, and its backward reuses it for the gradient
+            return own_relu(y)
         return self.act(y)
 
     def extra_repr(self) -> str:
