@@ -97,6 +97,11 @@ def check_before_launch(cfg: Config, dataset: Dataset, workers: int) -> None:
                               "is per-part shards, which carry their own partition; leave "
                               "out --partition-file")
         check_shard_hops(cfg, dataset, build(dataset, cfg))
+        if cfg.runtime.strategy == "tensor" and cfg.adapt.mode != "off":
+            raise ConfigError(f"adapt.mode: --adapt {cfg.adapt.mode} with --strategy tensor "
+                              "moves rows between workers, and on per-part shards a worker "
+                              "holds only its own block of feature rows; train without "
+                              "--adapt, or on the unsharded dataset")
     if cfg.runtime.strategy == "task":  # chunk grids the graph or the P group cannot hold
         from fullgraph.parallel.task import TaskParallel
         TaskParallel(cfg.options["task_parallel"]).check_sizes(dataset.graph.num_nodes, workers)

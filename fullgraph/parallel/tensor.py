@@ -43,6 +43,7 @@ from fullgraph.models.stages import StageProgram, propagation_inputs
 from fullgraph.models.walk import describe, has_edge_stage
 from fullgraph.ops.chunked import build_chunks
 from fullgraph.ops.sparse import is_sparse
+from fullgraph.parallel.assemble import assemble, contiguous_blocks
 from fullgraph.parallel.base import DistributedStrategy, LocalResult, Work, feature_rows, register
 from fullgraph.parallel.columns import (
     ColumnPlan,
@@ -162,15 +163,18 @@ class TensorParallel(DistributedStrategy[ColumnPlan]):
             from fullgraph.comm.group import single_comm
 
             comm = single_comm()
+        shares = self.options.share_list(comm.world_size)
+        n = dataset.graph.num_dst
+        row_counts = (even_counts(n, comm.world_size) if shares is None
+                      else share_counts(n, shares, minimum=1))
+        if dataset.shard is not None:  # per-part shards: gather the whole graph and the
+            # feature rows of this worker's block from the parts that hold them
+            dataset = assemble(dataset, comm, contiguous_blocks(row_counts))
         graph, norms = propagation_inputs(program, dataset.graph, dtype)
         graph.transpose()  # the backward CSR, built once
         rows_device = self.model_device(device)  # where T stages and vertex rows live
         # chunked propagation streams the topology and edge weights from host memory
         graph_device = torch.device("cpu") if self._chunked else rows_device
-        shares = self.options.share_list(comm.world_size)
-        n = graph.num_dst
-        row_counts = (even_counts(n, comm.world_size) if shares is None
-                      else share_counts(n, shares, minimum=1))
         data = dataset.data
         plan = ColumnPlan(
             device=device, labels=data.labels[:0], masks={}, comm=comm,
@@ -196,13 +200,13 @@ class TensorParallel(DistributedStrategy[ColumnPlan]):
         plan.masks = {k: v[gids].to(rows_device) for k, v in masks.items()}
         x = data.features
         if (self.options.row_block is not None and rows_device.type == "cpu"
-                and isinstance(x, torch.Tensor) and not is_sparse(x)):
+                and data.row_ids is None and not is_sparse(x)):
             # a view of this rank's rows, memory-mapped and in their stored dtype: the
             # blocked runs read and convert them one block at a time
             plan.features = x[start:start + row_counts[comm.rank]]
             plan.row_dtype = dtype
-        else:
-            plan.features = feature_rows(x, gids, program, dtype, rows_device)
+        else:  # looked up by id: on shards, ``data`` holds this worker's rows only
+            plan.features = feature_rows(data, gids, program, dtype, rows_device)
         plan.row_block = self.options.row_block
         if has_edge_stage(program):
             plan.edges = edge_plan(plan.graph, row_counts, comm)
@@ -234,6 +238,9 @@ class TensorParallel(DistributedStrategy[ColumnPlan]):
             else check_counts(row_counts, n, world, "replan row_counts")
         cols = {int(d): check_counts(c, int(d), world, f"replan col_counts[{d}]")
                 for d, c in (col_counts or {}).items()}
+        if plan.source.row_ids is not None and list(rows) != plan.row_counts:
+            raise ValueError("tensor parallelism on per-part shards keeps its row blocks: "
+                             "each worker holds only its own block's feature rows")
         plan.shares, plan.col_counts = shares, cols
         dtype = plan.features.dtype
         self._place_rows(program, plan, rows, plan.features.device, dtype)

@@ -1,6 +1,6 @@
 """Per-part shards (``fullgraph partition --shards``): what each part holds, and
-data-parallel training on the parts equals the single-process run on the whole
-dataset (float64, dropout on), each worker reading only its own part."""
+training on the parts (data parallel, p2p, tensor) equals the single-process run on
+the whole dataset (float64, dropout on), each worker reading only its own part."""
 from __future__ import annotations
 
 import dataclasses
@@ -20,6 +20,7 @@ from fullgraph.graph.store import load_shard as load_part
 from fullgraph.parallel.data import DataParallel
 from fullgraph.parallel.p2p import P2PParallel
 from fullgraph.parallel.single import SingleProcess
+from fullgraph.parallel.tensor import TensorParallel
 from fullgraph.partition import PartitionBook, PartitionOptions, partition
 from fullgraph.partition.shards import check_use, closure, write_shards
 
@@ -123,13 +124,14 @@ def test_a_checkpoint_fingerprint_belongs_to_the_whole_dataset(tmp_path):
 def test_shards_are_refused_where_they_cannot_train(tmp_path):
     _write(tmp_path, 2, 0)
     part = load_part(tmp_path / "shards", 0)
-    for strategy in ("single", "tensor", "task"):
+    for strategy in ("single", "task"):
         with pytest.raises(ConfigError, match=f"{strategy}' cannot train on per-part shards"):
             check_use(part, strategy, 2)
     with pytest.raises(ConfigError, match="use --workers 2"):
         check_use(part, "data", 3)
     check_use(part, "data", 2)
     check_use(part, "p2p", 2)
+    check_use(part, "tensor", 2)
     with pytest.raises(ConfigError, match="has no part 2; train it with --workers 2"):
         load_part(tmp_path / "shards", 2)
     with pytest.raises(ConfigError, match="already a shard"):
@@ -170,6 +172,19 @@ def test_too_few_hops_are_refused_before_training(tmp_path, flags):
         check_shard_hops(cfg, part, build(part, cfg))
     cfg = config_from_args(build_parser().parse_args(["train", "--strategy", "data"]))
     check_shard_hops(cfg, part, build(part, cfg))  # DepComm needs no replicas
+
+
+def test_tensor_with_adapt_is_refused_on_shards(tmp_path):
+    from fullgraph.cli import build_parser, config_from_args
+    from fullgraph.train import check_before_launch
+
+    _write(tmp_path, 2, 0)
+    part = load_part(tmp_path / "shards", 0)
+    args = ["train", "--strategy", "tensor", "--workers", "2"]
+    cfg = config_from_args(build_parser().parse_args(args + ["--adapt", "adjust"]))
+    with pytest.raises(ConfigError, match="adapt.mode: --adapt adjust with --strategy tensor"):
+        check_before_launch(cfg, part, 2)
+    check_before_launch(config_from_args(build_parser().parse_args(args)), part, 2)
 
 
 # ---------------------------------------------------------------- exactness
@@ -242,21 +257,32 @@ def test_depcache_needs_as_many_hops_as_layers(tmp_path):
     run_ranks(check_too_few_hops, 2, tmp_path, str(tmp_path))
 
 
+def against_single(comm, whole, mine, runs) -> list:
+    """Train each (label, model name, decoupled, strategy) of ``runs`` on ``mine`` and
+    compare with the single process on ``whole``; the plans, in order."""
+    plans = []
+    for label, name, decoupled, strategy in runs:
+        ref_model = make_model(name, decoupled, 9, 3)
+        ref_losses, (ref_out, _), _ = run_epochs(SingleProcess(), whole, ref_model, None)
+        model = make_model(name, decoupled, 9, 3)
+        losses, (out, gids), plan = run_epochs(strategy, mine, model, comm)
+        where = f"{label} {name} decoupled={decoupled} rank {comm.rank}/{comm.world_size}"
+        assert_same_run((losses, out, gids, model), (ref_losses, ref_out, ref_model), where)
+        plans.append((plan, model))
+    return plans
+
+
 def check_p2p_on_shards(comm, tmp: str):
     """P2P (G3) on per-part shards without replicas: each rank holds its own part
     only, builds its bins from its own in-edges, and trains as the single process."""
     whole, mine = make_dataset(), own_part(comm, tmp)
     assert mine.graph.num_edges < whole.graph.num_edges
     cases = [(m, False, "multi-level", 4) for m in MODELS] + [("gat", True, "sequential", 1000)]
-    for name, decoupled, schedule, bin_size in cases:
-        ref_model = make_model(name, decoupled, 9, 3)
-        ref_losses, (ref_out, _), _ = run_epochs(SingleProcess(), whole, ref_model, None)
-        model = make_model(name, decoupled, 9, 3)
-        strategy = P2PParallel(P2PParallel.Options(schedule=schedule, bin_size=bin_size))
-        losses, (out, gids), plan = run_epochs(strategy, mine, model, comm)
-        assert plan.phases[1].rounds > 1 or bin_size == 1000
-        where = f"p2p {name} decoupled={decoupled} {schedule} rank {comm.rank}/{comm.world_size}"
-        assert_same_run((losses, out, gids, model), (ref_losses, ref_out, ref_model), where)
+    runs = [(f"p2p {schedule} bins of {size}", name, decoupled,
+             P2PParallel(P2PParallel.Options(schedule=schedule, bin_size=size)))
+            for name, decoupled, schedule, size in cases]
+    for (plan, _), (*_, size) in zip(against_single(comm, whole, mine, runs), cases):
+        assert plan.phases[1].rounds > 1 or size == 1000
 
 
 @pytest.mark.dist
@@ -264,4 +290,57 @@ def check_p2p_on_shards(comm, tmp: str):
 def test_p2p_on_shards_equals_single_process(tmp_path, world):
     _write(tmp_path, world, 0, "random")
     run_ranks(check_p2p_on_shards, world, tmp_path, str(tmp_path))
+
+
+def check_tensor_on_shards(comm, tmp: str):
+    """Tensor parallelism on per-part shards: each rank gathers the whole graph from
+    the parts' in-edges and its block of feature rows from the parts holding them, and
+    trains as the single process (with and without row blocks)."""
+    from fullgraph.parallel.assemble import whole_graph
+
+    whole, mine = make_dataset(), own_part(comm, tmp)
+    graph = whole_graph(mine, comm)
+    torch.testing.assert_close(graph.indptr.to(torch.int64), whole.graph.indptr.to(torch.int64))
+    torch.testing.assert_close(graph.indices.to(torch.int64),
+                               whole.graph.indices.to(torch.int64))
+    cases = [("gcn", False, None), ("gat", False, None), ("sage", True, 7), ("gin:bn", False, 5)]
+    runs = [(f"tensor row_block={block}", name, decoupled,
+             TensorParallel(TensorParallel.Options(row_block=block)))
+            for name, decoupled, block in cases]
+    plans = against_single(comm, whole, mine, runs)
+    for plan, _ in plans:
+        assert plan.source.row_ids is not None  # only its own block of rows
+        assert plan.source.features.shape[0] == plan.gids.numel() < whole.graph.num_nodes
+    plan, model = plans[-1]
+    with pytest.raises(ValueError, match="keeps its row blocks"):
+        runs[-1][3].replan(model, plan, [1.0] + [2.0] * (comm.world_size - 1))
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize("world", [2, 3])
+def test_tensor_on_shards_equals_single_process(tmp_path, world):
+    _write(tmp_path, world, 0, "random")
+    run_ranks(check_tensor_on_shards, world, tmp_path, str(tmp_path))
+
+
+def sparse_dataset():
+    """``make_dataset`` with about 80 % of its feature entries zero, as CSR."""
+    dataset = make_dataset()
+    x = dataset.data.features * (dataset.data.features > 0.8)
+    dataset.data = dataclasses.replace(dataset.data, features=to_sparse(x))
+    return dataset
+
+
+def check_tensor_on_sparse_shards(comm, tmp: str):
+    mine = own_part(comm, tmp)
+    assert mine.data.features.layout == torch.sparse_csr
+    ((plan, _),) = against_single(comm, sparse_dataset(), mine,
+                                  [("tensor, sparse", "gcn", False, TensorParallel())])
+    assert plan.features.layout == torch.sparse_csr
+
+
+@pytest.mark.dist
+def test_tensor_on_sparse_shards_equals_single_process(tmp_path):
+    _write(tmp_path, 2, 0, "random", sparse_dataset())
+    run_ranks(check_tensor_on_sparse_shards, 2, tmp_path, str(tmp_path))
 
