@@ -189,8 +189,8 @@ def build_parser() -> argparse.ArgumentParser:
     p_part.add_argument("--shards", metavar="DIR",
                         help="also write per-part shards to DIR: each part's own feature rows "
                         "and in-edges (plus --shard-hops of replicated neighbours); train "
-                        "with --dataset DIR --strategy data (or p2p, tensor) --workers "
-                        "PARTS, each worker then reads only its part")
+                        "with --dataset DIR --strategy data (or p2p, tensor, task) "
+                        "--workers PARTS, each worker then reads only its part")
     p_part.add_argument("--shard-hops", type=int, default=0, metavar="H",
                         help="hops of in-neighbours each shard replicates: 0 (default) for "
                         "--dep-mode depcomm; the model's propagation hops for depcache, "

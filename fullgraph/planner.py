@@ -362,7 +362,7 @@ def resolve_config(cfg: Any, dataset: Dataset) -> tuple[Any, list[str]]:
     the strategy is a concrete one), and the flags that select it."""
     if cfg.runtime.strategy != "auto":
         return cfg, []
-    if dataset.shard is not None:  # shards: data parallel (p2p trains on them too; the
+    if dataset.shard is not None:  # shards: data parallel (the others train on them too; the
         # planner's estimates need the whole graph)
         import dataclasses
 

@@ -322,7 +322,7 @@ def test_shards_through_the_launcher(launch_root, tmp_path):
                                rtol=1e-5, atol=1e-6)
     # another worker count or strategy is refused before any worker starts
     for args, message in ((["--workers", "3"], "use --workers 2"),
-                          (["--workers", "2", "--strategy", "task"], "cannot train on "
+                          (["--strategy", "single"], "'single' cannot train on "
                            "per-part shards")):
         out = run_cli(["train", "--dataset", str(shards), "--strategy", "data", *args,
                        "--epochs", "1"], root)

@@ -2,7 +2,8 @@
 
 Tensor parallelism (NeutronTP) gives every worker a slice of the columns of every
 vertex for its P stages, so each worker holds the whole topology by design; its T
-stages read a contiguous block of feature rows. On per-part shards
+stages read a contiguous block of feature rows (task parallelism, NeutronTask, the
+same for its T and P groups). On per-part shards
 (``partition.shards``) neither is on one worker's disk: each holds its own vertices'
 in-edges and feature rows. ``assemble`` builds what such a strategy needs through
 collectives at setup: the whole stored graph from every part's in-edges (an
@@ -84,11 +85,12 @@ def gather_rows(dataset: Dataset, blocks: list[Tensor], comm: Comm) -> Tensor:
     return to_sparse(rows) if is_sparse(data.features) else rows
 
 
-def assemble(dataset: Dataset, comm: Comm, rows: list[Tensor]) -> Dataset:
-    """``dataset`` (a per-part shard) with the whole graph and the feature rows
-    ``rows[comm.rank]`` (``VertexData.row_ids``), worker t holding ``rows[t]``
-    (collective). Labels and masks cover every vertex already."""
-    graph = whole_graph(dataset, comm)
+def assemble(dataset: Dataset, comm: Comm, rows: list[Tensor],
+             graph: Graph | None = None) -> Dataset:
+    """``dataset`` (a per-part shard) with the whole graph (``graph`` when it was
+    gathered already) and the feature rows ``rows[comm.rank]`` (``VertexData.row_ids``),
+    worker t holding ``rows[t]`` (collective). Labels and masks cover every vertex."""
+    graph = whole_graph(dataset, comm) if graph is None else graph
     features = gather_rows(dataset, rows, comm)
     data = dataclasses.replace(dataset.data, features=features, row_ids=rows[comm.rank])
     return dataclasses.replace(dataset, graph=graph, data=data, shard=None)

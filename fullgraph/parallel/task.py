@@ -44,6 +44,7 @@ from fullgraph.graph.data import Dataset
 from fullgraph.memory import MemoryAccount, parse_bytes
 from fullgraph.models.stages import StageProgram, propagation_inputs
 from fullgraph.models.walk import describe, has_edge_stage
+from fullgraph.parallel.assemble import assemble, contiguous_blocks, whole_graph
 from fullgraph.parallel.base import DistributedStrategy, LocalResult, Work, feature_rows, register
 from fullgraph.parallel.columns import ColumnPlan, column_forward, column_work, edge_plan
 from fullgraph.parallel.taskmodel import (
@@ -187,11 +188,15 @@ class TaskParallel(DistributedStrategy[TaskPlan]):
         if comm is None or comm.world_size < 2:
             raise ValueError("strategy 'task' runs the T and P stages on different workers: "
                              "it needs at least 2 workers (--workers 2)")
-        graph, norms = propagation_inputs(program, dataset.graph, dtype)
+        shard = dataset.shard  # per-part shards: the whole graph gathered from the parts
+        stored = dataset.graph if shard is None else whole_graph(dataset, comm)
+        graph, norms = propagation_inputs(program, stored, dtype)
         n = graph.num_dst
         self.check_sizes(n)
         split, machine = self._split(program, graph.num_dst, graph.num_edges, comm, dtype)
         row_counts = even_counts(n, split.num_t) + [0] * split.num_p
+        if shard is not None:  # each T worker's block of feature rows, from their parts
+            dataset = assemble(dataset, comm, contiguous_blocks(row_counts), stored)
         rows = None
         if self.options.group_parallel == "data":  # the P workers hold their in-edges only
             opts = self.options
@@ -262,7 +267,7 @@ class TaskParallel(DistributedStrategy[TaskPlan]):
             num_train_global=int(data.train_mask.sum()), comm=comm, graph=graph.to(device),
             norms={k: v.to(device) for k, v in norms.items()}, row_counts=row_counts,
             gids=gids.to(device),
-            features=feature_rows(data.features, gids, program, dtype, device),
+            features=feature_rows(data, gids, program, dtype, device),
             col_ranks=split.p_ranks, out_rows=out_rows,
             out_gids=None if out_gids is None else out_gids.to(device),
             split=split, recompute=self.options.recompute)

@@ -18,8 +18,9 @@ edges and feature rows. Training on the parts is exact: a data-parallel worker
 reads only what its part holds (``parallel.data``), and it refuses a plan that
 needs rows or in-edges beyond them (DepCache with more layers than ``hops``); a P2P
 worker reads its own rows and in-edges only (any ``hops``) and learns from its peers
-which of its rows they read (``parallel.p2p``); a tensor-parallel worker gathers the
-whole topology and its block of feature rows from the parts (``parallel.assemble``).
+which of its rows they read (``parallel.p2p``); a tensor- or task-parallel worker
+gathers the whole topology and its block of feature rows from the parts
+(``parallel.assemble``).
 
 Layout::
 
@@ -52,8 +53,9 @@ from fullgraph.graph.sparse import choose_layout, is_sparse
 from fullgraph.partition.book import PartitionBook
 
 MANIFEST, FORMAT = store.SHARDS_FILE, store.SHARDS_FORMAT
-STRATEGIES = ("data", "p2p", "tensor")
-"""Strategies that train on shards: each worker reads only its own part's rows."""
+STRATEGIES = ("data", "p2p", "tensor", "task")
+"""Strategies that train on shards: each worker reads only its own part from disk
+(tensor and task parallelism gather the whole topology from the parts at setup)."""
 
 
 def closure(graph: Graph, owned: np.ndarray, hops: int) -> list[np.ndarray]:
@@ -189,9 +191,9 @@ def check_use(dataset: Dataset, strategy: str, workers: int) -> None:
         return
     if strategy not in STRATEGIES:
         raise ConfigError(f"runtime.strategy: {strategy!r} cannot train on per-part shards "
-                          f"(dataset {dataset.name!r}, {sh.parts} shards): it reads every "
-                          "vertex's rows; use --strategy data, p2p or tensor, or the unsharded "
-                          "dataset")
+                          f"(dataset {dataset.name!r}, {sh.parts} shards): one process would "
+                          f"need every part; use --workers {sh.parts} with --strategy data, "
+                          "p2p, tensor or task, or the unsharded dataset")
     if sh.parts != workers:
         raise ConfigError(f"launch.workers: the dataset is {sh.parts} per-part shards and "
                           f"each worker trains on one; use --workers {sh.parts} (got "
