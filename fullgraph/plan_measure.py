@@ -220,14 +220,40 @@ def workload_seconds(rounds: int = 3) -> float:
     return best
 
 
+def busy_cores(window: float = 0.5, stat: str = "/proc/stat") -> float | None:
+    """Cores busy with other processes now: the CPU time ``/proc/stat`` counts over
+    ``window`` seconds while this process sleeps (None where there is no
+    ``/proc/stat``). Unlike the load average, which trails by a minute, it does not
+    count work that has just ended (the workers of a run that finished)."""
+    def sample() -> tuple[int, int]:
+        with open(stat) as f:
+            fields = [int(v) for v in f.readline().split()[1:9]]
+        return sum(fields), fields[3] + fields[4]  # all time, idle + iowait
+    try:
+        total0, idle0 = sample()
+        time.sleep(window)
+        total1, idle1 = sample()
+    except (OSError, ValueError, IndexError):
+        return None
+    total = total1 - total0
+    if total <= 0:
+        return None
+    return (total - (idle1 - idle0)) / total * (os.cpu_count() or 1)
+
+
 def core_share(workers: int, cores: int, load: float | None = None) -> float:
     """How much slower a worker computes than this process measured: the rates were
-    measured beside the other processes running now (the 1-minute load average less
-    this one), the workers will run beside them and each other."""
+    measured beside the other processes running now (``load``: this process plus
+    the cores others keep busy, from ``busy_cores``, or the 1-minute load average
+    where that cannot be read), the workers will run beside them and each other."""
     if load is None:
-        try:
-            load = os.getloadavg()[0]
-        except OSError:
-            load = 1.0
+        busy = busy_cores()
+        if busy is not None:
+            load = busy + 1.0
+        else:
+            try:
+                load = os.getloadavg()[0]
+            except OSError:
+                load = 1.0
     others = max(0.0, load - 1.0)
     return max(1.0, (others + workers) / max(float(cores), others + 1.0))

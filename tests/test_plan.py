@@ -269,6 +269,26 @@ def test_core_share_counts_the_workers_beside_the_load_the_rates_were_measured_i
     assert core_share(2, 2, load=5.0) == pytest.approx(6 / 5)  # measured at 2/5 of a core
 
 
+def test_busy_cores_counts_the_cpu_time_of_the_window(tmp_path, monkeypatch):
+    """Busy time over all time in the window, times the cores: what runs now, not the
+    trailing load average; None without a readable ``/proc/stat``."""
+    import os
+
+    from fullgraph import plan_measure
+
+    stat = tmp_path / "stat"
+    # user nice system idle iowait irq softirq steal
+    stat.write_text("cpu  100 0 50 800 50 0 0 0 0 0\ncpu0 1 2 3\n")
+
+    def later(_seconds):  # 600 jiffies pass: 300 busy (user 200, system 100), 300 idle
+        stat.write_text("cpu  300 0 150 1050 100 0 0 0 0 0\ncpu0 1 2 3\n")
+
+    monkeypatch.setattr(plan_measure.time, "sleep", later)
+    monkeypatch.setattr(os, "cpu_count", lambda: 4)
+    assert plan_measure.busy_cores(0.5, str(stat)) == pytest.approx(2.0)
+    assert plan_measure.busy_cores(0.5, str(tmp_path / "absent")) is None
+
+
 def test_fit_with_strategy_auto_runs_the_concrete_strategy():
     from fullgraph import fit
 
