@@ -2,15 +2,14 @@
 
 Tensor parallelism (NeutronTP) gives every worker a slice of the columns of every
 vertex for its P stages, so each worker holds the whole topology by design; its T
-stages read a contiguous block of feature rows (task parallelism, NeutronTask, the
-same for its T and P groups). On per-part shards
-(``partition.shards``) neither is on one worker's disk: each holds its own vertices'
-in-edges and feature rows. ``assemble`` builds what such a strategy needs through
-collectives at setup: the whole stored graph from every part's in-edges (an
-all-gather, in the stored order, so edge ids and edge-keyed dropout match the whole
-dataset), and the feature rows a worker asks for from the parts that hold them (one
-all-to-all). Feature rows nobody asked for stay where they are, so a worker holds
-its block, not the whole matrix.
+stages read a contiguous block of feature rows. Task parallelism (NeutronTask) is
+the same for its T and P groups. On per-part shards (``partition.shards``) neither
+is on one worker's disk: each holds its own vertices' in-edges and feature rows.
+``assemble`` builds what such a strategy needs through collectives at setup: the
+whole stored graph from every part's in-edges (an all-gather, in the stored order,
+so edge ids and edge-keyed dropout match the whole dataset), and the feature rows a
+worker asks for from the parts that hold them (one all-to-all). Feature rows nobody
+asked for stay where they are, so a worker holds its block, not the whole matrix.
 """
 from __future__ import annotations
 
