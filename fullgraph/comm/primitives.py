@@ -290,6 +290,15 @@ def all_to_all_v(send: Sequence[Tensor], recv_rows: Sequence[int], comm: Comm,
     return all_to_all_v_start(send, recv_rows, comm, phase).wait()
 
 
+def all_to_all_sized(send: Sequence[Tensor], comm: Comm, phase: str) -> list[Tensor]:
+    """``all_to_all_v`` where the receivers do not know the sizes: one all-to-all of
+    the row counts, then the rows (``send[p]`` to rank p; the blocks received, in rank
+    order)."""
+    counts = all_to_all_v([torch.tensor([t.shape[0]]) for t in send], [1] * comm.world_size,
+                          comm, phase)
+    return all_to_all_v(send, [int(c) for c in counts], comm, phase)
+
+
 class PendingExchange:
     """An all-to-all in flight; ``wait()`` returns what ``all_to_all_v`` would.
 

@@ -332,9 +332,7 @@ def edge_plan(graph: Graph, row_counts: list[int], comm: Comm) -> EdgePlan:
     if comm.world_size == 1:
         return EdgePlan(block, None, edge_counts)
     needed_from = [torch.from_numpy(fetched[owners == p]) for p in range(comm.world_size)]
-    counts = prim.all_to_all_v([torch.tensor([t.numel()]) for t in needed_from],
-                               [1] * comm.world_size, comm, "setup")
-    needed_by = prim.all_to_all_v(needed_from, [int(c) for c in counts], comm, "setup")
+    needed_by = prim.all_to_all_sized(needed_from, comm, "setup")
     table = ExchangeTable(send_idx=[g - lo for g in needed_by],
                           recv_rows=[t.numel() for t in needed_from])
     return EdgePlan(block, table, edge_counts)

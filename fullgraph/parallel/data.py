@@ -44,7 +44,12 @@ from fullgraph.ops.sparse import take_rows
 from fullgraph.parallel import costmodel
 from fullgraph.parallel.base import LocalResult, Plan, Work, feature_rows, register
 from fullgraph.parallel.rowplan import RowPlan, plan_rows, stage_weights
-from fullgraph.parallel.rows import RowPartitioned, partition_book, whole_edge_ids
+from fullgraph.parallel.rows import (
+    RowPartitioned,
+    check_shard_rows,
+    partition_book,
+    whole_edge_ids,
+)
 from fullgraph.partition import PartitionBook
 
 MODES = ("depcomm", "depcache", "hybrid")
@@ -321,9 +326,7 @@ class DataParallel(RowPartitioned[DataPlan]):
                 continue
             owners = book.part_of[fetched]
             needed_from = [fetched[owners == p] for p in range(comm.world_size)]
-            counts = prim.all_to_all_v([torch.tensor([t.numel()]) for t in needed_from],
-                                       [1] * comm.world_size, comm, "setup")
-            needed_by = prim.all_to_all_v(needed_from, [int(c) for c in counts], comm, "setup")
+            needed_by = prim.all_to_all_sized(needed_from, comm, "setup")
             send_idx = [book.gid_to_lid(g) for g in needed_by]
             tables.append(ExchangeTable(send_idx=send_idx,
                                         recv_rows=[t.numel() for t in needed_from],
@@ -450,9 +453,7 @@ def check_shard_hops(program: StageProgram, dataset: Dataset, what: str) -> None
     owned = torch.nonzero(sh.part_of == sh.part).flatten()
     rows = plan_rows(program, graph, owned, torch.zeros(graph.num_dst, dtype=torch.bool),
                      owner=sh.part_of)
-    for s, block in enumerate(rows.blocks):
-        if block is not None:
-            sh.check_edge_rows(rows.rows[s], what)
+    check_shard_rows(sh, rows, what)
     dataset.data.row_positions(rows.input_rows)
 
 
@@ -461,9 +462,7 @@ def _check_rows(plan: DataPlan, rows: RowPlan, what: str) -> None:
     the input rows it reads are held (ValueError naming what lacks)."""
     if plan.shard is None:
         return
-    for s, block in enumerate(rows.blocks):
-        if block is not None:
-            plan.shard.check_edge_rows(rows.rows[s], f"data parallel, {what}")
+    check_shard_rows(plan.shard, rows, f"data parallel, {what}")
     plan.source.row_positions(rows.input_rows)
 
 

@@ -70,7 +70,12 @@ from fullgraph.parallel.p2p_plan import (
 )
 from fullgraph.parallel.p2p_run import Forward
 from fullgraph.parallel.rowplan import plan_rows, stage_weights
-from fullgraph.parallel.rows import RowPartitioned, partition_book, whole_edge_ids
+from fullgraph.parallel.rows import (
+    RowPartitioned,
+    check_shard_rows,
+    partition_book,
+    whole_edge_ids,
+)
 from fullgraph.schedule.bins import SCHEDULES, bin_limit, build_schedule
 
 RAM_SHARE = 4
@@ -144,10 +149,7 @@ class P2PParallel(RowPartitioned[P2PPlan]):
         owned = book.part_to_gids(comm.rank)
         fetch = torch.ones(graph.num_dst, dtype=torch.bool)  # every remote row is pushed
         rows = plan_rows(program, graph, owned, fetch, owner=book.part_of)
-        if shard is not None:
-            for s, block in enumerate(rows.blocks):
-                if block is not None:
-                    shard.check_edge_rows(rows.rows[s], "p2p")
+        check_shard_rows(shard, rows, "p2p")
         bounds = phase_bounds(program, rows.shares_halo)
         mode = SCHEDULES[self.options.schedule]
         itemsize = torch.empty(0, dtype=dtype).element_size()

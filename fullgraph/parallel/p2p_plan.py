@@ -199,9 +199,7 @@ def reads_exchange(comm: Comm) -> ReadsExchange:
         # one message per peer: the vertices, then their steps
         send = [torch.from_numpy(np.concatenate([v, s]).astype(np.int64))
                 for v, s in zip(vertices, steps)]
-        counts = prim.all_to_all_v([torch.tensor([t.numel()]) for t in send],
-                                   [1] * comm.world_size, comm, "setup")
-        got = prim.all_to_all_v(send, [int(c) for c in counts], comm, "setup")
+        got = prim.all_to_all_sized(send, comm, "setup")
         halves = [t.numpy().reshape(2, -1) for t in got]
         return [h[0] for h in halves], [h[1] for h in halves]
     return exchange

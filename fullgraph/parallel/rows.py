@@ -16,8 +16,9 @@ from torch import Tensor
 from fullgraph.comm import primitives as prim
 from fullgraph.comm.group import Comm
 from fullgraph.graph.csr import Graph
-from fullgraph.graph.data import Dataset
+from fullgraph.graph.data import Dataset, Shard
 from fullgraph.parallel.base import DistributedStrategy, PlanT
+from fullgraph.parallel.rowplan import RowPlan
 from fullgraph.partition import PartitionBook, PartitionOptions, partition
 
 
@@ -71,6 +72,16 @@ def partition_book(dataset: Dataset, comm: Comm, opts: PartitionOptions) -> Part
                             seed=opts.seed).part_of.to(torch.int64)
     prim.broadcast_(part_of, 0, comm, "setup")  # every worker uses rank 0's partition
     return PartitionBook.from_assignment(part_of, comm.world_size)
+
+
+def check_shard_rows(shard: Shard | None, rows: RowPlan, what: str) -> None:
+    """On a per-part shard: every row a P / E stage of ``rows`` aggregates has its
+    in-edges there (ValueError naming what lacks); nothing to check off shards."""
+    if shard is None:
+        return
+    for s, block in enumerate(rows.blocks):
+        if block is not None:
+            shard.check_edge_rows(rows.rows[s], what)
 
 
 def whole_edge_ids(graph: Graph, in_degree: Tensor, self_loops: bool) -> Tensor:
