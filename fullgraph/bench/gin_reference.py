@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fullgraph.bench.accuracy import SETTINGS, load
+from fullgraph.bench.pyg_accuracy import adjacency
 from fullgraph.graph.data import Dataset
 
 MASKS = ("torch", "keyed")
@@ -74,14 +75,8 @@ class PlainGIN(nn.Module):
 
 
 def self_loop_adjacency(ds: Dataset) -> Tensor:
-    """A + I as torch CSR (row = destination), the stored self-loops dropped first."""
-    graph = ds.graph.with_self_loops(False) if ds.graph.has_self_loops() else ds.graph
-    src, dst = graph.edges()
-    n = ds.data.num_nodes
-    loops = torch.arange(n)
-    index = torch.stack([torch.cat([dst, loops]), torch.cat([src, loops])])
-    return torch.sparse_coo_tensor(index, torch.ones(index.shape[1]), (n, n),
-                                   check_invariants=True).coalesce().to_sparse_csr()
+    """A + I as torch CSR (row = destination), one self-loop per vertex."""
+    return adjacency(ds, self_loops=True)
 
 
 def train_plain(ds: Dataset, adj: Tensor, masks: str, epochs: int, seed: int

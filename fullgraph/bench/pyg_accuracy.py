@@ -61,9 +61,10 @@ class PygNet(nn.Module):
         return x
 
 
-def adjacency(ds: Dataset) -> Tensor:
-    """The transposed adjacency (row = destination) as torch CSR, no self-loops."""
-    graph = ds.graph.with_self_loops(False) if ds.graph.has_self_loops() else ds.graph
+def adjacency(ds: Dataset, self_loops: bool = False) -> Tensor:
+    """The transposed adjacency (row = destination) as torch CSR: without self-loops,
+    or with ``self_loops`` one per vertex (A + I)."""
+    graph = ds.graph.with_self_loops(self_loops)
     src, dst = graph.edges()
     n = ds.data.num_nodes
     values = torch.ones(src.numel())
