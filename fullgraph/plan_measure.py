@@ -201,21 +201,45 @@ def worker_threads(threads: int, backend: str | None = None) -> Iterator[None]:
 
 
 def workload_seconds(rounds: int = 3) -> float:
-    """The least of ``rounds`` timings of a fixed mix of graph work (an aggregation over
-    a seeded random graph and a GEMM, about 20 ms on one core): timed alone here and on
-    every probe worker at once, the ratio is how much the workers slow each other down
-    (shared cores, memory bandwidth and caches), measured instead of assumed."""
-    from fullgraph.ops.spmm import aggregate
+    """The least of ``rounds`` timings of a fixed mix of graph work (a GEMM and an
+    aggregation over a seeded random graph, eight times: about 20 ms on one core, longer
+    than a scheduler time slice, so that workers taking turns on a core see it). Timed
+    alone here and on every probe worker at once, the ratio is how much the workers
+    slow each other down (shared cores, memory bandwidth and caches), measured instead
+    of assumed.
+
+    Both write into buffers allocated before the timing: with glibc's malloc a fresh
+    output is faulted in page by page until its adaptive mmap threshold has grown,
+    which took the same work from 2.6 to 6.4 ms depending on what the process had
+    allocated before (the planner's probe read that as a 2.5x slowdown of two workers
+    on two idle cores)."""
+    from fullgraph.ops import kernels
+    from fullgraph.ops.spmm import resolve_backend
 
     gen = torch.Generator().manual_seed(0)
     n, degree, dim = 20_000, 10, 64
-    graph = Graph(torch.arange(0, n * degree + 1, degree),
-                  torch.randint(0, n, (n * degree,), generator=gen), n, validate=False)
+    indptr = torch.arange(0, n * degree + 1, degree)
+    indices = torch.randint(0, n, (n * degree,), generator=gen)
     x, w = torch.randn(n, dim, generator=gen), torch.randn(dim, dim, generator=gen)
+    h, out = torch.empty(n, dim), torch.empty(n, dim)
+    if resolve_backend(torch.device("cpu")) == "numba":
+        args = (indptr.numpy(), indices.numpy(), h.numpy(), out.numpy(), False)
+
+        def aggregate() -> None:
+            out.zero_()
+            kernels.spmm_unweighted(*args)
+    else:
+        adj = torch.sparse_csr_tensor(indptr, indices, torch.ones(n * degree), (n, n),
+                                      check_invariants=False)
+
+        def aggregate() -> None:
+            torch.mm(adj, h, out=out)
     best = float("inf")
     for _ in range(rounds + 1):  # the first is a warm-up
         t0 = time.perf_counter()
-        aggregate(graph, x @ w, None, "sum")
+        for _ in range(8):
+            torch.mm(x, w, out=h)
+            aggregate()
         best = min(best, time.perf_counter() - t0)
     return best
 

@@ -6,10 +6,14 @@ that share cores -- depends on the worker count and on how the workers share thi
 machine, not on the graph. The planner measures it here as it will be paid: the
 workers are launched as ``fullgraph train`` launches them, and every candidate trains
 a few epochs of the user's model on a ring of a few vertices per worker
-(``plan_measure.tiny_dataset``); rank 0 writes each candidate's median epoch after the
-first to a JSON file. Then all workers run the same fixed workload at once
-(``plan_measure.workload_seconds``): against the planner's own timing of it alone, how
-much the workers slow each other down.
+(``plan_measure.tiny_dataset``), in rounds; rank 0 writes each candidate's median
+epoch (each epoch the slowest worker's) to a JSON file. Then all workers run the
+same fixed workload at once (``plan_measure.workload_seconds``): against the
+planner's own timing of it alone, how much the workers slow each other down. Last,
+the workers time all-to-alls of one row and of ``LINK_BYTES`` per worker through the
+real communicator: what a received byte costs with the backend's copies, packing and
+scheduling (``link_seconds``). On our 2-core machine a raw socket between two
+processes (``plan_measure.measure_link``) read 1.5 to 5 times cheaper than that.
 
     python -m fullgraph.plan_probe OUT.json CONFIG.json LABEL [LABEL ...]   # per worker
 """
@@ -26,9 +30,13 @@ from pathlib import Path
 from typing import Any
 
 EPOCHS = 6
-"""Epochs per candidate; the first is left out of the median."""
+"""Epochs per run of a candidate; the first is left out of the median."""
+ROUNDS = 3
+"""Runs per candidate, every candidate once per round."""
 RING_PER_WORKER = 32
 """Vertices of the probe's ring per worker."""
+LINK_BYTES = 4 << 20
+"""Bytes each worker receives in the probe's timed all-to-alls (``link_seconds``)."""
 
 
 def probe_config(cfg: Any, cand: Any) -> Any:
@@ -52,8 +60,12 @@ def probe_config(cfg: Any, cand: Any) -> Any:
 
 def measure(cfg: Any, labels: list[str], features: int, classes: int,
             comm: Any) -> dict[str, float]:
-    """Per candidate label, the median epoch (seconds, epochs after the first) of the
-    slowest worker, training on the probe ring with ``comm``'s workers."""
+    """Per candidate label, the median epoch (seconds) on the probe ring with
+    ``comm``'s workers, each epoch the slowest worker's (the epoch as the benchmarks
+    read ``fullgraph train``'s metrics): over ``ROUNDS`` rounds that train every
+    candidate in turn, the epochs after each run's first pooled, so that a stretch of
+    load on the machine falls on one run of several candidates rather than on every
+    epoch of one (a single run moved 2x between probes of the same candidate)."""
     import torch
 
     from fullgraph import plan as P
@@ -62,17 +74,48 @@ def measure(cfg: Any, labels: list[str], features: int, classes: int,
     from fullgraph.train import train
 
     cands = {c.label: c for c in P.CANDIDATES}
-    out: dict[str, float] = {}
-    for label in labels:
-        torch.manual_seed(0)  # every worker builds the same ring
-        dataset = tiny_dataset(features, classes, RING_PER_WORKER * comm.world_size)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            result = train(dataset, probe_config(cfg, cands[label]), comm=comm,
-                           local_rank=int(os.environ.get("LOCAL_RANK", "0")))
-        mine = statistics.median(r.epoch_s for r in result.epochs[1:])
-        out[label] = max(all_gather_object(mine, comm, "probe"))
-    return out
+    epochs: dict[str, list[float]] = {label: [] for label in labels}
+    for _ in range(ROUNDS):
+        for label in labels:
+            torch.manual_seed(0)  # every worker builds the same ring
+            dataset = tiny_dataset(features, classes, RING_PER_WORKER * comm.world_size)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                result = train(dataset, probe_config(cfg, cands[label]), comm=comm,
+                               local_rank=int(os.environ.get("LOCAL_RANK", "0")))
+            mine = [r.epoch_s for r in result.epochs[1:]]
+            epochs[label] += [max(walls) for walls in
+                              zip(*all_gather_object(mine, comm, "probe"))]
+    return {label: statistics.median(walls) for label, walls in epochs.items()}
+
+
+def link_seconds(comm: Any, nbytes: int = LINK_BYTES, trips: int = 5) -> float:
+    """Seconds per byte received in an all-to-all over ``comm`` (the slowest worker):
+    the least of ``trips`` all-to-alls receiving ``nbytes`` in all, less the least of
+    ``trips`` receiving one row, over the bytes."""
+    import time
+
+    import torch
+
+    from fullgraph.comm.primitives import all_gather_object, all_to_all_v, barrier
+
+    peers = comm.world_size - 1
+    width = 256
+
+    def best(rows: int) -> float:
+        send = [torch.ones(rows if p != comm.rank else 0, width) for p in range(comm.world_size)]
+        recv = [rows if p != comm.rank else 0 for p in range(comm.world_size)]
+        times = []
+        for _ in range(trips + 1):  # the first is a warm-up
+            barrier(comm, "probe")
+            t0 = time.perf_counter()
+            all_to_all_v(send, recv, comm, "probe")
+            times.append(time.perf_counter() - t0)
+        return min(times[1:])
+
+    rows = max(1, nbytes // (4 * width * peers))
+    per_byte = max(0.0, best(rows) - best(1)) / (4 * width * rows * peers)
+    return float(max(all_gather_object(per_byte, comm, "probe")))
 
 
 def main(argv: list[str]) -> int:
@@ -95,10 +138,12 @@ def main(argv: list[str]) -> int:
             times = measure(cfg, labels, spec["features"], spec["classes"], comm)
             barrier(comm, "probe")  # every worker at once
             concurrent = max(all_gather_object(workload_seconds(), comm, "probe"))
+            per_byte = link_seconds(comm)
         finally:
             destroy_comm(comm)
         if comm.rank == 0:
-            Path(out_path).write_text(json.dumps({"fixed": times, "workload": concurrent}))
+            Path(out_path).write_text(json.dumps({"fixed": times, "workload": concurrent,
+                                                  "byte": per_byte}))
         return 0
 
     return launch.run_worker(body)
@@ -112,10 +157,13 @@ class Probe:
         fixed: per candidate label, seconds per epoch on the ring.
         workload: seconds of ``plan_measure.workload_seconds`` on the slowest worker,
             all workers running it at once.
+        byte: seconds per byte received in an all-to-all (``link_seconds``; 0: not
+            measured).
     """
 
     fixed: dict[str, float]
     workload: float
+    byte: float = 0.0
 
 
 def probe(cfg: Any, labels: list[str], features: int, classes: int) -> Probe:
@@ -140,7 +188,8 @@ def probe(cfg: Any, labels: list[str], features: int, classes: int) -> Probe:
         if code != 0 or not out.exists():
             raise RuntimeError(f"the planner's probe workers failed (exit {code})")
         got = json.loads(out.read_text())
-        return Probe({k: float(v) for k, v in got["fixed"].items()}, float(got["workload"]))
+        return Probe({k: float(v) for k, v in got["fixed"].items()}, float(got["workload"]),
+                      float(got["byte"]))
 
 
 if __name__ == "__main__":

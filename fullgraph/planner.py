@@ -50,6 +50,8 @@ class Estimate:
     seconds: float
     fits: bool = True
     why_not: str = ""
+    kept: str = ""
+    """Hybrid: the mode its setup trial is predicted to keep (``_price_the_trial``)."""
 
     @property
     def peak(self) -> P.RankCost:
@@ -111,10 +113,10 @@ def measured_rates(cfg: Any, dataset: Dataset,
                    rates: P.PlanRates) -> tuple[P.PlanRates, dict[str, P.PlanRates]]:
     """``rates`` with what is measured by running the executors: the calibration of each
     candidate's graph work (``calibration``; the base rates get the median), and for
-    several workers the probe's slowdown of workers sharing this machine and its cost
-    of an exchange round; per candidate, its fixed cost per epoch -- at the real worker
-    count by ``plan_probe`` (falling back to one process, with a warning, if its
-    workers fail), in this process for one worker."""
+    several workers the probe's slowdown of workers sharing this machine, its cost of
+    a received byte and of an exchange round; per candidate, its fixed cost per epoch
+    -- at the real worker count by ``plan_probe`` (falling back to one process, with a
+    warning, if its workers fail), in this process for one worker."""
     feat, classes = dataset.data.num_features, dataset.data.num_classes
     workers = cfg.launch.workers
     cands = candidates(workers)
@@ -128,7 +130,8 @@ def measured_rates(cfg: Any, dataset: Dataset,
         else:
             with _as_worker(cfg):
                 alone = workload_seconds()
-            rates = replace(rates, slowdown=max(1.0, measured.workload / alone))
+            rates = replace(rates, slowdown=max(1.0, measured.workload / alone),
+                            byte=measured.byte or rates.byte)
             ring = tiny_dataset(feat, classes, RING_PER_WORKER * workers)
             program = _program(ring, cfg)
             graph, _ = propagation_inputs(program, ring.graph)
@@ -280,14 +283,50 @@ def plan_run(cfg: Any, dataset: Dataset, *, base_rss: int | None = None,
     ram = available_ram() // workers
     budget = device_budget(cfg)
     for e in estimates:
-        peak = e.peak
-        if process + peak.total > ram:
-            e.fits, e.why_not = False, f"needs {_fmt(process + peak.total)} of RAM per worker"
-        elif budget is not None and max(c.device for c in e.costs) > budget:
-            e.fits, e.why_not = False, f"needs {_fmt(peak.device)} of device memory"
+        _mark_fit(e, process, ram, budget)
+    if _hybrid_tries(cfg):
+        _price_the_trial(estimates)
+        for e in estimates:
+            _mark_fit(e, process, ram, budget)
     fitting = [e for e in estimates if e.fits] or estimates
     best = min(fitting, key=lambda e: e.seconds)
     return PlanResult(estimates, best, rates, process, ram, budget, workers)
+
+
+def _mark_fit(e: Estimate, process: int, ram: int, budget: int | None) -> None:
+    peak = e.peak
+    e.fits, e.why_not = True, ""
+    if process + peak.total > ram:
+        e.fits, e.why_not = False, f"needs {_fmt(process + peak.total)} of RAM per worker"
+    elif budget is not None and max(c.device for c in e.costs) > budget:
+        e.fits, e.why_not = False, f"needs {_fmt(peak.device)} of device memory"
+
+
+def _hybrid_tries(cfg: Any) -> bool:
+    """Whether ``--dep-mode hybrid`` runs its setup trial under ``cfg``: several workers
+    and at least one unit cost left to measure (``DataParallel._trial``)."""
+    opts = cfg.options["data_parallel"]
+    return cfg.launch.workers > 1 and any(
+        getattr(opts, name) is None for name in ("byte_cost", "edge_cost", "vertex_cost"))
+
+
+def _price_the_trial(estimates: list[Estimate]) -> None:
+    """Hybrid with measured rates times its cost model's split and the two pure modes
+    at setup and trains with the fastest (pure DepCache only where its replicas fit):
+    its epoch and bytes are the fastest of the three as priced here, its memory the
+    most any of them needs (the trial holds each in turn)."""
+    by_label = {e.candidate.label: e for e in estimates}
+    hybrid = by_label.get("data/hybrid")
+    if hybrid is None:
+        return
+    tried = [hybrid] + [by_label[label] for label in ("data/depcomm", "data/depcache")
+                        if label in by_label and by_label[label].fits]
+    kept = min(tried, key=lambda e: e.seconds)
+    hybrid.costs = [replace(cost, memory={c: max(e.costs[rank].memory[c] for e in tried)
+                                          for c in cost.memory})
+                    for rank, cost in enumerate(kept.costs)]
+    hybrid.seconds = kept.seconds
+    hybrid.kept = kept.candidate.label.split("/")[-1]
 
 
 def dataset_bytes(dataset: Dataset) -> int:
@@ -316,6 +355,8 @@ def table_lines(result: PlanResult) -> list[str]:
     for e in result.estimates:
         peak = e.peak
         mark = "yes" if e.fits else f"NO: {e.why_not}"
+        if e.kept and e.kept != "hybrid":
+            mark += f" (its setup trial keeps {e.kept})"
         lines.append(f"{e.candidate.label:<14}" + "".join(f"{_fmt(peak.memory[c]):>13}"
                                                         for c in P.CATEGORIES)
                      + f"{_fmt(peak.total):>11}{_fmt(e.bytes_moved):>13}"

@@ -211,6 +211,7 @@ def test_probe_times_every_candidate_on_launched_workers(monkeypatch):
     measured = probe(tiny_cfg(2), labels, F, C)
     assert sorted(measured.fixed) == sorted(labels)
     assert all(0 < t < 5 for t in measured.fixed.values()) and 0 < measured.workload < 5
+    assert 0 < measured.byte < 1e-6  # through gloo: more than 1 MB/s
 
 
 def test_probe_config_trains_briefly_without_outputs_or_a_saved_partition(tmp_path):
@@ -299,8 +300,8 @@ def test_fit_with_strategy_auto_runs_the_concrete_strategy():
 def test_measured_rates_combine_the_probe_the_calibration_and_the_round_cost(monkeypatch):
     """Several workers: per candidate its probe epoch as the fixed cost (no one-process
     overhead) and its own calibration; the base rates take the median calibration, the
-    probe's slowdown against the same workload timed here, and the round cost read from
-    DepComm against DepCache on the probe ring."""
+    probe's slowdown against the same workload timed here, its cost of a byte, and the
+    round cost read from DepComm against DepCache on the probe ring."""
     dataset = tiny_dataset(F, C, n=64)
     cfg = tiny_cfg(2, partition={"method": "chunk"})
     labels = [c.label for c in P.CANDIDATES]
@@ -309,12 +310,13 @@ def test_measured_rates_combine_the_probe_the_calibration_and_the_round_cost(mon
     factors = {label: 1.0 + i for i, label in enumerate(labels)}
     monkeypatch.setattr(planner, "_calibrate", lambda *a: (factors, {k: 9.0 for k in labels}))
     monkeypatch.setattr(planner, "probe", lambda cfg, got, *a: Probe(
-        {k: fixed[k] for k in got}, 0.030))
+        {k: fixed[k] for k in got}, 0.030, 2e-9))
     monkeypatch.setattr(planner, "workload_seconds", lambda: 0.010)
     base, per = planner.measured_rates(cfg, dataset, RATES)
     assert sorted(per) == sorted(labels)
     assert base.calibration == pytest.approx(float(np.median(list(factors.values()))))
     assert base.slowdown == pytest.approx(3.0)  # 30 ms on the workers against 10 ms here
+    assert base.byte == 2e-9  # the probe's all-to-alls, not the socket pair
     # the ring's rounds under each candidate, counted as the planner counts them
     ring = tiny_dataset(F, C, 2 * planner.RING_PER_WORKER)
     program = planner._program(ring, cfg)
@@ -329,6 +331,7 @@ def test_measured_rates_combine_the_probe_the_calibration_and_the_round_cost(mon
         assert rates.fixed == fixed[label] and rates.overhead == 0.0
         assert rates.calibration == factors[label] and rates.rounds_paid == rounds[label]
         assert rates.slowdown == base.slowdown and rates.latency == base.latency
+        assert rates.byte == base.byte
 
 
 def test_one_worker_reuses_the_calibrations_ring_epoch_as_its_overhead(monkeypatch):
@@ -364,3 +367,42 @@ def test_the_planner_times_at_the_workers_spmm_backend_and_threads(monkeypatch):
     with pytest.raises(RuntimeError), worker_threads(1, "torch"):
         raise RuntimeError("restored on errors too")
     assert (current_backend(), torch.get_num_threads()) == before
+
+
+def _estimate(label: str, seconds: float, memory: int, moved: int) -> planner.Estimate:
+    cand = next(c for c in P.CANDIDATES if c.label == label)
+    cost = P.RankCost(P._mem(intermediate=memory), bytes_moved=moved)
+    return planner.Estimate(cand, [cost, cost], seconds)
+
+
+def test_hybrid_is_priced_as_the_mode_its_setup_trial_keeps():
+    """With measured rates hybrid trains with the fastest of its split and the two pure
+    modes (pure DepCache only where it fits); its memory is the most of those tried."""
+    comm = _estimate("data/depcomm", 0.030, 100, 5000)
+    cache = _estimate("data/depcache", 0.010, 300, 10)
+    hybrid = _estimate("data/hybrid", 0.020, 200, 700)
+    planner._price_the_trial([comm, cache, hybrid])
+    assert (hybrid.seconds, hybrid.kept, hybrid.bytes_moved) == (0.010, "depcache", 10)
+    assert hybrid.peak.total == 300
+    comm, cache, hybrid = (_estimate("data/depcomm", 0.030, 100, 5000),
+                           _estimate("data/depcache", 0.010, 300, 10),
+                           _estimate("data/hybrid", 0.020, 200, 700))
+    cache.fits = False  # replicas beyond memory: the trial does not try it
+    planner._price_the_trial([comm, cache, hybrid])
+    assert (hybrid.seconds, hybrid.kept, hybrid.bytes_moved) == (0.020, "hybrid", 700)
+    assert hybrid.peak.total == 200
+
+
+def test_hybrid_tries_only_with_a_rate_to_measure_and_several_workers():
+    assert planner._hybrid_tries(tiny_cfg(2))
+    assert not planner._hybrid_tries(tiny_cfg(1))
+    given = {name: 1e-9 for name in ("byte_cost", "edge_cost", "vertex_cost")}
+    assert not planner._hybrid_tries(tiny_cfg(2, data_parallel=given))
+
+
+def test_the_shared_workload_runs_on_either_spmm_backend():
+    from fullgraph.plan_measure import worker_threads, workload_seconds
+
+    for backend in ("torch", "numba"):
+        with worker_threads(1, backend):
+            assert 0 < workload_seconds(rounds=1) < 5
