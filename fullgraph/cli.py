@@ -163,16 +163,16 @@ def build_parser() -> argparse.ArgumentParser:
     p_gen.add_argument("--feature-dtype", choices=("float32", "float16", "bfloat16"),
                        default="float32", help="how features are stored (default: float32)")
     p_gen.add_argument("--self-loops", choices=("remove", "keep", "add"), default="remove",
-                       help="rmat: drop the drawn self-loops, keep them, or give every "
+                       help="drop the drawn self-loops, keep them, or give every "
                        "vertex exactly one (what GCN, GAT, GIN and decoupled models propagate "
                        "over, so their runs use the stored graph without a copy) "
                        "(default: remove)")
     p_gen.add_argument("--labels", choices=("random", "degree"), default="random",
                        help="rmat: uniform classes, or in-degree bands (default: random)")
     p_gen.add_argument("--memory", metavar="SIZE",
-                       help="rmat: memory for the edges being sorted, e.g. 4G (default: a "
-                       "quarter of the available memory); rmat streams to disk, so a graph "
-                       "larger than memory can be written")
+                       help="memory for the edges being sorted, e.g. 4G (default: a quarter "
+                       "of the available memory); both generators stream to disk, so a "
+                       "graph larger than memory can be written")
 
     p_part = sub.add_parser("partition", help="partition a dataset once and save the book; "
                             "`train --partition-file` reuses it")
@@ -379,12 +379,12 @@ def cmd_generate(args: argparse.Namespace) -> int:
     root = DataConfig(root=args.root).resolved_root()
     if args.name is not None:
         datasets.check_name(args.name)  # before the work of generating
-    if args.kind == "rmat":
-        from fullgraph.launch import available_memory
-        from fullgraph.memory import parse_bytes
+    from fullgraph.launch import available_memory
+    from fullgraph.memory import parse_bytes
 
-        memory = (parse_bytes(args.memory) if args.memory is not None
-                  else max(256 << 20, (available_memory() or 4 << 30) // 4))
+    memory = (parse_bytes(args.memory) if args.memory is not None
+              else max(256 << 20, (available_memory() or 4 << 30) // 4))
+    if args.kind == "rmat":
         name = args.name or f"rmat-{args.vertices}-{args.edges}"
         datasets.check_name(name)
         path = datasets.processed_dir(root, name)
@@ -395,18 +395,17 @@ def cmd_generate(args: argparse.Namespace) -> int:
                                    self_loops=args.self_loops,
                                    feature_dtype=args.feature_dtype, labels=args.labels,
                                    name=name, memory_bytes=memory)
-        vertices, edges = out["vertices"], out["edges"]
     else:
-        if args.memory is not None:
-            raise ValueError("--memory: only for rmat (sbm is built in memory)")
-        if args.self_loops != "remove":
-            raise ValueError("--self-loops: only for rmat")
-        ds = synthetic.sbm(args.vertices, args.classes, avg_degree=args.avg_degree,
-                           homophily=args.homophily, num_features=args.features, seed=args.seed,
-                           feature_dtype=args.feature_dtype)
-        name = args.name or ds.name
-        path = datasets.save_processed(ds, root, name)
-        vertices, edges = ds.summary()["vertices"], ds.summary()["edges"]
+        name = args.name or f"sbm-{args.vertices}-{args.classes}"
+        datasets.check_name(name)
+        path = datasets.processed_dir(root, name)
+        out = synthetic.write_sbm(path, args.vertices, args.classes,
+                                  avg_degree=args.avg_degree, homophily=args.homophily,
+                                  num_features=args.features, seed=args.seed,
+                                  self_loops=args.self_loops,
+                                  feature_dtype=args.feature_dtype, name=name,
+                                  memory_bytes=memory)
+    vertices, edges = out["vertices"], out["edges"]
     print(f"wrote {name}: {vertices} vertices, {edges} edges -> {path}")
     return 0
 

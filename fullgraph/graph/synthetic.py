@@ -211,51 +211,15 @@ def write_rmat(path: Path | str, num_nodes: int, num_edges: int, *, a: float = 0
             yield s, t
 
     _rmat_blocks(num_nodes, num_edges, a, b, c, d, seed)  # checks the rest up front
-    loops = num_nodes if self_loops == "add" else 0
-    bound = num_edges * (2 if symmetrize else 1) + loops
-    capacity = max(1, memory_bytes // 8)
-    if bound <= capacity:
-        ranges, drawn = [(0, num_nodes)], np.array([bound])
-    else:  # count each destination's edges, then cut ranges whose keys fit
-        counts = np.zeros(num_nodes, np.int64)
-        for _, t in edges():
-            counts += np.bincount(t, minlength=num_nodes)
-        counts += 1 if loops else 0
-        ranges, drawn = _ranges_by_count(counts, capacity)
-        del counts
-    index_dtype = torch.int32 if num_nodes <= INT32_LIMIT else torch.int64
+    loops = self_loops == "add"
+    bound = num_edges * (2 if symmetrize else 1) + (num_nodes if loops else 0)
     feature_seed, label_seed, split_seed = _child_seeds(seed, 3)
+    name = name or f"rmat-{num_nodes}-{num_edges}"
     with DatasetWriter(path) as writer:
-        indices = writer.append("indices", index_dtype)
-        indptr = np.zeros(num_nodes + 1, np.int64)
-        filled = 0
-        for (lo, hi), size in zip(ranges, drawn):
-            keys = np.empty(int(size), np.int64)
-            k = 0
-            for s, t in edges():
-                if (lo, hi) != (0, num_nodes):
-                    inside = (t >= lo) & (t < hi)
-                    s, t = s[inside], t[inside]
-                keys[k:k + s.size] = (t - lo) * np.int64(num_nodes) + s
-                k += s.size
-            if loops:
-                v = np.arange(lo, hi, dtype=np.int64)
-                keys[k:k + v.size] = (v - lo) * np.int64(num_nodes) + v
-                k += v.size
-            keys = keys[:k]
-            keys.sort()
-            filled = _append_rows(keys, lo, num_nodes, indices, filled, indptr)
-            del keys
-        np.cumsum(indptr, out=indptr)
-        writer.close("indices")
-        writer.put("indptr", torch.from_numpy(indptr))
-        in_degree = np.diff(indptr)
-        del indptr
+        filled, in_degree, ranges = _write_edges(writer, edges, num_nodes, bound, loops,
+                                                 memory_bytes)
         x = writer.append("features", FEATURE_DTYPES[feature_dtype], (num_features,))
-        gen = torch.Generator().manual_seed(feature_seed)
-        for lo in range(0, num_nodes, FEATURE_BLOCK_ROWS):  # equal to one draw (16 | rows * F)
-            rows = min(FEATURE_BLOCK_ROWS, num_nodes - lo)
-            block = torch.randn((rows, num_features), generator=gen, dtype=torch.float32)
+        for block in _randn_rows(num_nodes, num_features, feature_seed):
             x.append(block.to(FEATURE_DTYPES[feature_dtype]))
         writer.close("features")
         if labels == "degree":
@@ -267,12 +231,69 @@ def write_rmat(path: Path | str, num_nodes: int, num_edges: int, *, a: float = 0
         for mask_name, mask in zip(("train_mask", "val_mask", "test_mask"),
                                    fraction_split(y, train=train, val=val, seed=split_seed)):
             writer.put(mask_name, mask)
-        name = name or f"rmat-{num_nodes}-{num_edges}"
         writer.commit(name=name, num_nodes=num_nodes, num_edges=filled,
                       num_classes=num_classes,
                       info=_rmat_info(num_nodes, num_edges, a, b, c, d, seed, symmetrize,
                                       self_loops, labels, train, val))
-    return {"name": name, "vertices": num_nodes, "edges": filled, "ranges": len(ranges)}
+    return {"name": name, "vertices": num_nodes, "edges": filled, "ranges": ranges}
+
+
+def _write_edges(writer: DatasetWriter, edges: Any, num_nodes: int, bound: int, loops: bool,
+                 memory_bytes: int) -> tuple[int, np.ndarray, int]:
+    """Write ``indices`` and ``indptr`` of the de-duplicated CSR by destination of the
+    edges ``edges()`` yields (blocks of (src, dst); every call yields the same), plus
+    one self-loop per vertex where ``loops``, holding at most ``memory_bytes`` of sort
+    keys (8 bytes per edge) at once.
+
+    ``bound`` is at least the number of edges drawn (self-loops included). When it fits
+    in the keys, the edges are drawn once; otherwise once to count each destination's
+    edges and once more per destination range. Returns (edges written, the in-degrees,
+    the number of ranges)."""
+    capacity = max(1, memory_bytes // 8)
+    if bound <= capacity:
+        ranges, drawn = [(0, num_nodes)], np.array([bound])
+    else:  # count each destination's edges, then cut ranges whose keys fit
+        counts = np.zeros(num_nodes, np.int64)
+        for _, t in edges():
+            counts += np.bincount(t, minlength=num_nodes)
+        counts += 1 if loops else 0
+        ranges, drawn = _ranges_by_count(counts, capacity)
+        del counts
+    index_dtype = torch.int32 if num_nodes <= INT32_LIMIT else torch.int64
+    indices = writer.append("indices", index_dtype)
+    indptr = np.zeros(num_nodes + 1, np.int64)
+    filled = 0
+    for (lo, hi), size in zip(ranges, drawn):
+        keys = np.empty(int(size), np.int64)
+        k = 0
+        for s, t in edges():
+            if (lo, hi) != (0, num_nodes):
+                inside = (t >= lo) & (t < hi)
+                s, t = s[inside], t[inside]
+            keys[k:k + s.size] = (t - lo) * np.int64(num_nodes) + s
+            k += s.size
+        if loops:
+            v = np.arange(lo, hi, dtype=np.int64)
+            keys[k:k + v.size] = (v - lo) * np.int64(num_nodes) + v
+            k += v.size
+        keys = keys[:k]
+        keys.sort()
+        filled = _append_rows(keys, lo, num_nodes, indices, filled, indptr)
+        del keys
+    np.cumsum(indptr, out=indptr)
+    writer.close("indices")
+    writer.put("indptr", torch.from_numpy(indptr))
+    return filled, np.diff(indptr), len(ranges)
+
+
+def _randn_rows(num_rows: int, num_cols: int, seed: int) -> Iterator[torch.Tensor]:
+    """Standard normal (num_rows, num_cols) float32 rows from ``seed``, in blocks of
+    ``FEATURE_BLOCK_ROWS`` rows; together the same values as one draw of the whole
+    (torch fills normals 16 at a time, and 16 divides ``FEATURE_BLOCK_ROWS * F``)."""
+    gen = torch.Generator().manual_seed(seed)
+    for lo in range(0, num_rows, FEATURE_BLOCK_ROWS):
+        rows = min(FEATURE_BLOCK_ROWS, num_rows - lo)
+        yield torch.randn((rows, num_cols), generator=gen, dtype=torch.float32)
 
 
 def _ranges_by_count(counts: np.ndarray, capacity: int) -> tuple[list[tuple[int, int]],
@@ -316,6 +337,11 @@ def _append_rows(keys: np.ndarray, lo: int, num_nodes: int, out: ArrayAppender,
 
 
 # ------------------------------------------------------------ block model
+SBM_BLOCK_VERTICES = 1 << 16
+"""Vertices whose out-edges one draw of the block model makes, each block from a seed
+of its own: the edges are the same however they are written (``sbm``, ``write_sbm``)."""
+
+
 def sbm(num_nodes: int, num_classes: int, *, avg_degree: float = 10.0, homophily: float = 0.8,
         num_features: int = 64, feature_noise: float = 1.0, seed: int = 0,
         self_loops: SelfLoops = "remove", train: float = 0.6, val: float = 0.2,
@@ -330,6 +356,7 @@ def sbm(num_nodes: int, num_classes: int, *, avg_degree: float = 10.0, homophily
     N(0, I / F) (unit norm on average) and standard normal noise, so two classes are
     about ``sqrt(2) / feature_noise`` noise deviations apart: features alone classify
     above chance, and averaging over homophilous neighbours does better.
+    ``write_sbm`` writes the same dataset to disk in bounded memory.
 
     Args:
         num_nodes: number of vertices N (>= num_classes).
@@ -346,40 +373,147 @@ def sbm(num_nodes: int, num_classes: int, *, avg_degree: float = 10.0, homophily
     Raises:
         ValidationError: on any out-of-range argument.
     """
-    _check_sbm_args(num_nodes, num_classes, avg_degree, homophily, num_features, feature_noise)
-    _check_choice(feature_dtype, "feature_dtype", tuple(FEATURE_DTYPES))
-    edge_seed, feature_seed, split_seed = _child_seeds(seed, 3)
-    rng = np.random.default_rng(edge_seed)
-    y_np = rng.permutation(np.arange(num_nodes, dtype=np.int64) % num_classes)
-    src, dst = _sbm_edges(y_np, num_classes, avg_degree, homophily, rng)
+    model = _SBM(num_nodes, num_classes, avg_degree, homophily, num_features, feature_noise,
+                 seed, self_loops, train, val, feature_dtype)
+    blocks = list(model.edges(directed=True))
+    src = np.concatenate([b[0] for b in blocks]) if blocks else np.zeros(0, np.int64)
+    dst = np.concatenate([b[1] for b in blocks]) if blocks else np.zeros(0, np.int64)
+    del blocks
     graph = Graph.from_edges(src, dst, num_nodes, symmetrize=True, self_loops=self_loops)
-    y = torch.from_numpy(y_np)
-    mu = _randn((num_classes + num_nodes, num_features), feature_seed)
-    features = mu[:num_classes][y] / num_features**0.5 + feature_noise * mu[num_classes:]
-    masks = fraction_split(y, train=train, val=val, seed=split_seed)
-    info = {"generator": "sbm", "num_nodes": num_nodes, "num_classes": num_classes,
-            "avg_degree": avg_degree, "homophily": homophily, "feature_noise": feature_noise,
-            "seed": seed, "self_loops": self_loops, "train": train, "val": val}
-    return Dataset(f"sbm-{num_nodes}-{num_classes}", graph,
-                   VertexData(features.to(FEATURE_DTYPES[feature_dtype]), y, *masks,
-                              num_classes), info)
+    del src, dst
+    dtype = FEATURE_DTYPES[feature_dtype]
+    features = torch.cat([block.to(dtype) for block in model.features()])
+    y = torch.from_numpy(model.y)
+    return Dataset(model.name, graph,
+                   VertexData(features, y, *model.masks(y), num_classes), model.info())
 
 
-def _sbm_edges(y: np.ndarray, num_classes: int, avg_degree: float, homophily: float,
-               rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """Directed SBM edges: Poisson out-degrees, in-block with probability ``homophily``."""
-    num_nodes = y.shape[0]
-    members = np.argsort(y, kind="stable")  # vertices grouped by class
-    sizes = np.bincount(y, minlength=num_classes)
-    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-    src = np.repeat(np.arange(num_nodes, dtype=np.int64), rng.poisson(avg_degree / 2, num_nodes))
-    block = y[src]
-    if num_classes > 1:
-        outside = rng.random(src.size) >= homophily
-        shift = rng.integers(1, num_classes, src.size)
-        block = np.where(outside, (block + shift) % num_classes, block)
-    dst = members[starts[block] + rng.integers(0, sizes[block])]
-    return src, dst
+def write_sbm(path: Path | str, num_nodes: int, num_classes: int, *, avg_degree: float = 10.0,
+              homophily: float = 0.8, num_features: int = 64, feature_noise: float = 1.0,
+              seed: int = 0, self_loops: SelfLoops = "remove", train: float = 0.6,
+              val: float = 0.2, feature_dtype: str = "float32", name: str | None = None,
+              memory_bytes: int = 1 << 30) -> dict[str, Any]:
+    """Write ``sbm(...)`` straight into the dataset directory ``path``, in bounded memory.
+
+    The directory is byte for byte the one ``store.save_dataset(sbm(...), path)``
+    writes, as ``write_rmat`` does for R-MAT: edges go in destination ranges whose sort
+    keys fit in ``memory_bytes``, features are drawn and written 65,536 rows at a time.
+    Beside the keys it holds about 40 bytes per vertex (labels, the class members, the
+    degrees, the split) and one block of ``SBM_BLOCK_VERTICES`` vertices' edges.
+
+    Args:
+        path: the dataset directory to write (replaced atomically, as ``save_dataset``).
+        num_nodes ... feature_dtype: as in ``sbm``.
+        name: the dataset's name (default: ``sbm-{num_nodes}-{num_classes}``).
+        memory_bytes: bound on the edge sort keys held at once (default: 1 GiB).
+
+    Returns:
+        ``{"name", "vertices", "edges", "ranges"}`` as ``write_rmat``.
+
+    Raises:
+        ValidationError: on any out-of-range argument.
+    """
+    _check_count(memory_bytes, "memory_bytes", minimum=1)
+    model = _SBM(num_nodes, num_classes, avg_degree, homophily, num_features, feature_noise,
+                 seed, self_loops, train, val, feature_dtype)
+    loops = self_loops == "add"
+    bound = 2 * model.num_directed_edges() + (num_nodes if loops else 0)
+    name = name or model.name
+    dtype = FEATURE_DTYPES[feature_dtype]
+    with DatasetWriter(path) as writer:
+        filled, in_degree, ranges = _write_edges(writer, model.edges, num_nodes, bound, loops,
+                                                 memory_bytes)
+        del in_degree
+        x = writer.append("features", dtype, (num_features,))
+        for block in model.features():
+            x.append(block.to(dtype))
+        writer.close("features")
+        y = torch.from_numpy(model.y)
+        writer.put("labels", y)
+        for mask_name, mask in zip(("train_mask", "val_mask", "test_mask"), model.masks(y)):
+            writer.put(mask_name, mask)
+        writer.commit(name=name, num_nodes=num_nodes, num_edges=filled,
+                      num_classes=num_classes, info=model.info())
+    return {"name": name, "vertices": num_nodes, "edges": filled, "ranges": ranges}
+
+
+class _SBM:
+    """One block model's draws, checked on construction: the labels (held whole), the
+    edges and the feature rows in blocks, the split."""
+
+    def __init__(self, num_nodes: int, num_classes: int, avg_degree: float, homophily: float,
+                 num_features: int, feature_noise: float, seed: int, self_loops: str,
+                 train: float, val: float, feature_dtype: str) -> None:
+        _check_sbm_args(num_nodes, num_classes, avg_degree, homophily, num_features,
+                        feature_noise)
+        _check_choice(feature_dtype, "feature_dtype", tuple(FEATURE_DTYPES))
+        _check_choice(self_loops, "self_loops", ("remove", "keep", "add"))
+        self.num_nodes, self.num_classes, self.num_features = num_nodes, num_classes, num_features
+        self.avg_degree, self.homophily, self.feature_noise = avg_degree, homophily, feature_noise
+        self.seed, self.self_loops, self.train, self.val = seed, self_loops, train, val
+        self.name = f"sbm-{num_nodes}-{num_classes}"
+        (self.edge_seed, self.noise_seed, self.split_seed, label_seed,
+         self.mean_seed) = _child_seeds(seed, 5)
+        self.y = np.random.default_rng(label_seed).permutation(
+            np.arange(num_nodes, dtype=np.int64) % num_classes)
+
+    def _block_rng(self, block: int) -> np.random.Generator:
+        return np.random.default_rng([self.edge_seed, block])
+
+    def _blocks(self) -> Iterator[tuple[int, int, int]]:
+        for block, lo in enumerate(range(0, self.num_nodes, SBM_BLOCK_VERTICES)):
+            yield block, lo, min(lo + SBM_BLOCK_VERTICES, self.num_nodes)
+
+    def num_directed_edges(self) -> int:
+        """Out-edges drawn before symmetrisation (each block's first draw only)."""
+        return sum(int(self._block_rng(b).poisson(self.avg_degree / 2, hi - lo).sum())
+                   for b, lo, hi in self._blocks())
+
+    def edges(self, directed: bool = False) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """(src, dst) per block of source vertices: Poisson out-degrees, each edge in
+        the source's class with probability ``homophily``. Unless ``directed``, every
+        edge in both directions, and self-loops dropped unless ``self_loops`` keeps
+        them (the writer adds its own)."""
+        y, classes = self.y, self.num_classes
+        members = np.argsort(y, kind="stable")  # vertices grouped by class
+        sizes = np.bincount(y, minlength=classes)
+        starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+        for b, lo, hi in self._blocks():
+            rng = self._block_rng(b)
+            src = np.repeat(np.arange(lo, hi, dtype=np.int64),
+                            rng.poisson(self.avg_degree / 2, hi - lo))
+            block = y[src]
+            if classes > 1:
+                outside = rng.random(src.size) >= self.homophily
+                shift = rng.integers(1, classes, src.size)
+                block = np.where(outside, (block + shift) % classes, block)
+            dst = members[starts[block] + rng.integers(0, sizes[block])]
+            if not directed:
+                src, dst = np.concatenate([src, dst]), np.concatenate([dst, src])
+                if self.self_loops != "keep":
+                    keep = src != dst
+                    src, dst = src[keep], dst[keep]
+            yield src, dst
+
+    def features(self) -> Iterator[torch.Tensor]:
+        """float32 feature rows in blocks of ``FEATURE_BLOCK_ROWS``."""
+        mu = _randn((self.num_classes, self.num_features), self.mean_seed)
+        mu = mu / self.num_features**0.5
+        lo = 0
+        for noise in _randn_rows(self.num_nodes, self.num_features, self.noise_seed):
+            rows = torch.from_numpy(self.y[lo:lo + noise.shape[0]])
+            yield mu[rows] + self.feature_noise * noise
+            lo += noise.shape[0]
+
+    def masks(self, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return fraction_split(y, train=self.train, val=self.val, seed=self.split_seed)
+
+    def info(self) -> dict[str, Any]:
+        return {"generator": "sbm", "num_nodes": self.num_nodes,
+                "num_classes": self.num_classes, "avg_degree": self.avg_degree,
+                "homophily": self.homophily, "feature_noise": self.feature_noise,
+                "seed": self.seed, "self_loops": self.self_loops, "train": self.train,
+                "val": self.val}
 
 
 def _rmat_block(start: int, count: int, scale: int, base: np.uint64,

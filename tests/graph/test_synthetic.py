@@ -186,6 +186,14 @@ STREAM_CASES = [
 ]
 
 
+def assert_same_files(a, b) -> None:
+    """Directories ``a`` and ``b`` hold the same file names with the same bytes."""
+    names = sorted(p.name for p in a.iterdir())
+    assert names == sorted(p.name for p in b.iterdir())
+    for name in names:
+        assert (a / name).read_bytes() == (b / name).read_bytes(), name
+
+
 @pytest.mark.parametrize("case", range(len(STREAM_CASES)))
 @pytest.mark.parametrize("memory", [1 << 30, 8 * 3000, 8])
 def test_write_rmat_equals_saving_rmat_byte_for_byte(tmp_path, case: int, memory: int) -> None:
@@ -195,11 +203,7 @@ def test_write_rmat_equals_saving_rmat_byte_for_byte(tmp_path, case: int, memory
     kwargs = STREAM_CASES[case]
     save_dataset(rmat(**kwargs), tmp_path / "whole")
     out = synthetic.write_rmat(tmp_path / "streamed", **kwargs, memory_bytes=memory)
-    whole = sorted(p.name for p in (tmp_path / "whole").iterdir())
-    assert whole == sorted(p.name for p in (tmp_path / "streamed").iterdir())
-    for name in whole:
-        assert (tmp_path / "whole" / name).read_bytes() == \
-            (tmp_path / "streamed" / name).read_bytes(), name
+    assert_same_files(tmp_path / "whole", tmp_path / "streamed")
     assert (out["ranges"] == 1) == (memory == 1 << 30)
     assert out["ranges"] > 1 or memory == 1 << 30
 
@@ -238,4 +242,32 @@ def test_write_rmat_checks_arguments_before_writing(tmp_path) -> None:
         synthetic.write_rmat(tmp_path / "d", 100, -1)
     with pytest.raises(ValidationError, match="self_loops"):
         synthetic.write_rmat(tmp_path / "d", 100, 10, self_loops="drop")  # type: ignore[arg-type]
+    assert list(tmp_path.iterdir()) == []
+
+
+SBM_CASES = [dict(num_nodes=3000, num_classes=5, avg_degree=8.0, homophily=0.7, seed=3),
+             dict(num_nodes=70_000, num_classes=3, avg_degree=3.0, num_features=5, seed=1,
+                  self_loops="add", feature_dtype="float16"),  # two vertex blocks
+             dict(num_nodes=40, num_classes=2, avg_degree=6.0, num_features=3,
+                  self_loops="keep")]
+
+
+@pytest.mark.parametrize("case", range(len(SBM_CASES)))
+@pytest.mark.parametrize("memory", [1 << 30, 8 * 2000])
+def test_write_sbm_equals_saving_sbm_byte_for_byte(tmp_path, case: int, memory: int) -> None:
+    """The streamed block model is the in-memory one, in one key range or in several."""
+    from fullgraph.graph.store import save_dataset
+
+    kwargs = SBM_CASES[case]
+    save_dataset(sbm(**kwargs), tmp_path / "whole")
+    out = synthetic.write_sbm(tmp_path / "streamed", **kwargs, memory_bytes=memory)
+    assert_same_files(tmp_path / "whole", tmp_path / "streamed")
+    assert (out["ranges"] > 1) == (memory < 1 << 30 and case != 2)
+
+
+def test_write_sbm_checks_arguments_before_writing(tmp_path) -> None:
+    with pytest.raises(ValidationError, match="homophily"):
+        synthetic.write_sbm(tmp_path / "d", 100, 4, homophily=1.5)
+    with pytest.raises(ValidationError, match="self_loops"):
+        synthetic.write_sbm(tmp_path / "d", 100, 4, self_loops="drop")  # type: ignore[arg-type]
     assert list(tmp_path.iterdir()) == []
