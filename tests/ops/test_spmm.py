@@ -94,3 +94,25 @@ def test_bad_shapes_are_refused():
         spmm(g, torch.randn(5, 3), torch.rand(3))
     with pytest.raises(ValueError, match="do not split"):
         spmm(g, torch.randn(5, 3), torch.rand(g.num_edges, 2))
+
+
+@pytest.mark.skipif(not kernels.HAVE_NUMBA, reason="numba kernels")
+def test_numba_spmm_prefetches_the_rows_ahead_and_sums_as_before():
+    """The kernels ask for the source row PREFETCH_EDGES edges ahead (LLVM's prefetch
+    in their code); rows with fewer and more edges than that sum as a plain loop does."""
+    gen = torch.Generator().manual_seed(0)
+    degrees = torch.tensor([0, 1, 3, kernels.PREFETCH_EDGES + 5, 2])
+    indptr = torch.cat([torch.zeros(1, dtype=torch.int64), degrees.cumsum(0)])
+    indices = torch.randint(0, 7, (int(indptr[-1]),), generator=gen, dtype=torch.int32)
+    x = torch.randn(7, 33, generator=gen)
+    weight = torch.rand(int(indptr[-1]), generator=gen)
+    out = torch.zeros(5, 33)
+    kernels.spmm_scalar(indptr.numpy(), indices.numpy(), weight.numpy(), x.numpy(), out.numpy())
+    expected = torch.zeros(5, 33)
+    for i in range(5):
+        for k in range(int(indptr[i]), int(indptr[i + 1])):
+            expected[i] += weight[k] * x[int(indices[k])]
+    torch.testing.assert_close(out, expected)
+    fresh = kernels.numba.njit(kernels.spmm_scalar.py_func)  # the cached one hides its IR
+    fresh(indptr.numpy(), indices.numpy(), weight.numpy(), x.numpy(), out.numpy())
+    assert "llvm.prefetch" in "".join(fresh.inspect_llvm().values())
