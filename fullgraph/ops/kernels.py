@@ -155,6 +155,7 @@ if HAVE_NUMBA:
         chans = a.shape[1] // heads
         for i in prange(n_dst):
             for e in range(indptr[i], indptr[i + 1]):
+                _prefetch_row(b, indices, e)
                 j = indices[e]
                 for h in range(heads):
                     s = 0.0
@@ -226,6 +227,7 @@ if HAVE_NUMBA:
             peak = np.full(heads, -np.inf, dtype=out.dtype)
             total = np.zeros(heads, dtype=np.float64)
             for e in range(lo, hi):
+                _prefetch_row(s_src, indices, e)
                 j = indices[e]
                 for h in range(heads):
                     v = s_src[j, h] + s_dst[i, h]
@@ -260,6 +262,7 @@ if HAVE_NUMBA:
             for h in range(heads):
                 grad_dst[i, h] = 0.0
             for e in range(lo, hi):
+                _prefetch_row(s_src, indices, e)
                 j = indices[e]
                 for h in range(heads):
                     d = alpha[e, h] * (grad[e, h] - dot[h])
