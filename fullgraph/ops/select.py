@@ -8,8 +8,8 @@ first, then the median of ``REPEATS`` rounds in which the candidates take turns)
 the first time it is needed on a
 machine, picks the fastest, and stores the choice with its timings in the user
 cache directory (``FULLGRAPH_CACHE_DIR``, else the platform's cache directory for
-fullgraph), keyed by CPU model, thread count and torch / numba versions; later runs
-with the same key read it back. On GPU ``auto`` is torch.
+fullgraph), keyed by CPU model, thread count, torch / numba versions and the revision
+of fullgraph's kernels; later runs with the same key read it back. On GPU ``auto`` is torch.
 
 ``choose`` takes the candidates as arguments, so tests can pass fakes; the run
 header states the choice and why (``Choice.describe``).
@@ -75,11 +75,17 @@ def candidates() -> dict[str, Kernel]:
     return out
 
 
+KERNELS_REVISION = 2
+"""Raised when fullgraph's own CPU kernels change speed (2: the SpMM prefetches rows
+ahead), so that a choice measured against the old ones is measured again."""
+
+
 def machine_key() -> str:
-    """What a measurement holds for: CPU model, threads, torch and numba versions."""
+    """What a measurement holds for: CPU model, threads, torch and numba versions, and
+    the revision of fullgraph's kernels."""
     numba = getattr(kernels.numba, "__version__", "none") if kernels.HAVE_NUMBA else "none"
     return (f"{_cpu_model()} | threads {torch.get_num_threads()} | torch {torch.__version__} "
-            f"| numba {numba}")
+            f"| numba {numba} | kernels {KERNELS_REVISION}")
 
 
 def _cpu_model() -> str:

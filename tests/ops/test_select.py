@@ -54,6 +54,10 @@ def test_another_key_measures_again_and_keeps_the_other_entry(tmp_path, small, m
     assert select.choose({"fast": fast, "slow": slow}, path=path).source == "measured"
     keys = list(json.loads(path.read_text()))
     assert len(keys) == 2 and any(f"threads {threads + 7}" in k for k in keys)
+    # new kernels of fullgraph's own: measured again
+    monkeypatch.setattr(select, "KERNELS_REVISION", select.KERNELS_REVISION + 1)
+    assert select.choose({"fast": fast, "slow": slow}, path=path).source == "measured"
+    assert len(json.loads(path.read_text())) == 3
 
 
 def test_one_candidate_is_not_measured_and_a_bad_cache_is_ignored(tmp_path, small):
