@@ -13,6 +13,9 @@ candidates rather than every run of one) and the measured figures are the median
 over the rounds. It also checks the recommendation: the
 recommended candidate's measured epoch against the fastest measured.
 
+The rates each plan measured (the workers' slowdown, a byte, a round, the
+calibration) go to stderr, one line per graph and worker count.
+
 The planner's intermediate data is compared with the bytes autograd saved for the
 backward (``saved_bytes`` of the profile, where the run records it), and its bytes
 per epoch with the largest rank's received bytes of one epoch (every phase).
@@ -37,7 +40,7 @@ from typing import Any
 from fullgraph.config import config_from_dict
 from fullgraph.graph import datasets, synthetic
 from fullgraph.plan_measure import rss_bytes
-from fullgraph.planner import candidate_flags, plan_run
+from fullgraph.planner import candidate_flags, plan_run, table_lines
 
 
 def graphs(scale: float) -> dict[str, dict[str, int]]:
@@ -95,6 +98,8 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                                     "model": {"name": args.model},
                                     "launch": {"workers": workers}})
             result = plan_run(cfg, datasets.load_for(cfg.data), base_rss=base)
+            rates = next(line for line in table_lines(result) if line.startswith("rates:"))
+            print(f"# {dataset} W={workers} {rates}", file=sys.stderr, flush=True)
             runs: dict[int, list[dict[str, float]]] = {i: [] for i in range(len(result.estimates))}
             for _ in range(rounds):  # every candidate once per round, in turn
                 for i, est in enumerate(result.estimates):
