@@ -284,10 +284,10 @@ def plan_run(cfg: Any, dataset: Dataset, *, base_rss: int | None = None,
     budget = device_budget(cfg)
     for e in estimates:
         _mark_fit(e, process, ram, budget)
-    if _hybrid_tries(cfg):
-        _price_the_trial(estimates)
-        for e in estimates:
-            _mark_fit(e, process, ram, budget)
+    if cfg.launch.workers > 1 and cfg.options["data_parallel"].measures_costs:
+        hybrid = _price_the_trial(estimates)
+        if hybrid is not None:
+            _mark_fit(hybrid, process, ram, budget)
     fitting = [e for e in estimates if e.fits] or estimates
     best = min(fitting, key=lambda e: e.seconds)
     return PlanResult(estimates, best, rates, process, ram, budget, workers)
@@ -302,23 +302,16 @@ def _mark_fit(e: Estimate, process: int, ram: int, budget: int | None) -> None:
         e.fits, e.why_not = False, f"needs {_fmt(peak.device)} of device memory"
 
 
-def _hybrid_tries(cfg: Any) -> bool:
-    """Whether ``--dep-mode hybrid`` runs its setup trial under ``cfg``: several workers
-    and at least one unit cost left to measure (``DataParallel._trial``)."""
-    opts = cfg.options["data_parallel"]
-    return cfg.launch.workers > 1 and any(
-        getattr(opts, name) is None for name in ("byte_cost", "edge_cost", "vertex_cost"))
-
-
-def _price_the_trial(estimates: list[Estimate]) -> None:
+def _price_the_trial(estimates: list[Estimate]) -> Estimate | None:
     """Hybrid with measured rates times its cost model's split and the two pure modes
     at setup and trains with the fastest (pure DepCache only where its replicas fit):
     its epoch and bytes are the fastest of the three as priced here, its memory the
-    most any of them needs (the trial holds each in turn)."""
+    most any of them needs (the trial holds each in turn). Returns the hybrid estimate
+    (None where there is none)."""
     by_label = {e.candidate.label: e for e in estimates}
     hybrid = by_label.get("data/hybrid")
     if hybrid is None:
-        return
+        return None
     tried = [hybrid] + [by_label[label] for label in ("data/depcomm", "data/depcache")
                         if label in by_label and by_label[label].fits]
     kept = min(tried, key=lambda e: e.seconds)
@@ -327,6 +320,7 @@ def _price_the_trial(estimates: list[Estimate]) -> None:
                     for rank, cost in enumerate(kept.costs)]
     hybrid.seconds = kept.seconds
     hybrid.kept = kept.candidate.label.split("/")[-1]
+    return hybrid
 
 
 def dataset_bytes(dataset: Dataset) -> int:

@@ -393,11 +393,12 @@ def test_hybrid_is_priced_as_the_mode_its_setup_trial_keeps():
     assert hybrid.peak.total == 200
 
 
-def test_hybrid_tries_only_with_a_rate_to_measure_and_several_workers():
-    assert planner._hybrid_tries(tiny_cfg(2))
-    assert not planner._hybrid_tries(tiny_cfg(1))
+def test_hybrid_tries_only_with_a_rate_to_measure():
+    assert tiny_cfg(2).options["data_parallel"].measures_costs
     given = {name: 1e-9 for name in ("byte_cost", "edge_cost", "vertex_cost")}
-    assert not planner._hybrid_tries(tiny_cfg(2, data_parallel=given))
+    assert not tiny_cfg(2, data_parallel=given).options["data_parallel"].measures_costs
+    some = {"byte_cost": 1e-9}
+    assert tiny_cfg(2, data_parallel=some).options["data_parallel"].measures_costs
 
 
 def test_the_shared_workload_runs_on_either_spmm_backend():

@@ -53,6 +53,8 @@ from fullgraph.parallel.rows import (
 from fullgraph.partition import PartitionBook
 
 MODES = ("depcomm", "depcache", "hybrid")
+COST_NAMES = ("byte_cost", "edge_cost", "vertex_cost")
+"""The hybrid cost model's unit costs that ``--byte-cost`` etc. may give."""
 
 
 @dataclass
@@ -172,11 +174,17 @@ class DataParallel(RowPartitioned[DataPlan]):
             if self.mode not in MODES:
                 raise ValueError(f"data parallel mode {self.mode!r}; expected one of "
                                  f"{', '.join(MODES)}")
-            for name in ("byte_cost", "edge_cost", "vertex_cost"):
+            for name in COST_NAMES:
                 value = getattr(self, name)
                 if value is not None and not 0 <= value < float("inf"):
                     raise ValueError(f"data parallel {name} must be a finite number >= 0, "
                                      f"got {value}")
+
+        @property
+        def measures_costs(self) -> bool:
+            """Whether hybrid measures a unit cost at setup (one is not given), and so,
+            on several workers, tries its split against the pure modes (``_trial``)."""
+            return any(getattr(self, name) is None for name in COST_NAMES)
 
     options: Options
 
@@ -206,7 +214,7 @@ class DataParallel(RowPartitioned[DataPlan]):
             deps.cached[:] = True
         elif self.options.mode == "hybrid":
             deps.cached = self._cost_model(program, plan, owned)
-            if deps.rates is not None and deps.rates.measured and comm.world_size > 1:
+            if self.options.measures_costs and comm.world_size > 1:
                 self.replan(program, plan, deps.cached)
                 deps.cached = self._trial(program, plan)
         self.replan(program, plan, deps.cached)
