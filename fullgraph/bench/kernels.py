@@ -4,6 +4,8 @@ In one process on one machine it measures:
   (a) memory bandwidth (copy and triad over arrays far larger than cache),
   (b) GEMM rate,
   (c) SpMM effective bandwidth of our kernel and of torch's CSR ``torch.sparse.mm``,
+      each as the operator call (which allocates and zeroes its output) and, for
+      numba, the kernel alone into an output allocated before,
   (d) one training epoch (forward + backward + Adam) of a 2-layer GCN
       ``F -> hidden -> classes`` on an R-MAT graph, with fullgraph's single-process
       executor and with torch_geometric's ``GCNConv`` (normalisation cached, sparse
@@ -101,6 +103,17 @@ def bench_spmm(graph: Any, dim: int, repeats: int) -> dict[str, float]:
         out[f"spmm_{name}_s"] = t
         out[f"spmm_{name}_GBps"] = nbytes / t / 1e9
     set_backend("auto")
+    if kernels.HAVE_NUMBA:  # the kernel alone, into an output allocated and zeroed before
+        buf = torch.zeros(graph.num_dst, dim)
+        args = (graph.indptr.numpy(), graph.indices.numpy(), w.numpy(), x.numpy(), buf.numpy())
+        times = []
+        for _ in range(repeats + 1):
+            buf.zero_()
+            t0 = time.perf_counter()
+            kernels.spmm_scalar(*args)
+            times.append(time.perf_counter() - t0)
+        t = statistics.median(times[1:])
+        out.update(spmm_kernel_s=t, spmm_kernel_GBps=nbytes / t / 1e9)
     return out
 
 
@@ -252,10 +265,11 @@ def print_summary(rows: list[dict[str, Any]]) -> None:
               f"triad {r['triad_GBps']:.1f} GB/s")
         print(f"GEMM               {r['gemm_GFLOPs']:.1f} GFLOP/s")
         bw = r["bandwidth_GBps"]
-        for name in ("numba", "torch"):
+        for name in ("numba", "torch", "kernel"):
             if f"spmm_{name}_GBps" in r:
                 print(f"SpMM {name:<6}        {r[f'spmm_{name}_GBps']:.1f} GB/s effective "
-                      f"({r[f'spmm_{name}_GBps'] / bw:.0%} of memory bandwidth)")
+                      f"({r[f'spmm_{name}_GBps'] / bw:.0%} of memory bandwidth)"
+                      f"{'  (numba kernel, output allocated before)' if name == 'kernel' else ''}")
         print(f"epoch fullgraph    {r['ours_epoch_s']:.3f} s  (roofline {r['roofline_s']:.3f} s: "
               f"GEMM {r['roofline_gemm_s']:.3f} + SpMM {r['roofline_spmm_s']:.3f}; "
               f"{r['ours_epoch_s'] / r['roofline_s']:.2f}x the bound)")

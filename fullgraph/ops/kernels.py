@@ -4,6 +4,9 @@ Each kernel works on plain numpy arrays (views of torch CPU tensors) and writes 
 an output array that the caller allocates, so torch owns every buffer. Rows are
 processed in parallel (``prange``); a row's in-edges are summed in CSR order, so the
 result of a row does not depend on the thread count or on which rows share a call.
+The kernels over a CSR split its rows into blocks of about equal edge counts
+(``_row_blocks``), not of equal row counts: on a power-law graph whose hubs have low
+ids, the first half of the rows can hold three quarters of the edges.
 
 The number of numba threads follows ``torch.get_num_threads()`` (set by the caller
 through ``set_threads``) so that a worker's thread budget covers both libraries.
@@ -42,6 +45,13 @@ def set_threads(num_threads: int) -> None:
         limit = numba.config.NUMBA_NUM_THREADS  # type: ignore[attr-defined]
         numba.set_num_threads(max(1, min(num_threads, limit)))
 
+
+ROW_BLOCKS = 256
+"""Row blocks of the CSR kernels (see ``_row_blocks``). ``prange`` hands each thread
+a contiguous run of about ``ROW_BLOCKS / threads`` blocks, so with up to a few dozen
+threads no thread gets more than a few percent above its share of the edges. (A
+constant rather than a multiple of the thread count: numba cannot cache a kernel
+that asks for the thread count.)"""
 
 PREFETCH_EDGES = 16
 """The SpMM kernels ask the CPU for the source row of the edge this many edges ahead
@@ -97,72 +107,99 @@ if HAVE_NUMBA:
             for c in range(0, x.shape[1], max(1, 64 // x.itemsize)):
                 _prefetch(x, j, c)
 
+    @njit(cache=True)
+    def _row_blocks(indptr):  # pragma: no cover - numba
+        """Bounds of ``ROW_BLOCKS`` blocks of consecutive rows of about equal cost (a
+        row costs its in-edges plus one): ``prange`` over the blocks then gives every
+        thread about the same number of edges."""
+        n = indptr.shape[0] - 1
+        count = max(1, min(n, ROW_BLOCKS))
+        total = (indptr[n] - indptr[0]) + n
+        bounds = np.empty(count + 1, dtype=np.int64)
+        bounds[0] = 0
+        for b in range(1, count):
+            target = (total * b) // count
+            lo, hi = bounds[b - 1], n
+            while lo < hi:  # the least row whose cost before it reaches the target
+                mid = (lo + hi) // 2
+                if (indptr[mid] - indptr[0]) + mid < target:
+                    lo = mid + 1
+                else:
+                    hi = mid
+            bounds[b] = lo
+        bounds[count] = n
+        return bounds
+
     @njit(parallel=True, cache=True, nogil=True)
     def spmm_weighted(indptr, indices, weight, x, out, perm=None):  # pragma: no cover
         """out[i, h*C:(h+1)*C] = sum_e weight[e, h] * x[indices[e], h*C:(h+1)*C]; with
         ``perm``, edge k's weight is weight[perm[k]] (the transposed CSR of a backward
         pass reads the forward's weights in place; numba compiles each case apart)."""
-        n_dst = out.shape[0]
         heads = weight.shape[1]
         chans = x.shape[1] // heads
-        for i in prange(n_dst):
-            for k in range(indptr[i], indptr[i + 1]):
-                _prefetch_row(x, indices, k)
-                j = indices[k]
-                e = k if perm is None else perm[k]
-                for h in range(heads):
-                    w = weight[e, h]
-                    base = h * chans
-                    for c in range(base, base + chans):
-                        out[i, c] += w * x[j, c]
+        blocks = _row_blocks(indptr)
+        for blk in prange(blocks.shape[0] - 1):
+            for i in range(blocks[blk], blocks[blk + 1]):
+                for k in range(indptr[i], indptr[i + 1]):
+                    _prefetch_row(x, indices, k)
+                    j = indices[k]
+                    e = k if perm is None else perm[k]
+                    for h in range(heads):
+                        w = weight[e, h]
+                        base = h * chans
+                        for c in range(base, base + chans):
+                            out[i, c] += w * x[j, c]
 
     @njit(parallel=True, cache=True, nogil=True)
     def spmm_scalar(indptr, indices, weight, x, out, perm=None):  # pragma: no cover
         """out[i] = sum_e weight[e] * x[indices[e]] (single head, 1-D weights);
         ``perm`` as for ``spmm_weighted``."""
-        n_dst = out.shape[0]
         d = x.shape[1]
-        for i in prange(n_dst):
-            for k in range(indptr[i], indptr[i + 1]):
-                _prefetch_row(x, indices, k)
-                j = indices[k]
-                w = weight[k if perm is None else perm[k]]
-                for c in range(d):
-                    out[i, c] += w * x[j, c]
+        blocks = _row_blocks(indptr)
+        for blk in prange(blocks.shape[0] - 1):
+            for i in range(blocks[blk], blocks[blk + 1]):
+                for k in range(indptr[i], indptr[i + 1]):
+                    _prefetch_row(x, indices, k)
+                    j = indices[k]
+                    w = weight[k if perm is None else perm[k]]
+                    for c in range(d):
+                        out[i, c] += w * x[j, c]
 
     @njit(parallel=True, cache=True, nogil=True)
     def spmm_unweighted(indptr, indices, x, out, mean):  # pragma: no cover - numba
         """out[i] = sum (or mean when ``mean``) of x over the in-edges of i."""
-        n_dst = out.shape[0]
         d = x.shape[1]
-        for i in prange(n_dst):
-            start, stop = indptr[i], indptr[i + 1]
-            for e in range(start, stop):
-                _prefetch_row(x, indices, e)
-                j = indices[e]
-                for c in range(d):
-                    out[i, c] += x[j, c]
-            if mean and stop > start:
-                inv = 1.0 / (stop - start)
-                for c in range(d):
-                    out[i, c] *= inv
+        blocks = _row_blocks(indptr)
+        for blk in prange(blocks.shape[0] - 1):
+            for i in range(blocks[blk], blocks[blk + 1]):
+                start, stop = indptr[i], indptr[i + 1]
+                for e in range(start, stop):
+                    _prefetch_row(x, indices, e)
+                    j = indices[e]
+                    for c in range(d):
+                        out[i, c] += x[j, c]
+                if mean and stop > start:
+                    inv = 1.0 / (stop - start)
+                    for c in range(d):
+                        out[i, c] *= inv
 
     @njit(parallel=True, cache=True, nogil=True)
     def sddmm(indptr, indices, a, b, out):  # pragma: no cover - numba
         """out[e, h] = <a[dst_e, head h], b[src_e, head h]> for every edge e."""
-        n_dst = a.shape[0]
         heads = out.shape[1]
         chans = a.shape[1] // heads
-        for i in prange(n_dst):
-            for e in range(indptr[i], indptr[i + 1]):
-                _prefetch_row(b, indices, e)
-                j = indices[e]
-                for h in range(heads):
-                    s = 0.0
-                    base = h * chans
-                    for c in range(base, base + chans):
-                        s += a[i, c] * b[j, c]
-                    out[e, h] = s
+        blocks = _row_blocks(indptr)
+        for blk in prange(blocks.shape[0] - 1):
+            for i in range(blocks[blk], blocks[blk + 1]):
+                for e in range(indptr[i], indptr[i + 1]):
+                    _prefetch_row(b, indices, e)
+                    j = indices[e]
+                    for h in range(heads):
+                        s = 0.0
+                        base = h * chans
+                        for c in range(base, base + chans):
+                            s += a[i, c] * b[j, c]
+                        out[e, h] = s
 
     @njit(parallel=True, cache=True, nogil=True)
     def keyed_uniform(row_keys, num_cols, seed, out):  # pragma: no cover - numba
@@ -196,12 +233,14 @@ if HAVE_NUMBA:
         where the key of (row, indices[e]) keeps it, else 0 (the dense kernel's bits)."""
         m32 = 0xFFFFFFFF
         keep_from = _keep_threshold(p)
-        for r in prange(row_keys.shape[0]):
-            k = _mix32(((row_keys[r] & m32) ^ seed) & m32)
-            k = np.uint32(_mix32((k + ((row_keys[r] >> 32) & m32) * 0x27D4EB2F) & m32))
-            for e in range(indptr[r], indptr[r + 1]):
-                h = _mix32_u32(np.uint32(k + np.uint32(np.uint32(indices[e]) * _GOLDEN)))
-                out[e] = values[e] * scale if np.int64(h) >= keep_from else 0.0
+        blocks = _row_blocks(indptr)
+        for blk in prange(blocks.shape[0] - 1):
+            for r in range(blocks[blk], blocks[blk + 1]):
+                k = _mix32(((row_keys[r] & m32) ^ seed) & m32)
+                k = np.uint32(_mix32((k + ((row_keys[r] >> 32) & m32) * 0x27D4EB2F) & m32))
+                for e in range(indptr[r], indptr[r + 1]):
+                    h = _mix32_u32(np.uint32(k + np.uint32(np.uint32(indices[e]) * _GOLDEN)))
+                    out[e] = values[e] * scale if np.int64(h) >= keep_from else 0.0
 
     @njit(cache=True, nogil=True)
     def csr_t_matmul(indptr, indices, values, g, out):  # pragma: no cover - numba
@@ -222,28 +261,30 @@ if HAVE_NUMBA:
         but ``out`` (the scores are written there, then turned into weights). Heads
         innermost: each source row is read once, contiguously."""
         heads = out.shape[1]
-        for i in prange(indptr.shape[0] - 1):
-            lo, hi = indptr[i], indptr[i + 1]
-            peak = np.full(heads, -np.inf, dtype=out.dtype)
-            total = np.zeros(heads, dtype=np.float64)
-            for e in range(lo, hi):
-                _prefetch_row(s_src, indices, e)
-                j = indices[e]
-                for h in range(heads):
-                    v = s_src[j, h] + s_dst[i, h]
-                    if v <= 0:
-                        v = v * slope
-                    out[e, h] = v
-                    if v > peak[h]:
-                        peak[h] = v
-            for e in range(lo, hi):
-                for h in range(heads):
-                    v = np.exp(out[e, h] - peak[h])
-                    out[e, h] = v
-                    total[h] += v
-            for e in range(lo, hi):
-                for h in range(heads):
-                    out[e, h] = out[e, h] / total[h]
+        blocks = _row_blocks(indptr)
+        for blk in prange(blocks.shape[0] - 1):
+            for i in range(blocks[blk], blocks[blk + 1]):
+                lo, hi = indptr[i], indptr[i + 1]
+                peak = np.full(heads, -np.inf, dtype=out.dtype)
+                total = np.zeros(heads, dtype=np.float64)
+                for e in range(lo, hi):
+                    _prefetch_row(s_src, indices, e)
+                    j = indices[e]
+                    for h in range(heads):
+                        v = s_src[j, h] + s_dst[i, h]
+                        if v <= 0:
+                            v = v * slope
+                        out[e, h] = v
+                        if v > peak[h]:
+                            peak[h] = v
+                for e in range(lo, hi):
+                    for h in range(heads):
+                        v = np.exp(out[e, h] - peak[h])
+                        out[e, h] = v
+                        total[h] += v
+                for e in range(lo, hi):
+                    for h in range(heads):
+                        out[e, h] = out[e, h] / total[h]
 
     @njit(parallel=True, cache=True, nogil=True)
     def attention_softmax_backward(indptr, indices, s_src, s_dst, slope, alpha, grad,
@@ -253,23 +294,25 @@ if HAVE_NUMBA:
         where the score was not positive), and grad_dst[i, h] = its sum over the row;
         the gradient of s_src is d_pre summed over each source's out-edges."""
         heads = alpha.shape[1]
-        for i in prange(indptr.shape[0] - 1):
-            lo, hi = indptr[i], indptr[i + 1]
-            dot = np.zeros(heads, dtype=np.float64)
-            for e in range(lo, hi):
+        blocks = _row_blocks(indptr)
+        for blk in prange(blocks.shape[0] - 1):
+            for i in range(blocks[blk], blocks[blk + 1]):
+                lo, hi = indptr[i], indptr[i + 1]
+                dot = np.zeros(heads, dtype=np.float64)
+                for e in range(lo, hi):
+                    for h in range(heads):
+                        dot[h] += alpha[e, h] * grad[e, h]
                 for h in range(heads):
-                    dot[h] += alpha[e, h] * grad[e, h]
-            for h in range(heads):
-                grad_dst[i, h] = 0.0
-            for e in range(lo, hi):
-                _prefetch_row(s_src, indices, e)
-                j = indices[e]
-                for h in range(heads):
-                    d = alpha[e, h] * (grad[e, h] - dot[h])
-                    if s_src[j, h] + s_dst[i, h] <= 0:
-                        d = d * slope
-                    d_pre[e, h] = d
-                    grad_dst[i, h] += d
+                    grad_dst[i, h] = 0.0
+                for e in range(lo, hi):
+                    _prefetch_row(s_src, indices, e)
+                    j = indices[e]
+                    for h in range(heads):
+                        d = alpha[e, h] * (grad[e, h] - dot[h])
+                        if s_src[j, h] + s_dst[i, h] <= 0:
+                            d = d * slope
+                        d_pre[e, h] = d
+                        grad_dst[i, h] += d
 
     _GOLDEN = np.uint32(0x9E3779B9)
 

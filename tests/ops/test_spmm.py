@@ -116,3 +116,35 @@ def test_numba_spmm_prefetches_the_rows_ahead_and_sums_as_before():
     fresh = kernels.numba.njit(kernels.spmm_scalar.py_func)  # the cached one hides its IR
     fresh(indptr.numpy(), indices.numpy(), weight.numpy(), x.numpy(), out.numpy())
     assert "llvm.prefetch" in "".join(fresh.inspect_llvm().values())
+
+
+@pytest.mark.skipif(not kernels.HAVE_NUMBA, reason="numba kernels")
+def test_numba_kernels_split_rows_by_edges_and_cover_every_row():
+    """The CSR kernels' row blocks cover every row once, in order, and hold about equal
+    costs (in-edges plus one per row) even when a few rows hold most edges; the sums
+    over such a graph are the plain loop's, in every thread count."""
+    degrees = torch.cat([torch.tensor([5000, 3000]), torch.ones(998, dtype=torch.int64)])
+    indptr = torch.cat([torch.zeros(1, dtype=torch.int64), degrees.cumsum(0)])
+    bounds = kernels._row_blocks(indptr.numpy())
+    assert bounds[0] == 0 and bounds[-1] == 1000 and (bounds[1:] >= bounds[:-1]).all()
+    costs = [int(indptr[b] - indptr[a]) + int(b - a) for a, b in zip(bounds[:-1], bounds[1:])]
+    assert sum(costs) == int(indptr[-1]) + 1000
+    step = sum(costs) // kernels.ROW_BLOCKS + 1
+    for a, b in zip(bounds[:-1], bounds[1:]):  # a block is over its share by its last row
+        if b - a > 1:
+            assert int(indptr[b - 1] - indptr[a]) + int(b - 1 - a) <= step
+    for rows in (0, 3):  # fewer rows than blocks, and none
+        few = indptr[: rows + 1].numpy()
+        assert list(kernels._row_blocks(few))[-1] == rows
+    gen = torch.Generator().manual_seed(1)
+    indices = torch.randint(0, 50, (int(indptr[-1]),), generator=gen, dtype=torch.int32)
+    x, weight = torch.randn(50, 16, generator=gen), torch.rand(int(indptr[-1]), generator=gen)
+    expected = torch.zeros(1000, 16).index_add_(
+        0, torch.repeat_interleave(torch.arange(1000), degrees), weight[:, None] * x[indices])
+    for threads in (1, 2):
+        kernels.set_threads(threads)
+        out = torch.zeros(1000, 16)
+        kernels.spmm_scalar(indptr.numpy(), indices.numpy(), weight.numpy(), x.numpy(),
+                            out.numpy())
+        torch.testing.assert_close(out, expected)
+    kernels.set_threads(torch.get_num_threads())
