@@ -82,20 +82,23 @@ def keyed_dropout(x: Tensor, p: float, row_keys: Tensor, seed: int, training: bo
 
 
 def _apply_mask(x: Tensor, keys: Tensor, seed: int, p: float, *,
-                inplace: bool = False) -> Tensor:
+                inplace: bool = False, out: Tensor | None = None) -> Tensor:
     """``x`` with the keyed mask applied; into ``x`` itself when ``inplace`` (and x is a
-    plain contiguous tensor no one else needs)."""
+    plain contiguous tensor no one else needs), or into the contiguous ``out``."""
     scale = 1.0 / (1.0 - p)
     if kernels.HAVE_NUMBA and x.device.type == "cpu" and x.dtype in (torch.float32,
                                                                       torch.float64):
         inplace = inplace and x.is_contiguous()
-        out = x if inplace else torch.empty_like(x, memory_format=torch.contiguous_format)
+        if out is None:
+            out = x if inplace else torch.empty_like(x, memory_format=torch.contiguous_format)
         kernels.keyed_dropout(x.detach().contiguous().numpy(), keys.contiguous().numpy(), seed,
                               p, kernels.scalar_of(scale, x.dtype), out.detach().numpy())
         return out
     keep = keyed_uniform(keys, x.shape[1], seed).to(x.device) >= p
     if inplace:
         return x.mul_(keep.to(x.dtype)).mul_(scale)
+    if out is not None:
+        return torch.mul(x, keep.to(x.dtype), out=out).mul_(scale)
     return x * keep.to(x.dtype) * scale
 
 
@@ -142,8 +145,24 @@ def dropout_matmul(src: Dropped, weight: Tensor, add: Tensor | None = None,
                                 None if dropped is None else dropped.detach())
 
 
-ROW_BLOCK = 1 << 16
-"""Rows of the dropped input rebuilt at once by ``dropout_matmul``'s backward."""
+ROW_BLOCK = 1 << 13
+"""Rows of the dropped input rebuilt at once by ``dropout_matmul``'s backward: a
+block of 256 float32 columns (8 MiB) stays in a last-level cache between the mask
+and the product that reads it."""
+
+
+def _masked_pair(x: Tensor, g: Tensor, keys: Tensor, seed: int, p: float,
+                 out: Tensor) -> None:
+    """out = keyed dropout of ``x`` and ``g`` masked in place, with one mask."""
+    if kernels.HAVE_NUMBA and x.device.type == "cpu" and x.dtype in (
+            torch.float32, torch.float64) and g.dtype == x.dtype and g.is_contiguous():
+        kernels.keyed_dropout_pair(x.detach().contiguous().numpy(), g.numpy(),
+                                   keys.contiguous().numpy(), seed, p,
+                                   kernels.scalar_of(1.0 / (1.0 - p), x.dtype),
+                                   out.numpy())
+        return
+    out.copy_(_apply_mask(x, keys, seed, p))
+    _apply_mask(g, keys, seed, p, inplace=True)
 
 
 class _DropoutMatmul(torch.autograd.Function):
@@ -161,17 +180,34 @@ class _DropoutMatmul(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: Tensor):
+        """Per block of ``ROW_BLOCK`` rows: the input gradient's rows (grad @ weight,
+        masked), the dropped input's rows (into one buffer reused by every block) and
+        their share of the weight's gradient. One hash pass serves both masks, and no
+        (R, D) tensor is allocated but the input gradient."""
         x, weight, keys = ctx.saved_tensors
         grad_x = grad_w = grad_add = None
+        rows_total, cols = x.shape
+        w = weight.to(grad.dtype)
         if ctx.needs_input_grad[0]:
-            grad_x = _apply_mask(torch.mm(grad, weight.to(grad.dtype)), keys, ctx.seed, ctx.p,
-                                 inplace=True)
+            grad_x = torch.empty(rows_total, cols, dtype=grad.dtype, device=grad.device)
         if ctx.needs_input_grad[1]:
             grad_w = torch.zeros_like(weight)
-            for lo in range(0, x.shape[0], ROW_BLOCK):
-                rows = _apply_mask(x[lo:lo + ROW_BLOCK], keys[lo:lo + ROW_BLOCK], ctx.seed,
-                                   ctx.p)
-                grad_w.addmm_(grad[lo:lo + ROW_BLOCK].t(), rows)
+            buf = torch.empty(min(ROW_BLOCK, rows_total), cols, dtype=x.dtype,
+                              device=x.device)
+        for lo in range(0, rows_total, ROW_BLOCK):
+            hi = min(lo + ROW_BLOCK, rows_total)
+            g, k = grad[lo:hi], keys[lo:hi]
+            gx = None if grad_x is None else torch.mm(g, w, out=grad_x[lo:hi])
+            if grad_w is None:
+                assert gx is not None
+                _apply_mask(gx, k, ctx.seed, ctx.p, inplace=True)
+                continue
+            rows = buf[:hi - lo]
+            if gx is None:
+                _apply_mask(x[lo:hi], k, ctx.seed, ctx.p, out=rows)
+            else:
+                _masked_pair(x[lo:hi], gx, k, ctx.seed, ctx.p, rows)
+            grad_w.addmm_(g.t(), rows)
         if ctx.needs_input_grad[2]:
             assert ctx.add_shape is not None
             grad_add = grad.sum(0) if len(ctx.add_shape) == 1 else grad

@@ -227,6 +227,26 @@ if HAVE_NUMBA:
                 out[r, c] = x[r, c] * scale if np.int64(h) >= keep_from else 0.0
 
     @njit(parallel=True, cache=True, nogil=True)
+    def keyed_dropout_pair(x, g, row_keys, seed, p, scale, out):  # pragma: no cover - numba
+        """``keyed_dropout`` of two arrays of one shape with one mask, hashed once:
+        out = dropout(x), and g = dropout(g) in place (a product's backward needs the
+        dropped input for the weight's gradient and the masked input gradient)."""
+        m32 = 0xFFFFFFFF
+        num_cols = x.shape[1]
+        keep_from = _keep_threshold(p)
+        for r in prange(row_keys.shape[0]):
+            k = _mix32(((row_keys[r] & m32) ^ seed) & m32)
+            k = np.uint32(_mix32((k + ((row_keys[r] >> 32) & m32) * 0x27D4EB2F) & m32))
+            for c in range(num_cols):
+                h = _mix32_u32(np.uint32(k + np.uint32(np.uint32(c) * _GOLDEN)))
+                if np.int64(h) >= keep_from:
+                    out[r, c] = x[r, c] * scale
+                    g[r, c] = g[r, c] * scale
+                else:
+                    out[r, c] = 0.0
+                    g[r, c] = 0.0
+
+    @njit(parallel=True, cache=True, nogil=True)
     def keyed_dropout_csr(indptr, indices, values, row_keys, seed, p, scale,
                           out):  # pragma: no cover - numba
         """``keyed_dropout`` of a CSR matrix's stored entries: out[e] = values[e] * scale

@@ -73,12 +73,17 @@ def _saved_storages(fn):
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("add", ["none", "bias", "rows"])
-def test_dropout_matmul_equals_the_unfused_product_and_keeps_no_dropped_copy(dtype, add,
+@pytest.mark.parametrize("needs", ["both", "x", "w", "both-torch"])
+def test_dropout_matmul_equals_the_unfused_product_and_keeps_no_dropped_copy(dtype, add, needs,
                                                                              monkeypatch):
+    """Outputs and gradients equal the unfused product's, whichever of the input and the
+    weight need one, with the numba kernels and without ("-torch")."""
     monkeypatch.setattr(kd, "ROW_BLOCK", 7)  # several row blocks in the backward
+    if needs.endswith("-torch"):
+        monkeypatch.setattr(kd.kernels, "HAVE_NUMBA", False)
     torch.manual_seed(0)
-    x = torch.randn(40, 6, dtype=dtype, requires_grad=True)
-    w = torch.randn(3, 6, dtype=dtype, requires_grad=True)
+    x = torch.randn(40, 6, dtype=dtype, requires_grad=needs != "w")
+    w = torch.randn(3, 6, dtype=dtype, requires_grad=needs != "x")
     addend = {"none": None, "bias": torch.randn(3, dtype=dtype, requires_grad=True),
               "rows": torch.randn(40, 3, dtype=dtype, requires_grad=True)}[add]
     keys = torch.arange(100, 140)
@@ -89,7 +94,7 @@ def test_dropout_matmul_equals_the_unfused_product_and_keeps_no_dropped_copy(dty
     ptrs, fused = _saved_storages(lambda: kd.dropout_matmul(src, w, addend, dropped))
     assert dropped.untyped_storage().data_ptr() not in ptrs  # x, not its dropped copy
     grad = torch.randn_like(plain)
-    inputs = [t for t in (x, w, addend) if t is not None]
+    inputs = [t for t in (x, w, addend) if t is not None and t.requires_grad]
     tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else {}
     torch.testing.assert_close(fused, plain, **tol)
     for a, b in zip(torch.autograd.grad(fused, inputs, grad),
