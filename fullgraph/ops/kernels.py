@@ -216,12 +216,10 @@ if HAVE_NUMBA:
     def keyed_dropout(x, row_keys, seed, p, scale, out):  # pragma: no cover - numba
         """out = x * scale where keyed_uniform >= p, else 0 (one fused pass; ``scale``
         of the rows' precision, see ``scalar_of``)."""
-        m32 = 0xFFFFFFFF
         num_cols = x.shape[1]
         keep_from = _keep_threshold(p)
         for r in prange(row_keys.shape[0]):
-            k = _mix32(((row_keys[r] & m32) ^ seed) & m32)
-            k = np.uint32(_mix32((k + ((row_keys[r] >> 32) & m32) * 0x27D4EB2F) & m32))
+            k = _row_hash(row_keys[r], seed)
             for c in range(num_cols):
                 h = _mix32_u32(np.uint32(k + np.uint32(np.uint32(c) * _GOLDEN)))
                 out[r, c] = x[r, c] * scale if np.int64(h) >= keep_from else 0.0
@@ -231,12 +229,10 @@ if HAVE_NUMBA:
         """``keyed_dropout`` of two arrays of one shape with one mask, hashed once:
         out = dropout(x), and g = dropout(g) in place (a product's backward needs the
         dropped input for the weight's gradient and the masked input gradient)."""
-        m32 = 0xFFFFFFFF
         num_cols = x.shape[1]
         keep_from = _keep_threshold(p)
         for r in prange(row_keys.shape[0]):
-            k = _mix32(((row_keys[r] & m32) ^ seed) & m32)
-            k = np.uint32(_mix32((k + ((row_keys[r] >> 32) & m32) * 0x27D4EB2F) & m32))
+            k = _row_hash(row_keys[r], seed)
             for c in range(num_cols):
                 h = _mix32_u32(np.uint32(k + np.uint32(np.uint32(c) * _GOLDEN)))
                 if np.int64(h) >= keep_from:
@@ -251,13 +247,11 @@ if HAVE_NUMBA:
                           out):  # pragma: no cover - numba
         """``keyed_dropout`` of a CSR matrix's stored entries: out[e] = values[e] * scale
         where the key of (row, indices[e]) keeps it, else 0 (the dense kernel's bits)."""
-        m32 = 0xFFFFFFFF
         keep_from = _keep_threshold(p)
         blocks = _row_blocks(indptr)
         for blk in prange(blocks.shape[0] - 1):
             for r in range(blocks[blk], blocks[blk + 1]):
-                k = _mix32(((row_keys[r] & m32) ^ seed) & m32)
-                k = np.uint32(_mix32((k + ((row_keys[r] >> 32) & m32) * 0x27D4EB2F) & m32))
+                k = _row_hash(row_keys[r], seed)
                 for e in range(indptr[r], indptr[r + 1]):
                     h = _mix32_u32(np.uint32(k + np.uint32(np.uint32(indices[e]) * _GOLDEN)))
                     out[e] = values[e] * scale if np.int64(h) >= keep_from else 0.0
@@ -335,6 +329,13 @@ if HAVE_NUMBA:
                         grad_dst[i, h] += d
 
     _GOLDEN = np.uint32(0x9E3779B9)
+
+    @njit(inline="always", cache=True)
+    def _row_hash(key, seed):  # pragma: no cover - numba
+        """The per-row part of a dropout hash (``ops.dropout.row_hashes``), as uint32."""
+        m32 = 0xFFFFFFFF
+        k = _mix32(((key & m32) ^ seed) & m32)
+        return np.uint32(_mix32((k + ((key >> 32) & m32) * 0x27D4EB2F) & m32))
 
     @njit(inline="always", cache=True)
     def _keep_threshold(p):  # pragma: no cover - numba
