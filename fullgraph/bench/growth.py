@@ -11,7 +11,8 @@ against edges and each size's deviation from it. ``--plot FILE`` draws both agai
 edges (needs matplotlib). ``--row-block N`` trains each size with ``--strategy tensor
 --workers 1 --row-block N`` instead: the dense stages between propagations run N rows
 at a time and are recomputed in the backward pass, so no (N, hidden) activation is
-held whole (the largest-graph measurement).
+held whole (the largest-graph measurement). The children start as ``fullgraph`` does
+from a shell, so they get the same allocator and huge-page set-up.
 
     python -m fullgraph.bench.growth
     python -m fullgraph.bench.growth --sizes 250000,500000 --epochs 2   # quick
@@ -23,6 +24,7 @@ import datetime
 import os
 import platform
 import re
+import resource
 import subprocess
 import sys
 import time
@@ -30,7 +32,9 @@ from pathlib import Path
 
 from fullgraph.bench.figures import NO_MATPLOTLIB, new_figure, save_figure
 
-CHILD = "import sys; from fullgraph.cli import main; sys.exit(main(sys.argv[1:]))"
+CHILD = "import sys; from fullgraph.cli import main; sys.exit(main())"
+"""The child runs as ``fullgraph`` does from the shell: ``main()`` reads its arguments
+and first sets up the allocator and huge pages (see ``fullgraph.allocator``)."""
 MEDIAN = re.compile(r"median epoch ([0-9.]+) s")
 
 
@@ -45,8 +49,10 @@ def dataset(cache: Path, vertices: int, degree: int, seed: int) -> tuple[Path, i
     return where, int(store.read_meta(where)["num_edges"])
 
 
-def peak_run(cmd: list[str]) -> tuple[str, int, int]:
-    """Run ``cmd``; its stdout and its peak VmRSS and RssAnon in bytes."""
+def peak_run(cmd: list[str]) -> tuple[str, int, int, dict[str, float]]:
+    """Run ``cmd``; its stdout, its peak VmRSS and RssAnon in bytes, and its CPU times
+    and page faults (``user``, ``sys`` in seconds, ``minflt``, ``majflt``)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     out_file = Path(os.environ.get("TMPDIR", "/tmp")) / f"growth-{os.getpid()}.out"
     with open(out_file, "w") as out:
         child = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
@@ -60,11 +66,15 @@ def peak_run(cmd: list[str]) -> tuple[str, int, int]:
             except (OSError, ValueError, IndexError):
                 pass
             time.sleep(0.05)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    usage = {"user": after.ru_utime - before.ru_utime, "sys": after.ru_stime - before.ru_stime,
+             "minflt": after.ru_minflt - before.ru_minflt,
+             "majflt": after.ru_majflt - before.ru_majflt}
     text = out_file.read_text()
     out_file.unlink()
     if child.returncode:  # e.g. -9 from the kernel when memory ran out: a row says so
         text += f"\n(exit {child.returncode})"
-    return text, peak["VmRSS"], peak["RssAnon"]
+    return text, peak["VmRSS"], peak["RssAnon"], usage
 
 
 def fit(xs: list[float], ys: list[float]) -> tuple[float, float]:
@@ -124,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
             cmd += ["--threads", str(args.threads)]
         if args.row_block:
             cmd += ["--strategy", "tensor", "--workers", "1", "--row-block", str(args.row_block)]
-        text, rss, anon = peak_run(cmd)
+        text, rss, anon, usage = peak_run(cmd)
         match = MEDIAN.search(text)
         if match is None:
             print(f"# {n} vertices: did not finish, peak {rss / 2**30:.2f} GiB; the run "
@@ -132,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
             failed.append((n, edges, rss))
             continue
         rows.append({"vertices": n, "edges": edges, "epoch": float(match.group(1)),
-                     "rss": rss, "anon": anon})
+                     "rss": rss, "anon": anon, **usage})
         print(f"# {n} vertices: dataset {made:.0f} s, epoch {rows[-1]['epoch']:.2f} s, "
               f"peak {rss / 2**30:.2f} GiB", flush=True)
     if not rows:
@@ -149,6 +159,11 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['rss'] / 2**30 / r['vertices'] * 1e6:.2f} |")
     for n, edges, rss in failed:
         print(f"| {n:,} | {edges:,} | did not finish | | | {rss / 2**30:.2f} at the end | |")
+    print("\n| vertices | user CPU s | system CPU s | minor faults | major faults |")
+    print("| --- | --- | --- | --- | --- |")
+    for r in rows:
+        print(f"| {r['vertices']:,} | {r['user']:.1f} | {r['sys']:.1f} | {r['minflt']:,} | "
+              f"{r['majflt']:,} |")
     print(f"\nfit: epoch = {a:.3f} s + {b * 1e6:.4f} s per million edges")
     if args.plot:
         print(plot(rows, Path(args.plot)))
