@@ -194,7 +194,8 @@ class _DropoutMatmul(torch.autograd.Function):
             grad_w = torch.zeros_like(weight)
             buf = torch.empty(min(ROW_BLOCK, rows_total), cols, dtype=x.dtype,
                               device=x.device)
-        for lo in range(0, rows_total, ROW_BLOCK):
+        for lo in range(0, rows_total if grad_x is not None or grad_w is not None else 0,
+                        ROW_BLOCK):
             hi = min(lo + ROW_BLOCK, rows_total)
             g, k = grad[lo:hi], keys[lo:hi]
             gx = None if grad_x is None else torch.mm(g, w, out=grad_x[lo:hi])
