@@ -255,7 +255,8 @@ class LaunchConfig:
     """
 
     workers: int = option(1, "local worker processes (under torchrun: its world size)")
-    backend: str = option("auto", "communication backend (auto: nccl on cuda, else gloo)",
+    backend: str = option("auto", "communication backend (auto: nccl on cuda with a GPU per "
+                          "worker, else gloo)",
                           choices=BACKENDS)
     timeout_s: float = option(300.0, "seconds any blocking call may wait for a peer")
     run_dir: str | None = option(None, "directory for worker logs and status files; unset: a "

@@ -56,12 +56,15 @@ class TrainResult:
 
 
 def resolve_device(name: str, local_rank: int = 0) -> torch.device:
-    """``auto`` means CUDA when available; ``cuda`` means the local rank's GPU."""
+    """``auto`` means CUDA when available; ``cuda`` means the local rank's GPU (GPUs
+    taken in turn when the host runs more workers than it has)."""
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     check_device(name)
     if name == "cuda":
-        return torch.device("cuda", local_rank)
+        from fullgraph.comm.group import local_gpu
+
+        return local_gpu(local_rank)
     return torch.device(name)
 
 

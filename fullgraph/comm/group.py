@@ -199,12 +199,14 @@ def init_comm(*, backend: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_
     created and the result equals ``single_comm(device)``.
 
     Args:
-        backend: "gloo" or "nccl" (default: nccl when ``device`` is cuda, else gloo).
+        backend: "gloo" or "nccl" (default: nccl when ``device`` is cuda and every
+            local worker has a GPU of its own, else gloo).
         timeout_s: limit on setup and on every blocking call (default: 300).
         init_method: torch.distributed URL, e.g. ``file:///tmp/x/store`` (default: env://).
         rank: this worker's rank (default: $RANK).
         world_size: number of workers (default: $WORLD_SIZE, else 1).
-        device: where collective buffers live (default: cuda:$LOCAL_RANK for nccl, else cpu).
+        device: where collective buffers live (default: cuda:$LOCAL_RANK for nccl, else
+            cpu); ``cuda`` without an index means the local rank's GPU.
         p2p_all_to_all: force (True) or forbid (False) the isend/irecv all-to-all
             (default: None, probe the backend once and fall back only if it lacks all-to-all).
 
@@ -246,6 +248,19 @@ def destroy_comm(comm: Comm) -> None:
         comm.group = None
 
 
+def local_gpu(local_rank: int) -> torch.device:
+    """The GPU of the worker with this local rank: GPUs in turn when there are fewer
+    GPUs than workers on the host."""
+    return torch.device("cuda", local_rank % max(1, torch.cuda.device_count()))
+
+
+def gpus_shared() -> bool:
+    """True when this host runs more workers ($LOCAL_WORLD_SIZE) than it has GPUs:
+    NCCL refuses two ranks on one device, so the default backend is then gloo, with
+    CUDA tensors staged through host memory (``fullgraph.comm.primitives``)."""
+    return (_env_int("LOCAL_WORLD_SIZE", 1) or 1) > torch.cuda.device_count()
+
+
 def _env_int(name: str, default: int | None) -> int | None:
     value = os.environ.get(name)
     if value is None:
@@ -267,8 +282,10 @@ def _resolve_backend_device(backend: str | None,
         else:
             device = torch.device("cpu")
     dev = torch.device(device)
+    if dev.type == "cuda" and dev.index is None:  # the local rank's GPU
+        dev = local_gpu(_env_int("LOCAL_RANK", 0) or 0)
     if backend is None:
-        backend = "nccl" if dev.type == "cuda" else "gloo"
+        backend = "nccl" if dev.type == "cuda" and not gpus_shared() else "gloo"
     if backend == "nccl" and dev.type != "cuda":
         raise ValueError(f"init_comm: backend 'nccl' needs a cuda device, got {dev}")
     return backend, dev

@@ -21,6 +21,11 @@ gloo in torch 2.13 supports ``all_to_all_single`` with uneven splits (its list f
 ``all_to_all`` needs equal sizes, so it is not used); ``Comm.p2p_all_to_all``
 switches ``all_to_all_v`` to isend/irecv pairs for backends that lack it.
 
+CUDA tensors on a gloo group (several workers sharing one GPU, where NCCL refuses
+two ranks on one device) are staged through host memory: each primitive copies its
+buffer to the host, runs the collective there and copies the result back. gloo runs
+only broadcast and all-reduce on CUDA tensors itself, and through host memory too.
+
 Sub-groups (``fullgraph.comm.subgroup``) use the same primitives: ``comm.rank``,
 ``src`` and block indices are ranks in ``comm.group``; the p2p paths translate them
 to the world ranks torch.distributed's isend/irecv/broadcast take (``_peer``).
@@ -30,6 +35,7 @@ This module imports nothing from fullgraph at run time.
 from __future__ import annotations
 
 import datetime
+import inspect
 import math
 import pickle
 import time
@@ -137,6 +143,12 @@ def _peer(comm: Comm, group_rank: int) -> int:
     return dist.get_global_rank(comm.group, group_rank)
 
 
+def _staged(comm: Comm, tensor: Tensor) -> bool:
+    """True when ``tensor`` lives on a GPU and ``comm``'s backend is gloo: the call
+    goes through a host copy (see the module docstring)."""
+    return tensor.device.type != "cpu" and dist.get_backend(comm.group) == "gloo"
+
+
 def _require_contiguous(tensor: Tensor, name: str) -> None:
     if not tensor.is_contiguous():
         raise ValueError(f"{name}: the tensor is updated in place and must be contiguous; "
@@ -178,6 +190,9 @@ def _import_before_process_group() -> None:
         pass
 
 
+_HAS_SORT_RANKS = "sort_ranks" in inspect.signature(dist.new_group).parameters
+
+
 def new_group(ranks: Sequence[int], comm: Comm) -> Any:
     """Create the process group of world ranks ``ranks``; group rank i is ``ranks[i]``.
 
@@ -187,7 +202,10 @@ def new_group(ranks: Sequence[int], comm: Comm) -> Any:
     """
     start = time.perf_counter()
     try:
-        group = dist.new_group(list(ranks), timeout=comm.timeout, sort_ranks=False)
+        # sort_ranks keeps the order given; a torch without it (2.11) sorts the ranks,
+        # and the order check below refuses an unsorted list
+        keep_order: dict[str, Any] = {"sort_ranks": False} if _HAS_SORT_RANKS else {}
+        group = dist.new_group(list(ranks), timeout=comm.timeout, **keep_order)
     except (RuntimeError, TimeoutError, ValueError) as err:
         raise CommError(comm.rank, comm.world_size, "comm-init", f"new_group({list(ranks)})",
                         err, time.perf_counter() - start, comm.timeout) from err
@@ -240,8 +258,11 @@ def all_reduce_(tensor: Tensor, comm: Comm, phase: str, op: ReduceOp | str = "su
         return tensor
     _require_contiguous(tensor, "all_reduce_")
     nbytes = 2 * (comm.world_size - 1) * tensor.nbytes // comm.world_size
+    buf = tensor.cpu() if _staged(comm, tensor) else tensor
     with _guarded(comm, phase, "all_reduce", nbytes, nbytes):
-        _wait(dist.all_reduce(tensor, op=dist_op, group=comm.group, async_op=True), comm)
+        _wait(dist.all_reduce(buf, op=dist_op, group=comm.group, async_op=True), comm)
+    if buf is not tensor:
+        tensor.copy_(buf)
     return tensor
 
 
@@ -254,9 +275,12 @@ def broadcast_(tensor: Tensor, src: int, comm: Comm, phase: str) -> Tensor:
     _require_contiguous(tensor, "broadcast_")
     sent = (comm.world_size - 1) * tensor.nbytes if comm.rank == src else 0
     recv = 0 if comm.rank == src else tensor.nbytes
+    buf = tensor.cpu() if _staged(comm, tensor) else tensor
     with _guarded(comm, phase, "broadcast", sent, recv):
-        work = dist.broadcast(tensor, src=_peer(comm, src), group=comm.group, async_op=True)
+        work = dist.broadcast(buf, src=_peer(comm, src), group=comm.group, async_op=True)
         _wait(work, comm)
+    if buf is not tensor:
+        tensor.copy_(buf)
     return tensor
 
 
@@ -363,14 +387,18 @@ def _start_collective(flat: list[Tensor], recv_numel: list[int], comm: Comm) -> 
     as_bytes = [t.view(torch.uint8) if t.numel() else torch.empty(0, dtype=torch.uint8,
                                                                     device=device) for t in flat]
     inp = torch.cat(as_bytes)
-    out = torch.empty(sum(recv_numel) * itemsize, dtype=torch.uint8, device=device)
+    staged = _staged(comm, inp)
+    if staged:
+        inp = inp.cpu()
+    out = torch.empty(sum(recv_numel) * itemsize, dtype=torch.uint8, device=inp.device)
     work = dist.all_to_all_single(out, inp, output_split_sizes=[n * itemsize for n in recv_numel],
                                   input_split_sizes=[t.numel() for t in as_bytes],
                                   group=comm.group, async_op=True)
 
     def finish() -> list[Tensor]:
         _wait(work, comm)
-        return [c.view(dtype) for c in torch.split(out, [n * itemsize for n in recv_numel])]
+        got = out.to(device) if staged else out
+        return [c.view(dtype) for c in torch.split(got, [n * itemsize for n in recv_numel])]
 
     return finish
 
@@ -403,7 +431,10 @@ def _all_to_all_collective(flat: list[Tensor], recv_numel: list[int],
 def _all_to_all_p2p(flat: list[Tensor], recv_numel: list[int], comm: Comm) -> list[Tensor]:
     """The same exchange as isend/irecv pairs; empty blocks send no message."""
     dtype, device = flat[0].dtype, flat[0].device
-    out = [torch.empty(n, dtype=dtype, device=device) for n in recv_numel]
+    staged = _staged(comm, flat[0])
+    if staged:
+        flat = [t.cpu() for t in flat]
+    out = [torch.empty(n, dtype=dtype, device=flat[0].device) for n in recv_numel]
     ops = []
     for p in range(comm.world_size):
         if p == comm.rank:
@@ -414,7 +445,7 @@ def _all_to_all_p2p(flat: list[Tensor], recv_numel: list[int], comm: Comm) -> li
             ops.append(dist.P2POp(dist.isend, flat[p], _peer(comm, p), comm.group))
     for work in dist.batch_isend_irecv(ops) if ops else []:
         _wait(work, comm)
-    return out
+    return [t.to(device) for t in out] if staged else out
 
 
 def all_gather_rows(tensor: Tensor, rows_per_rank: Sequence[int], comm: Comm,

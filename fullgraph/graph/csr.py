@@ -184,7 +184,7 @@ class Graph:
                          validate=False)
         src, dst = self.edges()
         return Graph.from_edges(src, dst, n, dedup=False,
-                                self_loops="add" if present else "remove")
+                                self_loops="add" if present else "remove").to(self.device)
 
     def has_self_loops(self) -> bool:
         if self._row_loops():
@@ -230,6 +230,8 @@ class Graph:
             self._transposed = Transposed(
                 Graph(torch.from_numpy(t_indptr), torch.from_numpy(t_ids),
                       num_src=self.num_dst, validate=False), torch.from_numpy(perm))
+        if self._transposed is None and self.indptr.device.type != "cpu":
+            self._transposed = self._transpose_on_device()
         if self._transposed is None:
             src = self.indices.cpu().numpy()
             perm = np.argsort(src, kind="stable")
@@ -248,10 +250,22 @@ class Graph:
             self._transposed = Transposed(graph, perm_t)
         return self._transposed
 
+    def _transpose_on_device(self) -> Transposed:
+        """The transpose built where the CSR lives (a GPU) with a stable sort."""
+        perm = torch.argsort(self.indices, stable=True)
+        counts = torch.bincount(self.indices, minlength=self.num_src)
+        t_indptr = torch.zeros(self.num_src + 1, dtype=torch.int64, device=self.device)
+        torch.cumsum(counts, 0, out=t_indptr[1:])
+        ids = torch.int32 if self.num_dst <= INT32_LIMIT else torch.int64
+        t_indices = self.dst_index()[perm].to(ids)
+        perm = perm.to(torch.int32 if self.num_edges <= INT32_LIMIT else torch.int64)
+        return Transposed(Graph(t_indptr, t_indices, num_src=self.num_dst, validate=False), perm)
+
     def to(self, device: torch.device | str) -> "Graph":
         """A copy on ``device`` (self if already there); caches are not carried."""
         device = torch.device(device)
-        if self.indptr.device == device:
+        if self.indptr.device == device or (device.type == "cuda" and device.index is None
+                                            and self.indptr.device.type == "cuda"):
             return self
         weight = None if self.edge_weight is None else self.edge_weight.to(device)
         return Graph(self.indptr.to(device), self.indices.to(device), self.num_src, weight,

@@ -100,17 +100,21 @@ if HAVE_NUMBA:
                 out[o] = v
 
     @njit(parallel=True, cache=True, nogil=True)
-    def _count_loops(indptr, indices):  # pragma: no cover - numba
-        """(loops, rows with exactly one loop)."""
-        total, once = 0, 0
+    def _loops_per_row(indptr, indices, out):  # pragma: no cover - numba
         for v in prange(indptr.shape[0] - 1):
             c = 0
             for k in range(indptr[v], indptr[v + 1]):
                 if indices[k] == v:
                     c += 1
-            total += c
-            once += 1 if c == 1 else 0
-        return total, once
+            out[v] = c
+
+    def _count_loops(indptr: np.ndarray, indices: np.ndarray) -> tuple[int, int]:
+        """(loops, rows with exactly one loop). Counted per row into an array, not as
+        a parallel reduction, which numba 0.68.0 fails to compile ("unexpected cycle
+        in lookup()")."""
+        per_row = np.empty(indptr.shape[0] - 1, dtype=np.int32)
+        _loops_per_row(indptr, indices, per_row)
+        return int(per_row.sum()), int(np.count_nonzero(per_row == 1))
 
     @njit(cache=True, nogil=True)
     def _transpose_fill(indptr, indices, t_indptr, t_indices, perm):  # pragma: no cover

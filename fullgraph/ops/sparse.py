@@ -42,7 +42,7 @@ def sparse_dropout(x: Tensor, p: float, row_keys: Tensor, seed: int) -> Tensor:
     """Inverted keyed dropout of the CSR ``x``'s stored entries (see the module
     docstring); the same pattern, dropped entries stored as zeros."""
     indptr, indices, values = x.crow_indices(), x.col_indices(), x.values()
-    keys = row_keys.to(torch.int64).contiguous()
+    keys = row_keys.to(device=values.device, dtype=torch.int64).contiguous()
     seed32, scale = int(seed) & _M32, 1.0 / (1.0 - p)
     if kernels.HAVE_NUMBA and values.device.type == "cpu" and values.dtype in (
             torch.float32, torch.float64):

@@ -160,8 +160,10 @@ def edge_dot(graph: Graph, a: Tensor, b: Tensor, heads: int = 1) -> Tensor:
         kernels.sddmm(graph.indptr.numpy(), graph.indices.numpy(), a.detach().numpy(),
                       b.detach().contiguous().numpy(), out.numpy())
         return out
-    src, dst = graph.edges()
     chans = a.shape[1] // heads
+    if chans == 0:  # a worker's column slice may be empty
+        return a.new_zeros(graph.num_edges, heads)
+    src, dst = graph.edges()
     return (a[dst].view(-1, heads, chans) * b[src].view(-1, heads, chans)).sum(-1)
 
 

@@ -52,7 +52,7 @@ from fullgraph.models.walk import (
     walk,
 )
 from fullgraph.ops import spmm
-from fullgraph.ops.chunked import Chunk, chunked_spmm
+from fullgraph.ops.chunked import Chunk, chunked_spmm, same_device
 from fullgraph.ops.sparse import nbytes
 from fullgraph.parallel.base import LocalResult, Plan, Work
 from fullgraph.schedule.pipeline import Segment, pipelined_propagation
@@ -108,6 +108,7 @@ class ColumnPlan(Plan):
     chunks: list[Chunk] | None = None
     account: MemoryAccount | None = None
     first_reads: list[Tensor] | None = None
+    prefetch: bool = False
     _device_graph: Graph | None = None
 
     column_split: str = "balanced"
@@ -265,12 +266,12 @@ def count_resident(program: StageProgram, plan: ColumnPlan, dtype: torch.dtype) 
 def _aggregate(plan: ColumnPlan, h_cols: Tensor, weight: Tensor) -> Tensor:
     """One weighted SpMM over the whole graph, or chunk by chunk on the device."""
     if plan.chunks is None:
-        if h_cols.device != plan.device:  # rows live elsewhere (nn_device): go and come back
+        if not same_device(h_cols.device, plan.device):  # rows elsewhere (nn_device): go and back
             graph = plan.device_graph()
             return spmm(graph, h_cols.to(plan.device), weight.to(plan.device)).to(h_cols.device)
         return spmm(plan.graph, h_cols, weight)
     return chunked_spmm(plan.chunks, plan.graph.num_dst, h_cols, _kept(plan, weight),
-                        plan.device, plan.account)
+                        plan.device, plan.account, plan.prefetch)
 
 
 def _kept(plan: ColumnPlan, weight: Tensor) -> Tensor:
@@ -318,6 +319,7 @@ def edge_plan(graph: Graph, row_counts: list[int], comm: Comm) -> EdgePlan:
     """The block of this worker's destinations and the halo of their remote sources."""
     from fullgraph.comm import primitives as prim
 
+    graph = graph.to("cpu")  # planned on the host; the caller moves the block
     offsets = np.concatenate([[0], np.cumsum(row_counts)]).astype(np.int64)
     lo, hi = int(offsets[comm.rank]), int(offsets[comm.rank + 1])
     own = np.arange(lo, hi, dtype=np.int64)

@@ -74,9 +74,14 @@ class _Loader:
         self.ahead = None
         if self.stream is not None:
             value, event = handle
-            torch.cuda.current_stream().wait_event(event)
-            for t in value:
-                t.record_stream(torch.cuda.current_stream())
+            stream = torch.cuda.current_stream()
+            stream.wait_event(event)
+            # a bin's rows are one tensor (CSR for sparse features): mark its storage,
+            # not each of its rows (iterating a tensor yields row views, one per row)
+            parts = (value.crow_indices(), value.col_indices(), value.values()) \
+                if value.layout == torch.sparse_csr else (value,)
+            for t in parts:
+                t.record_stream(stream)
             return value
         return handle.result()
 

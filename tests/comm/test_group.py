@@ -82,3 +82,17 @@ def test_init_comm_refuses_bad_arguments(monkeypatch, kwargs, env, match):
     with pytest.raises(ValueError, match=match):
         init_comm(**kwargs)
     assert not dist.is_initialized()
+
+
+def test_workers_sharing_a_gpu_default_to_gloo(monkeypatch):
+    """More local workers than GPUs: ``cuda`` is the local rank's GPU in turn and the
+    default backend is gloo (NCCL refuses two ranks on one device); a GPU each: nccl."""
+    from fullgraph.comm import group
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setenv("LOCAL_RANK", "2")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "3")
+    assert group._resolve_backend_device(None, "cuda") == ("gloo", torch.device("cuda", 0))
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    assert group._resolve_backend_device(None, "cuda") == ("nccl", torch.device("cuda", 2))
+    assert group._resolve_backend_device("gloo", "cuda:1") == ("gloo", torch.device("cuda", 1))

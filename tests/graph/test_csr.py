@@ -156,3 +156,15 @@ def test_a_graph_already_looped_is_not_copied():
                                dedup=False)
     fixed = doubled.with_self_loops(True)  # a vertex with two loops gets a copy with one
     assert fixed is not doubled and torch.equal(fixed.indices, looped.indices)
+
+
+def test_transpose_built_by_sorting_equals_the_host_one():
+    """The transpose a GPU graph builds (one stable sort, ``_transpose_on_device``) is
+    the host's: same offsets, sources and permutation."""
+    gen = torch.Generator().manual_seed(4)
+    g = Graph.from_edges(torch.randint(0, 30, (200,), generator=gen),
+                         torch.randint(0, 25, (200,), generator=gen), 30, dedup=False)
+    sorted_t, host_t = g._transpose_on_device(), g.transpose()
+    assert torch.equal(sorted_t.graph.indptr, host_t.graph.indptr)
+    assert torch.equal(sorted_t.graph.indices.long(), host_t.graph.indices.long())
+    assert torch.equal(sorted_t.perm.long(), host_t.perm.long())

@@ -3,12 +3,15 @@ from __future__ import annotations
 
 import pytest
 import torch
+from devices import TEST_DEVICE, cpu_only
 
 from fullgraph.graph.csr import Graph
 from fullgraph.ops import kernels, spmm
-from fullgraph.ops.spmm import set_backend
+from fullgraph.ops.spmm import edge_dot, set_backend
 
-BACKENDS = ["torch"] + (["numba"] if kernels.HAVE_NUMBA else [])
+# numba's kernels are CPU only: on a GPU every backend resolves to torch
+NUMBA = pytest.param("numba", marks=cpu_only("numba's kernels"))
+BACKENDS = ["torch"] + ([NUMBA] if kernels.HAVE_NUMBA else [])
 
 
 @pytest.fixture(params=BACKENDS)
@@ -26,21 +29,22 @@ def random_block(num_dst: int, num_src: int, num_edges: int, seed: int) -> Graph
     dst, src = key // num_src, key % num_src
     indptr = torch.zeros(num_dst + 1, dtype=torch.int64)
     indptr[1:] = torch.cumsum(torch.bincount(dst, minlength=num_dst), 0)
-    return Graph(indptr, src, num_src=num_src)
+    return Graph(indptr, src, num_src=num_src).to(TEST_DEVICE)
 
 
 def dense(graph: Graph, weight: torch.Tensor | None, dtype) -> torch.Tensor:
-    a = torch.zeros(graph.num_dst, graph.num_src, dtype=dtype)
+    a = torch.zeros(graph.num_dst, graph.num_src, dtype=dtype, device=graph.device)
     src, dst = graph.edges()
-    a[dst, src] = torch.ones(graph.num_edges, dtype=dtype) if weight is None else weight
+    a[dst, src] = (torch.ones(graph.num_edges, dtype=dtype, device=graph.device)
+                   if weight is None else weight)
     return a
 
 
 @pytest.mark.parametrize("shape", [(7, 7, 20), (5, 9, 18), (6, 4, 0)])
 def test_forward_matches_dense(backend, shape):
     g = random_block(*shape, seed=1)
-    x = torch.randn(g.num_src, 5, dtype=torch.float64)
-    w = torch.rand(g.num_edges, dtype=torch.float64)
+    x = torch.randn(g.num_src, 5, dtype=torch.float64, device=TEST_DEVICE)
+    w = torch.rand(g.num_edges, dtype=torch.float64, device=TEST_DEVICE)
     a = dense(g, w, torch.float64)
     torch.testing.assert_close(spmm(g, x, w), a @ x)
     ones = dense(g, None, torch.float64)
@@ -52,8 +56,8 @@ def test_forward_matches_dense(backend, shape):
 def test_multi_head_matches_per_head_dense(backend):
     g = random_block(8, 8, 30, seed=2)
     heads, chans = 3, 4
-    x = torch.randn(8, heads * chans, dtype=torch.float64)
-    w = torch.rand(g.num_edges, heads, dtype=torch.float64)
+    x = torch.randn(8, heads * chans, dtype=torch.float64, device=TEST_DEVICE)
+    w = torch.rand(g.num_edges, heads, dtype=torch.float64, device=TEST_DEVICE)
     out = spmm(g, x, w)
     for h in range(heads):
         ref = dense(g, w[:, h], torch.float64) @ x[:, h * chans:(h + 1) * chans]
@@ -63,13 +67,16 @@ def test_multi_head_matches_per_head_dense(backend):
 @pytest.mark.parametrize("mode", ["none", "mean", "scalar", "heads"])
 def test_gradcheck(backend, mode):
     g = random_block(6, 9, 25, seed=3)
-    x = torch.randn(g.num_src, 4, dtype=torch.float64, requires_grad=True)
+    x = torch.randn(g.num_src, 4, dtype=torch.float64, device=TEST_DEVICE,
+                    requires_grad=True)
     if mode == "scalar":
-        w = torch.rand(g.num_edges, dtype=torch.float64, requires_grad=True)
+        w = torch.rand(g.num_edges, dtype=torch.float64, device=TEST_DEVICE,
+                       requires_grad=True)
         fn = lambda x, w: spmm(g, x, w)  # noqa: E731
         assert torch.autograd.gradcheck(fn, (x, w))
     elif mode == "heads":
-        w = torch.rand(g.num_edges, 2, dtype=torch.float64, requires_grad=True)
+        w = torch.rand(g.num_edges, 2, dtype=torch.float64, device=TEST_DEVICE,
+                       requires_grad=True)
         fn = lambda x, w: spmm(g, x, w)  # noqa: E731
         assert torch.autograd.gradcheck(fn, (x, w))
     else:
@@ -79,8 +86,8 @@ def test_gradcheck(backend, mode):
 
 def test_float32_matches_float64(backend):
     g = random_block(50, 50, 400, seed=4)
-    x = torch.randn(50, 16, dtype=torch.float64)
-    w = torch.rand(g.num_edges, dtype=torch.float64)
+    x = torch.randn(50, 16, dtype=torch.float64, device=TEST_DEVICE)
+    w = torch.rand(g.num_edges, dtype=torch.float64, device=TEST_DEVICE)
     out32 = spmm(g, x.float(), w.float())
     # float32 accumulation of <= ~20 terms of size O(1): 1e-5 relative is ample
     torch.testing.assert_close(out32.double(), spmm(g, x, w), rtol=1e-5, atol=1e-5)
@@ -89,13 +96,15 @@ def test_float32_matches_float64(backend):
 def test_bad_shapes_are_refused():
     g = random_block(5, 5, 10, seed=5)
     with pytest.raises(ValueError, match="num_src=5"):
-        spmm(g, torch.randn(4, 3))
+        spmm(g, torch.randn(4, 3, device=TEST_DEVICE))
     with pytest.raises(ValueError, match="weight must be"):
-        spmm(g, torch.randn(5, 3), torch.rand(3))
+        spmm(g, torch.randn(5, 3, device=TEST_DEVICE), torch.rand(3, device=TEST_DEVICE))
     with pytest.raises(ValueError, match="do not split"):
-        spmm(g, torch.randn(5, 3), torch.rand(g.num_edges, 2))
+        spmm(g, torch.randn(5, 3, device=TEST_DEVICE),
+             torch.rand(g.num_edges, 2, device=TEST_DEVICE))
 
 
+@cpu_only("numba's kernels")
 @pytest.mark.skipif(not kernels.HAVE_NUMBA, reason="numba kernels")
 def test_numba_spmm_prefetches_the_rows_ahead_and_sums_as_before():
     """The kernels ask for the source row PREFETCH_EDGES edges ahead (LLVM's prefetch
@@ -118,6 +127,7 @@ def test_numba_spmm_prefetches_the_rows_ahead_and_sums_as_before():
     assert "llvm.prefetch" in "".join(fresh.inspect_llvm().values())
 
 
+@cpu_only("numba's kernels")
 @pytest.mark.skipif(not kernels.HAVE_NUMBA, reason="numba kernels")
 def test_numba_kernels_split_rows_by_edges_and_cover_every_row():
     """The CSR kernels' row blocks cover every row once, in order, and hold about equal
@@ -148,3 +158,16 @@ def test_numba_kernels_split_rows_by_edges_and_cover_every_row():
                             out.numpy())
         torch.testing.assert_close(out, expected)
     kernels.set_threads(torch.get_num_threads())
+
+
+def test_edge_dot_of_an_empty_column_slice_is_zero():
+    """A worker's column slice may be empty: the SDDMM then gives zeros, not an error."""
+    g = random_block(6, 5, 14, seed=2)
+    a = torch.zeros(6, 0, device=TEST_DEVICE)
+    b = torch.zeros(5, 0, device=TEST_DEVICE)
+    set_backend("torch")
+    try:
+        out = edge_dot(g, a, b)
+    finally:
+        set_backend("auto")
+    assert out.shape == (g.num_edges, 1) and not out.any()
