@@ -7,12 +7,26 @@ from pathlib import Path
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+DEVICE_ENV = "FULLGRAPH_TEST_DEVICE"  # devices.ENV; devices is imported after it is set
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--device", default=None,
+                     help=f"device of the kernel, model and exactness tests: cpu, cuda or "
+                          f"cuda:N (sets {DEVICE_ENV}; default: that variable, else cpu)")
 
 
 def pytest_configure(config: pytest.Config) -> None:
     """Measured kernel choices (``fullgraph.ops.select``) go to a cache of this session,
     not the user's, and are made once, here, so every process of the session (worker
-    ranks and launched CLI runs inherit the variable) reads the same choice."""
+    ranks and launched CLI runs inherit the variable) reads the same choice.
+
+    ``--device`` sets ``FULLGRAPH_TEST_DEVICE`` (rank processes inherit it); a CUDA
+    device that this machine cannot give stops the session here, rather than letting
+    the suite pass on the CPU unnoticed."""
+    if config.getoption("--device"):
+        os.environ[DEVICE_ENV] = config.getoption("--device")
+    _check_test_device(os.environ.get(DEVICE_ENV, "cpu") or "cpu")
     if "FULLGRAPH_CACHE_DIR" not in os.environ:
         import tempfile
 
@@ -20,6 +34,27 @@ def pytest_configure(config: pytest.Config) -> None:
     from fullgraph.ops.select import choose
 
     choose()
+
+
+def _check_test_device(name: str) -> None:
+    import torch
+
+    try:
+        device = torch.device(name)
+    except RuntimeError as err:
+        pytest.exit(f"{DEVICE_ENV}={name!r}: {err}", returncode=4)
+    if device.type == "cpu":
+        return
+    if device.type != "cuda":
+        pytest.exit(f"{DEVICE_ENV}={name!r}: expected cpu, cuda or cuda:N", returncode=4)
+    if not torch.cuda.is_available():
+        why = ("this torch build has no CUDA" if torch.version.cuda is None
+               else "no CUDA device is visible")
+        pytest.exit(f"{DEVICE_ENV}={name!r} but {why} (torch {torch.__version__}); "
+                    f"run with {DEVICE_ENV}=cpu or on a machine with a GPU", returncode=4)
+    if device.index is not None and device.index >= torch.cuda.device_count():
+        pytest.exit(f"{DEVICE_ENV}={name!r} but only {torch.cuda.device_count()} CUDA "
+                    f"device(s) are visible", returncode=4)
 
 
 @pytest.fixture(scope="session")

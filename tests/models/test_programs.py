@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from devices import TEST_DEVICE
 
 from fullgraph.config import ModelConfig
 from fullgraph.errors import ConfigError
@@ -28,7 +29,8 @@ F64 = dict(rtol=1e-10, atol=1e-10)
 
 
 def random_graph(seed: int = 0, loops: int = 0) -> Graph:
-    """Random symmetric graph; with ``loops`` > 0, that many self-loops are kept."""
+    """Random symmetric graph on the test device; with ``loops`` > 0, that many
+    self-loops are kept."""
     g = torch.Generator().manual_seed(seed)
     src = torch.randint(0, N, (80,), generator=g)
     dst = torch.randint(0, N, (80,), generator=g)
@@ -37,12 +39,12 @@ def random_graph(seed: int = 0, loops: int = 0) -> Graph:
     if loops:
         v = torch.arange(loops) * 2  # vertices 0, 2, 4, ... get a self-loop
         src, dst = torch.cat([src, v]), torch.cat([dst, v])
-    return Graph.from_edges(src, dst, N, symmetrize=True, self_loops="keep")
+    return Graph.from_edges(src, dst, N, symmetrize=True, self_loops="keep").to(TEST_DEVICE)
 
 
 def dense_adjacency(graph: Graph, with_loops: bool) -> torch.Tensor:
     """A[i, j] = 1 for an edge j -> i, input self-loops dropped, then I added if asked."""
-    a = torch.zeros(N, N, dtype=torch.float64)
+    a = torch.zeros(N, N, dtype=torch.float64, device=graph.device)
     src, dst = graph.edges()
     a[dst, src] = 1.0
     a.fill_diagonal_(1.0 if with_loops else 0.0)
@@ -50,16 +52,17 @@ def dense_adjacency(graph: Graph, with_loops: bool) -> torch.Tensor:
 
 
 def features(seed: int = 1, dtype=torch.float64) -> torch.Tensor:
-    return torch.randn(N, IN_DIM, generator=torch.Generator().manual_seed(seed), dtype=dtype)
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(N, IN_DIM, generator=gen, dtype=dtype).to(TEST_DEVICE)
 
 
 def full_ctx(pg: Graph, seed: int = 0, training: bool = False) -> StageContext:
-    return StageContext(gids=torch.arange(N), seed=seed, training=training,
-                        eids=torch.arange(pg.num_edges))
+    return StageContext(gids=torch.arange(N, device=pg.device), seed=seed, training=training,
+                        eids=torch.arange(pg.num_edges, device=pg.device))
 
 
 def run(model, graph: Graph, x: torch.Tensor, seed: int = 0, training: bool = False):
-    pg, norms = propagation_inputs(model, graph, dtype=x.dtype)
+    pg, norms = propagation_inputs(model, graph.to(x.device), dtype=x.dtype)
     return model(pg, norms, x, full_ctx(pg, seed, training))
 
 
@@ -155,7 +158,7 @@ def test_propagation_graph_self_loops(name, coupled_loops, norms, input_loops):
         psrc, pdst = pg.edges()
         loops = torch.bincount(pdst[psrc == pdst], minlength=N)
         if want_loops:
-            assert torch.equal(loops, torch.ones(N, dtype=torch.int64))
+            assert torch.equal(loops, torch.ones(N, dtype=torch.int64, device=loops.device))
             assert pg.num_edges == non_loop + N
         else:
             assert int(loops.sum()) == 0 and pg.num_edges == non_loop
@@ -175,7 +178,7 @@ def test_decoupled_gcn_is_mlp_then_k_dense_gcn_steps(K):
     graph = random_graph(loops=4)  # input loops must not count twice
     torch.manual_seed(0)
     m = build_model("gcn", IN_DIM, HIDDEN, OUT_DIM, decoupled=True, num_props=K,
-                    dropout=0.0).double()
+                    dropout=0.0).to(TEST_DEVICE, torch.float64)
     x = features()
     a = dense_adjacency(graph, with_loops=True)
     d_inv_sqrt = a.sum(1).rsqrt()
@@ -191,7 +194,7 @@ def test_decoupled_mean_and_sum_against_dense(name):
     graph, K = random_graph(loops=3), 2
     torch.manual_seed(0)
     m = build_model(name, IN_DIM, HIDDEN, OUT_DIM, decoupled=True, num_props=K,
-                    dropout=0.0).double()
+                    dropout=0.0).to(TEST_DEVICE, torch.float64)
     x = features()
     a = dense_adjacency(graph, with_loops=True)
     prop = a / a.sum(1, keepdim=True) if name == "sage" else a
@@ -219,7 +222,7 @@ def test_tagcn_decoupled_is_mlp_then_sum_of_hops(K):
     graph = random_graph(loops=4)  # input loops are dropped
     torch.manual_seed(0)
     m = build_model("tagcn", IN_DIM, HIDDEN, OUT_DIM, decoupled=True, num_props=K,
-                    dropout=0.0).double()
+                    dropout=0.0).to(TEST_DEVICE, torch.float64)
     x = features()
     a = dense_adjacency(graph, with_loops=False)
     deg = a.sum(1)
@@ -241,7 +244,7 @@ def test_decoupled_gat_computes_attention_once_and_reuses_it():
     graph, K = random_graph(), 3
     torch.manual_seed(0)
     m = build_model("gat", IN_DIM, HIDDEN, OUT_DIM, decoupled=True, num_props=K,
-                    dropout=0.0, attn_dropout=0.0).double()
+                    dropout=0.0, attn_dropout=0.0).to(TEST_DEVICE, torch.float64)
     x = features()
     h = mlp_reference(m, x)
     att = [s for s in m.stages if isinstance(s, GATAttention)][0]
@@ -261,7 +264,7 @@ def test_decoupled_gat_computes_attention_once_and_reuses_it():
 def test_dropout_depends_on_seed_only(name):
     graph, x = random_graph(), features(dtype=torch.float32)
     torch.manual_seed(0)
-    m = build_model(name, IN_DIM, HIDDEN, OUT_DIM, dropout=0.5)
+    m = build_model(name, IN_DIM, HIDDEN, OUT_DIM, dropout=0.5).to(TEST_DEVICE)
     a = run(m, graph, x, seed=1, training=True)
     torch.manual_seed(123)  # the global RNG plays no part
     b = run(m, graph, x, seed=1, training=True)
@@ -277,37 +280,39 @@ def test_attention_dropout_keyed_by_edge_ids():
     graph, x = random_graph(), features(dtype=torch.float32)
     torch.manual_seed(0)
     m = build_model("gat", IN_DIM, 4, OUT_DIM, heads=2, dropout=0.0, attn_dropout=0.5)
+    m = m.to(TEST_DEVICE)
     a = run(m, graph, x, seed=5, training=True)
     assert torch.equal(a, run(m, graph, x, seed=5, training=True))
     assert not torch.allclose(a, run(m, graph, x, seed=6, training=True))
     assert not torch.allclose(a, run(m, graph, x, seed=5, training=False))
-    pg, norms = propagation_inputs(m, graph)
+    pg, norms = propagation_inputs(m, graph.to(TEST_DEVICE))
     with pytest.raises(ValueError, match="eids"):
-        m(pg, norms, x, StageContext(torch.arange(N), 5, True, eids=None))
+        m(pg, norms, x, StageContext(torch.arange(N, device=pg.device), 5, True, eids=None))
 
 
 def test_stages_get_distinct_masks():
     """Two LayerInput stages with the same shape drop different entries."""
     m = build_model("gcn", HIDDEN, HIDDEN, HIDDEN, num_layers=2, dropout=0.5,
-                    aggregate_first=True)
+                    aggregate_first=True).to(TEST_DEVICE)
     inputs = [s for s in m.stages if isinstance(s, LayerInput)]
-    ones = torch.ones(N, HIDDEN)
-    ctx = StageContext(torch.arange(N), seed=9, training=True)
+    ones = torch.ones(N, HIDDEN, device=TEST_DEVICE)
+    ctx = StageContext(torch.arange(N, device=TEST_DEVICE), seed=9, training=True)
     m0, m1 = (s(ones, ctx) for s in inputs)
     assert not torch.equal(m0, m1)
 
 
 def test_keyed_dropout_on_a_subset_of_rows():
     m = build_model("gcn", IN_DIM, HIDDEN, OUT_DIM, decoupled=True, dropout=0.5)
+    m = m.to(TEST_DEVICE)
     x = features(dtype=torch.float32)
-    ctx = StageContext(torch.arange(N), seed=17, training=True)
-    rows = torch.tensor([3, 7, 9])
+    ctx = StageContext(torch.arange(N, device=TEST_DEVICE), seed=17, training=True)
+    rows = torch.tensor([3, 7, 9], device=TEST_DEVICE)
     layer_input = m.stages[0]
     full = layer_input(x, ctx)
     assert (full == 0).any() and (full != 0).any()
     torch.testing.assert_close(layer_input(x[rows], ctx.rows(rows)), full[rows], rtol=0, atol=0)
     # in any order, and through the whole (row-wise) MLP of the decoupled model
-    perm = torch.tensor([9, 3, 7])
+    perm = torch.tensor([9, 3, 7], device=TEST_DEVICE)
 
     def mlp(h, c):
         li = None
@@ -343,7 +348,7 @@ def test_residual_gcn_against_dense(aggregate_first):
     graph = random_graph()
     torch.manual_seed(0)
     m = build_model("gcn", IN_DIM, HIDDEN, OUT_DIM, num_layers=3, residual=True, dropout=0.0,
-                    aggregate_first=aggregate_first).double()
+                    aggregate_first=aggregate_first).to(TEST_DEVICE, torch.float64)
     with torch.no_grad():
         for p in m.parameters():
             if p.dim() == 1:
@@ -432,9 +437,9 @@ def test_the_walk_lets_go_of_what_no_later_stage_reads(name):
 
     graph, x = random_graph(), features(dtype=torch.float32)
     torch.manual_seed(0)
-    m = build_model(name, IN_DIM, HIDDEN, OUT_DIM, num_layers=3, dropout=0.5)
-    pg, norms = propagation_inputs(m, graph)
-    ctx = StageContext(torch.arange(N), 3, True, eids=torch.arange(pg.num_edges))
+    m = build_model(name, IN_DIM, HIDDEN, OUT_DIM, num_layers=3, dropout=0.5).to(TEST_DEVICE)
+    pg, norms = propagation_inputs(m, graph.to(TEST_DEVICE))
+    ctx = full_ctx(pg, 3, True)
     seen: list[int] = []
     carry = Carry()
 

@@ -3,11 +3,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from devices import TEST_DEVICE, cpu_only
 
 from fullgraph.ops import dropout as kd
 from fullgraph.ops import kernels, keyed_dropout, keyed_uniform
 
 
+@cpu_only("numba's kernels")
 @pytest.mark.skipif(not kernels.HAVE_NUMBA, reason="numba not installed")
 def test_numba_and_torch_paths_agree(monkeypatch):
     keys = torch.tensor([0, 1, 5, 2**31 + 3, 2**40 + 17])
@@ -18,28 +20,30 @@ def test_numba_and_torch_paths_agree(monkeypatch):
 
 
 def test_mask_depends_on_keys_not_on_row_order():
-    keys = torch.arange(100)
+    keys = torch.arange(100, device=TEST_DEVICE)
     full = keyed_uniform(keys, 8, seed=3)
-    perm = torch.randperm(100)
+    perm = torch.randperm(100, device=TEST_DEVICE)
     torch.testing.assert_close(keyed_uniform(keys[perm], 8, seed=3), full[perm], rtol=0, atol=0)
     assert not torch.equal(keyed_uniform(keys, 8, seed=4), full)
 
 
 def test_rate_and_scaling():
-    x = torch.ones(2000, 50)
-    y = keyed_dropout(x, 0.3, torch.arange(2000), seed=11, training=True)
+    x = torch.ones(2000, 50, device=TEST_DEVICE)
+    y = keyed_dropout(x, 0.3, torch.arange(2000, device=TEST_DEVICE), seed=11, training=True)
     kept = (y != 0).float().mean().item()
     assert abs(kept - 0.7) < 0.01
     torch.testing.assert_close(y[y != 0], torch.full_like(y[y != 0], 1 / 0.7))
-    assert keyed_dropout(x, 0.3, torch.arange(2000), seed=11, training=False) is x
+    assert keyed_dropout(x, 0.3, torch.arange(2000, device=TEST_DEVICE), seed=11,
+                         training=False) is x
 
 
 def test_uniformity():
-    u = keyed_uniform(torch.arange(10000), 10, seed=1)
+    u = keyed_uniform(torch.arange(10000, device=TEST_DEVICE), 10, seed=1)
     hist = torch.histc(u, bins=10, min=0, max=1) / u.numel()
     assert (hist - 0.1).abs().max() < 0.005
 
 
+@cpu_only("numba's kernels")
 @pytest.mark.skipif(not kernels.HAVE_NUMBA, reason="numba not installed")
 def test_fused_kernel_matches_torch_path(monkeypatch):
     x = torch.randn(300, 17, dtype=torch.float64)
@@ -50,8 +54,8 @@ def test_fused_kernel_matches_torch_path(monkeypatch):
 
 
 def test_backward_reapplies_the_mask():
-    x = torch.randn(40, 6, dtype=torch.float64, requires_grad=True)
-    keys = torch.arange(40)
+    x = torch.randn(40, 6, dtype=torch.float64, device=TEST_DEVICE, requires_grad=True)
+    keys = torch.arange(40, device=TEST_DEVICE)
     assert torch.autograd.gradcheck(lambda x: keyed_dropout(x, 0.3, keys, 2, True), (x,))
     y = keyed_dropout(x, 0.3, keys, 2, True)
     y.sum().backward()
@@ -84,11 +88,12 @@ def test_dropout_matmul_equals_the_unfused_product_and_keeps_no_dropped_copy(dty
     if needs.endswith("-torch"):
         monkeypatch.setattr(kd.kernels, "HAVE_NUMBA", False)
     torch.manual_seed(0)
-    x = torch.randn(40, 6, dtype=dtype, requires_grad=needs not in ("w", "add"))
-    w = torch.randn(3, 6, dtype=dtype, requires_grad=needs not in ("x", "add"))
-    addend = {"none": None, "bias": torch.randn(3, dtype=dtype, requires_grad=True),
-              "rows": torch.randn(40, 3, dtype=dtype, requires_grad=True)}[add]
-    keys = torch.arange(100, 140)
+    on = dict(dtype=dtype, device=TEST_DEVICE)
+    x = torch.randn(40, 6, **on, requires_grad=needs not in ("w", "add"))
+    w = torch.randn(3, 6, **on, requires_grad=needs not in ("x", "add"))
+    addend = {"none": None, "bias": torch.randn(3, **on, requires_grad=True),
+              "rows": torch.randn(40, 3, **on, requires_grad=True)}[add]
+    keys = torch.arange(100, 140, device=TEST_DEVICE)
     dropped = keyed_dropout(x, 0.4, keys, 11, True)
     src = kd.dropped_from(dropped)
     assert src is not None and src.x is x
@@ -105,10 +110,10 @@ def test_dropout_matmul_equals_the_unfused_product_and_keeps_no_dropped_copy(dty
 
 
 def test_only_a_two_dimensional_dropout_output_is_marked():
-    x = torch.randn(5, 4)
-    assert kd.dropped_from(keyed_dropout(x, 0.5, torch.arange(5), 1, False)) is None  # no-op
-    assert kd.dropped_from(keyed_dropout(x[:, 0], 0.5, torch.arange(5), 1, True)) is None
-    assert kd.dropped_from(x @ torch.eye(4)) is None
+    x, keys = torch.randn(5, 4, device=TEST_DEVICE), torch.arange(5, device=TEST_DEVICE)
+    assert kd.dropped_from(keyed_dropout(x, 0.5, keys, 1, False)) is None  # no-op
+    assert kd.dropped_from(keyed_dropout(x[:, 0], 0.5, keys, 1, True)) is None
+    assert kd.dropped_from(x @ torch.eye(4, device=TEST_DEVICE)) is None
 
 
 @pytest.mark.skipif(not kernels.HAVE_NUMBA, reason="numba not installed")

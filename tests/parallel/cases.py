@@ -8,6 +8,7 @@ these widths choose) or ``"tagcn:agg_first"`` (the layer input propagated)."""
 from __future__ import annotations
 
 import torch
+from devices import TEST_DEVICE
 
 from fullgraph.graph.synthetic import sbm
 from fullgraph.models import build_model
@@ -32,11 +33,11 @@ def make_model(name: str, decoupled: bool, in_dim: int, out_dim: int, dtype=torc
     elif variant:
         assert name == "tagcn" and variant == "agg_first", (name, variant)
         opts.update(aggregate_first=True)
-    return build_model(name, in_dim, 5, out_dim, **opts).to(dtype)
+    return build_model(name, in_dim, 5, out_dim, **opts).to(TEST_DEVICE, dtype)
 
 
 def run_epochs(strategy, dataset, model, comm, epochs=3, dtype=torch.float64):
-    plan = strategy.setup(dataset, model, torch.device("cpu"), comm, dtype=dtype)
+    plan = strategy.setup(dataset, model, TEST_DEVICE, comm, dtype=dtype)
     opt = torch.optim.Adam(model.parameters(), lr=0.05)
     losses, outputs = [], None
     for epoch in range(1, epochs + 1):
@@ -55,11 +56,12 @@ def run_epochs(strategy, dataset, model, comm, epochs=3, dtype=torch.float64):
 
 def assert_same_run(got, ref, where: str) -> None:
     """``got`` and ``ref`` are (losses, output rows, their gids, model) of two runs: the
-    same losses, rows and parameters (the reference's rows indexed by ``gids``)."""
+    same losses, rows and parameters (the reference's rows indexed by ``gids``), compared
+    on the host (a run may keep its rows or parameters on another device)."""
     losses, out, gids, model = got
     ref_losses, ref_out, ref_model = ref
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), msg=where)
-    torch.testing.assert_close(out, ref_out[gids], msg=where)
+    torch.testing.assert_close(out.cpu(), ref_out.cpu()[gids.cpu()], msg=where)
     for (k, p), (_, q) in zip(model.named_parameters(), ref_model.named_parameters()):
-        torch.testing.assert_close(p, q, msg=f"{where} parameter {k}")
+        torch.testing.assert_close(p.cpu(), q.cpu(), msg=f"{where} parameter {k}")
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 from cases import make_dataset, run_epochs
+from devices import TEST_DEVICE
 from harness import run_ranks
 
 from fullgraph.errors import ConfigError
@@ -79,7 +80,8 @@ def test_global_batchnorm_uses_the_executors_row_sum():
 
 def make_gin(dtype=torch.float64):
     torch.manual_seed(0)
-    return build_model("gin", 9, 5, 3, num_layers=2, dropout=0.3, batch_norm=True).to(dtype)
+    model = build_model("gin", 9, 5, 3, num_layers=2, dropout=0.3, batch_norm=True)
+    return model.to(TEST_DEVICE, dtype)
 
 
 def train_and_eval(strategy, dataset, comm):
@@ -122,21 +124,22 @@ def test_batchnorm_changes_the_model():
     """The option is not ignored: with it the program has normalised stages and
     different outputs from the same weights."""
     dataset = make_dataset()
-    plain = build_model("gin", 9, 5, 3, dropout=0.0).double()
-    normed = build_model("gin", 9, 5, 3, dropout=0.0, batch_norm=True).double()
+    plain = build_model("gin", 9, 5, 3, dropout=0.0).to(TEST_DEVICE, torch.float64)
+    normed = build_model("gin", 9, 5, 3, dropout=0.0, batch_norm=True)
+    normed = normed.to(TEST_DEVICE, torch.float64)
     assert normed.reduces_rows and not plain.reduces_rows
     missing = plain.load_state_dict(normed.state_dict(), strict=False)
     assert missing.unexpected_keys and not missing.missing_keys
     outs = []
     for model in (plain, normed):
-        plan = SingleProcess().setup(dataset, model, torch.device("cpu"), dtype=torch.float64)
+        plan = SingleProcess().setup(dataset, model, TEST_DEVICE, dtype=torch.float64)
         outs.append(SingleProcess().forward(model, plan, training=True, seed=0).logits)
     assert not torch.allclose(outs[0], outs[1])
 
 
 def test_p2p_refuses_batchnorm():
     with pytest.raises(ValueError, match="p2p.*batch_norm"):
-        P2PParallel().setup(make_dataset(), make_gin(), torch.device("cpu"))
+        P2PParallel().setup(make_dataset(), make_gin(), TEST_DEVICE)
 
 
 def test_batchnorm_config_errors():

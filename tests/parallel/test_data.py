@@ -15,6 +15,7 @@ import pytest
 import torch
 from adjust_checks import ADJUST_CASES, check_adjust, reference
 from cases import MODELS, make_dataset, make_model, run_epochs
+from devices import TEST_DEVICE
 from harness import run_ranks
 
 from fullgraph.comm.primitives import all_gather_object
@@ -132,10 +133,11 @@ def check_depcomm_bytes(comm):
     torch.manual_seed(0)
     hidden, classes = 6, 3
     model = build_model("gcn", 9, hidden, classes, aggregate_first=False, dropout=0.0)
+    model = model.to(TEST_DEVICE)
     strategy = DataParallel(DataParallel.Options(mode="depcomm"), PartitionOptions(method="random"))
-    plan = strategy.setup(dataset, model, torch.device("cpu"), comm)
-    owned = plan.book.part_to_gids(comm.rank)
-    src, dst = plan.graph.edges()
+    plan = strategy.setup(dataset, model, TEST_DEVICE, comm)
+    owned = plan.book.part_to_gids(comm.rank).cpu()
+    src, dst = (t.cpu() for t in plan.graph.edges())
     mine = torch.zeros(plan.graph.num_dst, dtype=torch.bool)
     mine[owned] = True
     remote = torch.unique(src[mine[dst] & ~mine[src]])

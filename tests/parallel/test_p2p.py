@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 from cases import make_dataset, make_model, run_epochs
+from devices import TEST_DEVICE
 from harness import run_ranks
 
 from fullgraph.models import build_model
@@ -84,12 +85,13 @@ def check_bytes(comm, schedule):
     torch.manual_seed(0)
     hidden, classes = 6, 3
     model = build_model("gcn", 9, hidden, classes, aggregate_first=False, dropout=0.0)
+    model = model.to(TEST_DEVICE)
     strategy = P2PParallel(P2PParallel.Options(schedule=schedule, bin_size=5),
                            PartitionOptions(method="random"))
-    plan = strategy.setup(dataset, model, torch.device("cpu"), comm)
+    plan = strategy.setup(dataset, model, TEST_DEVICE, comm)
     assert max(ph.rounds for ph in plan.phases) > 1 or schedule == "sequential"
-    owned = plan.book.part_to_gids(comm.rank)
-    src, dst = plan.graph.edges()
+    owned = plan.book.part_to_gids(comm.rank).cpu()
+    src, dst = (t.cpu() for t in plan.graph.edges())
     mine = torch.zeros(plan.graph.num_dst, dtype=torch.bool)
     mine[owned] = True
     remote = torch.unique(src[mine[dst] & ~mine[src]])
@@ -213,7 +215,7 @@ def test_bin_memory_sets_each_phase_limit():
     dataset = make_dataset()
     model = make_model("sage", False, 9, 3)
     strategy = P2PParallel(P2PParallel.Options(bin_memory="2KB"))
-    plan = strategy.setup(dataset, model, torch.device("cpu"), dtype=torch.float64)
+    plan = strategy.setup(dataset, model, TEST_DEVICE, dtype=torch.float64)
     dims = [(ph.start, model.stages[ph.start].in_dim, ph.out_dim) for ph in plan.phases]
     assert plan.limits == [bin_limit(2048, i, o, 8) for _, i, o in dims]
     assert len(set(plan.limits)) > 1  # recomputed per phase: the widths differ

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 from cases import MODELS, assert_same_run, make_dataset, make_model, run_epochs
+from devices import TEST_DEVICE
 from harness import run_ranks
 from test_data import EDGE_COST, VERTEX_COST, check_mixed, mixed_byte_cost
 
@@ -238,11 +239,11 @@ def check_too_few_hops(comm, tmp: str):
     strategy = DataParallel(DataParallel.Options(mode="depcache"),
                             PartitionOptions(method="metis"))
     with pytest.raises(ValueError, match="written with 1 hops and lacks the in-edges"):
-        strategy.setup(mine, model, torch.device("cpu"), comm, dtype=torch.float64)
+        strategy.setup(mine, model, TEST_DEVICE, comm, dtype=torch.float64)
     # DepComm needs no replicated rows: it trains on the same shards
     strategy = DataParallel(DataParallel.Options(mode="depcomm"),
                             PartitionOptions(method="metis"))
-    strategy.setup(mine, model, torch.device("cpu"), comm, dtype=torch.float64)
+    strategy.setup(mine, model, TEST_DEVICE, comm, dtype=torch.float64)
 
 
 @pytest.mark.dist

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 from cases import MODELS, make_dataset, make_model, run_epochs
+from devices import TEST_DEVICE
 from harness import run_ranks
 
 from fullgraph.comm import primitives as prim
@@ -196,9 +197,10 @@ def check_handoff_bytes(comm, split):
     rank = comm.rank
     for decoupled in (False, True):
         torch.manual_seed(0)
-        model = build_model("gcn", 9, 5, 3, decoupled=decoupled, num_props=2).to(torch.float64)
+        model = build_model("gcn", 9, 5, 3, decoupled=decoupled, num_props=2)
+        model = model.to(TEST_DEVICE, torch.float64)
         strategy = TaskParallel(TaskParallel.Options(split=split))
-        plan = strategy.setup(dataset, model, torch.device("cpu"), comm, dtype=torch.float64)
+        plan = strategy.setup(dataset, model, TEST_DEVICE, comm, dtype=torch.float64)
         comm.counter.reset()
         result = strategy.forward(model, plan, training=True, seed=1)
         strategy.loss(result, plan).backward()
@@ -248,9 +250,10 @@ def check_row_handoff_bytes(comm, split):
     fetched = sum(u.size for u in needs)
     for decoupled, dims, back in ((False, 8, 8), (True, 3, 0)):
         torch.manual_seed(0)
-        model = build_model("gcn", 9, 5, 3, decoupled=decoupled, num_props=2).to(torch.float64)
+        model = build_model("gcn", 9, 5, 3, decoupled=decoupled, num_props=2)
+        model = model.to(TEST_DEVICE, torch.float64)
         strategy = TaskParallel(TaskParallel.Options(split=split, group_parallel="data"))
-        plan = strategy.setup(dataset, model, torch.device("cpu"), comm, dtype=torch.float64)
+        plan = strategy.setup(dataset, model, TEST_DEVICE, comm, dtype=torch.float64)
         comm.counter.reset()
         strategy.loss(strategy.forward(model, plan, training=True, seed=1), plan).backward()
         sent = _sent(comm)
@@ -268,7 +271,7 @@ def check_row_handoff_bytes(comm, split):
     # the P worker of it, each edge once (2 heads in the first layer, 1 in the last)
     model = make_model("gat", False, 9, 3)
     strategy = TaskParallel(TaskParallel.Options(split=split, group_parallel="data"))
-    plan = strategy.setup(dataset, model, torch.device("cpu"), comm, dtype=torch.float64)
+    plan = strategy.setup(dataset, model, TEST_DEVICE, comm, dtype=torch.float64)
     comm.counter.reset()
     strategy.loss(strategy.forward(model, plan, training=True, seed=1), plan).backward()
     sent = _sent(comm)
@@ -304,7 +307,7 @@ def test_bad_splits_are_refused():
         TaskParallel.Options(gamma=1.5)
     model = make_model("gcn", False, 9, 3)
     with pytest.raises(ValueError, match="at least 2 workers"):
-        TaskParallel().setup(make_dataset(), model, torch.device("cpu"), single_comm())
+        TaskParallel().setup(make_dataset(), model, TEST_DEVICE, single_comm())
 
 
 def test_scheduling_model_formulas():

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from devices import TEST_DEVICE
 from harness import run_ranks
 
 from fullgraph.comm import primitives as prim
@@ -22,7 +23,7 @@ from fullgraph.parallel.task import TaskParallel
 
 def _saved_max(strategy, dataset, model, comm) -> int:
     """Bytes autograd keeps for one training step's backward, on the worker with most."""
-    plan = strategy.setup(dataset, model, torch.device("cpu"), comm)
+    plan = strategy.setup(dataset, model, TEST_DEVICE, comm)
     with SavedBytes(model.parameters()) as saved:
         loss = strategy.loss(strategy.forward(model, plan, training=True, seed=3), plan)
     loss.backward()
@@ -42,7 +43,7 @@ def check_memory(comm):
                                 split="1:1", recompute=True)))):
         torch.manual_seed(0)
         model = build_model("gcn", 16, 64, 4, num_layers=2, decoupled=True, num_props=2,
-                            dropout=0.5)
+                            dropout=0.5).to(TEST_DEVICE)
         out[label] = _saved_max(strategy, dataset, model, comm)
     assert out["task+recompute"] < out["task"], out
     assert out["task+recompute"] < out["depcomm"] and out["task+recompute"] < out["depcache"], out
@@ -61,7 +62,7 @@ def test_recompute_refuses_batch_norm():
     model = build_model("gin", 9, 5, 3, batch_norm=True)
     with pytest.raises(ValueError, match="--recompute"):
         TaskParallel(TaskParallel.Options(recompute=True)).setup(
-            make_dataset(), model, torch.device("cpu"), single_comm())
+            make_dataset(), model, TEST_DEVICE, single_comm())
 
 
 def test_saved_bytes_counts_each_tensor_once_and_skips_parameters():

@@ -8,6 +8,7 @@ import re
 import pytest
 import torch
 from cases import make_dataset, make_model
+from devices import TEST_DEVICE
 from harness import run_ranks
 
 from fullgraph.cli import main
@@ -34,8 +35,8 @@ def trained_accuracy(strategy, dataset, seed: int, comm: Comm | None) -> tuple[f
     edges that the last training pass aggregated."""
     torch.manual_seed(seed)
     model = build_model("gcn", dataset.data.num_features, 16, dataset.data.num_classes,
-                        num_layers=2, dropout=0.5)
-    plan = strategy.setup(dataset, model, torch.device("cpu"), comm)
+                        num_layers=2, dropout=0.5).to(TEST_DEVICE)
+    plan = strategy.setup(dataset, model, TEST_DEVICE, comm)
     optimizer = torch.optim.Adam(model.parameters(), lr=LR, weight_decay=5e-4)
     for epoch in range(1, EPOCHS + 1):
         strategy.train_step(model, plan, optimizer, seed=step_seed(seed, epoch))
@@ -51,7 +52,8 @@ def check_cora_accuracy(comm: Comm, exact: float) -> None:
     strategy = TaskParallel(TaskParallel.Options(split="1:1", subgraphs=4, chunks=12,
                                                  deps="regroup"))
     model = build_model("gcn", dataset.data.num_features, 16, dataset.data.num_classes)
-    header = strategy.describe(model, strategy.setup(dataset, model, torch.device("cpu"), comm))
+    model = model.to(TEST_DEVICE)
+    header = strategy.describe(model, strategy.setup(dataset, model, TEST_DEVICE, comm))
     assert "task     4 subgraphs of 12 chunks, pipelined" in header[-2], header
     assert "regroup (APPROXIMATE)" in header[-1], header
     accs = []
@@ -94,7 +96,7 @@ def test_bad_chunk_grids_are_refused(capsys):
     model = make_model("gcn", False, 9, 3)
     strategy = TaskParallel(TaskParallel.Options(subgraphs=2, chunks=68))
     with pytest.raises(ValueError, match="--chunks 68 is more than the graph's 67 vertices"):
-        strategy.setup(make_dataset(), model, torch.device("cpu"), _FakeComm())
+        strategy.setup(make_dataset(), model, TEST_DEVICE, _FakeComm())
 
 
 def test_bad_row_groups_are_refused_before_launch(capsys):

@@ -12,6 +12,7 @@ import pytest
 import torch
 from adjust_checks import SHARE_CASES, check_shares, reference
 from cases import MODELS, make_dataset, make_model, run_epochs
+from devices import TEST_DEVICE, cpu_only
 from harness import run_ranks
 
 from fullgraph.parallel.single import SingleProcess
@@ -62,9 +63,9 @@ def check_rounds(comm):
         from fullgraph.models import build_model
 
         model = build_model("gcn", 9, 5, 3, num_layers=layers, decoupled=True,
-                            num_props=props)
+                            num_props=props).to(TEST_DEVICE)
         strategy = TensorParallel()
-        plan = strategy.setup(dataset, model, torch.device("cpu"), comm)
+        plan = strategy.setup(dataset, model, TEST_DEVICE, comm)
         comm.counter.reset()
         result = strategy.forward(model, plan, training=True, seed=1)
         strategy.loss(result, plan).backward()
@@ -78,8 +79,9 @@ def check_rounds(comm):
     from fullgraph.models import build_model
 
     model = build_model("gat", 9, 5, 3, num_layers=2, decoupled=True, num_props=3)
+    model = model.to(TEST_DEVICE)
     strategy = TensorParallel()
-    plan = strategy.setup(dataset, model, torch.device("cpu"), comm)
+    plan = strategy.setup(dataset, model, TEST_DEVICE, comm)
     comm.counter.reset()
     strategy.loss(strategy.forward(model, plan, training=True, seed=1), plan).backward()
     rounds = {k: v["calls"] for k, v in comm.counter.snapshot().items()}
@@ -145,9 +147,9 @@ def check_pipeline_bytes(comm):
     totals = []
     for opts in (TensorParallel.Options(), TensorParallel.Options(pipeline=True, num_chunks=5)):
         torch.manual_seed(0)
-        model = build_model("gcn", 9, 5, 3, decoupled=True, num_props=2)
+        model = build_model("gcn", 9, 5, 3, decoupled=True, num_props=2).to(TEST_DEVICE)
         strategy = TensorParallel(opts)
-        plan = strategy.setup(dataset, model, torch.device("cpu"), comm)
+        plan = strategy.setup(dataset, model, TEST_DEVICE, comm)
         comm.counter.reset()
         strategy.loss(strategy.forward(model, plan, training=True, seed=1), plan).backward()
         snap = comm.counter.snapshot()
@@ -180,8 +182,8 @@ def check_balance(comm):
             ("dp-chunk", DataParallel(partition=PartitionOptions(method="chunk")), False),
             ("tp", TensorParallel(), False), ("tp-decoupled", TensorParallel(), True)):
         torch.manual_seed(0)
-        model = build_model("gcn", 60, 32, 11, decoupled=decoupled)
-        plan = strategy.setup(dataset, model, torch.device("cpu"), comm)
+        model = build_model("gcn", 60, 32, 11, decoupled=decoupled).to(TEST_DEVICE)
+        plan = strategy.setup(dataset, model, TEST_DEVICE, comm)
         comm.counter.reset()
         opt = torch.optim.Adam(model.parameters())
         strategy.train_step(model, plan, opt, seed=1)
@@ -225,9 +227,9 @@ def check_chunk_exchange_balance(comm):
                      TensorParallel.Options(pipeline=True, device_memory="60KB")):
             calls.clear()
             torch.manual_seed(0)
-            model = build_model("gcn", 12, 8, 5, decoupled=True, num_props=2)
+            model = build_model("gcn", 12, 8, 5, decoupled=True, num_props=2).to(TEST_DEVICE)
             strategy = TensorParallel(opts)
-            plan = strategy.setup(dataset, model, torch.device("cpu"), comm)
+            plan = strategy.setup(dataset, model, TEST_DEVICE, comm)
             strategy.loss(strategy.forward(model, plan, training=True, seed=1), plan).backward()
             everyone = all_gather_object(list(calls), comm, "test")
             for phase in ("cols-to-rows", "cols-to-rows-grad"):
@@ -254,9 +256,10 @@ def test_device_memory_states_what_stays_resident():
 
     dataset = make_dataset()
     torch.manual_seed(0)
-    model = build_model("gat", 9, 5, 3, decoupled=True, num_props=2).double()
+    model = build_model("gat", 9, 5, 3, decoupled=True, num_props=2)
+    model = model.to(TEST_DEVICE, torch.float64)
     strategy = TensorParallel(TensorParallel.Options(device_memory=str(BUDGET)))
-    plan = strategy.setup(dataset, model, torch.device("cpu"), single_comm(), torch.float64)
+    plan = strategy.setup(dataset, model, TEST_DEVICE, single_comm(), torch.float64)
     account = plan.account
     assert plan.graph.indptr.device.type == "cpu"
     assert set(account.resident) == {"feature rows", "parameters and gradients",
@@ -293,6 +296,7 @@ def check_row_blocks(comm, cases):
 
 
 @pytest.mark.dist
+@cpu_only("row blocks read host (memory-mapped) features; on a GPU the rows live there")
 @pytest.mark.parametrize("world_size", [1, 3])
 def test_row_blocks_match_single(tmp_path, world_size):
     run_ranks(check_row_blocks, world_size, tmp_path, CASES + [("gin:bn", False)])
@@ -305,9 +309,9 @@ def test_row_blocks_hold_no_hidden_rows():
 
     dataset = make_dataset()
     torch.manual_seed(0)
-    model = build_model("gcn", 9, 64, 3, decoupled=True, num_props=2)
+    model = build_model("gcn", 9, 64, 3, decoupled=True, num_props=2).to(TEST_DEVICE)
     strategy = TensorParallel(TensorParallel.Options(row_block=16))
-    plan = strategy.setup(dataset, model, torch.device("cpu"), None)
+    plan = strategy.setup(dataset, model, TEST_DEVICE, None)
     saved: list[tuple[int, ...]] = []
     with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(tuple(t.shape)) or t,
                                                   lambda t: t):
