@@ -8,6 +8,13 @@ source rows, which are summed into the host gradient (copies of a source in
 several chunks add up, by associativity). On the CPU the "device" is the host and
 the same code runs; the ``MemoryAccount`` then enforces the budget.
 
+On a GPU with ``prefetch`` (NeutronTP §4.2.1's overlap of transfer and
+computation), a helper thread gathers the next chunk's source rows into pinned
+host memory and copies them, with the chunk's CSR (pinned once), to the device on a
+side CUDA stream while the current chunk computes; the compute stream waits on an
+event for each chunk's inputs. Two chunks' inputs are then on the device at once,
+so the caller cuts chunks to half the budget. The sums are the same as without it.
+
 A chunk is a set of destinations given as one or more contiguous ranges. Tensor
 parallelism gives every chunk a slice of every worker's row block (NeutronTP
 Algorithm 1, line 2), so each chunk's exchange is a balanced all-to-all rather than
@@ -18,8 +25,10 @@ and S_k distinct sources.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import overload
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, TypeVar, overload
 
 import numpy as np
 import torch
@@ -48,6 +57,21 @@ class Chunk:
     edge_ranges: Ranges
     graph: Graph
     src: Tensor
+    _pinned: dict[str, Graph] = field(default_factory=dict, repr=False)
+
+    def graph_on(self, device: torch.device, transposed: bool = False) -> Graph:
+        """The chunk's CSR (or its transpose's) on ``device``; for a GPU it is copied
+        from a pinned host copy made once, without blocking the host."""
+        g = self.graph.transpose().graph if transposed else self.graph
+        if device.type != "cuda":
+            return g.to(device)
+        key = "t" if transposed else "g"
+        if key not in self._pinned:
+            self._pinned[key] = Graph(g.indptr.pin_memory(), g.indices.pin_memory(),
+                                      g.num_src, validate=False)
+        p = self._pinned[key]
+        return Graph(p.indptr.to(device, non_blocking=True),
+                     p.indices.to(device, non_blocking=True), p.num_src, validate=False)
 
     def take(self, t: Tensor) -> Tensor:
         """The chunk's rows of a destination-indexed tensor (a view for one range)."""
@@ -119,7 +143,8 @@ def build_chunks(graph: Graph, chunks: list[Ranges] | Ranges) -> list[Chunk]:
 
 
 def chunked_spmm(chunks: list[Chunk], num_dst: int, x: Tensor, weight: Tensor | None,
-                 device: torch.device, account: MemoryAccount | None = None) -> Tensor:
+                 device: torch.device, account: MemoryAccount | None = None,
+                 prefetch: bool = False) -> Tensor:
     """``out[i] = sum_e weight[e] x[src_e]`` computed chunk by chunk on ``device``.
 
     Args:
@@ -129,11 +154,24 @@ def chunked_spmm(chunks: list[Chunk], num_dst: int, x: Tensor, weight: Tensor | 
         weight: None or (E,) edge weights in the graph's CSR order.
         device: where each chunk is computed.
         account: records the device bytes each chunk holds (default: None).
+        prefetch: on a GPU, load the next chunk on a side stream while this one
+            computes (module docstring) (default: False).
 
     Returns:
         (N_dst, D) on ``x``'s device, differentiable in ``x`` and ``weight``.
     """
-    return _ChunkedSpMM.apply(x, weight, chunks, num_dst, device, account)
+    return _ChunkedSpMM.apply(x, weight, chunks, num_dst, device, account, prefetch)
+
+
+def same_device(a: torch.device, b: torch.device) -> bool:
+    """``a`` and ``b`` name one device (``cuda`` without an index is the current GPU)."""
+    if a.type != b.type:
+        return False
+    if a.type != "cuda" or (a.index is not None and b.index is not None):
+        return a == b
+    current = torch.cuda.current_device()
+    return (a.index if a.index is not None else current) == \
+        (b.index if b.index is not None else current)
 
 
 @overload
@@ -145,22 +183,87 @@ def _to(t: None, device: torch.device) -> None: ...
 
 
 def _to(t: Tensor | None, device: torch.device) -> Tensor | None:
-    if t is None or t.device == device:
+    if t is None or same_device(t.device, device):
         return t
     if t.device.type == "cpu" and device.type == "cuda":
         return t.pin_memory().to(device, non_blocking=True)
     return t.to(device)
 
 
+def _gather(x: Tensor, rows: Tensor, device: torch.device) -> Tensor:
+    """``x[rows]`` on ``device``; from host to a GPU through a pinned buffer (gathered
+    straight into it) and a copy that does not block the host."""
+    if x.device.type == "cpu" and device.type == "cuda":
+        buf = torch.empty((rows.numel(),) + tuple(x.shape[1:]), dtype=x.dtype,
+                          pin_memory=True)
+        torch.index_select(x, 0, rows, out=buf)
+        return buf.to(device, non_blocking=True)
+    return _to(x.index_select(0, rows.to(x.device)), device)
+
+
+T = TypeVar("T")
+
+
+def streamed(chunks: Sequence[Chunk], load: Callable[[Chunk], T], device: torch.device,
+             account: MemoryAccount | None = None,
+             prefetch: bool = True) -> Iterator[tuple[Chunk, T]]:
+    """``(c, load(c))`` for each chunk in turn; on a GPU with ``prefetch``, the next
+    chunk is loaded by a helper thread on a side stream while the caller computes
+    this one (module docstring). Tensors in what ``load`` returns (a tensor, a
+    ``Graph`` or a tuple of them) are made safe to use on the compute stream."""
+    if not (prefetch and device.type == "cuda" and len(chunks) > 1):
+        for c in chunks:
+            yield c, load(c)
+        return
+    main = torch.cuda.current_stream(device)
+    side = torch.cuda.Stream(device)
+    inputs_ready = main.record_event()  # what ``load`` reads was written on ``main``
+
+    def job(c: Chunk) -> tuple[T, Any]:
+        with torch.cuda.device(device), torch.cuda.stream(side):
+            side.wait_event(inputs_ready)
+            data = load(c)
+            return data, side.record_event()
+
+    with ThreadPoolExecutor(1, thread_name_prefix="fullgraph-prefetch") as pool:
+        pending = pool.submit(job, chunks[0])
+        for i, c in enumerate(chunks):
+            data, ready = pending.result()
+            if i + 1 < len(chunks):
+                pending = pool.submit(job, chunks[i + 1])
+            main.wait_event(ready)
+            tensors = list(_tensors(data))
+            for t in tensors:
+                t.record_stream(main)
+            # the next chunk's inputs are on the device meanwhile: about as large
+            ahead = _hold(account, *tensors) if i + 1 < len(chunks) else 0
+            yield c, data
+            _release(account, ahead)
+
+
+def _tensors(data: Any) -> Iterator[Tensor]:
+    if isinstance(data, Tensor):
+        yield data
+    elif isinstance(data, Graph):
+        yield data.indptr
+        yield data.indices
+    elif isinstance(data, tuple):
+        for d in data:
+            yield from _tensors(d)
+
+
 class _ChunkedSpMM(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, weight: Tensor | None, chunks: list[Chunk], num_dst: int,
-                device: torch.device, account: MemoryAccount | None) -> Tensor:
+                device: torch.device, account: MemoryAccount | None,
+                prefetch: bool) -> Tensor:
         ctx.chunks, ctx.device, ctx.account, ctx.num_src = chunks, device, account, x.shape[0]
         ctx.save_for_backward(x if weight is not None and weight.requires_grad else None, weight)
         out = torch.empty(num_dst, x.shape[1], dtype=x.dtype, device=x.device)
-        for c in chunks:
-            c.put(out, chunk_aggregate(c, x, weight, device, account))
+        ctx.prefetch = prefetch
+        inputs = (lambda c: load_aggregate(c, x, weight, device))  # noqa: E731
+        for c, loaded in streamed(chunks, inputs, device, account, prefetch):
+            c.put(out, chunk_aggregate(c, x, weight, device, account, loaded))
         return out
 
     @staticmethod
@@ -173,21 +276,30 @@ class _ChunkedSpMM(torch.autograd.Function):
                                  device=grad_out.device)
         if need_w:
             grad_w = torch.zeros_like(weight)
-        for c in ctx.chunks:
-            chunk_backward(c, c.take(grad_out), x, weight, grad_x, grad_w, ctx.device,
-                           ctx.account)
-        return grad_x, grad_w, None, None, None, None
+        device = ctx.device
+        inputs = (lambda c: _to(c.take(grad_out).contiguous(), device))  # noqa: E731
+        for c, gout in streamed(ctx.chunks, inputs, device, ctx.account, ctx.prefetch):
+            chunk_backward(c, gout, x, weight, grad_x, grad_w, device, ctx.account)
+        return grad_x, grad_w, None, None, None, None, None
+
+
+def load_aggregate(c: Chunk, x: Tensor, weight: Tensor | None,
+                   device: torch.device) -> tuple[Graph, Tensor | None, Tensor]:
+    """Chunk ``c``'s inputs on ``device``: its CSR, its edge weights and source rows."""
+    g = c.graph_on(device)
+    w = _to(None if weight is None else c.take_edges(weight.detach()), device)
+    return g, w, _gather(x.detach(), c.src, device)
 
 
 def chunk_aggregate(c: Chunk, x: Tensor, weight: Tensor | None, device: torch.device,
-                    account: MemoryAccount | None = None) -> Tensor:
+                    account: MemoryAccount | None = None,
+                    loaded: tuple[Graph, Tensor | None, Tensor] | None = None) -> Tensor:
     """(R_k, D) output rows of chunk ``c`` (on ``x``'s device), computed on ``device``.
 
     ``weight`` is the whole graph's (E,) weights; the chunk takes its edge range.
+    ``loaded``: what ``load_aggregate`` returned for it, when already loaded.
     """
-    g = c.graph.to(device)
-    w = _to(None if weight is None else c.take_edges(weight.detach()), device)
-    xs = _to(x.detach().index_select(0, c.src.to(x.device)), device)
+    g, w, xs = loaded if loaded is not None else load_aggregate(c, x, weight, device)
     held = _hold(account, g.indptr, g.indices, xs, w)
     res = aggregate(g, xs, w, "sum")
     held += _hold(account, res)
@@ -201,7 +313,7 @@ def chunk_backward(c: Chunk, grad_rows: Tensor, x: Tensor | None, weight: Tensor
                    account: MemoryAccount | None = None) -> None:
     """Add chunk ``c``'s share of the gradients: ``grad_x[src] += A_k^T grad_rows`` and
     ``grad_w[edges] += <grad_rows[dst], x[src]>`` (each only when given)."""
-    gout = _to(grad_rows.contiguous(), device)
+    gout = _to(grad_rows.contiguous(), device)  # a no-op when streamed there already
     held = _hold(account, gout)
     if grad_x is not None:
         _source_grads(c, gout, weight, grad_x, device, account)
@@ -224,7 +336,7 @@ def _source_grads(c: Chunk, gout: Tensor, weight: Tensor | None, grad_x: Tensor,
                   device: torch.device, account: MemoryAccount | None) -> None:
     """grad_x[src] += A_k^T gout through the chunk's transposed CSR."""
     t = c.graph.transpose()
-    tg = t.graph.to(device)
+    tg = c.graph_on(device, transposed=True)
     w_t = None if weight is None else _to(c.take_edges(weight.detach())[t.perm],
                                           device)
     held = _hold(account, tg.indptr, tg.indices, w_t)
@@ -237,8 +349,8 @@ def _source_grads(c: Chunk, gout: Tensor, weight: Tensor | None, grad_x: Tensor,
 def _weight_grads(c: Chunk, gout: Tensor, x: Tensor, grad_w: Tensor, device: torch.device,
                   account: MemoryAccount | None) -> None:
     """grad_w[e] = <gout[dst_e], x[src_e]> for the chunk's edges (SDDMM)."""
-    g = c.graph.to(device)
-    xs = _to(x.detach().index_select(0, c.src.to(x.device)), device)
+    g = c.graph_on(device)
+    xs = _gather(x.detach(), c.src, device)
     held = _hold(account, g.indptr, g.indices, xs)
     part = edge_dot(g, gout, xs)[:, 0]
     held += _hold(account, part)

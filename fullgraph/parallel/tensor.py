@@ -96,6 +96,11 @@ class TensorParallel(DistributedStrategy[ColumnPlan]):
             nn_device: run the T / E stages (and keep vertex rows) on this device, e.g.
                 ``cpu`` while propagation streams chunks to the GPU, as NeutronTP does
                 for graphs beyond device memory (default: None, the training device).
+            prefetch: on a GPU, while one chunk computes, load the next (its source
+                rows gathered into pinned host memory, its CSR pinned once) and copy
+                it on a side stream (§4.2.1); the budget then holds two chunks, so
+                each is cut to half of it. Not used with ``pipeline``. On an H100 it
+                saved 0-2 % (BENCHMARKS.md, "On a GPU") (default: False).
             column_split: ``balanced``: D // R columns per worker and the D % R
                 remaining ones propagated by every worker, so work and bytes are equal
                 on every worker; ``even``: near-equal slices, no repeated work, up to
@@ -124,6 +129,9 @@ class TensorParallel(DistributedStrategy[ColumnPlan]):
                                 "chunk's aggregation")
         nn_device: str | None = option(None, "run the dense (T / E) stages on this device, "
                                        "e.g. cpu; unset: --device")
+        prefetch: bool = option(False, "on a GPU, copy the next chunk to the device on a side "
+                                "stream while the current one computes (each chunk then "
+                                "gets half of --device-memory)")
         shares: str | None = option(None, "relative worker speeds, e.g. 2,1: rows and columns "
                                     "split in proportion; unset: even")
         row_block: int | None = option(None, "run the dense stages this many rows at a time, "
@@ -260,8 +268,11 @@ class TensorParallel(DistributedStrategy[ColumnPlan]):
         itemsize = torch.empty(0, dtype=dtype).element_size()
         budget = parse_bytes(opts.device_memory) if opts.device_memory is not None else None
         count = None if budget is not None else (opts.num_chunks or 4)
+        # prefetching holds two chunks' inputs on the device at once
+        plan.prefetch = opts.prefetch and plan.device.type == "cuda" and opts.pipeline is False
+        per_chunk = None if budget is None else budget // 2 if plan.prefetch else budget
         ranges = spread_chunks(plan.graph.indptr, plan.row_counts, widest, itemsize,
-                               budget=budget, num_chunks=count)
+                               budget=per_chunk, num_chunks=count)
         plan.chunks = build_chunks(plan.graph.to("cpu"), ranges)
         plan.account = MemoryAccount(budget)
         if opts.pipeline:
@@ -282,7 +293,8 @@ class TensorParallel(DistributedStrategy[ColumnPlan]):
         assert account is not None
         budget = "no budget" if account.budget is None else f"budget {account.budget} B"
         line = (f"tensor   {len(plan.chunks)} chunks ({budget}) streamed from host memory"
-                f"{', pipelined' if plan.first_reads is not None else ''}")
+                f"{', pipelined' if plan.first_reads is not None else ''}"
+                f"{', next chunk prefetched on a side stream' if plan.prefetch else ''}")
         if account.resident:
             kept = ", ".join(f"{k} {v} B" for k, v in account.resident.items())
             line += f"; resident on {plan.device} beside them: {kept}"
