@@ -14,6 +14,11 @@ beforehand for GAT.
     python -m fullgraph.bench.models
     python -m fullgraph.bench.models --tables attention   # fused GAT attention vs torch ops
     python -m fullgraph.bench.models --vertices 20000 --edges 400000 --epochs 2   # quick
+    python -m fullgraph.bench.models --device cuda --models gcn,gat   # on the GPU
+
+On ``--device cuda`` both systems train on the GPU, each step ends with a device
+synchronisation, and a system that runs out of device memory is reported as such
+(the other one still runs).
 """
 from __future__ import annotations
 
@@ -49,7 +54,8 @@ def ours_step(ds: Any, model: str, args: argparse.Namespace) -> Callable[[], Non
     torch.manual_seed(0)
     net = build(ds, cfg)
     strategy = SingleProcess()
-    plan = strategy.setup(ds, net, torch.device("cpu"))
+    device = torch.device(args.device)
+    plan = strategy.setup(ds, net.to(device), device)
     opt = torch.optim.Adam(net.parameters(), lr=0.01)
     epoch = [0]
 
@@ -57,7 +63,19 @@ def ours_step(ds: Any, model: str, args: argparse.Namespace) -> Callable[[], Non
         epoch[0] += 1
         strategy.train_step(net, plan, opt, seed=step_seed(0, epoch[0]))
 
-    return step
+    return synced(step, device)
+
+
+def synced(step: Callable[[], None], device: torch.device) -> Callable[[], None]:
+    """``step`` that returns once the device has finished its work."""
+    if device.type != "cuda":
+        return step
+
+    def run() -> None:
+        step()
+        torch.cuda.synchronize(device)
+
+    return run
 
 
 class PygNet(nn.Module):
@@ -100,17 +118,19 @@ def pyg_step(ds: Any, model: str, args: argparse.Namespace) -> Callable[[], None
         graph = torch.sparse_csr_tensor(g.indptr, g.indices.to(torch.int64),
                                         torch.ones(g.num_edges), size=(g.num_dst, g.num_src),
                                         check_invariants=False)
+    device = torch.device(args.device)
     torch.manual_seed(0)
-    net = PygNet(model, ds.data.num_features, args)
+    net = PygNet(model, ds.data.num_features, args).to(device)
     opt = torch.optim.Adam(net.parameters(), lr=0.01)
     x, y, mask = ds.data.features_as(torch.float32), ds.data.labels, ds.data.train_mask
+    x, y, mask, graph = (t.to(device) for t in (x, y, mask, graph))
 
     def step() -> None:
         opt.zero_grad()
         F.cross_entropy(net(x, graph)[mask], y[mask]).backward()
         opt.step()
 
-    return step
+    return synced(step, device)
 
 
 def attention_table(ds: Any, args: argparse.Namespace) -> list[str]:
@@ -163,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--cache", default="/tmp/fullgraph-bench")
     p.add_argument("--tables", default="models", help="comma list of models, attention")
+    p.add_argument("--device", default="cpu", help="cpu or cuda (both systems)")
     args = p.parse_args(argv)
     from fullgraph.allocator import active_allocator
     from fullgraph.graph import store
@@ -186,15 +207,42 @@ def main(argv: list[str] | None = None) -> int:
     print("| model | fullgraph epoch, s | PyG epoch, s | fullgraph / PyG |")
     print("| --- | --- | --- | --- |")
     for model in args.models.split(","):
-        steps = {"ours": ours_step(ds, model, args), "pyg": pyg_step(ds, model, args)}
-        times: dict[str, list[float]] = {"ours": [], "pyg": []}
-        for _ in range(args.rounds):
-            for name, step in steps.items():
-                times[name].append(_median_time(step, args.epochs))
-        ours, theirs = statistics.median(times["ours"]), statistics.median(times["pyg"])
-        print(f"| {model} | {ours:.3f} | {theirs:.3f} | {ours / theirs:.2f} |", flush=True)
-        del steps
+        times = model_times(ds, model, args)
+        got = {k: statistics.median(v) if v else None for k, v in times.items()}
+        ours, theirs = got["ours"], got["pyg"]
+        cells = ["out of memory" if t is None else f"{t:.3f}" for t in (ours, theirs)]
+        ratio = f"{ours / theirs:.2f}" if ours is not None and theirs is not None else "-"
+        print(f"| {model} | {cells[0]} | {cells[1]} | {ratio} |", flush=True)
     return 0
+
+
+def model_times(ds: Any, model: str, args: argparse.Namespace) -> dict[str, list[float]]:
+    """Per system, its median epoch of each round; empty for a system that ran out of
+    device memory (set up or trained)."""
+    makers = {"ours": ours_step, "pyg": pyg_step}
+    steps: dict[str, Callable[[], None] | None] = {}
+    for name, make in makers.items():
+        steps[name] = _unless_oom(lambda: make(ds, model, args))
+    times: dict[str, list[float]] = {name: [] for name in makers}
+    for _ in range(args.rounds):
+        for name, step in steps.items():
+            if step is None:
+                continue
+            t = _unless_oom(lambda: _median_time(step, args.epochs))
+            if t is None:
+                steps[name], times[name] = None, []
+            else:
+                times[name].append(t)
+    return times
+
+
+def _unless_oom(fn: Callable[[], Any]) -> Any:
+    """``fn()``, or None when it ran out of device memory (whose cache is then emptied)."""
+    try:
+        return fn()
+    except torch.OutOfMemoryError:
+        torch.cuda.empty_cache()
+        return None
 
 
 if __name__ == "__main__":

@@ -180,7 +180,7 @@ def run_config(comm: Any, dataset: Any, partitioner: str, schedule: str,
     comm.counter.reset()
     t0 = time.perf_counter()
     with timed_partitioner() as timing:
-        plan = strategy.setup(dataset, model, torch.device("cpu"), comm)
+        plan = strategy.setup(dataset, model.to(args.device), torch.device(args.device), comm)
     setup_s = time.perf_counter() - t0
     setup_phases = comm.counter.snapshot()
     work = strategy.work(model, plan)
@@ -200,6 +200,13 @@ def rank_main(rank: int, args: argparse.Namespace, world: int, store: str, resul
 
     kernels.set_threads(1)  # numba first: its pool resets the OpenMP thread count
     torch.set_num_threads(1)
+    if args.no_prefetch:  # the same schedules without their intra-layer prefetch
+        from dataclasses import replace
+
+        from fullgraph.schedule import bins
+
+        for name, mode in bins.SCHEDULES.items():
+            bins.SCHEDULES[name] = replace(mode, prefetch=False)
     comm = init_comm(backend="gloo", init_method=f"file://{store}", rank=rank,
                      world_size=world, timeout_s=args.timeout)
     try:
@@ -317,6 +324,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "500mbit (that veth, each direction shaped with tc tbf); needs root")
     p.add_argument("--link-burst", default="256kb", help="tc tbf burst of a shaped link")
     p.add_argument("--link-latency", default="50ms", help="tc tbf latency of a shaped link")
+    p.add_argument("--device", default="cpu", help="cpu or cuda: every rank on the one GPU "
+                   "(gloo, CUDA tensors staged through host memory)")
+    p.add_argument("--no-prefetch", action="store_true", help="run the schedules without "
+                   "loading the next bin ahead (on cuda: the side-stream copy)")
     p.add_argument("--verbose", action="store_true", help="progress on stderr")
     p.add_argument("--rank-worker", default=None, help=argparse.SUPPRESS)  # spawn_netns
     args = p.parse_args(argv)
