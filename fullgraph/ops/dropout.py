@@ -94,12 +94,23 @@ def _apply_mask(x: Tensor, keys: Tensor, seed: int, p: float, *,
         kernels.keyed_dropout(x.detach().contiguous().numpy(), keys.contiguous().numpy(), seed,
                               p, kernels.scalar_of(scale, x.dtype), out.detach().numpy())
         return out
-    keep = keyed_uniform(keys, x.shape[1], seed).to(x.device) >= p
-    if inplace:
-        return x.mul_(keep.to(x.dtype)).mul_(scale)
-    if out is not None:
-        return torch.mul(x, keep.to(x.dtype), out=out).mul_(scale)
-    return x * keep.to(x.dtype) * scale
+    rows, cols = x.shape
+    step = max(1, MASK_BLOCK // max(1, cols))
+    if rows <= step:
+        keep = keyed_uniform(keys, cols, seed).to(x.device) >= p
+        if inplace:
+            return x.mul_(keep.to(x.dtype)).mul_(scale)
+        if out is not None:
+            return torch.mul(x, keep.to(x.dtype), out=out).mul_(scale)
+        return x * keep.to(x.dtype) * scale
+    # the hash works in int64: a block of rows at a time bounds its temporaries
+    if not inplace and out is None:
+        out = torch.empty_like(x, memory_format=torch.contiguous_format)
+    for lo in range(0, rows, step):
+        hi = min(lo + step, rows)
+        _apply_mask(x[lo:hi], keys[lo:hi], seed, p, inplace=inplace,
+                    out=None if inplace else out[lo:hi])  # type: ignore[index]
+    return x if inplace else out  # type: ignore[return-value]
 
 
 @dataclass(frozen=True)
@@ -146,9 +157,22 @@ def dropout_matmul(src: Dropped, weight: Tensor, add: Tensor | None = None,
 
 
 ROW_BLOCK = 1 << 13
-"""Rows of the dropped input rebuilt at once by ``dropout_matmul``'s backward: a
-block of 256 float32 columns (8 MiB) stays in a last-level cache between the mask
-and the product that reads it."""
+"""Rows of the dropped input rebuilt at once by ``dropout_matmul``'s backward on the
+CPU: a block of 256 float32 columns (8 MiB) stays in a last-level cache between the
+mask and the product that reads it."""
+
+MASK_BLOCK = 1 << 25
+"""Entries (rows x columns) of the mask computed at once by the torch path (GPUs, or
+no numba), whose hash holds several int64 temporaries of that size (256 MiB each);
+on a GPU it is also the size of the backward's row blocks, so an epoch launches a
+few large kernels rather than thousands of small ones. Not yet measured on a GPU."""
+
+
+def _block_rows(cols: int, device: torch.device) -> int:
+    """Rows per block of ``dropout_matmul``'s backward on ``device``."""
+    if device.type == "cpu":
+        return ROW_BLOCK
+    return max(ROW_BLOCK, MASK_BLOCK // max(1, cols))
 
 
 def _masked_pair(x: Tensor, g: Tensor, keys: Tensor, seed: int, p: float,
@@ -187,16 +211,16 @@ class _DropoutMatmul(torch.autograd.Function):
         x, weight, keys = ctx.saved_tensors
         grad_x = grad_w = grad_add = None
         rows_total, cols = x.shape
+        block = _block_rows(cols, x.device)
         w = weight.to(grad.dtype)
         if ctx.needs_input_grad[0]:
             grad_x = torch.empty(rows_total, cols, dtype=grad.dtype, device=grad.device)
         if ctx.needs_input_grad[1]:
             grad_w = torch.zeros_like(weight)
-            buf = torch.empty(min(ROW_BLOCK, rows_total), cols, dtype=x.dtype,
-                              device=x.device)
+            buf = torch.empty(min(block, rows_total), cols, dtype=x.dtype, device=x.device)
         for lo in range(0, rows_total if grad_x is not None or grad_w is not None else 0,
-                        ROW_BLOCK):
-            hi = min(lo + ROW_BLOCK, rows_total)
+                        block):
+            hi = min(lo + block, rows_total)
             g, k = grad[lo:hi], keys[lo:hi]
             gx = None if grad_x is None else torch.mm(g, w, out=grad_x[lo:hi])
             if grad_w is None:

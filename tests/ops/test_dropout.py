@@ -87,6 +87,7 @@ def test_dropout_matmul_equals_the_unfused_product_and_keeps_no_dropped_copy(dty
         pytest.skip("nothing needs a gradient")
     if needs.endswith("-torch"):
         monkeypatch.setattr(kd.kernels, "HAVE_NUMBA", False)
+        monkeypatch.setattr(kd, "MASK_BLOCK", 20)  # masks hashed a few rows at a time
     torch.manual_seed(0)
     on = dict(dtype=dtype, device=TEST_DEVICE)
     x = torch.randn(40, 6, **on, requires_grad=needs not in ("w", "add"))
@@ -132,3 +133,28 @@ def test_kernel_keeps_exactly_the_entries_whose_hash_reaches_p(dtype):
         scale = torch.tensor(1.0 / (1.0 - p), dtype=dtype)
         assert torch.equal(out[keep], x[keep] * scale), p
     assert keyed_dropout(x, h[3, 4].item() * 2.0**-32, keys, seed=seed, training=True)[3, 4] != 0
+
+
+@pytest.mark.parametrize("mode", ["new", "out", "inplace"])
+def test_torch_mask_in_row_blocks_equals_the_whole_mask(monkeypatch, mode):
+    """The torch path (GPUs, or no numba) hashes a block of rows at a time
+    (``MASK_BLOCK`` entries): the same result as one mask over the whole tensor, into
+    a new tensor, into ``out`` or in place; and the backward's blocks on a GPU are
+    at least the CPU's."""
+    monkeypatch.setattr(kd.kernels, "HAVE_NUMBA", False)
+    monkeypatch.setattr(kd, "MASK_BLOCK", 20)  # 3 rows of 6 columns per block
+    torch.manual_seed(0)
+    x = torch.randn(17, 6, dtype=torch.float64, device=TEST_DEVICE)
+    keys = torch.arange(50, 67, device=TEST_DEVICE)
+    want = x * (kd.keyed_uniform(keys, 6, 9).to(x.device) >= 0.3).to(x.dtype) / 0.7
+    if mode == "new":
+        got = kd._apply_mask(x, keys, 9, 0.3)
+    elif mode == "out":
+        got = torch.full_like(x, float("nan"))
+        kd._apply_mask(x, keys, 9, 0.3, out=got)
+    else:
+        got = x.clone()
+        kd._apply_mask(got, keys, 9, 0.3, inplace=True)
+    torch.testing.assert_close(got, want)
+    assert kd._block_rows(256, torch.device("cpu")) == kd.ROW_BLOCK
+    assert kd._block_rows(256, torch.device("cuda", 0)) >= kd.ROW_BLOCK
