@@ -264,8 +264,7 @@ class Graph:
     def to(self, device: torch.device | str) -> "Graph":
         """A copy on ``device`` (self if already there); caches are not carried."""
         device = torch.device(device)
-        if self.indptr.device == device or (device.type == "cuda" and device.index is None
-                                            and self.indptr.device.type == "cuda"):
+        if same_device(self.indptr.device, device):
             return self
         weight = None if self.edge_weight is None else self.edge_weight.to(device)
         return Graph(self.indptr.to(device), self.indices.to(device), self.num_src, weight,
@@ -277,6 +276,17 @@ class Graph:
         if self.edge_weight is not None:
             total += self.edge_weight.numel() * self.edge_weight.element_size()
         return int(total)
+
+
+def same_device(a: torch.device, b: torch.device) -> bool:
+    """``a`` and ``b`` name one device (``cuda`` without an index is the current GPU)."""
+    if a.type != b.type:
+        return False
+    if a.type != "cuda" or (a.index is not None and b.index is not None):
+        return a == b
+    current = torch.cuda.current_device()
+    return (a.index if a.index is not None else current) == \
+        (b.index if b.index is not None else current)
 
 
 # ---------------------------------------------------------------- normalisation

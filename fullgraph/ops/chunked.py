@@ -34,7 +34,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fullgraph.graph.csr import Graph
+from fullgraph.graph.csr import Graph, same_device
 from fullgraph.memory import MemoryAccount
 from fullgraph.ops.spmm import aggregate, edge_dot
 
@@ -163,17 +163,6 @@ def chunked_spmm(chunks: list[Chunk], num_dst: int, x: Tensor, weight: Tensor | 
     return _ChunkedSpMM.apply(x, weight, chunks, num_dst, device, account, prefetch)
 
 
-def same_device(a: torch.device, b: torch.device) -> bool:
-    """``a`` and ``b`` name one device (``cuda`` without an index is the current GPU)."""
-    if a.type != b.type:
-        return False
-    if a.type != "cuda" or (a.index is not None and b.index is not None):
-        return a == b
-    current = torch.cuda.current_device()
-    return (a.index if a.index is not None else current) == \
-        (b.index if b.index is not None else current)
-
-
 @overload
 def _to(t: Tensor, device: torch.device) -> Tensor: ...
 
@@ -206,7 +195,7 @@ T = TypeVar("T")
 
 def streamed(chunks: Sequence[Chunk], load: Callable[[Chunk], T], device: torch.device,
              account: MemoryAccount | None = None,
-             prefetch: bool = True) -> Iterator[tuple[Chunk, T]]:
+             prefetch: bool = False) -> Iterator[tuple[Chunk, T]]:
     """``(c, load(c))`` for each chunk in turn; on a GPU with ``prefetch``, the next
     chunk is loaded by a helper thread on a side stream while the caller computes
     this one (module docstring). Tensors in what ``load`` returns (a tensor, a

@@ -40,7 +40,7 @@ from fullgraph.comm.placement import (
 )
 from fullgraph.comm.reduce import row_sum
 from fullgraph.graph.blocks import Block, build_block, in_edges
-from fullgraph.graph.csr import Graph
+from fullgraph.graph.csr import Graph, same_device
 from fullgraph.memory import MemoryAccount
 from fullgraph.models.stages import EdgeTransform, StageContext, StageProgram
 from fullgraph.models.walk import (
@@ -52,7 +52,7 @@ from fullgraph.models.walk import (
     walk,
 )
 from fullgraph.ops import spmm
-from fullgraph.ops.chunked import Chunk, chunked_spmm, same_device
+from fullgraph.ops.chunked import Chunk, chunked_spmm
 from fullgraph.ops.sparse import nbytes
 from fullgraph.parallel.base import LocalResult, Plan, Work
 from fullgraph.schedule.pipeline import Segment, pipelined_propagation

@@ -29,6 +29,7 @@ module holds the strategy: its options, setup and report.
 """
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -261,6 +262,12 @@ class TensorParallel(DistributedStrategy[ColumnPlan]):
     def _chunk(self, program: StageProgram, plan: ColumnPlan, dtype: torch.dtype) -> None:
         """Cut the graph into destination chunks when a budget or a count is given."""
         opts = self.options
+        why = None if not opts.prefetch else "without chunks (--device-memory or --num-chunks)" \
+            if not self._chunked else "with --pipeline" if opts.pipeline \
+            else f"on {plan.device.type}" if plan.device.type != "cuda" else None
+        if why is not None:
+            warnings.warn(f"tensor_parallel option prefetch has no effect {why}: it copies "
+                          "chunks to a GPU", UserWarning, stacklevel=2)
         if not self._chunked:
             return
         widest = max((plan.layout(program.stages[i.index].in_dim).local_cols(plan.comm.rank)
@@ -269,7 +276,7 @@ class TensorParallel(DistributedStrategy[ColumnPlan]):
         budget = parse_bytes(opts.device_memory) if opts.device_memory is not None else None
         count = None if budget is not None else (opts.num_chunks or 4)
         # prefetching holds two chunks' inputs on the device at once
-        plan.prefetch = opts.prefetch and plan.device.type == "cuda" and opts.pipeline is False
+        plan.prefetch = opts.prefetch and why is None
         per_chunk = None if budget is None else budget // 2 if plan.prefetch else budget
         ranges = spread_chunks(plan.graph.indptr, plan.row_counts, widest, itemsize,
                                budget=per_chunk, num_chunks=count)

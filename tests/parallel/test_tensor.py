@@ -319,3 +319,18 @@ def test_row_blocks_hold_no_hidden_rows():
     loss.backward()
     assert not [s for s in saved if len(s) == 2 and s[1] == 64 and s[0] > 16], saved
     assert all(p.grad is not None for p in model.parameters())
+
+
+@pytest.mark.parametrize("opts, why", [
+    (dict(num_chunks=3), "on cpu"),
+    (dict(), "without chunks"),
+    (dict(pipeline=True, num_chunks=3), "with --pipeline")])
+def test_prefetch_where_it_cannot_apply_warns_and_is_off(opts, why):
+    """``prefetch`` copies chunks to a GPU: on the CPU, without chunks or with the
+    pipeline it says it has no effect, and the plan does not prefetch."""
+    dataset = make_dataset()
+    model = make_model("gcn", False, 9, 3).cpu()
+    strategy = TensorParallel(TensorParallel.Options(prefetch=True, **opts))
+    with pytest.warns(UserWarning, match=f"prefetch has no effect {why}"):
+        plan = strategy.setup(dataset, model, torch.device("cpu"), None, torch.float64)
+    assert plan.prefetch is False
