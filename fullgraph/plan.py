@@ -83,6 +83,9 @@ class RankCost:
         bytes_moved: bytes this worker receives per epoch (halos, re-placements,
             gradient all-reduce).
         edge_dims: edges x columns aggregated per forward pass.
+        aggregations: (edges, columns) of each aggregation of the forward pass
+            (``edge_dims`` is their sum of products): an aggregation costs at least
+            ``PlanRates.edge_min`` per edge however few its columns.
         flops: GEMM flops per forward pass.
         rounds: blocking communication rounds per epoch.
     """
@@ -91,6 +94,7 @@ class RankCost:
     host_only: int = 0
     bytes_moved: int = 0
     edge_dims: int = 0
+    aggregations: tuple[tuple[int, int], ...] = ()
     flops: int = 0
     rounds: int = 0
 
@@ -108,7 +112,12 @@ class PlanRates:
     """Unit costs of the time model, in seconds (measured by ``plan_rates``).
 
     Attributes:
-        edge: per edge x column aggregated (one thread).
+        edge: per edge x column aggregated (one thread), measured on many columns.
+        edge_min: per edge of an aggregation, however few its columns: below a few
+            dozen columns an aggregation's time hardly depends on its width (reading
+            each edge and its source row's cache lines dominates: 1.04 ms at 2 columns
+            and 1.13 ms at 32 on a 386k-edge graph, 2.64 ms at 128). An aggregation of
+            E edges and D columns costs ``E * max(edge_min, D * edge)``; 0 ignores it.
         flop: per GEMM flop (one thread).
         byte: per byte received from another worker.
         latency: per blocking communication round.
@@ -134,6 +143,7 @@ class PlanRates:
     flop: float
     byte: float
     latency: float
+    edge_min: float = 0.0
     slowdown: float = 1.0
     overhead: float = 0.0
     bandwidth: float = 1e10
@@ -166,6 +176,7 @@ def data_cost(program: StageProgram, graph: Graph, rows: RowPlan, world: int,
     """One data-parallel worker (any dependency mode) from its ``RowPlan``."""
     owned = rows.owned.numel()
     topo = inter = halo = edge_dims = flops = moved = rounds = 0
+    aggs: list[tuple[int, int]] = []
     for s, (info, stage) in enumerate(zip(describe(program), program.stages)):
         width = int(stage.out_dim)
         if info.is_edge:
@@ -178,6 +189,7 @@ def data_cost(program: StageProgram, graph: Graph, rows: RowPlan, world: int,
         edges = block.graph.num_edges
         topo += (block.graph.num_dst + 1 + 2 * edges) * INDEX + edges * itemsize
         edge_dims += edges * int(stage.in_dim)
+        aggs.append((edges, int(stage.in_dim)))
         if info.is_edge:
             inter += edges * int(stage.out_dim) * itemsize * 2
         fetched = rows.fetched[s].numel()
@@ -189,7 +201,7 @@ def data_cost(program: StageProgram, graph: Graph, rows: RowPlan, world: int,
     moved += _grad_sync(program, world)
     return RankCost(_mem(topology=topo, features=owned * feat_dim * itemsize,
                          params=param_bytes(program), intermediate=inter, replicas=replicas),
-                    bytes_moved=moved, edge_dims=edge_dims, flops=flops,
+                    bytes_moved=moved, edge_dims=edge_dims, aggregations=tuple(aggs), flops=flops,
                     rounds=rounds + (BASE_ROUNDS if world > 1 else 0))
 
 
@@ -235,6 +247,7 @@ def tensor_cost(program: StageProgram, graph: Graph, rank: int, world: int, feat
     n, rows = graph.num_dst, even_counts(graph.num_dst, world)[rank]
     topo = _whole_topology(graph, itemsize, max(1, len(program.norms)))
     inter = edge_dims = flops = moved = rounds = 0
+    aggs: list[tuple[int, int]] = []
     on_rows = True
     for info, stage in zip(describe(program), program.stages):
         d_in, cols = int(stage.in_dim), _cols(int(stage.in_dim), world)
@@ -245,6 +258,7 @@ def tensor_cost(program: StageProgram, graph: Graph, rank: int, world: int, feat
             on_rows = False
             inter += n * cols * itemsize
             edge_dims += graph.num_edges * cols
+            aggs.append((graph.num_edges, cols))
             continue
         if not on_rows:  # gather back to rows
             moved += AGG_PASSES * rows * (d_in - cols) * itemsize
@@ -253,6 +267,7 @@ def tensor_cost(program: StageProgram, graph: Graph, rank: int, world: int, feat
         if info.is_edge:
             inter += graph.num_edges * int(stage.out_dim) * itemsize * 2
             edge_dims += graph.num_edges * d_in // world
+            aggs.append((graph.num_edges, max(1, d_in // world)))
             rounds += 2 * AGG_PASSES
             continue
         inter += rows * int(stage.out_dim) * itemsize
@@ -261,7 +276,8 @@ def tensor_cost(program: StageProgram, graph: Graph, rank: int, world: int, feat
     return RankCost(_mem(topology=topo, features=rows * feat_dim * itemsize,
                          params=param_bytes(program), intermediate=inter),
                     host_only=topo if chunks else 0, bytes_moved=moved, edge_dims=edge_dims,
-                    flops=flops, rounds=rounds + BASE_ROUNDS + (chunks or 0))
+                    aggregations=tuple(aggs), flops=flops,
+                    rounds=rounds + BASE_ROUNDS + (chunks or 0))
 
 
 def _cols(dim: int, world: int) -> int:
@@ -278,12 +294,14 @@ def task_costs(program: StageProgram, graph: Graph, world: int, feat_dim: int,
         group = split.num_t if on_t else split.num_p
         rows = even_counts(n, split.num_t)[rank] if on_t else 0
         inter = edge_dims = flops = moved = rounds = 0
+        aggs: list[tuple[int, int]] = []
         for info, stage in zip(describe(program), program.stages):
             d_in = int(stage.in_dim)
             if info.is_propagate and not on_t:
                 cols = even_counts(d_in, group)[rank - split.num_t]
                 inter += n * cols * itemsize
                 edge_dims += graph.num_edges * cols
+                aggs.append((graph.num_edges, cols))
                 moved += AGG_PASSES * n * cols * itemsize
                 rounds += AGG_PASSES
             elif not info.is_propagate and on_t:
@@ -291,6 +309,7 @@ def task_costs(program: StageProgram, graph: Graph, world: int, feat_dim: int,
                 flops += _gemm_flops(stage, rows)
                 if info.is_edge:
                     edge_dims += graph.num_edges * d_in // group
+                    aggs.append((graph.num_edges, max(1, d_in // group)))
             elif info.is_propagate:  # the T rank sends its rows and gets them back
                 moved += AGG_PASSES * rows * d_in * itemsize
                 rounds += AGG_PASSES
@@ -298,13 +317,22 @@ def task_costs(program: StageProgram, graph: Graph, world: int, feat_dim: int,
         out.append(RankCost(_mem(topology=topo, features=rows * feat_dim * itemsize,
                                  params=param_bytes(program), intermediate=inter),
                             bytes_moved=moved + _grad_sync(program, world),
-                            edge_dims=edge_dims, flops=flops, rounds=rounds + BASE_ROUNDS))
+                            edge_dims=edge_dims, aggregations=tuple(aggs), flops=flops,
+                            rounds=rounds + BASE_ROUNDS))
     return out
 
 
 def graph_seconds(cost: RankCost, rates: PlanRates) -> float:
     """The counted graph work of one epoch (aggregation and GEMMs), uncalibrated."""
-    return AGG_PASSES * cost.edge_dims * rates.edge + GEMM_PASSES * cost.flops * rates.flop
+    return AGG_PASSES * aggregation_seconds(cost, rates) + GEMM_PASSES * cost.flops * rates.flop
+
+
+def aggregation_seconds(cost: RankCost, rates: PlanRates) -> float:
+    """The forward pass's aggregations: each ``edges * max(edge_min, columns * edge)``
+    (``edge_dims * edge`` where the cost lists none)."""
+    if not cost.aggregations:
+        return cost.edge_dims * rates.edge
+    return sum(e * max(rates.edge_min, d * rates.edge) for e, d in cost.aggregations)
 
 
 def predict_seconds(cost: RankCost, rates: PlanRates) -> float:

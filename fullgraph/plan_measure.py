@@ -160,6 +160,11 @@ def executor_overheads(cfg: Any, cands: list[P.Candidate], feat_dim: int, classe
     return best
 
 
+NARROW, WIDE = 4, 128
+"""Columns of the planner's two aggregation timings: the per-edge floor of narrow
+aggregations (``PlanRates.edge_min``) and the per-column cost of wide ones."""
+
+
 def plan_rates(graph: Graph, workers: int, threads: int | None = None,
                backend: str = "auto") -> P.PlanRates:
     """Rates measured here as a worker computes (``threads`` each, default the
@@ -169,9 +174,9 @@ def plan_rates(graph: Graph, workers: int, threads: int | None = None,
 
     with worker_threads(threads or threads_per_worker(workers), backend):
         machine = taskmodel.measure_machine(single_comm())
-        edge = costmodel.measure_edge_cost(graph)
+        narrow, wide = costmodel.measure_edge_costs(graph, (NARROW, WIDE))
     byte, latency = measure_link()
-    return P.PlanRates(edge, 1.0 / machine.flops, byte, latency,
+    return P.PlanRates(wide, 1.0 / machine.flops, byte, latency, edge_min=narrow * NARROW,
                        slowdown=core_share(workers, available_cores()),
                        bandwidth=machine.bandwidth)
 

@@ -102,6 +102,36 @@ def test_predicted_seconds_add_compute_bytes_and_rounds():
         2 * expected - 5e-3)
 
 
+def test_a_narrow_aggregation_costs_at_least_the_per_edge_floor():
+    # below a few dozen columns an aggregation's time hardly depends on its width: tensor
+    # parallelism halving the columns of every worker does not halve its aggregation
+    program, graph, _ = gcn()
+    one, two = P.tensor_cost(program, graph, 0, 1, F), P.tensor_cost(program, graph, 0, 2, F)
+    e = graph.num_edges
+    assert one.aggregations == ((e, H), (e, C)) and two.aggregations == ((e, 3), (e, 2))
+    assert one.edge_dims == sum(a * b for a, b in one.aggregations)
+    rates = P.PlanRates(edge=1e-9, flop=0.0, byte=0.0, latency=0.0)
+    assert P.aggregation_seconds(two, rates) == pytest.approx(e * 5 * 1e-9)  # no floor
+    floored = P.PlanRates(edge=1e-9, flop=0.0, byte=0.0, latency=0.0, edge_min=4e-9)
+    assert P.aggregation_seconds(one, floored) == pytest.approx(e * (5e-9 + 4e-9))
+    assert P.aggregation_seconds(two, floored) == pytest.approx(e * 8e-9)  # both at the floor
+    assert P.graph_seconds(two, floored) == pytest.approx(P.AGG_PASSES * e * 8e-9)
+    # data parallelism's blocks are listed the same way
+    _, _, book = gcn()
+    data = P.data_cost(program, graph, P.data_rows(program, graph, book, 0, "depcomm"), 2, F)
+    assert data.aggregations == ((8, H), (8, C))
+    # a cost that lists no aggregations keeps edge x column pricing
+    assert P.aggregation_seconds(P.RankCost(P._mem(), edge_dims=100), floored) == \
+        pytest.approx(100e-9)
+
+
+def test_plan_rates_measure_the_per_edge_floor():
+    from fullgraph.plan_measure import plan_rates
+
+    rates = plan_rates(tiny_dataset(F, C, n=400).graph, 1, threads=1)
+    assert rates.edge > 0 and rates.edge_min > 0
+
+
 RATES = P.PlanRates(edge=1e-9, flop=1e-11, byte=1e-9, latency=1e-5)
 
 

@@ -241,19 +241,27 @@ WARMUP_CALLS, TIMED_CALLS = 4, 3
 def measure_edge_cost(graph: Graph, dim: int = 32) -> float:
     """Seconds per edge x column of an aggregation over up to 20,000 of ``graph``'s rows
     that have in-edges (a shard's graph holds the in-edges of some rows only)."""
+    return measure_edge_costs(graph, (dim,))[0]
+
+
+def measure_edge_costs(graph: Graph, dims: tuple[int, ...]) -> list[float]:
+    """``measure_edge_cost`` at each width of ``dims``, on one sample of rows."""
     rows = torch.nonzero(graph.indptr[1:] > graph.indptr[:-1]).flatten()[:20_000]
     sub_indptr, src, _ = in_edges(graph, rows.numpy())
     sub = Graph(torch.from_numpy(sub_indptr), torch.from_numpy(src).to(graph.indices.dtype),
                 num_src=graph.num_src, validate=False)
-    x = torch.randn(graph.num_src, dim)
-    for _ in range(WARMUP_CALLS):  # a graph's first calls build the kernel's structures
-        aggregate(sub, x, None, "sum")
-    best = float("inf")
-    for _ in range(TIMED_CALLS):
-        t0 = time.perf_counter()
-        aggregate(sub, x, None, "sum")
-        best = min(best, time.perf_counter() - t0)
-    return best / max(1, sub.num_edges * dim)
+    out = []
+    for i, dim in enumerate(dims):
+        x = torch.randn(graph.num_src, dim)
+        for _ in range(WARMUP_CALLS if i == 0 else 1):  # a graph's first calls build the
+            aggregate(sub, x, None, "sum")  # kernel's structures
+        best = float("inf")
+        for _ in range(TIMED_CALLS):
+            t0 = time.perf_counter()
+            aggregate(sub, x, None, "sum")
+            best = min(best, time.perf_counter() - t0)
+        out.append(best / max(1, sub.num_edges * dim))
+    return out
 
 
 def measure_vertex_cost(rows: int = 4096, dim: int = 32) -> float:
