@@ -91,6 +91,23 @@ def reexec_with_allocator() -> None:
     os.execve(sys.executable, [sys.executable, "-m", "fullgraph.cli", *sys.argv[1:]], env)
 
 
+def reexec_for_hugepages(module: str, on: bool, argv: list[str]) -> None:
+    """Run ``python -m module argv`` again in this process's place with torch's huge
+    pages on (where the kernel offers them) or off, unless they already are as asked:
+    a benchmark that has imported torch, which reads ``THP_MEM_ALLOC_ENABLE`` when it
+    loads. At most once per process tree."""
+    want = "1" if on and transparent_hugepages() in ("madvise", "always") else "0"
+    if os.environ.get("THP_MEM_ALLOC_ENABLE", "0") == want or os.environ.get(_THP_MARK):
+        return
+    env = dict(os.environ, THP_MEM_ALLOC_ENABLE=want, **{_THP_MARK: "1"})
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, [sys.executable, "-m", module, *argv], env)
+
+
+_THP_MARK = "FULLGRAPH_HUGEPAGES_SET"
+
+
 def transparent_hugepages() -> str:
     """The kernel's transparent huge page mode, e.g. ``madvise``, or ``unknown``."""
     try:

@@ -15,6 +15,8 @@ GEMM FLOPs at the measured GEMM rate plus SpMM bytes at the measured bandwidth.
 
 ``--allocators system,tcmalloc`` runs the whole measurement once per allocator, each
 in a fresh process with the allocator preloaded, and prints the ratios side by side.
+Torch's tensors go on transparent huge pages, as under the ``fullgraph`` command, unless
+``--hugepages off`` (the benchmark re-executes itself once to set it before torch loads).
 
     python -m fullgraph.bench.kernels --vertices 1000000 --edges 20000000
 """
@@ -180,7 +182,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 
     torch.set_num_threads(args.threads)
     kernels.set_threads(args.threads)
-    rec: dict[str, Any] = {"allocator": active_allocator(), "threads": args.threads}
+    rec: dict[str, Any] = {"allocator": active_allocator(), "threads": args.threads,
+                           "torch_hugepages": os.environ.get("THP_MEM_ALLOC_ENABLE") == "1"}
     rec.update(memory_bandwidth())
     rec["gemm_GFLOPs"] = gemm_rate()
     ds = load_graph(args)
@@ -225,7 +228,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cache", default="/tmp/fullgraph-bench")
     p.add_argument("--allocators", default="",
                    help="comma list (system,tcmalloc,jemalloc): one fresh process each")
+    p.add_argument("--hugepages", choices=("on", "off"), default="on",
+                   help="torch tensors on transparent huge pages, both systems (default: on "
+                        "where the kernel offers them, as the fullgraph command does)")
     args = p.parse_args(argv)
+    from fullgraph.allocator import reexec_for_hugepages
+
+    reexec_for_hugepages("fullgraph.bench.kernels", args.hugepages == "on",
+                         sys.argv[1:] if argv is None else argv)
     if not args.allocators:
         print(json.dumps(measure(args)), flush=True)
         return 0
@@ -259,7 +269,8 @@ def run_with_allocator(name: str, argv: list[str]) -> dict[str, Any]:
 
 def print_summary(rows: list[dict[str, Any]]) -> None:
     for r in rows:
-        print(f"\n== {r['allocator']} ({r['threads']} threads), "
+        print(f"\n== {r['allocator']} ({r['threads']} threads"
+              f"{', torch on huge pages' if r.get('torch_hugepages') else ''}), "
               f"{r['vertices']} vertices, {r['edges_with_loops']} edges incl. self-loops")
         print(f"memory bandwidth   read {r['read_GBps']:.1f}, copy {r['copy_GBps']:.1f}, "
               f"triad {r['triad_GBps']:.1f} GB/s")

@@ -19,6 +19,14 @@ beforehand for GAT.
 On ``--device cuda`` both systems train on the GPU, each step ends with a device
 synchronisation, and a system that runs out of device memory is reported as such
 (the other one still runs).
+
+Both systems share the process, so they share its allocator and its huge pages. As
+the ``fullgraph`` command does, the benchmark asks torch for transparent huge pages
+(``THP_MEM_ALLOC_ENABLE=1``, re-executing itself once before torch loads) where the
+kernel offers them; ``--hugepages off`` keeps 4 KiB pages. Without huge pages an
+epoch's fresh (N, hidden) tensors fault in 4 KiB at a time and PyG's epoch came to
+depend on which models ran before it in the process (GIN: 3.5 s after GAT, 4.8 s
+first; BENCHMARKS.md).
 """
 from __future__ import annotations
 
@@ -184,8 +192,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cache", default="/tmp/fullgraph-bench")
     p.add_argument("--tables", default="models", help="comma list of models, attention")
     p.add_argument("--device", default="cpu", help="cpu or cuda (both systems)")
+    p.add_argument("--hugepages", choices=("on", "off"), default="on",
+                   help="torch tensors on transparent huge pages, both systems (default: on "
+                        "where the kernel offers them, as the fullgraph command does)")
     args = p.parse_args(argv)
-    from fullgraph.allocator import active_allocator
+    from fullgraph.allocator import memory_line, reexec_for_hugepages
+
+    reexec_for_hugepages("fullgraph.bench.models", args.hugepages == "on",
+                         sys.argv[1:] if argv is None else argv)
     from fullgraph.graph import store
     from fullgraph.ops import kernels
 
@@ -195,10 +209,10 @@ def main(argv: list[str] | None = None) -> int:
                                         CLASSES, 0), mmap=False, verify=False)
     print(f"python -m fullgraph.bench.models {' '.join(sys.argv[1:] if argv is None else argv)}")
     print(f"{datetime.date.today()}, {platform.machine()} {os.cpu_count()} cores, "
-          f"{args.threads} threads, allocator {active_allocator()}, torch {torch.__version__}; "
+          f"{args.threads} threads, torch {torch.__version__}; "
           f"R-MAT {ds.graph.num_nodes} vertices, {ds.graph.num_edges} edges, "
           f"{args.features} features, {CLASSES} classes; hidden {args.hidden} (GAT "
-          f"{args.heads} heads x {args.gat_channels})\n")
+          f"{args.heads} heads x {args.gat_channels})\n{memory_line()}\n")
     tables = args.tables.split(",")
     if "attention" in tables:
         print("\n".join(attention_table(ds, args)) + "\n", flush=True)
