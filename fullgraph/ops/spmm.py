@@ -129,6 +129,8 @@ class _SpMM(torch.autograd.Function):
             if weight is None and ctx.reduce == "mean":
                 inv_deg = 1.0 / graph.in_degrees().clamp(min=1).to(grad_out.dtype)
                 grad_x = aggregate(t.graph, grad_out * inv_deg[:, None], None, "sum")
+            elif weight is not None and (ordered := t.weights_in_order(weight)) is not None:
+                grad_x = aggregate(t.graph, grad_out.contiguous(), ordered, "sum")
             elif weight is not None and resolve_backend(grad_out.device) == "numba":
                 grad_x = _transposed_numba(t, grad_out.contiguous(), weight)
             else:

@@ -168,3 +168,38 @@ def test_transpose_built_by_sorting_equals_the_host_one():
     assert torch.equal(sorted_t.graph.indptr, host_t.graph.indptr)
     assert torch.equal(sorted_t.graph.indices.long(), host_t.graph.indices.long())
     assert torch.equal(sorted_t.perm.long(), host_t.perm.long())
+
+
+def test_a_symmetric_graph_mirrors_its_transpose_and_shares_its_arrays():
+    rng = np.random.default_rng(2)
+    src, dst = rng.integers(0, 40, 300), rng.integers(0, 40, 300)
+    sym = Graph.from_edges(src, dst, 40, symmetrize=True)
+    t = sym.transpose()
+    assert t.mirrors and t.graph.indices is sym.indices and t.graph.indptr is sym.indptr
+    src_e, dst_e = sym.edges()  # the permutation still maps each edge to its reverse
+    assert torch.equal(t.graph.edges()[1], src_e[t.perm])
+    directed = Graph.from_edges(src, dst, 40)
+    assert not directed.transpose().mirrors
+
+
+def test_fixed_weights_in_the_transposes_order_are_made_once():
+    from fullgraph.graph.csr import gcn_norm
+
+    rng = np.random.default_rng(3)
+    src, dst = rng.integers(0, 40, 300), rng.integers(0, 40, 300)
+    for symmetric in (True, False):
+        g = Graph.from_edges(src, dst, 40, symmetrize=symmetric)
+        t = g.transpose()
+        w = gcn_norm(g)
+        ordered = t.weights_in_order(w)
+        assert torch.equal(ordered, w[t.perm])
+        assert t.weights_in_order(w) is ordered  # cached for this tensor
+        # GCN's norms on a symmetric graph are symmetric: no copy at all
+        assert (ordered is w) == symmetric
+        w.mul_(2.0)  # changed in place: made again
+        assert torch.equal(t.weights_in_order(w), w[t.perm])
+        assert t.weights_in_order(torch.rand(g.num_edges, requires_grad=True)) is None
+        assert t.weights_in_order(torch.rand(g.num_edges, 2)) is None
+    asym = Graph.from_edges(src, dst, 40, symmetrize=True)
+    w = torch.rand(asym.num_edges, dtype=torch.float64)  # a symmetric graph, weights not
+    assert torch.equal(asym.transpose().weights_in_order(w), w[asym.transpose().perm])

@@ -171,3 +171,26 @@ def test_edge_dot_of_an_empty_column_slice_is_zero():
     finally:
         set_backend("auto")
     assert out.shape == (g.num_edges, 1) and not out.any()
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_backward_reading_fixed_weights_in_order_gives_the_same_bits(backend, symmetric):
+    # the transposed product reads fixed edge weights (GCN's norms) in the transpose's
+    # order instead of through its permutation: the same sums in the same order
+    from fullgraph.graph.csr import gcn_norm
+    from fullgraph.ops.spmm import _transposed_numba, aggregate
+
+    g = torch.Generator().manual_seed(5)
+    src, dst = torch.randint(0, 60, (500,), generator=g), torch.randint(0, 60, (500,), generator=g)
+    graph = Graph.from_edges(src.numpy(), dst.numpy(), 60, symmetrize=symmetric).to(TEST_DEVICE)
+    w64 = gcn_norm(graph).to(torch.float64)
+    x = torch.randn(60, 7, dtype=torch.float64, device=TEST_DEVICE, requires_grad=True)
+    out = spmm(graph, x, w64)
+    grad = torch.randn_like(out)
+    out.backward(grad)
+    t = graph.transpose()
+    if backend == "numba":
+        expected = _transposed_numba(t, grad, w64)
+    else:
+        expected = aggregate(t.graph, grad, w64[t.perm], "sum")
+    assert torch.equal(x.grad, expected)
