@@ -61,17 +61,22 @@ class Transposed:
         reads them in order rather than through ``perm`` (3x faster at 47 columns on a
         1M-vertex R-MAT: each gathered weight missed the cache). Where the graph mirrors
         and the weights are symmetric, that is ``weight`` itself; otherwise one copy is
-        kept per tensor (re-made if it changes in place). None for weights that need a
-        gradient or have heads."""
+        kept, for the last tensor asked about. None the first time a tensor is asked
+        about (and after it changes in place): only weights seen twice are taken to be
+        fixed, so a tensor made afresh for every pass costs no copy. None for weights
+        that need a gradient or have heads."""
         if weight.dim() != 1 or weight.requires_grad:
             return None
-        for ref, version, ordered in self._ordered:
+        for i, (ref, version, ordered) in enumerate(self._ordered):
             if ref() is weight and version == weight._version:
-                return weight if ordered is None else ordered
-        ordered = weight[self.perm]
-        same = self.mirrors and torch.equal(ordered, weight)
-        self._ordered[:] = [(weakref.ref(weight), weight._version, None if same else ordered)]
-        return weight if same else ordered
+                if ordered is None:
+                    ordered = weight[self.perm]
+                    if self.mirrors and torch.equal(ordered, weight):
+                        ordered = weight
+                    self._ordered[i] = (ref, version, ordered)
+                return ordered
+        self._ordered[:] = [(weakref.ref(weight), weight._version, None)]
+        return None
 
 
 class Graph:
@@ -246,35 +251,36 @@ class Graph:
 
     def transpose(self) -> Transposed:
         """CSR by source (out-edges), built once and cached; used by backward passes."""
-        if self._transposed is None and self._row_loops():
+        if self._transposed is None:
+            self._transposed = self._mirrored(self._build_transpose())
+        return self._transposed
+
+    def _build_transpose(self) -> Transposed:
+        if self._row_loops():
             ids = np.int32 if self.num_dst <= INT32_LIMIT else np.int64
             t_indptr, t_ids, perm = _kernels.transpose(
                 self.indptr.numpy(), self.indices.numpy(), self.num_src, np.dtype(ids),
                 np.dtype(np.int32 if self.num_edges <= INT32_LIMIT else np.int64))
-            self._transposed = Transposed(
-                Graph(torch.from_numpy(t_indptr), torch.from_numpy(t_ids),
-                      num_src=self.num_dst, validate=False), torch.from_numpy(perm))
-        if self._transposed is None and self.indptr.device.type != "cpu":
-            self._transposed = self._transpose_on_device()
-        if self._transposed is None:
-            src = self.indices.cpu().numpy()
-            perm = np.argsort(src, kind="stable")
-            counts = np.bincount(src, minlength=self.num_src)
-            t_indptr = np.zeros(self.num_src + 1, dtype=np.int64)
-            np.cumsum(counts, out=t_indptr[1:])
-            # ids in the narrowest dtype that holds them, as the forward CSR's: at 20M
-            # edges, int32 instead of int64 saves 160 MB for each of the two arrays
-            t_indices = self.dst_index().cpu().numpy()[perm].astype(
-                np.int32 if self.num_dst <= INT32_LIMIT else np.int64)
-            perm_t = torch.from_numpy(perm.astype(
-                np.int32 if self.num_edges <= INT32_LIMIT else np.int64)).to(self.device)
-            graph = Graph(torch.from_numpy(t_indptr).to(self.device),
-                          torch.from_numpy(t_indices).to(self.device),
-                          num_src=self.num_dst, validate=False)
-            self._transposed = Transposed(graph, perm_t)
-        if not self._transposed.mirrors:
-            self._transposed = self._mirrored(self._transposed)
-        return self._transposed
+            return Transposed(Graph(torch.from_numpy(t_indptr), torch.from_numpy(t_ids),
+                                    num_src=self.num_dst, validate=False),
+                              torch.from_numpy(perm))
+        if self.indptr.device.type != "cpu":
+            return self._transpose_on_device()
+        src = self.indices.cpu().numpy()
+        perm = np.argsort(src, kind="stable")
+        counts = np.bincount(src, minlength=self.num_src)
+        t_indptr = np.zeros(self.num_src + 1, dtype=np.int64)
+        np.cumsum(counts, out=t_indptr[1:])
+        # ids in the narrowest dtype that holds them, as the forward CSR's: at 20M
+        # edges, int32 instead of int64 saves 160 MB for each of the two arrays
+        t_indices = self.dst_index().cpu().numpy()[perm].astype(
+            np.int32 if self.num_dst <= INT32_LIMIT else np.int64)
+        perm_t = torch.from_numpy(perm.astype(
+            np.int32 if self.num_edges <= INT32_LIMIT else np.int64)).to(self.device)
+        graph = Graph(torch.from_numpy(t_indptr).to(self.device),
+                      torch.from_numpy(t_indices).to(self.device),
+                      num_src=self.num_dst, validate=False)
+        return Transposed(graph, perm_t)
 
     def _mirrored(self, t: Transposed) -> Transposed:
         """``t`` marked as mirroring this CSR where its arrays equal this graph's (then

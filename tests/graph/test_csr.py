@@ -191,15 +191,20 @@ def test_fixed_weights_in_the_transposes_order_are_made_once():
         g = Graph.from_edges(src, dst, 40, symmetrize=symmetric)
         t = g.transpose()
         w = gcn_norm(g)
+        assert t.weights_in_order(w) is None  # the first time: not yet known to be fixed
         ordered = t.weights_in_order(w)
         assert torch.equal(ordered, w[t.perm])
-        assert t.weights_in_order(w) is ordered  # cached for this tensor
+        assert t.weights_in_order(w) is ordered  # kept for this tensor
         # GCN's norms on a symmetric graph are symmetric: no copy at all
         assert (ordered is w) == symmetric
-        w.mul_(2.0)  # changed in place: made again
+        w.mul_(2.0)  # changed in place: asked about afresh
+        assert t.weights_in_order(w) is None
         assert torch.equal(t.weights_in_order(w), w[t.perm])
         assert t.weights_in_order(torch.rand(g.num_edges, requires_grad=True)) is None
         assert t.weights_in_order(torch.rand(g.num_edges, 2)) is None
     asym = Graph.from_edges(src, dst, 40, symmetrize=True)
     w = torch.rand(asym.num_edges, dtype=torch.float64)  # a symmetric graph, weights not
-    assert torch.equal(asym.transpose().weights_in_order(w), w[asym.transpose().perm])
+    t = asym.transpose()
+    assert t.weights_in_order(w) is None
+    assert torch.equal(t.weights_in_order(w), w[t.perm])
+    assert asym.transpose() is t  # the mirror check runs once, when the transpose is built
