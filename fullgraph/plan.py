@@ -82,10 +82,9 @@ class RankCost:
             (chunked tensor parallelism streams its topology from there).
         bytes_moved: bytes this worker receives per epoch (halos, re-placements,
             gradient all-reduce).
-        edge_dims: edges x columns aggregated per forward pass.
-        aggregations: (edges, columns) of each aggregation of the forward pass
-            (``edge_dims`` is their sum of products): an aggregation costs at least
-            ``PlanRates.edge_min`` per edge however few its columns.
+        aggregations: (edges, columns) of each aggregation of the forward pass: an
+            aggregation costs at least ``PlanRates.edge_min`` per edge however few its
+            columns (``edge_dims``: their edges x columns).
         flops: GEMM flops per forward pass.
         rounds: blocking communication rounds per epoch.
     """
@@ -93,10 +92,14 @@ class RankCost:
     memory: dict[str, int]
     host_only: int = 0
     bytes_moved: int = 0
-    edge_dims: int = 0
     aggregations: tuple[tuple[int, int], ...] = ()
     flops: int = 0
     rounds: int = 0
+
+    @property
+    def edge_dims(self) -> int:
+        """Edges x columns aggregated per forward pass."""
+        return sum(e * d for e, d in self.aggregations)
 
     @property
     def total(self) -> int:
@@ -175,7 +178,7 @@ def data_cost(program: StageProgram, graph: Graph, rows: RowPlan, world: int,
               feat_dim: int, itemsize: int = 4) -> RankCost:
     """One data-parallel worker (any dependency mode) from its ``RowPlan``."""
     owned = rows.owned.numel()
-    topo = inter = halo = edge_dims = flops = moved = rounds = 0
+    topo = inter = halo = flops = moved = rounds = 0
     aggs: list[tuple[int, int]] = []
     for s, (info, stage) in enumerate(zip(describe(program), program.stages)):
         width = int(stage.out_dim)
@@ -188,7 +191,6 @@ def data_cost(program: StageProgram, graph: Graph, rows: RowPlan, world: int,
             continue
         edges = block.graph.num_edges
         topo += (block.graph.num_dst + 1 + 2 * edges) * INDEX + edges * itemsize
-        edge_dims += edges * int(stage.in_dim)
         aggs.append((edges, int(stage.in_dim)))
         if info.is_edge:
             inter += edges * int(stage.out_dim) * itemsize * 2
@@ -201,7 +203,7 @@ def data_cost(program: StageProgram, graph: Graph, rows: RowPlan, world: int,
     moved += _grad_sync(program, world)
     return RankCost(_mem(topology=topo, features=owned * feat_dim * itemsize,
                          params=param_bytes(program), intermediate=inter, replicas=replicas),
-                    bytes_moved=moved, edge_dims=edge_dims, aggregations=tuple(aggs), flops=flops,
+                    bytes_moved=moved, aggregations=tuple(aggs), flops=flops,
                     rounds=rounds + (BASE_ROUNDS if world > 1 else 0))
 
 
@@ -246,7 +248,7 @@ def tensor_cost(program: StageProgram, graph: Graph, rank: int, world: int, feat
     for P stages, the whole topology (in host memory when chunked)."""
     n, rows = graph.num_dst, even_counts(graph.num_dst, world)[rank]
     topo = _whole_topology(graph, itemsize, max(1, len(program.norms)))
-    inter = edge_dims = flops = moved = rounds = 0
+    inter = flops = moved = rounds = 0
     aggs: list[tuple[int, int]] = []
     on_rows = True
     for info, stage in zip(describe(program), program.stages):
@@ -257,7 +259,6 @@ def tensor_cost(program: StageProgram, graph: Graph, rank: int, world: int, feat
                 rounds += AGG_PASSES
             on_rows = False
             inter += n * cols * itemsize
-            edge_dims += graph.num_edges * cols
             aggs.append((graph.num_edges, cols))
             continue
         if not on_rows:  # gather back to rows
@@ -266,7 +267,6 @@ def tensor_cost(program: StageProgram, graph: Graph, rank: int, world: int, feat
         on_rows = True
         if info.is_edge:
             inter += graph.num_edges * int(stage.out_dim) * itemsize * 2
-            edge_dims += graph.num_edges * d_in // world
             aggs.append((graph.num_edges, max(1, d_in // world)))
             rounds += 2 * AGG_PASSES
             continue
@@ -275,7 +275,7 @@ def tensor_cost(program: StageProgram, graph: Graph, rank: int, world: int, feat
     moved += _grad_sync(program, world)
     return RankCost(_mem(topology=topo, features=rows * feat_dim * itemsize,
                          params=param_bytes(program), intermediate=inter),
-                    host_only=topo if chunks else 0, bytes_moved=moved, edge_dims=edge_dims,
+                    host_only=topo if chunks else 0, bytes_moved=moved,
                     aggregations=tuple(aggs), flops=flops,
                     rounds=rounds + BASE_ROUNDS + (chunks or 0))
 
@@ -293,14 +293,13 @@ def task_costs(program: StageProgram, graph: Graph, world: int, feat_dim: int,
         on_t = rank < split.num_t
         group = split.num_t if on_t else split.num_p
         rows = even_counts(n, split.num_t)[rank] if on_t else 0
-        inter = edge_dims = flops = moved = rounds = 0
+        inter = flops = moved = rounds = 0
         aggs: list[tuple[int, int]] = []
         for info, stage in zip(describe(program), program.stages):
             d_in = int(stage.in_dim)
             if info.is_propagate and not on_t:
                 cols = even_counts(d_in, group)[rank - split.num_t]
                 inter += n * cols * itemsize
-                edge_dims += graph.num_edges * cols
                 aggs.append((graph.num_edges, cols))
                 moved += AGG_PASSES * n * cols * itemsize
                 rounds += AGG_PASSES
@@ -308,7 +307,6 @@ def task_costs(program: StageProgram, graph: Graph, world: int, feat_dim: int,
                 inter += rows * int(stage.out_dim) * itemsize
                 flops += _gemm_flops(stage, rows)
                 if info.is_edge:
-                    edge_dims += graph.num_edges * d_in // group
                     aggs.append((graph.num_edges, max(1, d_in // group)))
             elif info.is_propagate:  # the T rank sends its rows and gets them back
                 moved += AGG_PASSES * rows * d_in * itemsize
@@ -317,7 +315,7 @@ def task_costs(program: StageProgram, graph: Graph, world: int, feat_dim: int,
         out.append(RankCost(_mem(topology=topo, features=rows * feat_dim * itemsize,
                                  params=param_bytes(program), intermediate=inter),
                             bytes_moved=moved + _grad_sync(program, world),
-                            edge_dims=edge_dims, aggregations=tuple(aggs), flops=flops,
+                            aggregations=tuple(aggs), flops=flops,
                             rounds=rounds + BASE_ROUNDS))
     return out
 
@@ -328,10 +326,7 @@ def graph_seconds(cost: RankCost, rates: PlanRates) -> float:
 
 
 def aggregation_seconds(cost: RankCost, rates: PlanRates) -> float:
-    """The forward pass's aggregations: each ``edges * max(edge_min, columns * edge)``
-    (``edge_dims * edge`` where the cost lists none)."""
-    if not cost.aggregations:
-        return cost.edge_dims * rates.edge
+    """The forward pass's aggregations: each ``edges * max(edge_min, columns * edge)``."""
     return sum(e * max(rates.edge_min, d * rates.edge) for e, d in cost.aggregations)
 
 
