@@ -11,7 +11,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fullgraph.models.stages import StageContext, Transform
-from fullgraph.ops.dropout import dropout_matmul, dropped_from
+from fullgraph.ops.dropout import (
+    dropout_matmul,
+    dropped_from,
+    mark_relu_output,
+    materialized,
+    matmul_t,
+)
 from fullgraph.ops.sparse import is_sparse, sparse_linear
 
 ACTIVATIONS = {
@@ -102,6 +108,10 @@ class _OwnRelu(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Tensor) -> Tensor:
         (out,) = ctx.saved_tensors
+        if grad.data_ptr() == out.data_ptr() and grad.shape == out.shape:
+            # its one reader wrote the ReLU input's gradient over the output already
+            # (``ops.dropout.mark_relu_output``)
+            return grad
         if _keep_graph is None or _keep_graph():
             return torch.ops.aten.threshold_backward(grad, out, 0)
         return torch.ops.aten.threshold_backward.grad_input(grad, out, 0, grad_input=out)
@@ -112,7 +122,9 @@ def own_relu(y: Tensor) -> Tensor:
     plain ``relu_`` where no gradient is needed."""
     if not (torch.is_grad_enabled() and y.requires_grad):
         return torch.relu_(y)
-    return _OwnRelu.apply(y)
+    out = _OwnRelu.apply(y)
+    mark_relu_output(out)
+    return out
 
 
 class Dense(Transform):
@@ -158,12 +170,23 @@ class Dense(Transform):
     def forward(self, x: Tensor, ctx: StageContext, layer_input: Tensor | None = None) -> Tensor:
         # dense rows: the bias and the root term are added inside the GEMMs (addmm),
         # not in passes of their own over the (R, out_dim) output
-        dropped = dropped_from(x) if self.lin is not None and _plain(x, self.lin) else None
+        product = self.lin is not None and _plain(x, self.lin)
+        if not product:  # a deferred dropout output is read by products alone
+            x = materialized(x)
+        dropped = dropped_from(x) if product else None
+        # on the CPU, ReLU follows the product a block of rows at a time, in the cache
+        relu = (self.act_name == "relu" and self.root is None and not self.residual
+                and x.device.type == "cpu")
         if dropped is not None:  # keeps x's undropped rows, not a copy (dropout_matmul)
             assert self.lin is not None
-            y = dropout_matmul(dropped, self.lin.weight, self.bias, x)
-        elif self.lin is not None and self.bias is not None and _plain(x, self.lin):
-            y = torch.addmm(self.bias, x, self.lin.weight.t())
+            y = dropout_matmul(dropped, self.lin.weight, self.bias,
+                               None if dropped.deferred else x, relu=relu)
+            if relu:
+                return y
+        elif self.lin is not None and _plain(x, self.lin):
+            y = matmul_t(x, self.lin.weight, self.bias, relu=relu)
+            if relu:
+                return y
         else:
             y = linear(self.lin, x) if self.lin is not None else x
             if self.bias is not None:
@@ -175,7 +198,7 @@ class Dense(Transform):
                 if dropped is not None and _plain(layer_input, self.root):
                     y = dropout_matmul(dropped, self.root.weight, y, layer_input)
                 elif _plain(layer_input, self.root):
-                    y = torch.addmm(y, layer_input, self.root.weight.t())
+                    y = matmul_t(layer_input, self.root.weight, y)
                 else:
                     y = y + linear(self.root, layer_input)
             if self.residual:
@@ -187,6 +210,12 @@ class Dense(Transform):
             # tensor instead of two, and its backward reuses it for the gradient
             return own_relu(y)
         return self.act(y)
+
+    @property
+    def takes_dropped(self) -> bool:
+        """Whether a deferred dropout output can be this stage's input (its weight
+        reads it through ``dropout_matmul``; see ``walk.Runner.transform_run``)."""
+        return self.lin is not None
 
     def extra_repr(self) -> str:
         parts = [f"index={self.index}", f"{self.in_dim}->{self.out_dim}"]

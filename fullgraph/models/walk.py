@@ -18,6 +18,7 @@ This module must not import ``fullgraph.comm`` or ``fullgraph.parallel``.
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import cast
 
@@ -35,6 +36,7 @@ from fullgraph.models.stages import (
     StageProgram,
     Transform,
 )
+from fullgraph.ops.dropout import deferred_output, mark_sole
 
 
 @dataclass(frozen=True)
@@ -148,6 +150,11 @@ class Runner:
     on the rows given, which is the single-device semantics when the rows are all
     vertices. Executors override the hooks they need."""
 
+    passes_rows_through = False
+    """Whether ``transform`` hands a stage the rows ``h`` as they are (no selection or
+    copy of its own): then a layer input that only the next stage's product reads need
+    not be made (``transform_run``, ``ops.dropout.deferred_output``)."""
+
     def transform(self, s: int, stage: Stage, h: Tensor, layer_input: Tensor | None) -> Tensor:
         """Run T stage ``s`` on rows ``h`` (``layer_input``: its layer's input rows)."""
         raise NotImplementedError
@@ -167,12 +174,24 @@ class Runner:
         reading its layer input from ``carry`` and a layer-opening stage adding its
         output there."""
         infos = describe(program)
+        carried = _last_readers(infos)
         for s in stages:
             src = infos[s].layer_input_from
-            h = self.transform(s, program.stages[s], h,
-                               None if src is None else carry.layer_inputs[src])
+            # a layer input read by the next stage alone, whose input the stage before
+            # made for it alone: a product's backward may reuse that input's storage
+            # (ops.dropout.Dropped.sole), and where the rows reach the next stage as
+            # they are, its product rebuilds the dropped rows itself (deferred_output)
+            sole = (infos[s].opens_layer and s - 1 in stages and s + 1 in stages
+                    and s not in carried)
+            defer = (sole and self.passes_rows_through
+                     and getattr(program.stages[s + 1], "takes_dropped", False))
+            with deferred_output() if defer else contextlib.nullcontext():
+                h = self.transform(s, program.stages[s], h,
+                                   None if src is None else carry.layer_inputs[src])
             if infos[s].opens_layer:
                 carry.layer_inputs[s] = h
+                if sole:
+                    mark_sole(h)
         return h
 
     def propagate_run(self, stages: list[int], program: StageProgram, h: Tensor,
@@ -274,6 +293,8 @@ def blocked_transform_run(runner: Runner, stages: list[int], program: StageProgr
 
 class _BlockRows(Runner):
     """Runs T stages on one block of rows with the block's own context."""
+
+    passes_rows_through = True
 
     def __init__(self, ctx: StageContext) -> None:
         self.ctx = ctx
@@ -377,6 +398,8 @@ class GraphRunner(Runner):
         norms: its fixed edge weights per normalisation name.
         ctx: the context of all rows (``gids = arange(N)``, ``eids = arange(E)``).
     """
+
+    passes_rows_through = True
 
     def __init__(self, graph: Graph, norms: dict[str, Tensor], ctx: StageContext) -> None:
         self.graph, self.norms, self.ctx = graph, norms, ctx

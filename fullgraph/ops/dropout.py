@@ -7,17 +7,25 @@ row's global key (vertex id, or edge id for attention) and c: a counter-based
 generator in the spirit of Philox, here the 32-bit finaliser of MurmurHash3 applied
 twice. The numba kernel and the torch fallback compute the same bits.
 
+The dense stages' products live here too (``dropout_matmul``, ``matmul_t``): a product
+that reads a dropout's output rebuilds the mask from the keys instead of keeping the
+dropped rows, and on the CPU it folds in the ReLU after it and the ReLU before the
+dropout (their backwards), block by block.
+
 Shapes: R rows, D columns.
 """
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from fullgraph.ops import kernels
+from fullgraph.ops import gemm, kernels
 
 _M32 = 0xFFFFFFFF
 
@@ -70,8 +78,15 @@ def keyed_dropout(x: Tensor, p: float, row_keys: Tensor, seed: int, training: bo
     if not 0.0 <= p < 1.0:
         raise ValueError(f"dropout probability must be in [0, 1), got {p}")
     flat = x.dim() == 1
-    x2 = x[:, None] if flat else x.reshape(x.shape[0], math.prod(x.shape[1:]))
     keys = row_keys.to(x.device).to(torch.int64)
+    if _DEFER[0] and x.dim() == 2 and x.device.type == "cpu":
+        # a placeholder of x's shape in one NaN entry: the next stage's product reads
+        # the record, never this (``deferred_output``)
+        out = x.detach().new_full((1, 1), math.nan).expand(x.shape[0], x.shape[1])
+        setattr(out, _DROPPED_ATTR, Dropped(x, keys, int(seed) & _M32, p, sole=True,
+                                            deferred=True))
+        return out
+    x2 = x[:, None] if flat else x.reshape(x.shape[0], math.prod(x.shape[1:]))
     out = _KeyedDropout.apply(x2, keys, int(seed) & _M32, p)
     if flat:
         return out[:, 0]
@@ -127,9 +142,63 @@ class Dropped:
     keys: Tensor
     seed: int
     p: float
+    sole: bool = False
+    """Set by the walker (``mark_sole``) when the dropout's output is read by nothing but
+    the next stage's product and ``x`` by nothing but the dropout: the product's
+    backward may then write ``x``'s gradient over ``x`` (``relu_output``)."""
+    deferred: bool = False
+    """The output is a placeholder, not the dropped rows (``deferred_output``): the
+    product rebuilds them a block at a time; anything else calls ``materialized``."""
+
+
+_DEFER = [False]
+
+
+@contextlib.contextmanager
+def deferred_output() -> Iterator[None]:
+    """Within: ``keyed_dropout`` of (R, D) rows makes no (R, D) output but a placeholder
+    of that shape (one NaN entry, broadcast) carrying the record. The walker uses it
+    for a layer input that only the next stage's product reads (``dropout_matmul``
+    rebuilds the dropped rows a block at a time, in the cache), which saves writing and
+    holding one (R, D) tensor in the forward pass."""
+    before, _DEFER[0] = _DEFER[0], True
+    try:
+        yield
+    finally:
+        _DEFER[0] = before
+
+
+def materialized(t: Tensor) -> Tensor:
+    """``t``, or the dropped rows themselves when ``t`` is a deferred placeholder."""
+    rec = dropped_from(t)
+    if rec is None or not rec.deferred:
+        return t
+    return keyed_dropout(rec.x, rec.p, rec.keys, rec.seed, True)
 
 
 _DROPPED_ATTR = "_fullgraph_dropped"
+
+_RELU_ATTR = "_fullgraph_relu_output"
+
+
+def mark_relu_output(t: Tensor) -> None:
+    """Mark ``t`` as a ReLU's output whose backward passes on a gradient that already
+    lives in ``t``'s own storage (``models.layers.own_relu``)."""
+    setattr(t, _RELU_ATTR, True)
+
+
+def relu_output(t: Tensor) -> bool:
+    """Whether ``t`` was marked by ``mark_relu_output``."""
+    return getattr(t, _RELU_ATTR, False)
+
+
+def mark_sole(t: Tensor) -> None:
+    """Record that the ``keyed_dropout`` output ``t`` is read only by the next stage's
+    product and its input only by the dropout (see ``Dropped.sole``); a no-op for other
+    tensors."""
+    rec = dropped_from(t)
+    if rec is not None and not rec.sole:
+        setattr(t, _DROPPED_ATTR, dataclasses.replace(rec, sole=True))
 
 
 def dropped_from(t: Tensor) -> Dropped | None:
@@ -138,7 +207,7 @@ def dropped_from(t: Tensor) -> Dropped | None:
 
 
 def dropout_matmul(src: Dropped, weight: Tensor, add: Tensor | None = None,
-                   dropped: Tensor | None = None) -> Tensor:
+                   dropped: Tensor | None = None, relu: bool = False) -> Tensor:
     """``add + keyed_dropout(src.x) @ weight.T`` without keeping the dropped rows.
 
     Equal to the unfused product (the same mask, recomputed from the keys); the
@@ -151,9 +220,17 @@ def dropout_matmul(src: Dropped, weight: Tensor, add: Tensor | None = None,
         add: None, a (D_out,) bias or an (R, D_out) addend.
         dropped: the dropout's output, when it is at hand: the forward multiplies it
             instead of rebuilding it (it is not kept for the backward either way).
+        relu: apply ReLU to the result, a block of rows at a time (``matmul_t``).
     """
-    return _DropoutMatmul.apply(src.x, weight, add, src.keys, src.seed, src.p,
-                                None if dropped is None else dropped.detach())
+    return _relu_marked(_DropoutMatmul.apply(src.x, weight, add, src.keys, src.seed, src.p,
+                                             None if dropped is None else dropped.detach(),
+                                             src.sole and relu_output(src.x), relu), relu)
+
+
+def _relu_marked(y: Tensor, relu: bool) -> Tensor:
+    if relu:
+        mark_relu_output(y)
+    return y
 
 
 ROW_BLOCK = 1 << 13
@@ -190,53 +267,207 @@ def _masked_pair(x: Tensor, g: Tensor, keys: Tensor, seed: int, p: float,
 
 
 class _DropoutMatmul(torch.autograd.Function):
+    """A dense stage's product: ``add + dropout(x) @ weight.T``, then ReLU if ``relu``.
+
+    ``keys`` None: no dropout (``matmul_t``). ``dropped``: the dropout's output where
+    one was made (else the rows are rebuilt a block at a time). ``over_x``: x is a ReLU
+    output nothing else reads (see ``backward``). The product runs in row blocks
+    (``_blocked_product``) when it has a ReLU, rebuilds dropped rows or is computed at
+    a padded width (``gemm.product_width``); otherwise it is one ``mm`` / ``addmm``."""
+
     @staticmethod
-    def forward(ctx, x: Tensor, weight: Tensor, add: Tensor | None, keys: Tensor, seed: int,
-                p: float, dropped: Tensor | None) -> Tensor:
+    def forward(ctx, x: Tensor, weight: Tensor, add: Tensor | None, keys: Tensor | None,
+                seed: int, p: float, dropped: Tensor | None, over_x: bool = False,
+                relu: bool = False) -> Tensor:
+        if relu and add is not None and add.dim() != 1:
+            raise ValueError("a product with ReLU takes a (D_out,) bias, not an addend")
         ctx.seed, ctx.p = seed, p
+        ctx.over_x, ctx.relu = over_x and not relu, relu
         ctx.add_shape = None if add is None else add.shape
-        ctx.save_for_backward(x, weight, keys)
-        if dropped is None:
-            dropped = _apply_mask(x, keys, seed, p)
+        cols = weight.shape[0]
+        ctx.wide = gemm.product_width(x.shape[0], x.shape[1], cols, x.dtype, x.device)
+        if ctx.wide != cols or relu or (dropped is None and keys is not None):
+            out = _blocked_product(x, weight, add, keys, seed, p, dropped, ctx.wide, relu)
+            ctx.save_for_backward(x, weight, keys, out if relu else None)
+            return out
+        ctx.save_for_backward(x, weight, keys, None)
+        if dropped is None:  # (no dropout here: with one, the blocked path above)
+            dropped = x
         if add is None:
             return torch.mm(dropped, weight.t())
         return torch.addmm(add, dropped, weight.t())
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        """Per block of ``ROW_BLOCK`` rows: the input gradient's rows (grad @ weight,
-        masked), the dropped input's rows (into one buffer reused by every block) and
-        their share of the weight's gradient. One hash pass serves both masks, and no
-        (R, D) tensor is allocated but the input gradient."""
-        x, weight, keys = ctx.saved_tensors
-        grad_x = grad_w = grad_add = None
+        """Per block of ``ROW_BLOCK`` rows: the ReLU's backward when the product has one,
+        the input gradient's rows (grad @ weight, masked), the dropped input's rows (into
+        one buffer reused by every block) and their share of the weight's gradient, all
+        while the block is in the cache. One hash pass serves both masks, and no (R, D)
+        tensor is allocated but the input gradient. At a padded width
+        (``gemm.product_width``) the weight's gradient is summed at that width, from the
+        gradient's rows copied into a zero-padded block. When ``x`` is a ReLU's output
+        that nothing else reads (``over_x``), that ReLU's backward is folded in and x's
+        gradient is written over x itself (``_backward_over_x``)."""
+        x, weight, keys, out = ctx.saved_tensors
+        if _can_fold(ctx, x, keys, grad):
+            return _backward_over_x(ctx, x, weight, keys, grad)
         rows_total, cols = x.shape
         block = _block_rows(cols, x.device)
         w = weight.to(grad.dtype)
-        if ctx.needs_input_grad[0]:
-            grad_x = torch.empty(rows_total, cols, dtype=grad.dtype, device=grad.device)
-        if ctx.needs_input_grad[1]:
-            grad_w = torch.zeros_like(weight)
-            buf = torch.empty(min(block, rows_total), cols, dtype=x.dtype, device=x.device)
-        for lo in range(0, rows_total if grad_x is not None or grad_w is not None else 0,
+        wide, real = ctx.wide, weight.shape[0]
+        need_x, need_w, need_add = ctx.needs_input_grad[:3]
+        grad_x = (torch.empty(rows_total, cols, dtype=grad.dtype, device=grad.device)
+                  if need_x else None)
+        grad_w = weight.new_zeros(wide, weight.shape[1]) if need_w else None
+        grad_add = None
+        if out is not None:  # ReLU: its backward into the output's own storage
+            passed = grad.data_ptr() == out.data_ptr() and grad.shape == out.shape
+            keep = _keep_graph is None or _keep_graph()
+            grad_add = grad.new_zeros(real) if need_add else None
+        elif need_add:
+            grad_add = _grad_add(ctx, grad)
+        buf = torch.empty(min(block, rows_total), cols, dtype=x.dtype, device=x.device)
+        g_wide = grad.new_zeros(min(block, rows_total), wide) if wide != real and need_w else None
+        for lo in range(0, rows_total if need_x or need_w or grad_add is not None else 0,
                         block):
             hi = min(lo + block, rows_total)
-            g, k = grad[lo:hi], keys[lo:hi]
+            g = grad[lo:hi]
+            if out is not None:
+                if not passed:  # (passed: a later product wrote it there, ``_can_fold``)
+                    g = (torch.ops.aten.threshold_backward(g, out[lo:hi], 0) if keep else
+                         torch.ops.aten.threshold_backward.grad_input(
+                             g, out[lo:hi], 0, grad_input=out[lo:hi]))
+                if grad_add is not None:
+                    grad_add += g.sum(0)
+            k = None if keys is None else keys[lo:hi]
             gx = None if grad_x is None else torch.mm(g, w, out=grad_x[lo:hi])
             if grad_w is None:
-                assert gx is not None
-                _apply_mask(gx, k, ctx.seed, ctx.p, inplace=True)
+                if gx is not None and k is not None:
+                    _apply_mask(gx, k, ctx.seed, ctx.p, inplace=True)
                 continue
-            rows = buf[:hi - lo]
-            if gx is None:
-                _apply_mask(x[lo:hi], k, ctx.seed, ctx.p, out=rows)
+            if k is None:
+                rows = x[lo:hi]
+            elif gx is None:
+                rows = _apply_mask(x[lo:hi], k, ctx.seed, ctx.p, out=buf[:hi - lo])
             else:
+                rows = buf[:hi - lo]
                 _masked_pair(x[lo:hi], gx, k, ctx.seed, ctx.p, rows)
+            if g_wide is not None:
+                g_wide[:hi - lo, :real] = g
+                g = g_wide[:hi - lo]
             grad_w.addmm_(g.t(), rows)
-        if ctx.needs_input_grad[2]:
-            assert ctx.add_shape is not None
-            grad_add = grad.sum(0) if len(ctx.add_shape) == 1 else grad
-        return grad_x, grad_w, grad_add, None, None, None, None
+        if grad_w is not None and wide != real:
+            grad_w = grad_w[:real].contiguous()
+        return grad_x, grad_w, grad_add, None, None, None, None, None, None
+
+
+def _grad_add(ctx, grad: Tensor) -> Tensor | None:
+    if not ctx.needs_input_grad[2]:
+        return None
+    assert ctx.add_shape is not None
+    return grad.sum(0) if len(ctx.add_shape) == 1 else grad
+
+
+def _can_fold(ctx, x: Tensor, keys: Tensor | None, grad: Tensor) -> bool:
+    """Whether ``_DropoutMatmul``'s backward may write x's gradient over x (see there)."""
+    return (ctx.over_x and keys is not None and ctx.needs_input_grad[0]
+            and ctx.needs_input_grad[1] and kernels.HAVE_NUMBA and x.device.type == "cpu"
+            and x.dtype in (torch.float32, torch.float64) and grad.dtype == x.dtype
+            and x.is_contiguous() and not (_keep_graph is None or _keep_graph()))
+
+
+def _backward_over_x(ctx, x: Tensor, weight: Tensor, keys: Tensor, grad: Tensor):
+    """``_DropoutMatmul.backward`` for an ``x`` that is a ReLU's output read by nothing
+    else: per block, the dropped rows (for the weight's gradient) and the ReLU input's
+    gradient, which overwrites the block of x (``kernels.keyed_dropout_pair``).
+    Returns x as its own gradient; the ReLU's backward passes it on as it is."""
+    rows_total, cols = x.shape
+    block = min(ROW_BLOCK, max(1, rows_total))
+    wide = ctx.wide
+    w = weight.to(grad.dtype)
+    grad_w = weight.new_zeros(wide, weight.shape[1])
+    rows = torch.empty(block, cols, dtype=x.dtype)
+    gx = torch.empty(block, cols, dtype=x.dtype)
+    g_wide = grad.new_zeros(block, wide) if wide != weight.shape[0] else None
+    scale = kernels.scalar_of(1.0 / (1.0 - ctx.p), x.dtype)
+    xs, ks = x.detach().numpy(), keys.contiguous().numpy()
+    for lo in range(0, rows_total, block):
+        hi = min(lo + block, rows_total)
+        g = grad[lo:hi]
+        torch.mm(g, w, out=gx[:hi - lo])
+        kernels.keyed_dropout_pair(xs[lo:hi], gx[:hi - lo].numpy(), ks[lo:hi], ctx.seed,
+                                   ctx.p, scale, rows[:hi - lo].numpy(), True)
+        if g_wide is not None:
+            g_wide[:hi - lo, :weight.shape[0]] = g
+            g = g_wide[:hi - lo]
+        grad_w.addmm_(g.t(), rows[:hi - lo])
+    if wide != weight.shape[0]:
+        grad_w = grad_w[:weight.shape[0]].contiguous()
+    return x, grad_w, _grad_add(ctx, grad), None, None, None, None, None, None
+
+
+_keep_graph = getattr(torch._C._autograd, "_get_current_graph_task_keep_graph", None)
+"""Whether the running backward pass keeps its graph (see ``models.layers``)."""
+
+
+def _blocked_product(x: Tensor, weight: Tensor, add: Tensor | None, keys: Tensor | None,
+                     seed: int, p: float, dropped: Tensor | None, wide: int,
+                     relu: bool) -> Tensor:
+    """``add + dropout(x) @ weight.T`` (then ReLU if ``relu``) ``ROW_BLOCK`` rows at a
+    time, with the weight padded by zero rows to ``wide``: each block's product goes
+    to a (block, wide) buffer that stays in the cache, and its real columns to the
+    (R, D_out) output; unpadded, straight to the output, where the ReLU then finds the
+    block still in the cache. Without ``dropped`` the block's dropped rows are rebuilt
+    into a second buffer, so no (R, D) dropout output is made."""
+    rows_total = x.shape[0]
+    cols = weight.shape[0]
+    w = gemm.pad_rows(weight, wide).t()
+    bias = gemm.pad_rows(add, wide) if add is not None and add.dim() == 1 else None
+    block = min(_block_rows(x.shape[1], x.device), max(1, rows_total))
+    out = torch.empty(rows_total, cols, dtype=x.dtype, device=x.device)
+    buf = torch.empty(block, wide, dtype=x.dtype, device=x.device) if wide != cols else None
+    rebuilt = (torch.empty(block, x.shape[1], dtype=x.dtype, device=x.device)
+               if dropped is None and keys is not None else None)
+    for lo in range(0, rows_total, block):
+        hi = min(lo + block, rows_total)
+        if dropped is not None:
+            src = dropped[lo:hi]
+        elif keys is None or rebuilt is None:
+            src = x[lo:hi]
+        else:
+            src = _apply_mask(x[lo:hi], keys[lo:hi], seed, p, out=rebuilt[:hi - lo])
+        prod = out[lo:hi] if buf is None else buf[:hi - lo]
+        if bias is not None:
+            torch.addmm(bias, src, w, out=prod)
+        else:
+            torch.mm(src, w, out=prod)
+        if buf is not None:
+            if add is not None and add.dim() == 2:
+                torch.add(prod[:, :cols], add[lo:hi], out=out[lo:hi])
+            else:
+                out[lo:hi] = prod[:, :cols]
+        elif add is not None and add.dim() == 2:
+            out[lo:hi] += add[lo:hi]
+        if relu:
+            out[lo:hi].relu_()
+    return out
+
+
+def matmul_t(x: Tensor, weight: Tensor, add: Tensor | None = None,
+             relu: bool = False) -> Tensor:
+    """``add + x @ weight.T`` for dense rows ``x`` (R, D) and ``weight`` (D_out, D) as
+    in ``nn.Linear``; ``add`` None, a (D_out,) bias or an (R, D_out) addend. At a width
+    the CPU's GEMM handles badly it runs padded (``gemm.product_width``); with ``relu``
+    (and a bias or no addend) ReLU follows each block of rows while it is in the cache,
+    and the ReLU's backward is folded into the product's; otherwise it is torch's
+    ``mm`` / ``addmm``."""
+    cols = weight.shape[0]
+    if relu or gemm.product_width(x.shape[0], x.shape[1], cols, x.dtype, x.device) != cols:
+        return _relu_marked(_DropoutMatmul.apply(x, weight, add, None, 0, 0.0, None, False,
+                                                 relu), relu)
+    if add is None:
+        return torch.mm(x, weight.t())
+    return torch.addmm(add, x, weight.t())
 
 
 class _KeyedDropout(torch.autograd.Function):

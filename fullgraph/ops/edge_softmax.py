@@ -169,7 +169,7 @@ class _AttentionSoftmax(torch.autograd.Function):
             graph.indptr.numpy(), graph.indices.numpy(), s_src.numpy(), s_dst.numpy(),
             ctx.slope, alpha.numpy(), grad_out.contiguous().numpy(), d_pre.numpy(),
             grad_dst.numpy())
-        grad_src = torch.zeros_like(s_src)
+        grad_src = torch.empty_like(s_src)
         t = graph.transpose()
         # per source, the sum of d_pre over its out-edges: an unweighted SpMM over the
         # transposed CSR whose "source rows" are the edges, named by the permutation

@@ -1,7 +1,9 @@
 """CPU kernels compiled with numba, used when numba is installed.
 
 Each kernel works on plain numpy arrays (views of torch CPU tensors) and writes into
-an output array that the caller allocates, so torch owns every buffer. Rows are
+an output array that the caller allocates, so torch owns every buffer. The SpMM
+kernels overwrite every row of theirs (a row is zeroed while it is in the cache, so
+the caller allocates it with ``torch.empty``, not in a zero-filling pass of its own). Rows are
 processed in parallel (``prange``); a row's in-edges are summed in CSR order, so the
 result of a row does not depend on the thread count or on which rows share a call.
 The kernels over a CSR split its rows into blocks of about equal edge counts
@@ -140,6 +142,8 @@ if HAVE_NUMBA:
         blocks = _row_blocks(indptr)
         for blk in prange(blocks.shape[0] - 1):
             for i in range(blocks[blk], blocks[blk + 1]):
+                for c in range(x.shape[1]):
+                    out[i, c] = 0.0
                 for k in range(indptr[i], indptr[i + 1]):
                     _prefetch_row(x, indices, k)
                     j = indices[k]
@@ -158,6 +162,8 @@ if HAVE_NUMBA:
         blocks = _row_blocks(indptr)
         for blk in prange(blocks.shape[0] - 1):
             for i in range(blocks[blk], blocks[blk + 1]):
+                for c in range(d):
+                    out[i, c] = 0.0
                 for k in range(indptr[i], indptr[i + 1]):
                     _prefetch_row(x, indices, k)
                     j = indices[k]
@@ -173,6 +179,8 @@ if HAVE_NUMBA:
         for blk in prange(blocks.shape[0] - 1):
             for i in range(blocks[blk], blocks[blk + 1]):
                 start, stop = indptr[i], indptr[i + 1]
+                for c in range(d):
+                    out[i, c] = 0.0
                 for e in range(start, stop):
                     _prefetch_row(x, indices, e)
                     j = indices[e]
@@ -225,22 +233,27 @@ if HAVE_NUMBA:
                 out[r, c] = x[r, c] * scale if np.int64(h) >= keep_from else 0.0
 
     @njit(parallel=True, cache=True, nogil=True)
-    def keyed_dropout_pair(x, g, row_keys, seed, p, scale, out):  # pragma: no cover - numba
+    def keyed_dropout_pair(x, g, row_keys, seed, p, scale, out,
+                           over_x=False):  # pragma: no cover - numba
         """``keyed_dropout`` of two arrays of one shape with one mask, hashed once:
         out = dropout(x), and g = dropout(g) in place (a product's backward needs the
-        dropped input for the weight's gradient and the masked input gradient)."""
+        dropped input for the weight's gradient and the masked input gradient). With
+        ``over_x``, x is a ReLU's output and the gradient of the ReLU's input,
+        dropout(g) where x > 0 and 0 elsewhere, is written over x instead (``g`` is
+        left as it was): the ReLU's backward folded into the dropout's."""
         num_cols = x.shape[1]
         keep_from = _keep_threshold(p)
         for r in prange(row_keys.shape[0]):
             k = _row_hash(row_keys[r], seed)
             for c in range(num_cols):
                 h = _mix32_u32(np.uint32(k + np.uint32(np.uint32(c) * _GOLDEN)))
-                if np.int64(h) >= keep_from:
-                    out[r, c] = x[r, c] * scale
-                    g[r, c] = g[r, c] * scale
+                v = x[r, c]
+                keep = np.int64(h) >= keep_from
+                out[r, c] = v * scale if keep else 0.0
+                if over_x:
+                    x[r, c] = g[r, c] * scale if keep and v > 0 else 0.0
                 else:
-                    out[r, c] = 0.0
-                    g[r, c] = 0.0
+                    g[r, c] = g[r, c] * scale if keep else 0.0
 
     @njit(parallel=True, cache=True, nogil=True)
     def keyed_dropout_csr(indptr, indices, values, row_keys, seed, p, scale,
@@ -361,3 +374,41 @@ if HAVE_NUMBA:
         h = (h * 0xC2B2AE35) & m32
         h ^= h >> 16
         return h
+
+    @njit(parallel=True, cache=True, nogil=True)
+    def masked_cross_entropy(logits, labels, mask, grad, partial):  # pragma: no cover
+        """The cross-entropy of the rows where ``mask`` is set, summed, and its gradient,
+        in one pass over the logits: grad[r] = softmax(logits[r]) - onehot(labels[r])
+        for those rows and 0 elsewhere. Row block b's share of the sum goes to
+        partial[b] (float64; ``partial`` has ``ROW_BLOCKS`` entries). Returns how many
+        masked rows have a label outside [0, C) (their terms are left out)."""
+        n, classes = logits.shape
+        count = partial.shape[0]
+        step = (n + count - 1) // count
+        bad = 0
+        for b in prange(count):
+            total = 0.0
+            for r in range(b * step, min(n, (b + 1) * step)):
+                lab = labels[r]
+                if not mask[r] or lab < 0 or lab >= classes:
+                    if mask[r]:
+                        bad += 1
+                    for c in range(classes):
+                        grad[r, c] = 0.0
+                    continue
+                peak = logits[r, 0]
+                for c in range(1, classes):
+                    if logits[r, c] > peak:
+                        peak = logits[r, c]
+                s = 0.0
+                for c in range(classes):
+                    v = np.exp(logits[r, c] - peak)
+                    grad[r, c] = v
+                    s += v
+                inv = 1.0 / s
+                for c in range(classes):
+                    grad[r, c] = grad[r, c] * inv
+                grad[r, lab] -= 1.0
+                total += np.log(s) + peak - logits[r, lab]
+            partial[b] = total
+        return bad

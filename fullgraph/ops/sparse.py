@@ -74,7 +74,7 @@ def _csr_matmul(x: Tensor, dense: Tensor) -> Tensor:
     """x (R, K) CSR @ dense (K, H)."""
     dense = dense.contiguous()
     if kernels.HAVE_NUMBA and dense.device.type == "cpu":
-        out = torch.zeros(x.shape[0], dense.shape[1], dtype=dense.dtype)
+        out = torch.empty(x.shape[0], dense.shape[1], dtype=dense.dtype)
         kernels.spmm_scalar(x.crow_indices().numpy(), x.col_indices().numpy(),
                             x.values().to(dense.dtype).contiguous().numpy(), dense.numpy(),
                             out.numpy())

@@ -170,7 +170,7 @@ def edge_dot(graph: Graph, a: Tensor, b: Tensor, heads: int = 1) -> Tensor:
 
 
 def _aggregate_numba(graph: Graph, x: Tensor, weight: Tensor | None, reduce: str) -> Tensor:
-    out = torch.zeros(graph.num_dst, x.shape[1], dtype=x.dtype)
+    out = torch.empty(graph.num_dst, x.shape[1], dtype=x.dtype)  # the kernels write every row
     indptr, indices, xs = graph.indptr.numpy(), graph.indices.numpy(), x.detach().numpy()
     if weight is None:
         kernels.spmm_unweighted(indptr, indices, xs, out.numpy(), reduce == "mean")
@@ -186,7 +186,7 @@ def _aggregate_numba(graph: Graph, x: Tensor, weight: Tensor | None, reduce: str
 def _transposed_numba(t: Transposed, g: Tensor, weight: Tensor) -> Tensor:
     """The weighted SpMM over the transposed CSR ``t``, reading the forward's edge
     weights through ``t.perm`` in place (no (E, H) gather per backward pass)."""
-    out = torch.zeros(t.graph.num_dst, g.shape[1], dtype=g.dtype)
+    out = torch.empty(t.graph.num_dst, g.shape[1], dtype=g.dtype)
     w = weight.detach().to(g.dtype).contiguous().numpy()
     args = (t.graph.indptr.numpy(), t.graph.indices.numpy(), w, g.numpy(), out.numpy(),
             t.perm.numpy())

@@ -20,13 +20,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from fullgraph.graph.data import Dataset, VertexData
 from fullgraph.memory import SavedBytes
 from fullgraph.models.stages import StageProgram
 from fullgraph.models.walk import describe, reads_sparse
+from fullgraph.ops.loss import masked_cross_entropy
 from fullgraph.ops.sparse import convert, is_sparse, take_rows
 from fullgraph.partition.options import PartitionOptions
 
@@ -160,8 +160,7 @@ class Strategy(ABC, Generic[PlanT]):
 
     def loss(self, result: LocalResult, plan: PlanT) -> Tensor:
         """Cross-entropy summed over local training rows / global training count."""
-        mask = plan.masks["train"]
-        total = F.cross_entropy(result.logits[mask], plan.labels[mask], reduction="sum")
+        total = masked_cross_entropy(result.logits, plan.labels, plan.masks["train"])
         return total / plan.num_train_global
 
     def work(self, model: StageProgram, plan: PlanT) -> Work:
@@ -197,6 +196,7 @@ class Strategy(ABC, Generic[PlanT]):
         with SavedBytes(model.parameters()) as saved:
             result = self.forward(model, plan, training=True, seed=seed)
             loss = self.loss(result, plan)
+            del result  # the logits: (R, C) that the backward does not read
         t1 = time.perf_counter()
         for hook in self.step_hooks:
             loss = hook.on_loss(loss)

@@ -161,6 +161,8 @@ class PlacementRunner(Runner):
     a gather or a split only when the next stage needs the other placement. A run of
     P stages entered from rows is one pipelined segment when chunks are pipelined."""
 
+    passes_rows_through = True
+
     def __init__(self, plan: ColumnPlan, seed: int, training: bool) -> None:
         self.plan, self.on_rows = plan, True
         self.ctx = StageContext(plan.gids, seed, training,

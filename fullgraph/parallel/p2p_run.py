@@ -137,6 +137,8 @@ class _BinRunner(Runner):
     """Stage hooks over one bin: its rows, its CSR (sources local then pushed) and
     the edge weights of its edges."""
 
+    passes_rows_through = True
+
     def __init__(self, blk: BinBlock, weights: list[Tensor | None], seed: int,
                  training: bool) -> None:
         self.blk, self.weights = blk, weights

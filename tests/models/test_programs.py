@@ -453,3 +453,50 @@ def test_the_walk_lets_go_of_what_no_later_stage_reads(name):
     assert carry.layer_inputs == {} and carry.edge_weights == {}
     assert max(seen) <= 2  # never more than one layer's values at once
     assert sum(i.opens_layer for i in describe(m)) == 3
+
+
+@pytest.mark.parametrize("name, folds", [("gcn", 1), ("sage", 0), ("gin", 0)])
+def test_the_walk_lets_a_product_write_over_a_relu_output_only_it_reads(name, folds,
+                                                                         monkeypatch):
+    """GCN's last layer (its width shrinks: the product comes before the propagation):
+    the dropout's output is read by the next product alone and
+    its input by the dropout alone, so the walker marks it (``mark_sole``) and the
+    product's backward writes the ReLU input's gradient over the ReLU's output; the
+    dropped rows are never made either (the product rebuilds them, a block at a time).
+    The gradients are the same bits as the walk's without either. GraphSAGE's root weight reads its
+    layer input too: no mark there."""
+    if TEST_DEVICE.type != "cpu":
+        pytest.skip("the fold is a CPU path")
+    from fullgraph.models import walk as walk_mod
+    from fullgraph.ops import dropout as kd
+    from fullgraph.ops import kernels
+
+    if not kernels.HAVE_NUMBA:
+        pytest.skip("the fold is numba's kernel")
+    graph, x = random_graph(), features(dtype=torch.float64)
+    torch.manual_seed(0)
+    m = build_model(name, IN_DIM, HIDDEN, OUT_DIM, num_layers=3, dropout=0.5)
+    pg, norms = propagation_inputs(m, graph, dtype=torch.float64)
+    m = m.double()
+    up = torch.randn(N, OUT_DIM, dtype=torch.float64)
+
+    def grads():
+        out = m(pg, norms, x, full_ctx(pg, 3, True))
+        return torch.autograd.grad((out * up).sum(), list(m.parameters()))
+
+    seen, made = [], []
+    real, real_apply = kd._backward_over_x, kd._KeyedDropout.apply
+    monkeypatch.setattr(kd, "_backward_over_x",
+                        lambda ctx, x_, *a: seen.append(1) or real(ctx, x_, *a))
+    monkeypatch.setattr(kd._KeyedDropout, "apply",
+                        lambda *a: made.append(1) or real_apply(*a))
+    folded = grads()
+    assert len(seen) == folds
+    assert len(made) == 3 - folds  # that layer's dropped input was never made
+    monkeypatch.setattr(walk_mod, "mark_sole", lambda t: None)
+    monkeypatch.setattr(walk_mod.GraphRunner, "passes_rows_through", False)
+    seen.clear()
+    made.clear()
+    for a, b in zip(grads(), folded):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert not seen and len(made) == 3

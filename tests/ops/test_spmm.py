@@ -160,6 +160,31 @@ def test_numba_kernels_split_rows_by_edges_and_cover_every_row():
     kernels.set_threads(torch.get_num_threads())
 
 
+@cpu_only("numba's kernels")
+@pytest.mark.skipif(not kernels.HAVE_NUMBA, reason="numba kernels")
+def test_numba_spmm_kernels_overwrite_their_output():
+    """The callers allocate the output with ``torch.empty``: every row is written,
+    rows without in-edges too, whatever the memory held before."""
+    indptr = torch.tensor([0, 2, 2, 5, 5])  # rows 1 and 3 have no in-edges
+    indices = torch.tensor([0, 3, 1, 2, 3], dtype=torch.int32)
+    x = torch.randn(4, 6, dtype=torch.float64)
+    w = torch.rand(5, dtype=torch.float64)
+    dense = torch.zeros(4, 4, dtype=torch.float64)
+    dense[torch.repeat_interleave(torch.arange(4), indptr.diff()), indices.long()] = w
+    args = (indptr.numpy(), indices.numpy())
+    cases = {
+        "scalar": (lambda out: kernels.spmm_scalar(*args, w.numpy(), x.numpy(), out), dense @ x),
+        "weighted": (lambda out: kernels.spmm_weighted(*args, w[:, None].numpy(), x.numpy(),
+                                                       out), dense @ x),
+        "unweighted": (lambda out: kernels.spmm_unweighted(*args, x.numpy(), out, False),
+                       (dense != 0).double() @ x),
+    }
+    for name, (run, expected) in cases.items():
+        out = torch.full((4, 6), float("nan"), dtype=torch.float64)
+        run(out.numpy())
+        torch.testing.assert_close(out, expected, msg=name)
+
+
 def test_edge_dot_of_an_empty_column_slice_is_zero():
     """A worker's column slice may be empty: the SDDMM then gives zeros, not an error."""
     g = random_block(6, 5, 14, seed=2)

@@ -1,0 +1,90 @@
+"""The training loss over the rows of a mask, with its gradient in one pass.
+
+``F.cross_entropy(logits[mask], labels[mask])`` gathers the masked rows, takes their
+log-softmax, and in the backward scatters the gradient back into a zero (R, C) tensor
+with an accumulating ``index_put_``. On R-MAT 1M vertices, 47 classes and a 60 %
+training mask, that came to about 0.12 s of a 2.2 s GCN epoch (2 threads), the
+scatter alone 0.076 s. ``masked_cross_entropy`` reads the logits once and writes the
+gradient of every row once (numba, CPU); elsewhere it is the gather and an
+``index_copy_`` (no accumulation, the rows are distinct).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from fullgraph.ops import kernels
+
+_keep_graph = getattr(torch._C._autograd, "_get_current_graph_task_keep_graph", None)
+
+
+def masked_cross_entropy(logits: Tensor, labels: Tensor, mask: Tensor) -> Tensor:
+    """The cross-entropy of ``logits`` (R, C) against ``labels`` (R,), summed over the
+    rows where the boolean ``mask`` (R,) is set (0 when none is).
+
+    Equal to ``F.cross_entropy(logits[mask], labels[mask], reduction="sum")`` to float
+    tolerance (the sum is kept in float64); a masked label outside [0, C) raises
+    ``ValueError`` naming it.
+    """
+    if logits.dim() != 2 or labels.shape != logits.shape[:1] or mask.shape != labels.shape:
+        raise ValueError(f"masked_cross_entropy takes (R, C) logits, (R,) labels and (R,) mask; "
+                         f"got {tuple(logits.shape)}, {tuple(labels.shape)}, "
+                         f"{tuple(mask.shape)}")
+    if mask.dtype != torch.bool:
+        raise ValueError(f"masked_cross_entropy's mask must be boolean, got {mask.dtype}")
+    return _MaskedCrossEntropy.apply(logits, labels, mask)
+
+
+def _fused(logits: Tensor) -> bool:
+    return (kernels.HAVE_NUMBA and logits.device.type == "cpu"
+            and logits.dtype in (torch.float32, torch.float64) and logits.shape[1] > 0)
+
+
+def _bad_label(labels: Tensor, mask: Tensor, classes: int) -> ValueError:
+    picked = labels[mask]
+    wrong = picked[(picked < 0) | (picked >= classes)]
+    return ValueError(f"a training label is outside [0, {classes}): {int(wrong[0])} "
+                      f"({wrong.numel()} such rows)")
+
+
+class _MaskedCrossEntropy(torch.autograd.Function):
+    """The forward computes the gradient too (it has the softmax at hand); the
+    backward only scales it, in place unless the graph is kept for another pass."""
+
+    @staticmethod
+    def forward(ctx, logits: Tensor, labels: Tensor, mask: Tensor) -> Tensor:
+        classes = logits.shape[1]
+        if _fused(logits):
+            x = logits.detach().contiguous()
+            grad = torch.empty_like(x)
+            partial = torch.zeros(kernels.ROW_BLOCKS, dtype=torch.float64)
+            bad = kernels.masked_cross_entropy(x.numpy(), labels.contiguous().numpy(),
+                                               mask.contiguous().numpy(), grad.numpy(),
+                                               partial.numpy())
+            if bad:
+                raise _bad_label(labels, mask, classes)
+            ctx.save_for_backward(grad)
+            return partial.sum().to(logits.dtype)
+        index = mask.nonzero().squeeze(1)
+        picked = labels.index_select(0, index)
+        if picked.numel() and (int(picked.min()) < 0 or int(picked.max()) >= classes):
+            raise _bad_label(labels, mask, classes)
+        rows = logits.detach().index_select(0, index)
+        if rows.dtype in (torch.float16, torch.bfloat16):
+            rows = rows.float()
+        log_p = F.log_softmax(rows, dim=1)
+        total = -log_p.gather(1, picked[:, None]).sum()
+        rows_grad = log_p.exp_()
+        rows_grad[torch.arange(len(index), device=index.device), picked] -= 1.0
+        grad = torch.zeros_like(logits)
+        grad.index_copy_(0, index, rows_grad.to(logits.dtype))
+        ctx.save_for_backward(grad)
+        return total.to(logits.dtype)
+
+    @staticmethod
+    def backward(ctx, grad_out: Tensor):
+        (grad,) = ctx.saved_tensors
+        if _keep_graph is None or _keep_graph():
+            return grad * grad_out, None, None
+        return grad.mul_(grad_out), None, None
