@@ -7,8 +7,11 @@ an odd width falls off the library's fast kernels. The weight-gradient product
 padded by zero rows to a multiple of ``PAD_TO`` (and copying the real columns out of
 a block small enough to stay in the cache) gains 30 % there, about 8 % at 41 or 121
 columns, and loses about as much at some even widths (100 or 172 columns from 64).
-Another library or CPU may behave otherwise, so the choice is measured once per
-shape and thread count on this machine, not assumed (``product_width``).
+Another library or CPU may behave otherwise, so the choice is measured, not assumed:
+once per shape on a machine, and remembered beside the SpMM backend's choice in the
+user cache directory (``gemm-width.json``, keyed as ``ops.select.machine_key``), so
+that later runs, a resumed one too, compute the same products the same way
+(``product_width``).
 
 ``FULLGRAPH_GEMM_PAD=off`` (never pad) or ``=on`` (always pad an eligible width)
 overrides the measurement.
@@ -36,6 +39,8 @@ SAMPLE_ROWS = 1 << 14
 GAIN = 0.9
 """Pad only where the padded product took at most this fraction of the plain one."""
 
+CACHE_FILE = "gemm-width.json"
+
 _choices: dict[tuple[int, int, torch.dtype, int], int] = {}
 
 
@@ -43,8 +48,8 @@ def product_width(rows: int, k: int, cols: int, dtype: torch.dtype,
                   device: torch.device) -> int:
     """The width at which to compute a (rows, k) x (k, cols) product: ``cols``, or
     ``cols`` rounded up to a multiple of ``PAD_TO`` where that measured at least
-    ``1 / GAIN`` times faster on this machine (CPU only; measured once per k, cols,
-    dtype and thread count in a process, on ``SAMPLE_ROWS`` random rows)."""
+    ``1 / GAIN`` times faster on this machine (CPU only; measured on ``SAMPLE_ROWS``
+    random rows once per k, cols, dtype and machine key, then remembered)."""
     mode = os.environ.get("FULLGRAPH_GEMM_PAD", "auto")
     if mode not in ("auto", "on", "off"):
         raise ValueError(f"FULLGRAPH_GEMM_PAD must be auto, on or off, got {mode!r}")
@@ -56,7 +61,17 @@ def product_width(rows: int, k: int, cols: int, dtype: torch.dtype,
         return wide
     key = (k, cols, dtype, torch.get_num_threads())
     if key not in _choices:
-        _choices[key] = wide if _padded_faster(k, cols, wide, dtype) else cols
+        from fullgraph.ops import select
+
+        stored_key = f"{select.machine_key()} | {k} -> {cols} | {dtype}"
+        stored = select.remembered(CACHE_FILE, stored_key)
+        if stored is not None and isinstance(stored.get("padded"), bool):
+            padded = stored["padded"]
+        else:
+            padded = _padded_faster(k, cols, wide, dtype)
+            select.remember(CACHE_FILE, stored_key,
+                            {"padded": padded, "date": time.strftime("%Y-%m-%d")})
+        _choices[key] = wide if padded else cols
     return _choices[key]
 
 

@@ -99,14 +99,26 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def cache_path() -> Path:
+def cache_path(name: str = CACHE_FILE) -> Path:
     """Where choices are remembered (``FULLGRAPH_CACHE_DIR`` or the user cache dir)."""
     root = os.environ.get("FULLGRAPH_CACHE_DIR")
     if not root:
         import platformdirs
 
         root = platformdirs.user_cache_dir("fullgraph")
-    return Path(root) / CACHE_FILE
+    return Path(root) / name
+
+
+def remembered(name: str, key: str) -> dict | None:
+    """The entry stored under ``key`` in the cache file ``name``, if any."""
+    entry = _read(cache_path(name)).get(key)
+    return entry if isinstance(entry, dict) else None
+
+
+def remember(name: str, key: str, entry: dict) -> bool:
+    """Store ``entry`` under ``key`` in the cache file ``name``; False if it cannot be
+    written (the choice then holds for this process only)."""
+    return _write(cache_path(name), key, entry)
 
 
 def sample_graph(seed: int = 0) -> tuple[Graph, Tensor]:

@@ -154,8 +154,9 @@ def test_the_fold_needs_a_relu_output():
     torch.testing.assert_close(h, x.detach() * 2.0)  # h was not written over
 
 
-def test_product_width_follows_the_setting_and_the_measurement(monkeypatch):
+def test_product_width_follows_the_setting_and_the_measurement(monkeypatch, tmp_path):
     cpu = torch.device("cpu")
+    monkeypatch.setenv("FULLGRAPH_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(gemm, "_choices", {})
     calls = []
 
@@ -170,6 +171,10 @@ def test_product_width_follows_the_setting_and_the_measurement(monkeypatch):
     assert gemm.product_width(big * 4, 256, 47, torch.float32, cpu) == 48  # cached
     assert gemm.product_width(big, 256, 41, torch.float32, cpu) == 41  # measured slower
     assert calls == [(256, 47, 48), (256, 41, 48)]
+    monkeypatch.setattr(gemm, "_choices", {})  # a new process: the choices come from disk
+    assert gemm.product_width(big, 256, 47, torch.float32, cpu) == 48
+    assert gemm.product_width(big, 256, 41, torch.float32, cpu) == 41
+    assert len(calls) == 2 and (tmp_path / gemm.CACHE_FILE).is_file()
     assert gemm.product_width(big - 1, 256, 47, torch.float32, cpu) == 47  # small
     assert gemm.product_width(big, 256, 48, torch.float32, cpu) == 48  # a multiple of 8
     assert gemm.product_width(big, 256, 7, torch.float32, cpu) == 7  # narrow
