@@ -14,6 +14,7 @@ from fullgraph.models.stages import StageContext, Transform
 from fullgraph.ops.dropout import (
     dropout_matmul,
     dropped_from,
+    graph_kept,
     mark_relu_output,
     materialized,
     matmul_t,
@@ -84,10 +85,6 @@ def _plain(x: Tensor, lin: nn.Linear) -> bool:
     return not is_sparse(x) and lin.bias is None and x.dtype == lin.weight.dtype
 
 
-_keep_graph = getattr(torch._C._autograd, "_get_current_graph_task_keep_graph", None)
-"""Whether the running backward pass keeps its graph (``retain_graph=True``); torch's
-own compiled autograd asks the same before freeing what a backward saved."""
-
 
 class _OwnRelu(torch.autograd.Function):
     """ReLU in place on a fresh tensor no other backward reads; its backward writes
@@ -112,7 +109,7 @@ class _OwnRelu(torch.autograd.Function):
             # its one reader wrote the ReLU input's gradient over the output already
             # (``ops.dropout.mark_relu_output``)
             return grad
-        if _keep_graph is None or _keep_graph():
+        if graph_kept():
             return torch.ops.aten.threshold_backward(grad, out, 0)
         return torch.ops.aten.threshold_backward.grad_input(grad, out, 0, grad_input=out)
 

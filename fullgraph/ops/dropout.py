@@ -322,7 +322,7 @@ class _DropoutMatmul(torch.autograd.Function):
         grad_add = None
         if out is not None:  # ReLU: its backward into the output's own storage
             passed = grad.data_ptr() == out.data_ptr() and grad.shape == out.shape
-            keep = _keep_graph is None or _keep_graph()
+            keep = graph_kept()
             grad_add = grad.new_zeros(real) if need_add else None
         elif need_add:
             grad_add = _grad_add(ctx, grad)
@@ -373,7 +373,7 @@ def _can_fold(ctx, x: Tensor, keys: Tensor | None, grad: Tensor) -> bool:
     return (ctx.over_x and keys is not None and ctx.needs_input_grad[0]
             and ctx.needs_input_grad[1] and kernels.HAVE_NUMBA and x.device.type == "cpu"
             and x.dtype in (torch.float32, torch.float64) and grad.dtype == x.dtype
-            and x.is_contiguous() and not (_keep_graph is None or _keep_graph()))
+            and x.is_contiguous() and not graph_kept())
 
 
 def _backward_over_x(ctx, x: Tensor, weight: Tensor, keys: Tensor, grad: Tensor):
@@ -406,8 +406,14 @@ def _backward_over_x(ctx, x: Tensor, weight: Tensor, keys: Tensor, grad: Tensor)
     return x, grad_w, _grad_add(ctx, grad), None, None, None, None, None, None
 
 
-_keep_graph = getattr(torch._C._autograd, "_get_current_graph_task_keep_graph", None)
-"""Whether the running backward pass keeps its graph (see ``models.layers``)."""
+_KEEP_GRAPH = getattr(torch._C._autograd, "_get_current_graph_task_keep_graph", None)
+
+
+def graph_kept() -> bool:
+    """Whether the running backward pass keeps its graph (``retain_graph=True``, to run
+    again), so that what it saved must stay as it is; torch's own compiled autograd
+    asks the same before freeing what a backward saved. True where torch cannot say."""
+    return _KEEP_GRAPH is None or bool(_KEEP_GRAPH())
 
 
 def _blocked_product(x: Tensor, weight: Tensor, add: Tensor | None, keys: Tensor | None,

@@ -15,8 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fullgraph.ops import kernels
-
-_keep_graph = getattr(torch._C._autograd, "_get_current_graph_task_keep_graph", None)
+from fullgraph.ops.dropout import graph_kept
 
 
 def masked_cross_entropy(logits: Tensor, labels: Tensor, mask: Tensor) -> Tensor:
@@ -85,6 +84,6 @@ class _MaskedCrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out: Tensor):
         (grad,) = ctx.saved_tensors
-        if _keep_graph is None or _keep_graph():
+        if graph_kept():
             return grad * grad_out, None, None
         return grad.mul_(grad_out), None, None
