@@ -253,15 +253,18 @@ def _block_rows(cols: int, device: torch.device) -> int:
 
 
 def _masked_pair(x: Tensor, g: Tensor, keys: Tensor, seed: int, p: float,
-                 out: Tensor) -> None:
-    """out = keyed dropout of ``x`` and ``g`` masked in place, with one mask."""
+                 out: Tensor, over_x: bool = False) -> None:
+    """out = keyed dropout of ``x`` and ``g`` masked in place, with one mask; with
+    ``over_x`` (numba only, see ``_can_fold``) the ReLU input's gradient is written over
+    the ReLU output ``x`` instead of into ``g``."""
     if kernels.HAVE_NUMBA and x.device.type == "cpu" and x.dtype in (
             torch.float32, torch.float64) and g.dtype == x.dtype and g.is_contiguous():
         kernels.keyed_dropout_pair(x.detach().contiguous().numpy(), g.numpy(),
                                    keys.contiguous().numpy(), seed, p,
                                    kernels.scalar_of(1.0 / (1.0 - p), x.dtype),
-                                   out.numpy())
+                                   out.numpy(), over_x)
         return
+    assert not over_x, "the ReLU fold is numba's kernel"
     out.copy_(_apply_mask(x, keys, seed, p))
     _apply_mask(g, keys, seed, p, inplace=True)
 
@@ -307,17 +310,21 @@ class _DropoutMatmul(torch.autograd.Function):
         (``gemm.product_width``) the weight's gradient is summed at that width, from the
         gradient's rows copied into a zero-padded block. When ``x`` is a ReLU's output
         that nothing else reads (``over_x``), that ReLU's backward is folded in and x's
-        gradient is written over x itself (``_backward_over_x``)."""
+        gradient is written over x itself, a block at a time after the block has served
+        the weight's gradient (``kernels.keyed_dropout_pair``); x is then returned as its
+        own gradient, which the ReLU's backward passes on as it is."""
         x, weight, keys, out = ctx.saved_tensors
-        if _can_fold(ctx, x, keys, grad):
-            return _backward_over_x(ctx, x, weight, keys, grad)
         rows_total, cols = x.shape
         block = _block_rows(cols, x.device)
         w = weight.to(grad.dtype)
         wide, real = ctx.wide, weight.shape[0]
         need_x, need_w, need_add = ctx.needs_input_grad[:3]
-        grad_x = (torch.empty(rows_total, cols, dtype=grad.dtype, device=grad.device)
-                  if need_x else None)
+        # folded: x's gradient goes over x itself, through a block-sized buffer
+        fold = _can_fold(ctx, x, keys, grad)
+        gx_block = torch.empty(min(block, rows_total), cols, dtype=x.dtype) if fold else None
+        grad_x = x if fold else (
+            torch.empty(rows_total, cols, dtype=grad.dtype, device=grad.device)
+            if need_x else None)
         grad_w = weight.new_zeros(wide, weight.shape[1]) if need_w else None
         grad_add = None
         if out is not None:  # ReLU: its backward into the output's own storage
@@ -340,7 +347,8 @@ class _DropoutMatmul(torch.autograd.Function):
                 if grad_add is not None:
                     grad_add += g.sum(0)
             k = None if keys is None else keys[lo:hi]
-            gx = None if grad_x is None else torch.mm(g, w, out=grad_x[lo:hi])
+            gx = None if grad_x is None else torch.mm(
+                g, w, out=grad_x[lo:hi] if gx_block is None else gx_block[:hi - lo])
             if grad_w is None:
                 if gx is not None and k is not None:
                     _apply_mask(gx, k, ctx.seed, ctx.p, inplace=True)
@@ -351,7 +359,7 @@ class _DropoutMatmul(torch.autograd.Function):
                 rows = _apply_mask(x[lo:hi], k, ctx.seed, ctx.p, out=buf[:hi - lo])
             else:
                 rows = buf[:hi - lo]
-                _masked_pair(x[lo:hi], gx, k, ctx.seed, ctx.p, rows)
+                _masked_pair(x[lo:hi], gx, k, ctx.seed, ctx.p, rows, over_x=fold)
             if g_wide is not None:
                 g_wide[:hi - lo, :real] = g
                 g = g_wide[:hi - lo]
@@ -374,36 +382,6 @@ def _can_fold(ctx, x: Tensor, keys: Tensor | None, grad: Tensor) -> bool:
             and ctx.needs_input_grad[1] and kernels.HAVE_NUMBA and x.device.type == "cpu"
             and x.dtype in (torch.float32, torch.float64) and grad.dtype == x.dtype
             and x.is_contiguous() and not graph_kept())
-
-
-def _backward_over_x(ctx, x: Tensor, weight: Tensor, keys: Tensor, grad: Tensor):
-    """``_DropoutMatmul.backward`` for an ``x`` that is a ReLU's output read by nothing
-    else: per block, the dropped rows (for the weight's gradient) and the ReLU input's
-    gradient, which overwrites the block of x (``kernels.keyed_dropout_pair``).
-    Returns x as its own gradient; the ReLU's backward passes it on as it is."""
-    rows_total, cols = x.shape
-    block = min(ROW_BLOCK, max(1, rows_total))
-    wide = ctx.wide
-    w = weight.to(grad.dtype)
-    grad_w = weight.new_zeros(wide, weight.shape[1])
-    rows = torch.empty(block, cols, dtype=x.dtype)
-    gx = torch.empty(block, cols, dtype=x.dtype)
-    g_wide = grad.new_zeros(block, wide) if wide != weight.shape[0] else None
-    scale = kernels.scalar_of(1.0 / (1.0 - ctx.p), x.dtype)
-    xs, ks = x.detach().numpy(), keys.contiguous().numpy()
-    for lo in range(0, rows_total, block):
-        hi = min(lo + block, rows_total)
-        g = grad[lo:hi]
-        torch.mm(g, w, out=gx[:hi - lo])
-        kernels.keyed_dropout_pair(xs[lo:hi], gx[:hi - lo].numpy(), ks[lo:hi], ctx.seed,
-                                   ctx.p, scale, rows[:hi - lo].numpy(), True)
-        if g_wide is not None:
-            g_wide[:hi - lo, :weight.shape[0]] = g
-            g = g_wide[:hi - lo]
-        grad_w.addmm_(g.t(), rows[:hi - lo])
-    if wide != weight.shape[0]:
-        grad_w = grad_w[:weight.shape[0]].contiguous()
-    return x, grad_w, _grad_add(ctx, grad), None, None, None, None, None, None
 
 
 _KEEP_GRAPH = getattr(torch._C._autograd, "_get_current_graph_task_keep_graph", None)
