@@ -287,7 +287,10 @@ def _kept(plan: ColumnPlan, weight: Tensor) -> Tensor:
 
 def _propagate_cols(plan: ColumnPlan, h_cols: Tensor, weight: Tensor, dim: int) -> Tensor:
     """P on this worker's column slice of all vertices; multi-head weights per head."""
-    if weight.dim() == 1 or weight.shape[1] == 1:
+    if weight.dim() == 1:  # the plan's own tensor: the backward keeps it in the
+        # transpose's order once (``Transposed.weights_in_order`` knows it by identity)
+        return _aggregate(plan, h_cols, weight)
+    if weight.shape[1] == 1:
         return _aggregate(plan, h_cols, weight.reshape(-1))
     chans = dim // weight.shape[1]
     parts, offset = [], 0
