@@ -334,3 +334,17 @@ def test_prefetch_where_it_cannot_apply_warns_and_is_off(opts, why):
     with pytest.warns(UserWarning, match=f"prefetch has no effect {why}"):
         plan = strategy.setup(dataset, model, torch.device("cpu"), None, torch.float64)
     assert plan.prefetch is False
+
+
+def test_backward_reads_the_plans_edge_weights_in_the_transposes_order():
+    """The SpMM gets the plan's own weight tensor, so from the second backward pass on
+    ``Transposed.weights_in_order`` finds it and reads a copy in the transpose's order
+    (a reshaped view, new every pass, was never found)."""
+    dataset = make_dataset()
+    model = make_model("gcn", True, 9, 3).cpu()
+    strategy = TensorParallel(TensorParallel.Options())
+    plan = strategy.setup(dataset, model, torch.device("cpu"), None, torch.float64)
+    for seed in (1, 2):
+        strategy.loss(strategy.forward(model, plan, training=True, seed=seed), plan).backward()
+    ordered = [entry[2] for entry in plan.graph.transpose()._ordered]
+    assert ordered and ordered[0] is not None
