@@ -21,8 +21,8 @@ TRAIN_FLAGS = sorted("""
 --metrics-out --progress --log-level --quiet --strategy --spmm-backend --threads --workers
 --backend --timeout --run-dir --keep-run-dir --oversubscribe --partitioner --partition-file
 --partition-seed --dep-mode --byte-cost --edge-cost --vertex-cost --device-memory --num-chunks
---column-split --pipeline --nn-device --prefetch --row-block --p2p-schedule --bin-memory --bin-size
---checkpoint-dir --checkpoint-every --resume --save-model
+--column-split --pipeline --nn-device --prefetch --row-block --spill-dir --spill-memory
+--p2p-schedule --bin-memory --bin-size --checkpoint-dir --checkpoint-every --resume --save-model
 --task-split --task-gamma --subgraphs --recompute --chunks --task-deps --group-parallel
 --task-device-memory --hops
 --adapt --cache-budget --inject --staleness --slack --late-gradients --shares

@@ -450,3 +450,24 @@ def test_supervisor_finds_the_rank_that_never_reached_the_collective(tmp_path):
         "fullgraph: worker rank 3 failed during epoch 4 training step: stopped responding "
         "(no heartbeat for 100 s); killed by the launcher")
     assert "Traceback" not in text
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_cgroup_memory_limit_reads_v1_and_v2(tmp_path, version):
+    """The limit of the process's own cgroup, in either hierarchy; none where it is
+    unlimited ("max", or v1's huge default)."""
+    from fullgraph.launch import cgroup_memory_limit
+
+    cgroups = tmp_path / "cgroup"
+    if version == 1:
+        cgroups.write_text("9:pids:/\n4:memory:/jobs/a\n0::/\n")
+        limit = tmp_path / "memory" / "jobs" / "a" / "memory.limit_in_bytes"
+    else:
+        cgroups.write_text("0::/jobs/a\n")
+        limit = tmp_path / "jobs" / "a" / "memory.max"
+    limit.parent.mkdir(parents=True)
+    limit.write_text("12884901888\n")
+    assert cgroup_memory_limit(str(cgroups), str(tmp_path)) == 12 << 30
+    limit.write_text("max\n" if version == 2 else "9223372036854771712\n")
+    assert cgroup_memory_limit(str(cgroups), str(tmp_path)) is None
+    assert cgroup_memory_limit(str(tmp_path / "missing"), str(tmp_path)) is None

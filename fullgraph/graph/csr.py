@@ -17,7 +17,9 @@ Shapes: N = number of vertices, E = number of edges.
 """
 from __future__ import annotations
 
+import dataclasses
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -54,6 +56,8 @@ class Transposed:
     perm: Tensor
     mirrors: bool = False
     _ordered: list = field(default_factory=list, compare=False, repr=False)
+    keep: Callable[[Tensor], Tensor] | None = field(default=None, compare=False, repr=False)
+    """Where the weights in order are kept (e.g. ``Spill.keep``, a file); None: memory."""
 
     def weights_in_order(self, weight: Tensor) -> Tensor | None:
         """Fixed (E,) edge weights of the original (GCN's norms: not requiring a
@@ -73,6 +77,8 @@ class Transposed:
                     ordered = weight[self.perm]
                     if self.mirrors and torch.equal(ordered, weight):
                         ordered = weight
+                    elif self.keep is not None:
+                        ordered = self.keep(ordered)
                     self._ordered[i] = (ref, version, ordered)
                 return ordered
         self._ordered[:] = [(weakref.ref(weight), weight._version, None)]
@@ -254,6 +260,18 @@ class Graph:
         if self._transposed is None:
             self._transposed = self._mirrored(self._build_transpose())
         return self._transposed
+
+    def keep_transpose(self, keep: Callable[[Tensor], Tensor]) -> None:
+        """Pass the transposed CSR's arrays (built here if not yet) through ``keep``
+        (e.g. ``Spill.keep``, into files), and the edge weights in its order that
+        backward passes copy later (``Transposed.weights_in_order``)."""
+        t = self.transpose()
+        if t.mirrors:  # shares the forward arrays, which stay as they are
+            self._transposed = dataclasses.replace(t, keep=keep)
+            return
+        graph = Graph(keep(t.graph.indptr), keep(t.graph.indices), num_src=t.graph.num_src,
+                      validate=False)
+        self._transposed = dataclasses.replace(t, graph=graph, perm=keep(t.perm), keep=keep)
 
     def _build_transpose(self) -> Transposed:
         if self._row_loops():

@@ -19,6 +19,7 @@ This module must not import ``fullgraph.comm`` or ``fullgraph.parallel``.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import cast
 
@@ -258,12 +259,16 @@ def needs_row_sums(program: StageProgram, stages: list[int]) -> bool:
 
 def blocked_transform_run(runner: Runner, stages: list[int], program: StageProgram, h: Tensor,
                           carry: Carry, ctx: StageContext, block_rows: int,
-                          dtype: torch.dtype | None = None) -> Tensor:
+                          dtype: torch.dtype | None = None,
+                          into: Callable[[int, int, torch.dtype], Tensor] | None = None
+                          ) -> Tensor:
     """``runner.transform_run`` of ``stages``, ``block_rows`` rows at a time, keeping
     no activations: each block is recomputed in the backward pass. No (R, D) tensor of
     the run is held whole but its output (and, in the backward, its gradient), so a run
     whose hidden rows exceed memory still trains; ``h`` may be memory-mapped rows of
     another dtype (``dtype``: what the run computes in), read one block at a time.
+``into(R, D, dtype)``, when given, makes the (R, D) matrix the output is written
+into (e.g. ``Spill.empty``, a file on disk; default: a new tensor).
 
     Exact: T stages are row-wise and their dropout is keyed by the rows' global ids
     (``ctx.gids``), so a block computes what the whole run computes for its rows. A
@@ -287,7 +292,7 @@ def blocked_transform_run(runner: Runner, stages: list[int], program: StageProgr
         x = x if dtype is None else x.to(dtype)
         return Runner.transform_run(rows, stages, program, x, local)
 
-    return _BlockedRun.apply(block, block_rows, len(params), h,
+    return _BlockedRun.apply(block, block_rows, len(params), into, h,
                              *(carry.layer_inputs[i] for i in outside), *params)
 
 
@@ -308,7 +313,7 @@ class _BlockedRun(torch.autograd.Function):
     sums its gradients (inputs: the rows, the outside layer inputs, the parameters)."""
 
     @staticmethod
-    def forward(ctx, block, block_rows: int, num_params: int, h: Tensor,
+    def forward(ctx, block, block_rows: int, num_params: int, into, h: Tensor,
                 *rest: Tensor) -> Tensor:
         n = h.shape[0]
         ctx.block, ctx.block_rows, ctx.num_params = block, block_rows, num_params
@@ -319,7 +324,8 @@ class _BlockedRun(torch.autograd.Function):
             hi = min(n, lo + block_rows)
             y = block(lo, hi, h[lo:hi], *(t[lo:hi] for t in layer_inputs))
             if out is None:
-                out = y.new_empty((n, *y.shape[1:]))
+                out = (y.new_empty((n, *y.shape[1:])) if into is None or y.dim() != 2
+                       else into(n, y.shape[1], y.dtype))
             out[lo:hi] = y
         assert out is not None
         return out
@@ -330,7 +336,7 @@ class _BlockedRun(torch.autograd.Function):
         num_rows = len(rest) - ctx.num_params
         layer_inputs, params = rest[:num_rows], rest[num_rows:]
         row_inputs = [h, *layer_inputs]
-        need = ctx.needs_input_grad[3:]
+        need = ctx.needs_input_grad[4:]
         row_grads = [torch.zeros_like(t) if need[i] else None for i, t in enumerate(row_inputs)]
         param_grads: list[Tensor | None] = [None] * len(params)
         for lo in range(0, h.shape[0], ctx.block_rows):
@@ -352,7 +358,7 @@ class _BlockedRun(torch.autograd.Function):
                 if g is not None:
                     prev = param_grads[j]
                     param_grads[j] = g if prev is None else prev + g
-        return (None, None, None, *row_grads, *param_grads)
+        return (None, None, None, None, *row_grads, *param_grads)
 
 
 def _last_readers(infos: tuple[StageInfo, ...]) -> dict[int, int]:

@@ -125,22 +125,28 @@ class _SpMM(torch.autograd.Function):
         graph = ctx.graph
         grad_x = grad_w = None
         if ctx.needs_input_grad[0]:
-            t = graph.transpose()
-            if weight is None and ctx.reduce == "mean":
-                inv_deg = 1.0 / graph.in_degrees().clamp(min=1).to(grad_out.dtype)
-                grad_x = aggregate(t.graph, grad_out * inv_deg[:, None], None, "sum")
-            elif weight is not None and (ordered := t.weights_in_order(weight)) is not None:
-                grad_x = aggregate(t.graph, grad_out.contiguous(), ordered, "sum")
-            elif weight is not None and resolve_backend(grad_out.device) == "numba":
-                grad_x = _transposed_numba(t, grad_out.contiguous(), weight)
-            else:
-                w_t = None if weight is None else weight[t.perm]
-                grad_x = aggregate(t.graph, grad_out.contiguous(), w_t, "sum")
+            grad_x = transposed_aggregate(graph, grad_out, weight, ctx.reduce)
         if weight is not None and ctx.needs_input_grad[1]:
             grad_w = edge_dot(graph, grad_out.contiguous(), x, heads=_heads(weight))
             if weight.dim() == 1:
                 grad_w = grad_w[:, 0]
         return grad_x, grad_w, None, None
+
+
+def transposed_aggregate(graph: Graph, grad_out: Tensor, weight: Tensor | None,
+                         reduce: str) -> Tensor:
+    """The gradient of ``aggregate(graph, x, weight, reduce)`` in ``x``: the SpMM over
+    the transposed CSR (built once per graph), without autograd."""
+    t = graph.transpose()
+    if weight is None and reduce == "mean":
+        inv_deg = 1.0 / graph.in_degrees().clamp(min=1).to(grad_out.dtype)
+        return aggregate(t.graph, grad_out * inv_deg[:, None], None, "sum")
+    if weight is not None and (ordered := t.weights_in_order(weight)) is not None:
+        return aggregate(t.graph, grad_out.contiguous(), ordered, "sum")
+    if weight is not None and resolve_backend(grad_out.device) == "numba":
+        return _transposed_numba(t, grad_out.contiguous(), weight)
+    w_t = None if weight is None else weight[t.perm]
+    return aggregate(t.graph, grad_out.contiguous(), w_t, "sum")
 
 
 def _heads(weight: Tensor | None) -> int:

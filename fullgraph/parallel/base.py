@@ -52,6 +52,11 @@ class Plan:
     masks: dict[str, Tensor]
     num_train_global: int
 
+    def matrix_maker(self) -> Callable[[int, int, torch.dtype], Tensor] | None:
+        """How this plan makes (R, C) matrices kept out of memory (``Spill.empty``), or
+        None: in memory, as usual."""
+        return None
+
 
 @dataclass
 class LocalResult:
@@ -160,7 +165,8 @@ class Strategy(ABC, Generic[PlanT]):
 
     def loss(self, result: LocalResult, plan: PlanT) -> Tensor:
         """Cross-entropy summed over local training rows / global training count."""
-        total = masked_cross_entropy(result.logits, plan.labels, plan.masks["train"])
+        total = masked_cross_entropy(result.logits, plan.labels, plan.masks["train"],
+                                     grad_into=plan.matrix_maker())
         return total / plan.num_train_global
 
     def work(self, model: StageProgram, plan: PlanT) -> Work:

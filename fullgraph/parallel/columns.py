@@ -19,6 +19,7 @@ owner), so each column rank can propagate its slice.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -54,6 +55,7 @@ from fullgraph.models.walk import (
 from fullgraph.ops import spmm
 from fullgraph.ops.chunked import Chunk, chunked_spmm
 from fullgraph.ops.sparse import nbytes
+from fullgraph.ops.spill import Spill, spilled_spmm
 from fullgraph.parallel.base import LocalResult, Plan, Work
 from fullgraph.schedule.pipeline import Segment, pipelined_propagation
 
@@ -95,6 +97,9 @@ class ColumnPlan(Plan):
         edge_keep: when ``chunks`` hold only some edges (task parallelism's regroup
             mode), the CSR positions of those edges, which select the edge weights,
             and the factor each selected weight is scaled by.
+        spill: keep the P stages' (N, D) column slices, the blocked T runs' outputs
+            and their gradients in files, propagated a column chunk at a time
+            (``ops.spill``); None: in memory.
     """
 
     comm: Comm
@@ -122,6 +127,10 @@ class ColumnPlan(Plan):
     col_counts: dict[int, list[int]] = field(default_factory=dict)
     source: Any = None
     edge_keep: tuple[Tensor, Tensor] | None = None
+    spill: Spill | None = None
+
+    def matrix_maker(self) -> Callable[[int, int, torch.dtype], Tensor] | None:
+        return None if self.spill is None else self.spill.empty
 
     def device_graph(self) -> Graph:
         """The graph on the propagation device (cached)."""
@@ -183,7 +192,8 @@ class PlacementRunner(Runner):
         h = self._rows(h, program.stages[stages[0]].in_dim)  # the gather is not recomputed
         if self.plan.row_block is not None:
             return blocked_transform_run(self, stages, program, h, carry, self.ctx,
-                                         self.plan.row_block, self.plan.row_dtype)
+                                         self.plan.row_block, self.plan.row_dtype,
+                                         self.plan.matrix_maker())
         if self.plan.recompute:
             return recomputed_transform_run(self, stages, program, h, carry)
         return super().transform_run(stages, program, h, carry)
@@ -266,7 +276,10 @@ def count_resident(program: StageProgram, plan: ColumnPlan, dtype: torch.dtype) 
 
 
 def _aggregate(plan: ColumnPlan, h_cols: Tensor, weight: Tensor) -> Tensor:
-    """One weighted SpMM over the whole graph, or chunk by chunk on the device."""
+    """One weighted SpMM over the whole graph, chunk by chunk on the device, or column
+    chunk by column chunk from and to files (``plan.spill``)."""
+    if plan.spill is not None:
+        return spilled_spmm(plan.graph, h_cols, weight, plan.spill)
     if plan.chunks is None:
         if not same_device(h_cols.device, plan.device):  # rows elsewhere (nn_device): go and back
             graph = plan.device_graph()

@@ -39,11 +39,13 @@ from fullgraph.comm.group import Comm
 from fullgraph.comm.placement import check_counts, even_counts, share_counts
 from fullgraph.fields import option
 from fullgraph.graph.data import Dataset
+from fullgraph.launch import available_memory
 from fullgraph.memory import MemoryAccount, parse_bytes
 from fullgraph.models.stages import StageProgram, propagation_inputs
 from fullgraph.models.walk import describe, has_edge_stage
 from fullgraph.ops.chunked import build_chunks
 from fullgraph.ops.sparse import is_sparse
+from fullgraph.ops.spill import Spill
 from fullgraph.parallel.assemble import assemble, contiguous_blocks
 from fullgraph.parallel.base import DistributedStrategy, LocalResult, Work, feature_rows, register
 from fullgraph.parallel.columns import (
@@ -117,6 +119,17 @@ class TensorParallel(DistributedStrategy[ColumnPlan]):
                 from the store, in their stored dtype (fp16 / bf16 too): with a
                 decoupled model, a graph whose features and hidden rows exceed memory
                 trains (default: None, all rows at once).
+            spill_dir: keep the propagation's (N, D) matrices (each hop's input and
+                output, the blocked dense runs' outputs, the logits' and every
+                gradient of them) in files under this directory, column-major, and
+                propagate them a column chunk at a time (``ops.spill``): with
+                ``row_block`` and a decoupled model, no (N, D) tensor is then held in
+                memory, only a chunk of its columns. CPU only; learned edge weights
+                (GAT) and ``device_memory`` / ``num_chunks`` / ``pipeline`` are not
+                supported with it (default: None, in memory).
+            spill_memory: memory one column chunk may take, its input and output rows,
+                e.g. ``"2GB"`` (default: None, a quarter of the memory available at
+                setup, within this process's cgroup limit).
         """
 
         device_memory: str | None = option(None, "device budget for propagation, e.g. 2GB: "
@@ -138,6 +151,11 @@ class TensorParallel(DistributedStrategy[ColumnPlan]):
         row_block: int | None = option(None, "run the dense stages this many rows at a time, "
                                        "recomputing them in the backward: hidden rows and "
                                        "memory-mapped features are never held whole")
+        spill_dir: str | None = option(None, "keep the propagation's (N, D) matrices in files "
+                                       "under this directory and propagate a column chunk "
+                                       "at a time; unset: in memory")
+        spill_memory: str | None = option(None, "memory for one spilled column chunk, e.g. "
+                                          "2GB; unset: a quarter of the available memory")
 
         def __post_init__(self) -> None:
             if self.column_split not in COLUMN_SPLITS:
@@ -150,6 +168,20 @@ class TensorParallel(DistributedStrategy[ColumnPlan]):
                 parse_shares(self.shares)
             if self.row_block is not None and self.row_block < 1:
                 raise ValueError(f"row_block must be >= 1, got {self.row_block}")
+            if self.spill_memory is not None:
+                if parse_bytes(self.spill_memory) < 1:
+                    raise ValueError(f"spill_memory {self.spill_memory!r} must be at least "
+                                     f"1 byte")
+                if self.spill_dir is None:
+                    raise ValueError("spill_memory is given without spill_dir")
+            if self.spill_dir is not None:
+                clash = [name for name, on in (("device_memory", self.device_memory),
+                                               ("num_chunks", self.num_chunks),
+                                               ("pipeline", self.pipeline)) if on]
+                if clash:
+                    raise ValueError(f"spill_dir cannot be combined with {', '.join(clash)}: "
+                                     f"spilled matrices are propagated in column chunks on "
+                                     f"the host, not streamed to a device in row chunks")
 
         def share_list(self, world: int) -> tuple[float, ...] | None:
             """The shares for ``world`` workers (None: not given)."""
@@ -182,6 +214,9 @@ class TensorParallel(DistributedStrategy[ColumnPlan]):
         graph, norms = propagation_inputs(program, dataset.graph, dtype)
         graph.transpose()  # the backward CSR, built once
         rows_device = self.model_device(device)  # where T stages and vertex rows live
+        spill = self._spill(program, device, rows_device)
+        if spill is not None:  # the transposed CSR and the edge weights into files too
+            norms = spill.keep_graph(graph, norms)
         # chunked propagation streams the topology and edge weights from host memory
         graph_device = torch.device("cpu") if self._chunked else rows_device
         data = dataset.data
@@ -194,8 +229,26 @@ class TensorParallel(DistributedStrategy[ColumnPlan]):
             features=feature_rows(data.features, torch.zeros(0, dtype=torch.long), program,
                                   dtype, rows_device),
             column_split=self.options.column_split, shares=shares, source=data)
+        plan.spill = spill
         self._place_rows(program, plan, row_counts, rows_device, dtype)
         return plan
+
+    def _spill(self, program: StageProgram, device: torch.device,
+               rows_device: torch.device) -> Spill | None:
+        opts = self.options
+        if opts.spill_dir is None:
+            return None
+        where = [d for d in (device, rows_device) if d.type != "cpu"]
+        if where:
+            raise ValueError(f"tensor_parallel.spill_dir keeps matrices in host files; the "
+                             f"run computes on {where[0]}: use --device cpu")
+        if has_edge_stage(program):
+            raise ValueError("tensor_parallel.spill_dir: the model learns edge weights "
+                             "(attention), whose gradient needs whole rows; spill works with "
+                             "fixed edge weights (GCN, GraphSAGE, GIN, TAGCN)")
+        memory = (parse_bytes(opts.spill_memory) if opts.spill_memory is not None
+                  else max(1, (available_memory() or 4 << 30) // 4))
+        return Spill(opts.spill_dir, memory)
 
     def _place_rows(self, program: StageProgram, plan: ColumnPlan, row_counts: list[int],
                     rows_device: torch.device, dtype: torch.dtype) -> None:
@@ -291,6 +344,8 @@ class TensorParallel(DistributedStrategy[ColumnPlan]):
             given = ":".join(f"{w:g}" for w in plan.shares)
             lines.append(f"tensor   shares {given}: rows {'/'.join(map(str, plan.row_counts))}, "
                          f"columns split in the same proportion")
+        if plan.spill is not None:
+            lines.append(f"tensor   {plan.spill.describe()}")
         return lines + self._describe_chunks(plan)
 
     def _describe_chunks(self, plan: ColumnPlan) -> list[str]:

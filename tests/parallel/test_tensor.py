@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 from adjust_checks import SHARE_CASES, check_shares, reference
-from cases import MODELS, make_dataset, make_model, run_epochs
+from cases import MODELS, assert_same_run, make_dataset, make_model, run_epochs
 from devices import TEST_DEVICE, cpu_only
 from harness import run_ranks
 
@@ -289,10 +289,7 @@ def check_row_blocks(comm, cases):
         assert plan.features.dtype == torch.float32 and plan.row_dtype == torch.float64
         assert plan.features.untyped_storage().data_ptr() == \
             dataset.data.features.untyped_storage().data_ptr(), where
-        torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), msg=where)
-        torch.testing.assert_close(out, ref_out[gids], msg=where)
-        for (k, p), (_, q) in zip(model.named_parameters(), ref_model.named_parameters()):
-            torch.testing.assert_close(p, q, msg=f"{where} parameter {k}")
+        assert_same_run((losses, out, gids, model), (ref_losses, ref_out, ref_model), where)
 
 
 @pytest.mark.dist
