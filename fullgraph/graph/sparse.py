@@ -86,6 +86,17 @@ def take_rows(x: Tensor, rows: Tensor) -> Tensor:
     return csr(indptr, x.col_indices()[pos], x.values()[pos], (r.numel(), int(x.shape[1])))
 
 
+def row_range(x: Tensor, lo: int, hi: int) -> Tensor:
+    """``x[lo:hi]`` for dense or CSR ``x`` (a CSR tensor cannot be sliced by rows in
+    torch); for CSR, views of the stored entries with the row offsets shifted."""
+    if not is_sparse(x):
+        return x[lo:hi]
+    ptr = x.crow_indices()
+    start, stop = int(ptr[lo]), int(ptr[hi])
+    return csr(ptr[lo:hi + 1] - start, x.col_indices()[start:stop], x.values()[start:stop],
+               (hi - lo, int(x.shape[1])))
+
+
 def convert(x: Tensor, dtype: torch.dtype, device: torch.device | str) -> Tensor:
     """``x.to(dtype).to(device)`` for dense or CSR ``x``."""
     if not is_sparse(x):

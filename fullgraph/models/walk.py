@@ -27,6 +27,7 @@ import torch.utils.checkpoint
 from torch import Tensor
 
 from fullgraph.graph.csr import Graph
+from fullgraph.graph.sparse import row_range
 from fullgraph.models.stages import (
     EdgeTransform,
     LayerInput,
@@ -322,7 +323,7 @@ class _BlockedRun(torch.autograd.Function):
         out: Tensor | None = None
         for lo in range(0, n, block_rows):
             hi = min(n, lo + block_rows)
-            y = block(lo, hi, h[lo:hi], *(t[lo:hi] for t in layer_inputs))
+            y = block(lo, hi, row_range(h, lo, hi), *(t[lo:hi] for t in layer_inputs))
             if out is None:
                 out = (y.new_empty((n, *y.shape[1:])) if into is None or y.dim() != 2
                        else into(n, y.shape[1], y.dtype))
@@ -342,7 +343,7 @@ class _BlockedRun(torch.autograd.Function):
         for lo in range(0, h.shape[0], ctx.block_rows):
             hi = min(h.shape[0], lo + ctx.block_rows)
             with torch.enable_grad():
-                leaves = [t[lo:hi].detach().requires_grad_(bool(need[i]))
+                leaves = [row_range(t, lo, hi).detach().requires_grad_(bool(need[i]))
                           for i, t in enumerate(row_inputs)]
                 y = ctx.block(lo, hi, *leaves)
                 wanted = [t for i, t in enumerate(leaves) if need[i]] + list(params)
