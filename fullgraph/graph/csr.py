@@ -261,34 +261,24 @@ class Graph:
             self._transposed = self._mirrored(self._build_transpose())
         return self._transposed
 
-    def keep_transpose(self, keep: Callable[[Tensor], Tensor],
-                       empty: Callable[[int, np.dtype], np.ndarray] | None = None) -> None:
-        """Keep the transposed CSR's arrays with ``keep`` (e.g. ``Spill.keep``, into
-        files), and the edge weights in its order that backward passes copy later
-        (``Transposed.weights_in_order``). Not built yet and given ``empty(n, dtype)``
-        (e.g. ``Spill.array``), the transpose is built straight into arrays it makes,
-        so its (E,) arrays are never held in memory; otherwise they are copied."""
-        built = self._transposed is None and empty is not None and self._row_loops()
-        if built:
-            assert empty is not None
-            self._transposed = self._mirrored(self._build_transpose(empty))
+    def keep_transpose(self, keep: Callable[[Tensor], Tensor]) -> None:
+        """Pass the transposed CSR's arrays (built here if not yet) through ``keep``
+        (e.g. ``Spill.keep``, into files), and the edge weights in its order that
+        backward passes copy later (``Transposed.weights_in_order``)."""
         t = self.transpose()
         if t.mirrors:  # shares the forward arrays, which stay as they are
             self._transposed = dataclasses.replace(t, keep=keep)
             return
-        if not built:
-            graph = Graph(keep(t.graph.indptr), keep(t.graph.indices),
-                          num_src=t.graph.num_src, validate=False)
-            t = dataclasses.replace(t, graph=graph, perm=keep(t.perm))
-        self._transposed = dataclasses.replace(t, keep=keep)
+        graph = Graph(keep(t.graph.indptr), keep(t.graph.indices), num_src=t.graph.num_src,
+                      validate=False)
+        self._transposed = dataclasses.replace(t, graph=graph, perm=keep(t.perm), keep=keep)
 
-    def _build_transpose(self, empty: Callable[[int, np.dtype], np.ndarray] = np.empty
-                         ) -> Transposed:
+    def _build_transpose(self) -> Transposed:
         if self._row_loops():
             ids = np.int32 if self.num_dst <= INT32_LIMIT else np.int64
             t_indptr, t_ids, perm = _kernels.transpose(
                 self.indptr.numpy(), self.indices.numpy(), self.num_src, np.dtype(ids),
-                np.dtype(np.int32 if self.num_edges <= INT32_LIMIT else np.int64), empty)
+                np.dtype(np.int32 if self.num_edges <= INT32_LIMIT else np.int64))
             return Transposed(Graph(torch.from_numpy(t_indptr), torch.from_numpy(t_ids),
                                     num_src=self.num_dst, validate=False),
                               torch.from_numpy(perm))

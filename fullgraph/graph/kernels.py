@@ -11,8 +11,6 @@ This module must not import anything above the graph layer.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import numpy as np
 
 try:
@@ -51,19 +49,16 @@ def one_loop_per_row(indptr: np.ndarray, indices: np.ndarray) -> bool:
 
 
 def transpose(indptr: np.ndarray, indices: np.ndarray, num_src: int,
-              ids_dtype: np.dtype, perm_dtype: np.dtype,
-              empty: Callable[[int, np.dtype], np.ndarray] = np.empty
+              ids_dtype: np.dtype, perm_dtype: np.dtype
               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """CSR by source: ``(t_indptr, t_indices, perm)``; edges of one source in CSR order
-    (as a stable sort by source), ``perm[k]`` the forward position of edge ``k``.
-    ``empty(n, dtype)`` makes the three outputs (e.g. arrays in files)."""
+    (as a stable sort by source), ``perm[k]`` the forward position of edge ``k``."""
     counts = np.bincount(indices, minlength=num_src)
-    t_indptr = empty(num_src + 1, np.dtype(np.int64))
-    t_indptr[0] = 0
+    t_indptr = np.zeros(num_src + 1, dtype=np.int64)
     np.cumsum(counts, out=t_indptr[1:])
     del counts
-    t_indices = empty(indices.shape[0], np.dtype(ids_dtype))
-    perm = empty(indices.shape[0], np.dtype(perm_dtype))
+    t_indices = np.empty(indices.shape[0], dtype=ids_dtype)
+    perm = np.empty(indices.shape[0], dtype=perm_dtype)
     _transpose_fill(indptr, indices, t_indptr, t_indices, perm)
     return t_indptr, t_indices, perm
 

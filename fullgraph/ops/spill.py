@@ -29,7 +29,6 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from torch import Tensor
 
@@ -99,22 +98,12 @@ class Spill:
                                                   0, (t.numel(),), (1,))
         return kept.view(t.shape).copy_(t)
 
-    def array(self, n: int, dtype: np.dtype) -> np.ndarray:
-        """An (n,) numpy array in an unlinked file, contents undefined."""
-        if n == 0:
-            return np.empty(0, dtype=dtype)
-        dtype = np.dtype(dtype)
-        kind = torch.from_numpy(np.empty(0, dtype=dtype)).dtype
-        return torch.empty(0, dtype=kind).set_(self._file(n * dtype.itemsize), 0, (n,),
-                                                (1,)).numpy()
-
     def keep_graph(self, graph: Graph, norms: dict[str, Tensor]) -> dict[str, Tensor]:
-        """Move the arrays setup builds for ``graph``'s propagation into files: its
-        transposed CSR and permutation (built straight into files if not built yet),
-        the edge weights in the transpose's order that the backward passes copy, and
-        ``norms``, which are returned. The forward CSR stays as it is (memory-mapped
-        from the store)."""
-        graph.keep_transpose(self.keep, self.array)
+        """Move the arrays setup built for ``graph``'s propagation into files: its
+        transposed CSR and permutation (built here if not yet), the edge weights in
+        the transpose's order that the backward passes copy, and ``norms``, which are
+        returned. The forward CSR stays as it is (memory-mapped from the store)."""
+        graph.keep_transpose(self.keep)
         return {name: self.keep(w) for name, w in norms.items()}
 
     def _file(self, nbytes: int) -> torch.UntypedStorage:

@@ -212,11 +212,11 @@ class TensorParallel(DistributedStrategy[ColumnPlan]):
             # feature rows of this worker's block from the parts that hold them
             dataset = assemble(dataset, comm, contiguous_blocks(row_counts))
         graph, norms = propagation_inputs(program, dataset.graph, dtype)
+        graph.transpose()  # the backward CSR, built once
         rows_device = self.model_device(device)  # where T stages and vertex rows live
         spill = self._spill(program, device, rows_device)
         if spill is not None:  # the transposed CSR and the edge weights into files too
             norms = spill.keep_graph(graph, norms)
-        graph.transpose()  # the backward CSR, built once
         # chunked propagation streams the topology and edge weights from host memory
         graph_device = torch.device("cpu") if self._chunked else rows_device
         data = dataset.data

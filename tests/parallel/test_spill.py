@@ -207,15 +207,3 @@ def test_kept_graph_arrays_are_in_files_and_give_the_same_gradients(tmp_path):
         assert torch.equal(x.grad, ref)
         x.grad = None
     assert in_file(t.weights_in_order(kept), tmp_path)
-
-
-def test_a_transpose_not_built_yet_is_built_straight_into_files(tmp_path):
-    graph, weight = _graph(seed=4)
-    ref, _ = _graph(seed=4)
-    want = ref.transpose()
-    Spill(tmp_path, 1 << 20).keep_graph(graph, {"w": weight})
-    t = graph.transpose()
-    assert not t.mirrors
-    for got, exp in ((t.graph.indptr, want.graph.indptr), (t.graph.indices, want.graph.indices),
-                     (t.perm, want.perm)):
-        assert in_file(got, tmp_path) and torch.equal(got, exp)
