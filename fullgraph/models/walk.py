@@ -268,8 +268,8 @@ def blocked_transform_run(runner: Runner, stages: list[int], program: StageProgr
     the run is held whole but its output (and, in the backward, its gradient), so a run
     whose hidden rows exceed memory still trains; ``h`` may be memory-mapped rows of
     another dtype (``dtype``: what the run computes in), read one block at a time.
-``into(R, D, dtype)``, when given, makes the (R, D) matrix the output is written
-into (e.g. ``Spill.empty``, a file on disk; default: a new tensor).
+    ``into(R, D, dtype)``, when given, makes the (R, D) matrix the output is written
+    into (e.g. ``Spill.empty``, a file on disk; default: a new tensor).
 
     Exact: T stages are row-wise and their dropout is keyed by the rows' global ids
     (``ctx.gids``), so a block computes what the whole run computes for its rows. A

@@ -7,8 +7,8 @@ matrices (3.8 GB each, up to three at once) became most of the run's own memory,
 and at the ogbn-papers100M shape (111M vertices, 172 classes: 76 GB each) they no
 longer fit any single host's RAM.
 
-``Spill`` keeps such matrices in files instead, column-major, in shared file
-mappings whose files are unlinked as soon as they are mapped: they take page cache,
+``Spill`` keeps such matrices in files instead, in shared file mappings whose
+files are unlinked as soon as they are mapped: they take page cache,
 which the kernel writes back and reclaims under memory pressure, and their disk
 space is freed when the tensor is (also when the process dies). A (N, C) matrix
 whose columns need more than one chunk is a ``(C, N)`` mapping seen transposed, so
@@ -67,7 +67,7 @@ class Spill:
                              f"{exc.strerror or exc}") from exc
         self.made = 0  # files made so far
         self.made_bytes = 0
-        self.reused = 0  # matrices that took a file no tensor used any more
+        self.reused = 0  # files handed out again once no tensor used them
         self._files: list[tuple[int, torch.UntypedStorage]] = []  # every mapping made
 
     def empty(self, rows: int, cols: int, dtype: torch.dtype) -> Tensor:
@@ -149,7 +149,8 @@ def spilled_spmm(graph: Graph, x: Tensor, weight: Tensor | None, spill: Spill) -
         spill: where the output (and, in the backward, the gradient of ``x``) goes.
 
     Returns:
-        (N_dst, D), column-major in a file of ``spill``, differentiable in ``x``.
+        (N_dst, D) in a file of ``spill`` (laid out as ``Spill.empty`` lays it out),
+        differentiable in ``x``.
     """
     if weight is not None and (weight.requires_grad or weight.dim() != 1):
         raise ValueError("spilled propagation takes fixed (E,) edge weights only "

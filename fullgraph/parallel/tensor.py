@@ -119,10 +119,11 @@ class TensorParallel(DistributedStrategy[ColumnPlan]):
                 from the store, in their stored dtype (fp16 / bf16 too): with a
                 decoupled model, a graph whose features and hidden rows exceed memory
                 trains (default: None, all rows at once).
-            spill_dir: keep the propagation's (N, D) matrices (each hop's input and
-                output, the blocked dense runs' outputs, the logits' and every
-                gradient of them) in files under this directory, column-major, and
-                propagate them a column chunk at a time (``ops.spill``): with
+            spill_dir: keep the propagation's (N, D) matrices (each hop's output, the
+                blocked dense runs' outputs, the logits, and the gradients of all of
+                them), the transposed graph and the edge weights in unlinked files
+                under this directory, and propagate a column chunk at a time
+                (``ops.spill``): with
                 ``row_block`` and a decoupled model, no (N, D) tensor is then held in
                 memory, only a chunk of its columns. CPU only; learned edge weights
                 (GAT) and ``device_memory`` / ``num_chunks`` / ``pipeline`` are not
