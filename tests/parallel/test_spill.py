@@ -18,8 +18,8 @@ from fullgraph.parallel.single import SingleProcess
 from fullgraph.parallel.tensor import TensorParallel
 
 # models whose edge weights are fixed (attention is refused with a spill)
-SPILL_CASES = [("gcn", True), ("gcn", False), ("sage", True), ("gin", False),
-               ("sage", False)]
+SPILL_CASES = [("gcn", True), ("gcn", False), ("sage", True), ("sage", False),
+               ("gin", True), ("gin", False), ("tagcn", False)]
 
 
 def in_file(t: torch.Tensor, directory) -> bool:
@@ -126,7 +126,7 @@ def check_spill(comm, cases, directory):
 
 @pytest.mark.dist
 @cpu_only("spilled matrices are host files")
-@pytest.mark.parametrize("world_size", [1, 3])
+@pytest.mark.parametrize("world_size", [1, 2, 3])
 def test_spill_matches_single(tmp_path, world_size):
     run_ranks(check_spill, world_size, tmp_path, SPILL_CASES, tmp_path / "spill")
     assert os.listdir(tmp_path / "spill") == []
