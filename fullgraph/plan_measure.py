@@ -30,7 +30,7 @@ import torch
 from fullgraph import plan as P
 from fullgraph.graph.csr import Graph
 from fullgraph.graph.data import Dataset, VertexData
-from fullgraph.launch import available_cores, threads_per_worker
+from fullgraph.launch import available_cores, available_memory, threads_per_worker
 from fullgraph.models import build_model
 from fullgraph.parallel import build_strategy, costmodel, taskmodel
 
@@ -45,15 +45,9 @@ def rss_bytes() -> int:
 
 
 def available_ram() -> int:
-    """MemAvailable of /proc/meminfo (or physical memory where it is missing)."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    """Memory available to new processes (``launch.available_memory``: MemAvailable,
+    within this process's cgroup limit), or physical memory where that is unknown."""
+    return available_memory() or os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
 def _echo(sock: socket.socket, other: socket.socket) -> None:

@@ -49,6 +49,24 @@ def dataset(cache: Path, vertices: int, degree: int, seed: int) -> tuple[Path, i
     return where, int(store.read_meta(where)["num_edges"])
 
 
+def status_bytes(pid: int, keys) -> dict[str, int]:
+    """The memory fields ``keys`` (e.g. VmRSS, RssAnon) of ``/proc/PID/status`` in
+    bytes; none where the process is gone."""
+    try:
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except OSError:
+        return {}
+    out = {}
+    for line in lines:
+        key, _, value = line.partition(":")
+        if key in keys:
+            try:
+                out[key] = int(value.split()[0]) * 1024
+            except (ValueError, IndexError):
+                pass
+    return out
+
+
 def peak_run(cmd: list[str]) -> tuple[str, int, int, dict[str, float]]:
     """Run ``cmd``; its stdout, its peak VmRSS and RssAnon in bytes, and its CPU times
     and page faults (``user``, ``sys`` in seconds, ``minflt``, ``majflt``)."""
@@ -58,13 +76,8 @@ def peak_run(cmd: list[str]) -> tuple[str, int, int, dict[str, float]]:
         child = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
         peak = {"VmRSS": 0, "RssAnon": 0}
         while child.poll() is None:
-            try:
-                for line in Path(f"/proc/{child.pid}/status").read_text().splitlines():
-                    key, _, value = line.partition(":")
-                    if key in peak:
-                        peak[key] = max(peak[key], int(value.split()[0]) * 1024)
-            except (OSError, ValueError, IndexError):
-                pass
+            for key, value in status_bytes(child.pid, peak).items():
+                peak[key] = max(peak[key], value)
             time.sleep(0.05)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     usage = {"user": after.ru_utime - before.ru_utime, "sys": after.ru_stime - before.ru_stime,

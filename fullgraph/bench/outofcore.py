@@ -37,6 +37,7 @@ import sys
 import time
 from pathlib import Path
 
+from fullgraph.bench.growth import status_bytes
 from fullgraph.memory import parse_bytes
 
 
@@ -127,16 +128,11 @@ def watch(cmd: list[str], cgroup: Path | None, log: Path) -> tuple[int, dict[str
         child = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
         while child.poll() is None:
             training = training or "\nepoch " in log.read_text()
-            try:
-                for line in Path(f"/proc/{child.pid}/status").read_text().splitlines():
-                    key, _, value = line.partition(":")
-                    if key in peak:
-                        peak[key] = max(peak[key], int(value.split()[0]) * 1024)
-                        if key == "RssAnon" and training:
-                            peak["epoch_anon"] = max(peak["epoch_anon"],
-                                                     int(value.split()[0]) * 1024)
-            except (OSError, ValueError, IndexError):
-                pass
+            now = status_bytes(child.pid, peak)
+            if training and "RssAnon" in now:
+                now["epoch_anon"] = now["RssAnon"]
+            for key, value in now.items():
+                peak[key] = max(peak[key], value)
             time.sleep(0.05)
     return child.returncode, peak
 

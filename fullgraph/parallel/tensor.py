@@ -39,7 +39,6 @@ from fullgraph.comm.group import Comm
 from fullgraph.comm.placement import check_counts, even_counts, share_counts
 from fullgraph.fields import option
 from fullgraph.graph.data import Dataset
-from fullgraph.launch import available_memory
 from fullgraph.memory import MemoryAccount, parse_bytes
 from fullgraph.models.stages import StageProgram, propagation_inputs
 from fullgraph.models.walk import describe, has_edge_stage
@@ -239,6 +238,8 @@ class TensorParallel(DistributedStrategy[ColumnPlan]):
         opts = self.options
         if opts.spill_dir is None:
             return None
+        from fullgraph.plan_measure import available_ram
+
         where = [d for d in (device, rows_device) if d.type != "cpu"]
         if where:
             raise ValueError(f"tensor_parallel.spill_dir keeps matrices in host files; the "
@@ -248,7 +249,7 @@ class TensorParallel(DistributedStrategy[ColumnPlan]):
                              "(attention), whose gradient needs whole rows; spill works with "
                              "fixed edge weights (GCN, GraphSAGE, GIN, TAGCN)")
         memory = (parse_bytes(opts.spill_memory) if opts.spill_memory is not None
-                  else max(1, (available_memory() or 4 << 30) // 4))
+                  else max(1, available_ram() // 4))
         return Spill(opts.spill_dir, memory)
 
     def _place_rows(self, program: StageProgram, plan: ColumnPlan, row_counts: list[int],
