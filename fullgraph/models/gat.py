@@ -29,6 +29,7 @@ from fullgraph.models.stages import (
 )
 from fullgraph.ops import keyed_dropout
 from fullgraph.ops.edge_softmax import attention_softmax
+from fullgraph.ops.gemm import add_bias
 
 
 class GATAttention(EdgeTransform):
@@ -86,7 +87,7 @@ class GATOutput(Transform):
     def forward(self, x: Tensor, ctx: StageContext, layer_input: Tensor | None = None) -> Tensor:
         if not self.concat:
             x = x.view(-1, self.heads, self.channels).mean(1)
-        y = x + self.bias
+        y = add_bias(x, self.bias)
         if self.residual:
             assert layer_input is not None, "a residual stage reads the layer input"
             y = y + layer_input

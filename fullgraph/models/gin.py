@@ -22,6 +22,7 @@ from fullgraph.models.base import GNN
 from fullgraph.models.layers import Dense, activation, init_bias, linear, own_relu
 from fullgraph.models.norm import GlobalBatchNorm
 from fullgraph.models.stages import Propagate, Stage, StageContext, Transform
+from fullgraph.ops.gemm import add_bias
 
 
 class GINUpdate(Transform):
@@ -58,7 +59,7 @@ class GINUpdate(Transform):
     def forward(self, x: Tensor, ctx: StageContext, layer_input: Tensor | None = None) -> Tensor:
         if self.lin1 is None:
             assert self.bias1 is not None
-            h = x + self.bias1
+            h = add_bias(x, self.bias1)
         else:
             if self.eps != 0.0:
                 assert layer_input is not None, "GIN's update reads the layer input"

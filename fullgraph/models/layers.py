@@ -19,6 +19,7 @@ from fullgraph.ops.dropout import (
     materialized,
     matmul_t,
 )
+from fullgraph.ops.gemm import add_bias
 from fullgraph.ops.sparse import is_sparse, sparse_linear
 
 ACTIVATIONS = {
@@ -187,7 +188,7 @@ class Dense(Transform):
         else:
             y = linear(self.lin, x) if self.lin is not None else x
             if self.bias is not None:
-                y = y + self.bias
+                y = add_bias(y, self.bias)
         if self.root is not None or self.residual:
             assert layer_input is not None, "this stage reads the layer input"
             if self.root is not None:

@@ -345,7 +345,7 @@ class _DropoutMatmul(torch.autograd.Function):
                          torch.ops.aten.threshold_backward.grad_input(
                              g, out[lo:hi], 0, grad_input=out[lo:hi]))
                 if grad_add is not None:
-                    grad_add += g.sum(0)
+                    gemm.column_sums(g, out=grad_add)
             k = None if keys is None else keys[lo:hi]
             gx = None if grad_x is None else torch.mm(
                 g, w, out=grad_x[lo:hi] if gx_block is None else gx_block[:hi - lo])
@@ -373,7 +373,7 @@ def _grad_add(ctx, grad: Tensor) -> Tensor | None:
     if not ctx.needs_input_grad[2]:
         return None
     assert ctx.add_shape is not None
-    return grad.sum(0) if len(ctx.add_shape) == 1 else grad
+    return gemm.column_sums(grad) if len(ctx.add_shape) == 1 else grad
 
 
 def _can_fold(ctx, x: Tensor, keys: Tensor | None, grad: Tensor) -> bool:
@@ -421,10 +421,9 @@ def _blocked_product(x: Tensor, weight: Tensor, add: Tensor | None, keys: Tensor
         else:
             src = _apply_mask(x[lo:hi], keys[lo:hi], seed, p, out=rebuilt[:hi - lo])
         prod = out[lo:hi] if buf is None else buf[:hi - lo]
-        if bias is not None:
-            torch.addmm(bias, src, w, out=prod)
-        else:
-            torch.mm(src, w, out=prod)
+        torch.mm(src, w, out=prod)
+        if bias is not None:  # ``addmm(out=)`` first copies the bias over the block:
+            prod.add_(bias)   # 10 % slower at 256 columns (BENCHMARKS.md)
         if buf is not None:
             if add is not None and add.dim() == 2:
                 torch.add(prod[:, :cols], add[lo:hi], out=out[lo:hi])

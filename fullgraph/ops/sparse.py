@@ -33,7 +33,7 @@ from fullgraph.graph.sparse import (
     take_rows,
     to_sparse,
 )
-from fullgraph.ops import kernels
+from fullgraph.ops import gemm, kernels
 
 _M32 = 0xFFFFFFFF
 
@@ -67,7 +67,7 @@ def sparse_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tens
         raise ValueError(f"sparse_linear: x has {x.shape[1]} columns, weight expects "
                          f"{weight.shape[1]}")
     y = _SparseLinear.apply(weight, x)
-    return y if bias is None else y + bias
+    return y if bias is None else gemm.add_bias(y, bias)
 
 
 def _csr_matmul(x: Tensor, dense: Tensor) -> Tensor:

@@ -244,3 +244,48 @@ def test_masked_cross_entropy_names_a_bad_label(fused, monkeypatch):
         kl.masked_cross_entropy(logits, labels, mask.long())
     with pytest.raises(ValueError, match="takes"):
         kl.masked_cross_entropy(logits[:, 0], labels, mask)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("rows", [0, 5, 3000, 2 * 8192 + 17])
+@pytest.mark.parametrize("cols", [1, 47, 256])
+def test_column_sums_equal_torch(dtype, rows, cols, monkeypatch):
+    """``gemm.column_sums`` (GEMVs over blocks of rows, on the CPU) equals ``sum(0)``,
+    added into ``out`` too; a transposed or a grad-requiring input takes torch's sum."""
+    monkeypatch.setattr(gemm, "SUM_MIN_ROWS", 16)
+    gen = torch.Generator().manual_seed(rows + cols)
+    x = torch.randn(rows, cols, generator=gen, dtype=dtype).to(TEST_DEVICE)
+    exact = x.double().sum(0)
+    # a float sum's error scales with the sum of the magnitudes: 1e-6 of it is far
+    # above float32 rounding over 8,192 terms (4.9e-4 at worst, 1e-8 seen)
+    bound = 1e-6 * x.double().abs().sum(0) + 1e-12
+
+    def check(got, want):
+        assert got.dtype == dtype and got.shape == (cols,)
+        assert bool(((got.double() - want).abs() <= bound + 1e-6 * want.abs()).all())
+
+    check(gemm.column_sums(x), exact)
+    base = torch.arange(cols, dtype=dtype, device=TEST_DEVICE)
+    check(gemm.column_sums(x, out=base.clone()), base.double() + exact)
+    check(gemm.column_sums(x.t().contiguous().t()), exact)  # column-major: torch's sum
+    w = x.clone().requires_grad_()
+    gemm.column_sums(w).sum().backward()
+    assert w.grad is not None and bool((w.grad == 1).all())
+
+
+def test_add_bias_matches_the_broadcast_add():
+    """``gemm.add_bias``: the output and both gradients of ``x + bias``; mismatched
+    dtypes fall back to the plain add."""
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(40000, 7, generator=gen, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(7, generator=gen, dtype=torch.float64, requires_grad=True)
+    g = torch.randn(40000, 7, generator=gen, dtype=torch.float64)
+    out = gemm.add_bias(x, b)
+    out.backward(g)
+    x2, b2 = x.detach().clone().requires_grad_(), b.detach().clone().requires_grad_()
+    (x2 + b2).backward(g)
+    torch.testing.assert_close(out, x2 + b2, rtol=0, atol=0)
+    torch.testing.assert_close(x.grad, x2.grad, rtol=0, atol=0)
+    torch.testing.assert_close(b.grad, b2.grad)
+    mixed = gemm.add_bias(x.detach().float(), b.detach())
+    assert mixed.dtype == torch.float64
