@@ -302,7 +302,8 @@ def _epochs(strategy: Strategy, model: GNN, plan: Plan, optimizer: torch.optim.O
             profiler.work = strategy.work(model, plan)  # the plan may have changed
         ckpt.after_epoch(epoch, model, optimizer, best, records)
     phase("done")
-    return _finish(records, profiles, best, time.perf_counter() - start, model, reporter)
+    return _finish(records, profiles, best, time.perf_counter() - start, model, reporter,
+                   strategy.outcome(model, plan))
 
 
 def _between(strategy: Strategy, hooks: Sequence[Any], model: GNN, plan: Plan, epoch: int,
@@ -341,14 +342,15 @@ def _save_model(cfg: Config, result: TrainResult, dataset: Dataset, world: int) 
 
 
 def _finish(records: list[EpochRecord], profiles: list[list[EpochProfile]], best: tuple,
-            total: float, model: GNN, reporter: Reporter) -> TrainResult:
+            total: float, model: GNN, reporter: Reporter,
+            outcome: list[str] | None = None) -> TrainResult:
     if best[4] is not None:
         model.load_state_dict(best[4])
     result = TrainResult(records, best[1], best[0], best[2], best[3], total, model)
     times = sorted(r.epoch_s for r in records)
     per_rank = [list(col) for col in zip(*profiles)] if profiles else []
     reporter.summary(
-        summary_lines(per_rank) +
+        summary_lines(per_rank) + (outcome or []) +
         [f"best epoch {result.best_epoch}: val {result.best_val:.2%}, "
          f"test {result.test_at_best:.2%} (train {result.train_at_best:.2%})",
          f"final test accuracy {result.test_at_best:.2%} (test accuracy at epoch "

@@ -180,6 +180,11 @@ class Strategy(ABC, Generic[PlanT]):
         """Report lines on how the plan splits the work (none by default)."""
         return []
 
+    def outcome(self, model: StageProgram, plan: PlanT) -> list[str]:
+        """Report lines, at the end of training, on what ``between_epochs`` decided
+        (none by default)."""
+        return []
+
     def between_epochs(self, model: StageProgram, plan: PlanT, epoch: int, profile: Any) -> None:
         """Adjust ``plan`` after epoch ``epoch`` given this worker's measured profile of
         it (see ``EpochHook``); nothing by default."""

@@ -20,6 +20,7 @@ global training count, so N workers reproduce the single-process executor.
 from __future__ import annotations
 
 import os
+import statistics
 import time
 from dataclasses import dataclass, field
 from functools import partial
@@ -69,7 +70,13 @@ class DependencyPlan:
             ``replan``, for the run header).
         trial: hybrid with measured rates: seconds of a training step (the slowest
             worker's) under each plan tried, and the one kept (see
-            ``DataParallel.TRIAL_STEPS``).
+            ``DataParallel.TRIAL_STEPS``); after training epochs under the plans within
+            ``ONLINE_MARGIN`` of it, also their median epochs ("<plan> epochs").
+        modes: the plans tried at setup, by name (hybrid with measured rates).
+        epochs: seconds of the training epochs run under each plan still in the
+            running (the slowest worker's; ``DataParallel.between_epochs``).
+        settled: no plan is being tried over training epochs any more.
+        last: the plan of the epoch before the one that just ended.
     """
 
     direct: Tensor
@@ -78,6 +85,10 @@ class DependencyPlan:
     per_rank: list[dict[str, int]] = field(default_factory=list)
     trial: dict[str, float] = field(default_factory=dict)
     kept: str | None = None
+    modes: dict[str, Tensor] = field(default_factory=dict)
+    epochs: dict[str, list[float]] = field(default_factory=dict)
+    settled: bool = True
+    last: str | None = None
 
     def fetch_mask(self, num_nodes: int) -> Tensor:
         mask = torch.zeros(num_nodes, dtype=torch.bool)
@@ -252,10 +263,73 @@ class DataParallel(RowPartitioned[DataPlan]):
         prim.all_reduce_(slowest, plan.comm, "setup", op="max")
         deps.trial = dict(zip(options, slowest.tolist()))
         deps.kept = min(deps.trial, key=deps.trial.__getitem__)
+        deps.modes = options
+        # a plan equal to another on every worker is tried once (a pure mode's name)
+        names = sorted(options, key=lambda n: n == "hybrid")
+        pairs = [(a, b) for i, a in enumerate(names) for b in names[i + 1:]]
+        same = torch.tensor([float(torch.equal(options[a], options[b])) for a, b in pairs],
+                            device=plan.comm.device)
+        prim.all_reduce_(same, plan.comm, "setup", op="min")
+        twins = {b for (a, b), eq in zip(pairs, same.tolist()) if eq}
+        close = [n for n in names if n not in twins
+                 and deps.trial[n] <= self.ONLINE_MARGIN * deps.trial[deps.kept]]
+        deps.epochs = {n: [] for n in close} if len(close) > 1 else {}
+        deps.settled = not deps.epochs
         with torch.no_grad():
             for buf, before in buffers:
                 buf.copy_(before)
         return options[deps.kept]
+
+    ONLINE_EPOCHS = 2
+    """Training epochs timed under each plan that the setup trial found within
+    ``ONLINE_MARGIN`` of its fastest. Setup steps of tens of milliseconds did not tell
+    plans 5-15 % apart on a noisy host (BENCHMARKS.md); training epochs are the same
+    under every plan (the switch is exact), so timing them costs only the slower
+    plans' extra seconds."""
+    ONLINE_MARGIN = 1.25
+
+    def between_epochs(self, model: StageProgram, plan: DataPlan, epoch: int,
+                       profile: Any) -> None:
+        """Hybrid with measured rates, until one plan is kept: each plan in the running
+        trains ``ONLINE_EPOCHS`` timed epochs in a row, after one that is not timed
+        (the first epoch of the run, or the first after a switch, ran 10-30 % slower
+        on a 40 ms epoch); an epoch's time is the slowest worker's wall seconds. Then
+        the plan with the least median is kept (collective). Stops, keeping the plan in
+        use, if something else replanned (the online adjuster)."""
+        deps = plan.deps
+        if deps.settled:
+            return
+        current = deps.kept
+        if current is None or not torch.equal(deps.cached, deps.modes[current]):
+            deps.settled, deps.epochs = True, {}
+            return
+        warm, deps.last = deps.last == current, current
+        took = torch.tensor([float(profile.wall_s)], dtype=torch.float64,
+                            device=plan.comm.device)
+        if plan.comm.world_size > 1:
+            prim.all_reduce_(took, plan.comm, "adjust", op="max")
+        if warm and current in deps.epochs:
+            deps.epochs[current].append(float(took))
+        waiting = [n for n, ts in deps.epochs.items() if len(ts) < self.ONLINE_EPOCHS]
+        if waiting:
+            following = current if current in waiting else waiting[0]
+        else:
+            following = min(deps.epochs, key=lambda n: statistics.median(deps.epochs[n]))
+            deps.trial.update({f"{n} epochs": statistics.median(ts)
+                               for n, ts in deps.epochs.items()})
+            deps.settled, deps.epochs = True, {}
+        if following != current:
+            self.replan(model, plan, deps.modes[following])
+        deps.kept = following
+
+    def outcome(self, model: StageProgram, plan: DataPlan) -> list[str]:
+        timed = {k[:-len(" epochs")]: v for k, v in plan.deps.trial.items()
+                 if k.endswith(" epochs")}
+        if not timed:
+            return []
+        each = ", ".join(f"{k} {1000 * v:.1f} ms" for k, v in timed.items())
+        return [f"deps     kept {plan.deps.kept} after {self.ONLINE_EPOCHS} training epochs "
+                f"under each plan close at setup (median, slowest worker): {each}"]
 
     def _fits_all_cached(self, program: StageProgram, plan: DataPlan) -> bool:
         """Whether every worker can hold the replicated input rows of pure DepCache in

@@ -196,9 +196,70 @@ def check_measured_costs(comm):
     assert f"kept {kept}" in line
 
 
+def check_online_choice(comm):
+    """Hybrid with measured rates tries the plans close to the setup trial's fastest
+    over the first training epochs (``DataParallel.between_epochs``): each plan runs
+    one untimed epoch and then ``ONLINE_EPOCHS`` timed ones in a row, the slowest
+    worker's epoch counts, the plan with the least median is kept, training stays
+    exact across the switches, and a plan changed by someone else ends the trial."""
+    from types import SimpleNamespace
+
+    from cases import step_seed
+
+    dataset = make_dataset()
+    epochs = 10
+    ref_losses, _, _ = run_epochs(SingleProcess(), dataset, make_model("gcn", False, 9, 3),
+                                  None, epochs=epochs)
+    model = make_model("gcn", False, 9, 3)
+    strategy = DataParallel(DataParallel.Options(mode="hybrid"), PartitionOptions(method="metis"))
+    plan = strategy.setup(dataset, model, TEST_DEVICE, comm, dtype=torch.float64)
+    deps = plan.deps
+    # every plan in the running, whatever the setup trial timed
+    deps.epochs, deps.settled = {n: [] for n in deps.modes}, False
+    # epoch seconds per plan: depcomm is the fastest on rank 0 but the slowest worker
+    # (rank 1) makes depcache the fastest overall, unless its first epoch after a
+    # switch (10 s) were counted
+    seconds = {"hybrid": [0.3, 0.3], "depcomm": [0.1, 0.5], "depcache": [0.2, 0.25]}
+    opt = torch.optim.Adam(model.parameters(), lr=0.05)
+    losses, used = [], []
+    for epoch in range(1, epochs + 1):
+        used.append(deps.kept)
+        model.train()
+        opt.zero_grad()
+        loss = strategy.loss(strategy.forward(model, plan, training=True,
+                                              seed=step_seed(0, epoch)), plan)
+        loss.backward()
+        strategy.sync_grads(model, plan)
+        opt.step()
+        losses.append(strategy.reduce_loss(loss, plan))
+        switched = len(used) > 1 and used[-1] != used[-2]
+        wall = 10.0 if switched and used[-1] == "depcache" else \
+            seconds[used[-1]][min(comm.rank, 1)]
+        strategy.between_epochs(model, plan, epoch, SimpleNamespace(wall_s=wall))
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses))
+    # the setup trial's plan first (its first epoch warms up), then each other plan
+    # for three epochs in a row; then the fastest
+    assert used[0] == used[1] == used[2] and len(set(used[3:6])) == len(set(used[6:9])) == 1
+    assert sorted(used[:9]) == sorted(list(seconds) * 3), used
+    assert deps.settled and deps.kept == "depcache" and used[-1] == "depcache", used
+    assert bool(deps.cached.all())
+    assert deps.trial["depcache epochs"] == 0.25 and deps.trial["depcomm epochs"] == 0.5
+    assert strategy.outcome(model, plan) == [
+        "deps     kept depcache after 2 training epochs under each plan close at setup "
+        "(median, slowest worker): hybrid 300.0 ms, depcomm 500.0 ms, depcache 250.0 ms"]
+    # an adjuster's replan ends a trial in progress, keeping its plan
+    deps.epochs, deps.settled, deps.kept = {n: [] for n in deps.modes}, False, "depcache"
+    mixed = deps.modes["hybrid"].clone()
+    strategy.replan(model, plan, ~mixed if bool(mixed.all()) else mixed)
+    strategy.between_epochs(model, plan, 2, SimpleNamespace(wall_s=1.0))
+    assert deps.settled and not deps.epochs
+
+
 # the other checks share the spawned worlds of the exactness rotation (spawns are the
-# slow part): float32 and byte counts, the measured-cost path, online adjustment
-EXTRA = {1: [], 2: ["depcomm_bytes", "measured_costs"], 3: ["float32", "depcomm_bytes"], 4: []}
+# slow part): float32 and byte counts, the measured-cost path and the plan tried over
+# training epochs, online adjustment
+EXTRA = {1: [], 2: ["depcomm_bytes", "measured_costs", "online_choice"],
+         3: ["float32", "depcomm_bytes"], 4: []}
 
 
 def check_world(comm, cases, refs):
