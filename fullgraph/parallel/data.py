@@ -300,16 +300,19 @@ class DataParallel(RowPartitioned[DataPlan]):
         if deps.settled:
             return
         current = deps.kept
-        if current is None or not torch.equal(deps.cached, deps.modes[current]):
+        # (replanned elsewhere on any worker, this epoch's seconds): one max over workers
+        state = torch.tensor([float(current is None or not torch.equal(
+            deps.cached, deps.modes[current])), float(profile.wall_s)],
+            dtype=torch.float64, device=plan.comm.device)
+        if plan.comm.world_size > 1:
+            prim.all_reduce_(state, plan.comm, "adjust", op="max")
+        replanned, took = state.tolist()
+        if replanned or current is None:
             deps.settled, deps.epochs = True, {}
             return
         warm, deps.last = deps.last == current, current
-        took = torch.tensor([float(profile.wall_s)], dtype=torch.float64,
-                            device=plan.comm.device)
-        if plan.comm.world_size > 1:
-            prim.all_reduce_(took, plan.comm, "adjust", op="max")
         if warm and current in deps.epochs:
-            deps.epochs[current].append(float(took))
+            deps.epochs[current].append(took)
         waiting = [n for n, ts in deps.epochs.items() if len(ts) < self.ONLINE_EPOCHS]
         if waiting:
             following = current if current in waiting else waiting[0]

@@ -247,10 +247,10 @@ def check_online_choice(comm):
     assert strategy.outcome(model, plan) == [
         "deps     kept depcache after 2 training epochs under each plan close at setup "
         "(median, slowest worker): hybrid 300.0 ms, depcomm 500.0 ms, depcache 250.0 ms"]
-    # an adjuster's replan ends a trial in progress, keeping its plan
+    # a replan elsewhere (an adjuster's) ends a trial in progress on every worker, even
+    # where it left the worker's own plan as it was (rank 1 here)
     deps.epochs, deps.settled, deps.kept = {n: [] for n in deps.modes}, False, "depcache"
-    mixed = deps.modes["hybrid"].clone()
-    strategy.replan(model, plan, ~mixed if bool(mixed.all()) else mixed)
+    strategy.replan(model, plan, deps.modes["depcomm"] if comm.rank == 0 else deps.cached)
     strategy.between_epochs(model, plan, 2, SimpleNamespace(wall_s=1.0))
     assert deps.settled and not deps.epochs
 
