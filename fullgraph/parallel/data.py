@@ -70,12 +70,12 @@ class DependencyPlan:
             ``replan``, for the run header).
         trial: hybrid with measured rates: seconds of a training step (the slowest
             worker's) under each plan tried, and the one kept (see
-            ``DataParallel.TRIAL_STEPS``); after training epochs under the plans within
-            ``ONLINE_MARGIN`` of it, also their median epochs ("<plan> epochs").
+            ``DataParallel.TRIAL_STEPS``).
         modes: the plans tried at setup, by name (hybrid with measured rates).
         epochs: seconds of the training epochs run under each plan still in the
-            running (the slowest worker's; ``DataParallel.between_epochs``).
-        settled: no plan is being tried over training epochs any more.
+            running (the slowest worker's; ``DataParallel.between_epochs``); empty
+            when no plan is being tried over training epochs.
+        timed: once one is kept, the median of each plan's timed training epochs.
         last: the plan of the epoch before the one that just ended.
     """
 
@@ -87,7 +87,7 @@ class DependencyPlan:
     kept: str | None = None
     modes: dict[str, Tensor] = field(default_factory=dict)
     epochs: dict[str, list[float]] = field(default_factory=dict)
-    settled: bool = True
+    timed: dict[str, float] = field(default_factory=dict)
     last: str | None = None
 
     def fetch_mask(self, num_nodes: int) -> Tensor:
@@ -274,7 +274,6 @@ class DataParallel(RowPartitioned[DataPlan]):
         close = [n for n in names if n not in twins
                  and deps.trial[n] <= self.ONLINE_MARGIN * deps.trial[deps.kept]]
         deps.epochs = {n: [] for n in close} if len(close) > 1 else {}
-        deps.settled = not deps.epochs
         with torch.no_grad():
             for buf, before in buffers:
                 buf.copy_(before)
@@ -297,7 +296,7 @@ class DataParallel(RowPartitioned[DataPlan]):
         the plan with the least median is kept (collective). Stops, keeping the plan in
         use, if something else replanned (the online adjuster)."""
         deps = plan.deps
-        if deps.settled:
+        if not deps.epochs:
             return
         current = deps.kept
         # (replanned elsewhere on any worker, this epoch's seconds): one max over workers
@@ -308,7 +307,7 @@ class DataParallel(RowPartitioned[DataPlan]):
             prim.all_reduce_(state, plan.comm, "adjust", op="max")
         replanned, took = state.tolist()
         if replanned or current is None:
-            deps.settled, deps.epochs = True, {}
+            deps.epochs = {}
             return
         warm, deps.last = deps.last == current, current
         if warm and current in deps.epochs:
@@ -317,20 +316,17 @@ class DataParallel(RowPartitioned[DataPlan]):
         if waiting:
             following = current if current in waiting else waiting[0]
         else:
-            following = min(deps.epochs, key=lambda n: statistics.median(deps.epochs[n]))
-            deps.trial.update({f"{n} epochs": statistics.median(ts)
-                               for n, ts in deps.epochs.items()})
-            deps.settled, deps.epochs = True, {}
+            deps.timed = {n: statistics.median(ts) for n, ts in deps.epochs.items()}
+            following = min(deps.timed, key=deps.timed.__getitem__)
+            deps.epochs = {}
         if following != current:
             self.replan(model, plan, deps.modes[following])
         deps.kept = following
 
     def outcome(self, model: StageProgram, plan: DataPlan) -> list[str]:
-        timed = {k[:-len(" epochs")]: v for k, v in plan.deps.trial.items()
-                 if k.endswith(" epochs")}
-        if not timed:
+        if not plan.deps.timed:
             return []
-        each = ", ".join(f"{k} {1000 * v:.1f} ms" for k, v in timed.items())
+        each = ", ".join(f"{k} {1000 * v:.1f} ms" for k, v in plan.deps.timed.items())
         return [f"deps     kept {plan.deps.kept} after {self.ONLINE_EPOCHS} training epochs "
                 f"under each plan close at setup (median, slowest worker): {each}"]
 

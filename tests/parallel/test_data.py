@@ -215,7 +215,7 @@ def check_online_choice(comm):
     plan = strategy.setup(dataset, model, TEST_DEVICE, comm, dtype=torch.float64)
     deps = plan.deps
     # every plan in the running, whatever the setup trial timed
-    deps.epochs, deps.settled = {n: [] for n in deps.modes}, False
+    deps.epochs = {n: [] for n in deps.modes}
     # epoch seconds per plan: depcomm is the fastest on rank 0 but the slowest worker
     # (rank 1) makes depcache the fastest overall, unless its first epoch after a
     # switch (10 s) were counted
@@ -241,18 +241,18 @@ def check_online_choice(comm):
     # for three epochs in a row; then the fastest
     assert used[0] == used[1] == used[2] and len(set(used[3:6])) == len(set(used[6:9])) == 1
     assert sorted(used[:9]) == sorted(list(seconds) * 3), used
-    assert deps.settled and deps.kept == "depcache" and used[-1] == "depcache", used
+    assert not deps.epochs and deps.kept == "depcache" and used[-1] == "depcache", used
     assert bool(deps.cached.all())
-    assert deps.trial["depcache epochs"] == 0.25 and deps.trial["depcomm epochs"] == 0.5
+    assert deps.timed == {"hybrid": 0.3, "depcomm": 0.5, "depcache": 0.25}
     assert strategy.outcome(model, plan) == [
         "deps     kept depcache after 2 training epochs under each plan close at setup "
         "(median, slowest worker): hybrid 300.0 ms, depcomm 500.0 ms, depcache 250.0 ms"]
     # a replan elsewhere (an adjuster's) ends a trial in progress on every worker, even
     # where it left the worker's own plan as it was (rank 1 here)
-    deps.epochs, deps.settled, deps.kept = {n: [] for n in deps.modes}, False, "depcache"
+    deps.epochs, deps.kept = {n: [] for n in deps.modes}, "depcache"
     strategy.replan(model, plan, deps.modes["depcomm"] if comm.rank == 0 else deps.cached)
     strategy.between_epochs(model, plan, 2, SimpleNamespace(wall_s=1.0))
-    assert deps.settled and not deps.epochs
+    assert not deps.epochs
 
 
 # the other checks share the spawned worlds of the exactness rotation (spawns are the
