@@ -18,7 +18,7 @@ from torch import Tensor
 
 from fullgraph.comm.halo import start_return
 from fullgraph.models.stages import StageProgram
-from fullgraph.parallel.p2p_plan import BinBlock, Key, P2PPlan, Phase
+from fullgraph.parallel.p2p_plan import BinBlock, Key, P2PPlan, Phase, add_at, pos_len
 from fullgraph.parallel.p2p_run import Arrivals, Saved
 
 
@@ -84,10 +84,10 @@ def _add_input_grad(blk: BinBlock, g_leaf: Tensor | None, grads: PhaseGrads) -> 
     if g_leaf is None:
         return
     assert blk.src_local is not None and blk.src_halo is not None and grads.prev is not None
-    n_local = blk.src_local.numel()
-    grads.prev.index_add_(0, blk.src_local, g_leaf[:n_local])
-    if grads.halo is not None and blk.src_halo.numel():
-        grads.halo.index_add_(0, blk.src_halo, g_leaf[n_local:])
+    n_local = pos_len(blk.src_local)
+    add_at(grads.prev, blk.src_local, g_leaf[:n_local])
+    if grads.halo is not None and pos_len(blk.src_halo):
+        add_at(grads.halo, blk.src_halo, g_leaf[n_local:])
 
 
 def bin_backward(blk: BinBlock, entry: dict[str, Any], grads: PhaseGrads,
@@ -108,7 +108,7 @@ def bin_backward(blk: BinBlock, entry: dict[str, Any], grads: PhaseGrads,
         g = result[pos]
         pos += 1
         if g is not None:
-            grads.carried[key].index_add_(0, blk.index(key), g)
+            add_at(grads.carried[key], blk.index(key), g)
     for p, g in zip(own, result[pos:]):
         if g is not None:
             params.add(p, g)

@@ -35,13 +35,59 @@ Key = tuple[str, int]
 """A value carried between phases: ("rows", s) the rows output by stage s (a layer
 input), ("edges", s) the edge weights of E stage s."""
 
+Pos = Tensor | slice
+"""Positions of a bin's rows or edges in a buffer: an index tensor, or a slice where
+they are one increasing run (then reading them is a view and writing them one
+contiguous copy; a phase of one bin has only runs)."""
+
+
+def as_run(t: Tensor) -> Pos:
+    """``t`` (1-D, int64) as ``slice(a, a + n)`` when it is a, a + 1, ..., a + n - 1."""
+    n = t.numel()
+    if n == 0:
+        return slice(0, 0)
+    a = int(t[0])
+    if int(t[-1]) - a != n - 1 or (n > 1 and not bool((t[1:] - t[:-1] == 1).all())):
+        return t
+    return slice(a, a + n)
+
+
+def pos_len(pos: Pos) -> int:
+    """How many positions ``pos`` holds."""
+    return pos.stop - pos.start if isinstance(pos, slice) else pos.numel()
+
+
+def take(x: Tensor, pos: Pos) -> Tensor:
+    """The rows of ``x`` at ``pos``: ``x`` itself for all of them, a view for a run,
+    a gathered copy otherwise."""
+    if not isinstance(pos, slice):
+        return x.index_select(0, pos)
+    return x if whole(pos, x.shape[0]) else x[pos]
+
+
+def add_at(buf: Tensor, pos: Pos, rows: Tensor) -> None:
+    """``buf[pos] += rows`` (``index_add_`` for an index tensor)."""
+    if isinstance(pos, slice):
+        buf[pos].add_(rows)
+    else:
+        buf.index_add_(0, pos, rows)
+
+
+def whole(pos: Pos | None, n: int) -> bool:
+    """Whether ``pos`` is every position 0..n-1 in order."""
+    return isinstance(pos, slice) and pos.start == 0 and pos.stop == n
+
 
 @dataclass
 class BinBlock:
     """One bin of one phase on this worker.
 
+    The positions (``Pos``) are slices where they form one run: a bin's rows are
+    kept in ascending order (the order within a bin changes no result), so a phase
+    of one bin reads and writes whole buffers without gathering or scattering.
+
     Attributes:
-        rows: (b,) positions of the bin's vertices in this worker's rows.
+        rows: (b,) positions of the bin's vertices in this worker's rows, ascending.
         gids: (b,) their global ids (dropout keys).
         src_local, src_halo: positions, in the previous phase's rows and in the halo,
             of the rows the phase's first stage reads (None in phase 0).
@@ -51,16 +97,27 @@ class BinBlock:
         eids: global ids of those edges.
     """
 
-    rows: Tensor
+    rows: Pos
     gids: Tensor
-    src_local: Tensor | None = None
-    src_halo: Tensor | None = None
+    src_local: Pos | None = None
+    src_halo: Pos | None = None
     graph: Graph | None = None
-    dst_pos: Tensor | None = None
-    edge_pos: Tensor | None = None
+    dst_pos: Pos | None = None
+    edge_pos: Pos | None = None
     eids: Tensor | None = None
+    taken: dict[int, tuple[Tensor, Tensor]] = field(default_factory=dict, repr=False)
 
-    def index(self, key: Key) -> Tensor:
+    def edge_weights(self, s: int, weight: Tensor) -> Tensor:
+        """The bin's part of P stage s's fixed edge weights ``weight``, taken once: the
+        same tensor every pass, so the SpMM's backward keeps them in its transposed
+        order (``Transposed.weights_in_order``) instead of gathering them again."""
+        got = self.taken.get(s)
+        if got is None or got[0] is not weight:
+            assert self.edge_pos is not None
+            got = self.taken[s] = (weight, take(weight, self.edge_pos))
+        return got[1]
+
+    def index(self, key: Key) -> Pos:
         """Where this bin's part of a carried value lies: its rows or its edges."""
         pos = self.rows if key[0] == "rows" else self.edge_pos
         assert pos is not None, "edge-carried values need the bin's edge positions"
@@ -68,11 +125,11 @@ class BinBlock:
 
     def to(self, device: torch.device) -> None:
         """Move the bin's tensors to ``device`` (in place)."""
-        self.rows = self.rows.to(device)
-        for name in ("src_local", "src_halo", "dst_pos", "edge_pos", "eids"):
+        for name in ("rows", "gids", "src_local", "src_halo", "dst_pos", "edge_pos", "eids"):
             t = getattr(self, name)
-            if t is not None:
+            if isinstance(t, Tensor):
                 setattr(self, name, t.to(device))
+        self.taken.clear()
         if self.graph is not None:
             self.graph = self.graph.to(device)
 
@@ -141,7 +198,7 @@ def _has_params(program: StageProgram, start: int, stop: int) -> bool:
 
 
 def bin_block(block_graph: Graph, block_eids: Tensor, rows: np.ndarray, num_local: int,
-              with_dst: bool) -> tuple[Tensor, Tensor, Graph, Tensor, Tensor, Tensor]:
+              with_dst: bool) -> tuple[Pos, Pos, Graph, Pos, Pos, Tensor]:
     """A bin's sources and CSR from the phase's block (rows = local positions).
 
     Returns (src_local, src_halo, graph, dst_pos, edge_pos, eids).
@@ -154,8 +211,8 @@ def bin_block(block_graph: Graph, block_eids: Tensor, rows: np.ndarray, num_loca
                   num_src=used.size, validate=False)
     dst_pos = torch.from_numpy(np.searchsorted(used, rows))
     edge_t = torch.from_numpy(edge_pos)
-    return (torch.from_numpy(local), torch.from_numpy(halo), graph, dst_pos, edge_t,
-            block_eids[edge_t])
+    return (as_run(torch.from_numpy(local)), as_run(torch.from_numpy(halo)), graph,
+            as_run(dst_pos), as_run(edge_t), block_eids[edge_t])
 
 
 def row_index(graph: Graph, book: PartitionBook, world: int) -> RowIndex:
@@ -175,8 +232,10 @@ def _bins(program: StageProgram, rows: RowPlan, start: int, stop: int, first: bo
     num_local = rows.owned.numel()
     bins = []
     for gids in gids_per_bin:
+        order = np.argsort(lid[gids], kind="stable")
+        gids = gids[order]
         local = lid[gids]
-        b = BinBlock(torch.from_numpy(local.copy()), torch.from_numpy(gids.copy()))
+        b = BinBlock(as_run(torch.from_numpy(local)), torch.from_numpy(gids))
         if block is not None:
             (b.src_local, b.src_halo, b.graph, b.dst_pos, b.edge_pos,
              b.eids) = bin_block(block.graph, block.eids, local, num_local, has_edge)

@@ -21,7 +21,7 @@ from fullgraph.comm.halo import start_fetch
 from fullgraph.models.stages import StageContext, StageProgram
 from fullgraph.models.walk import Carry, Runner, walk
 from fullgraph.ops.sparse import densify, take_rows
-from fullgraph.parallel.p2p_plan import BinBlock, Key, P2PPlan, Phase
+from fullgraph.parallel.p2p_plan import BinBlock, Key, P2PPlan, Phase, take, whole
 
 
 class _Pending(Protocol):
@@ -155,19 +155,31 @@ class _BinRunner(Runner):
         if edge_weights is None:
             weight = self.weights[s]
             assert weight is not None
-            edge_weights = weight[self.blk.edge_pos]
+            edge_weights = self.blk.edge_weights(s, weight)
         return stage(self.blk.graph, h, edge_weights)
 
 
-def _load(blk: BinBlock, h_prev: Tensor, halo: Tensor | None) -> Tensor:
-    """A bin's input rows: its own rows (phase 0), else its local then pushed sources."""
+def _load(blk: BinBlock, h_prev: Tensor, halo: Tensor | None,
+          joined: Tensor | None = None) -> Tensor:
+    """A bin's input rows: its own rows (phase 0), else its local then pushed sources.
+
+    ``joined``: one buffer holding ``h_prev`` then ``halo`` (``Forward`` allocates the
+    previous phase's output so); a bin that reads every row of both reads it as is.
+    """
     if blk.src_local is None:  # the input features: CSR when sparse
-        return take_rows(h_prev, blk.rows)
-    parts = [h_prev.index_select(0, blk.src_local)]
+        if whole(blk.rows, h_prev.shape[0]):
+            return h_prev
+        return take_rows(h_prev, blk.rows if isinstance(blk.rows, Tensor) else
+                         torch.arange(blk.rows.start, blk.rows.stop))
     assert blk.src_halo is not None
-    if blk.src_halo.numel():
+    num_halo = 0 if halo is None else halo.shape[0]
+    if joined is not None and whole(blk.src_local, h_prev.shape[0]) and \
+            whole(blk.src_halo, num_halo):
+        return joined
+    parts = [take(h_prev, blk.src_local)]
+    if not isinstance(blk.src_halo, slice) or blk.src_halo.stop > blk.src_halo.start:
         assert halo is not None, "a bin reads pushed rows: the phase has a halo"
-        parts.append(halo.index_select(0, blk.src_halo))
+        parts.append(take(halo, blk.src_halo))
     return torch.cat(parts) if len(parts) > 1 else parts[0]
 
 
@@ -178,6 +190,8 @@ class Forward:
         self.model, self.plan, self.seed, self.training = model, plan, seed, training
         self.mode = plan.mode
         self.saved = Saved(Carried(plan))
+        # the last phase's output rows followed by room for the next phase's halo
+        self._joined: Tensor | None = None
 
     def run(self, keep: bool) -> Tensor:
         h_prev = self.plan.features
@@ -196,22 +210,30 @@ class Forward:
         plan, mode = self.plan, self.mode
         ph = plan.phases[k]
         halo = incoming = None
+        joined, self._joined = self._joined, None
         if ph.link is not None:
-            halo = h_prev.new_empty(ph.link.num_halo, h_prev.shape[1])
+            if joined is not None:
+                halo = joined[h_prev.shape[0]:]
+            else:
+                halo = h_prev.new_empty(ph.link.num_halo, h_prev.shape[1])
             incoming = Arrivals(pending, halo)
             if not mode.eager:
                 incoming.all()
         nxt = plan.phases[k + 1].link if k + 1 < len(plan.phases) else None
-        out = torch.empty(h_prev.shape[0], ph.out_dim, dtype=h_prev.dtype,  # h_prev: maybe CSR
-                          device=h_prev.device)
+        # h_prev: maybe CSR; with a next phase, its halo lands right after the rows
+        rows = h_prev.shape[0]
+        out = torch.empty(rows + (0 if nxt is None else nxt.num_halo), ph.out_dim,
+                          dtype=h_prev.dtype, device=h_prev.device)
+        if nxt is not None:
+            self._joined, out = out, out[:rows]
         issued: list[Any] = []
         saved: list[dict[str, Any]] = []
         grad_in = keep and k > 0 and plan.phases[k - 1].needs_grad
         for b, blk in enumerate(ph.bins):
             if incoming is not None and mode.eager:
                 incoming.through(ph.fwd_wait[b])
-            x = loader.get(b, lambda blk=blk, h=h_prev, hl=halo: _load(blk, h, hl))
-            self._prefetch(loader, ph, b + 1, incoming, h_prev, halo)
+            x = loader.get(b, lambda blk=blk, h=h_prev, hl=halo, j=joined: _load(blk, h, hl, j))
+            self._prefetch(loader, ph, b + 1, incoming, h_prev, halo, joined)
             entry = self._compute(ph, blk, x, keep and ph.needs_grad, grad_in)
             self._keep(out, blk, entry, saved if keep and ph.needs_grad else None)
             if nxt is not None and mode.per_bin:
@@ -235,14 +257,14 @@ class Forward:
             saved.append(entry)
 
     def _prefetch(self, loader: _Loader, ph: Phase, b: int, incoming: Arrivals | None,
-                  h_prev: Tensor, halo: Tensor | None) -> None:
+                  h_prev: Tensor, halo: Tensor | None, joined: Tensor | None) -> None:
         """Start loading bin ``b`` if its pushed rows are already here."""
         if not loader.prefetch or b >= len(ph.bins):
             return
         if incoming is not None and ph.fwd_wait[b] >= incoming.done:
             return  # it reads rows not received yet: loaded when its turn comes
         blk = ph.bins[b]
-        loader.start(b, lambda: _load(blk, h_prev, halo))
+        loader.start(b, lambda: _load(blk, h_prev, halo, joined))
 
     def _compute(self, ph: Phase, blk: BinBlock, x: Tensor, keep: bool,
                  grad_in: bool) -> dict[str, Any]:

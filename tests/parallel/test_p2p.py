@@ -231,3 +231,41 @@ def test_bin_memory_sets_each_phase_limit():
 def test_bad_options_are_refused(bad, match):
     with pytest.raises(ValueError, match=match):
         P2PParallel.Options(**bad)
+
+
+def test_positions_that_form_a_run_become_slices():
+    from fullgraph.parallel.p2p_plan import add_at, as_run, pos_len, take, whole
+
+    assert as_run(torch.arange(3, 7)) == slice(3, 7)
+    assert as_run(torch.tensor([], dtype=torch.int64)) == slice(0, 0)
+    for t in ([0, 2, 3], [1, 0], [0, 1, 3, 3]):  # gaps, order, repeats: kept as indices
+        idx = torch.tensor(t)
+        assert isinstance(as_run(idx), torch.Tensor)
+        assert pos_len(as_run(idx)) == len(t)
+    x = torch.arange(12.0).view(6, 2)
+    assert take(x, slice(0, 6)) is x and whole(slice(0, 6), 6) and not whole(slice(1, 6), 6)
+    assert take(x, slice(2, 4)).data_ptr() == x[2].data_ptr()  # a view
+    torch.testing.assert_close(take(x, torch.tensor([4, 1])), x[[4, 1]])
+    a, b = torch.zeros(6, 2), torch.zeros(6, 2)
+    add_at(a, slice(1, 3), torch.ones(2, 2))
+    add_at(b, torch.tensor([1, 2]), torch.ones(2, 2))
+    torch.testing.assert_close(a, b)
+
+
+def check_one_bin_runs(comm):
+    """One bin per phase: every position is a slice (whole buffers, nothing gathered)."""
+    dataset = make_dataset()
+    model = make_model("gat", False, 9, 3).to(TEST_DEVICE)
+    strategy = P2PParallel(P2PParallel.Options(bin_size=1000), PartitionOptions(method="metis"))
+    plan = strategy.setup(dataset, model, TEST_DEVICE, comm)
+    for k, ph in enumerate(plan.phases):
+        assert len(ph.bins) == 1
+        blk = ph.bins[0]
+        names = ["rows"] + (["src_local", "src_halo", "dst_pos", "edge_pos"] if k else [])
+        for name in names:
+            assert isinstance(getattr(blk, name), slice), (comm.rank, k, name)
+
+
+@pytest.mark.dist
+def test_one_bin_per_phase_reads_whole_buffers(tmp_path):
+    run_ranks(check_one_bin_runs, 2, tmp_path)
