@@ -43,6 +43,7 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
+from fullgraph.comm import shm
 from fullgraph.errors import ConfigError
 from fullgraph.worker import HEARTBEAT_S, RUN_DIR_ENV, SUPERVISED_ENV, WorkerStatus, run_worker  # noqa: F401
 
@@ -188,6 +189,8 @@ def launch_local(argv: list[str], workers: int, *, timeout_s: float, run_dir: st
               f"logs in {path}", file=sys.stderr)
         return 1
     code = _supervise(procs, path, timeout_s)
+    for p in procs:  # a worker that was killed left its shared-memory files behind
+        shm.remove_files(p.pid)
     if code == 0 and temporary and not keep_run_dir:
         shutil.rmtree(path, ignore_errors=True)
     return code

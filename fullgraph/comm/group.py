@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from fullgraph.comm import primitives as prim
+from fullgraph.comm import shm as shm_transport
 
 DEFAULT_TIMEOUT_S = 300.0
 """Default limit in seconds on every blocking collective (and on process-group setup)."""
@@ -136,6 +137,9 @@ class Comm:
             (default: ``0 .. world_size - 1``, the world itself).
         name: "" for the world; a sub-group's name (see ``split``), which prefixes
             its phases in the world's counter and appears in its CommErrors.
+        shm: the group's shared-memory all-to-all (``fullgraph.comm.shm``) where
+            every rank is on one host, else None (default: None; ``init_comm`` opens
+            it).
     """
 
     rank: int
@@ -148,6 +152,7 @@ class Comm:
     p2p_all_to_all: bool = False
     global_ranks: tuple[int, ...] = ()
     name: str = ""
+    shm: Any = None
 
     def __post_init__(self) -> None:
         if self.world_size < 1 or not 0 <= self.rank < self.world_size:
@@ -190,7 +195,7 @@ def single_comm(device: str | torch.device = "cpu") -> Comm:
 def init_comm(*, backend: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
               init_method: str | None = None, rank: int | None = None,
               world_size: int | None = None, device: str | torch.device | None = None,
-              p2p_all_to_all: bool | None = None) -> Comm:
+              p2p_all_to_all: bool | None = None, shm: bool | None = None) -> Comm:
     """Initialise the default process group and return this worker's ``Comm``.
 
     Arguments left as None are read from the torchrun environment (RANK, WORLD_SIZE,
@@ -209,6 +214,9 @@ def init_comm(*, backend: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_
             cpu); ``cuda`` without an index means the local rank's GPU.
         p2p_all_to_all: force (True) or forbid (False) the isend/irecv all-to-all
             (default: None, probe the backend once and fall back only if it lacks all-to-all).
+        shm: exchange all-to-all blocks of CPU tensors through shared memory where every
+            rank can reach the others' (one host): True to try, False never (default:
+            None, try unless FULLGRAPH_SHM=0; ``fullgraph.comm.shm``).
 
     Raises:
         ValueError: inconsistent arguments or a missing environment variable.
@@ -238,11 +246,31 @@ def init_comm(*, backend: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_
     comm = Comm(rank=rank, world_size=world_size, group=group, timeout=timeout, device=dev)
     comm.p2p_all_to_all = (not prim.probe_all_to_all(comm) if p2p_all_to_all is None
                            else p2p_all_to_all)
+    if shm or (shm is None and shm_transport.supported()):
+        comm.shm = open_shm(comm)
     return comm
+
+
+def open_shm(comm: Comm) -> shm_transport.ShmExchange | None:
+    """``comm``'s shared-memory transport, or None where some rank cannot reach the
+    others' files (collective; counted under phase "comm-init")."""
+    if comm.world_size == 1:
+        return None
+
+    def agree(ok: bool) -> bool:
+        flag = torch.tensor([1 if ok else 0], dtype=torch.int64)
+        return bool(prim.all_reduce_(flag, comm, "comm-init", op="min")[0])
+
+    return shm_transport.ShmExchange.open(
+        comm.rank, comm.world_size, lambda o: prim.all_gather_object(o, comm, "comm-init"),
+        agree)
 
 
 def destroy_comm(comm: Comm) -> None:
     """Tear down ``comm``'s process group (nothing for world size 1); safe to call twice."""
+    if comm.shm is not None:
+        comm.shm.close()
+        comm.shm = None
     if comm.group is not None:
         prim.destroy_group(comm.group)
         comm.group = None

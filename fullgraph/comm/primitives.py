@@ -19,7 +19,10 @@ Byte accounting, per rank and per call (R = world size, B = the tensor's bytes):
 
 gloo in torch 2.13 supports ``all_to_all_single`` with uneven splits (its list form
 ``all_to_all`` needs equal sizes, so it is not used); ``Comm.p2p_all_to_all``
-switches ``all_to_all_v`` to isend/irecv pairs for backends that lack it.
+switches ``all_to_all_v`` to isend/irecv pairs for backends that lack it. Where the
+group's ranks share one host, ``Comm.shm`` carries ``all_to_all_v`` of CPU tensors
+through shared memory instead (``fullgraph.comm.shm``: one asynchronous one-element
+all-reduce is then its only backend call).
 
 CUDA tensors on a gloo group (several workers sharing one GPU, where NCCL refuses
 two ranks on one device) are staged through host memory: each primitive copies its
@@ -360,16 +363,18 @@ def all_to_all_v_start(send: Sequence[Tensor], recv_rows: Sequence[int], comm: C
     itemsize = mine.element_size()
     sent = sum(t.numel() for t in flat) * itemsize
     recv = sum(recv_numel) * itemsize
-    if comm.p2p_all_to_all:  # no asynchronous variant: the whole exchange runs in wait()
+    shm = comm.shm is not None and mine.device.type == "cpu"
+    if comm.p2p_all_to_all and not shm:  # no asynchronous variant: all of it in wait()
         name = "all_to_all_v(p2p)"
         finish = lambda: _all_to_all_p2p(flat, recv_numel, comm)  # noqa: E731
     else:
-        name = "all_to_all_v"
+        name = "all_to_all_v(shm)" if shm else "all_to_all_v"
         start = time.perf_counter()
         try:
-            finish = _start_collective(flat, recv_numel, comm)
+            finish = _start_shm(flat, recv_numel, comm) if shm else \
+                _start_collective(flat, recv_numel, comm)
         except (RuntimeError, TimeoutError) as err:  # counted once, when waited for
-            raise CommError(comm.rank, comm.world_size, phase, "all_to_all_v(start)", err,
+            raise CommError(comm.rank, comm.world_size, phase, f"{name}(start)", err,
                             time.perf_counter() - start, comm.timeout, _where(comm)) from err
 
     def done() -> list[Tensor]:
@@ -401,6 +406,30 @@ def _start_collective(flat: list[Tensor], recv_numel: list[int], comm: Comm) -> 
         return [c.view(dtype) for c in torch.split(got, [n * itemsize for n in recv_numel])]
 
     return finish
+
+
+def _start_shm(flat: list[Tensor], recv_numel: list[int], comm: Comm) -> Any:
+    """The exchange through the group's shared memory (``fullgraph.comm.shm``): one
+    asynchronous one-element all-reduce is its only backend call."""
+    dtype, itemsize = flat[0].dtype, flat[0].element_size()
+    recv_bytes = [n * itemsize for n in recv_numel]
+
+    def signal(flag: int) -> Any:
+        t = torch.tensor([flag], dtype=torch.int64)
+        work = dist.all_reduce(t, op=dist.ReduceOp.MAX, group=comm.group, async_op=True)
+
+        def waiter() -> int:
+            _wait(work, comm)
+            return int(t[0])
+        return waiter
+
+    def fallback(blocks: list[Tensor]) -> list[Tensor]:
+        if comm.p2p_all_to_all:
+            return _all_to_all_p2p(blocks, recv_bytes, comm)
+        return _start_collective(blocks, recv_bytes, comm)()
+
+    finish = comm.shm.start(flat, recv_bytes, signal, fallback)
+    return lambda: [b.view(dtype) for b in finish()]
 
 
 def _check_all_to_all(send: Sequence[Tensor], recv_rows: Sequence[int],

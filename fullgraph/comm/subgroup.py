@@ -19,6 +19,9 @@ Rules:
   ``global_ranks`` the list itself, and the world's timeout, device, backend and
   ``p2p_all_to_all``. A group of one rank gets ``group=None``: like ``single_comm`` it
   never calls torch.distributed (no process group is made for it on any rank).
+- Where the world exchanges through shared memory (``Comm.shm``), each child of two
+  or more ranks opens its own (collective among its members only; its calls are
+  counted under the world's "comm-init").
 - Every primitive and placement pair takes a child as it takes the world: ranks,
   ``src`` and block indices are group ranks; p2p calls translate them to world ranks.
   A timeout or failure raises CommError "rank r of R in group 'P' (global rank g)".
@@ -41,6 +44,7 @@ that collectives on overlapping groups be issued in the same order on every rank
 """
 from __future__ import annotations
 
+import dataclasses
 import operator
 from collections.abc import Sequence
 from typing import Any, cast
@@ -121,6 +125,11 @@ def split_comm(comm: Comm, groups: Sequence[Sequence[int]],
                         timeout=comm.timeout, counter=counter,
                         device=comm.device, p2p_all_to_all=comm.p2p_all_to_all,
                         global_ranks=ranks, name=name)
+    if mine is not None and comm.shm is not None and mine.world_size > 1:
+        from fullgraph.comm.group import open_shm  # group imports this module
+
+        # collective in the sub-group only, counted as the world's set-up
+        mine.shm = open_shm(dataclasses.replace(mine, counter=comm.counter))
     return mine
 
 

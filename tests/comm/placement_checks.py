@@ -85,8 +85,8 @@ def check_rows_cols(comm: Comm) -> None:
     for i, layout in enumerate(_layouts(comm.world_size)):
         for dtype in (torch.float64, torch.float32):
             _check_rows_cols_case(comm, layout, dtype, seed=10 * i)
-    _check_rows_cols_case(fresh_counter(comm, p2p_all_to_all=True), _layouts(comm.world_size)[0],
-                          torch.float64, seed=99)
+    _check_rows_cols_case(fresh_counter(comm, p2p_all_to_all=True, shm=None),
+                          _layouts(comm.world_size)[0], torch.float64, seed=99)
 
 
 # ---------------------------------------------------------------- halo
@@ -164,7 +164,8 @@ def check_halo(comm: Comm) -> None:
              (0.6, (5,), torch.float32)]
     for seed, (density, feat, dtype) in enumerate(cases):
         _check_halo_case(comm, seed, density, feat, dtype)
-    _check_halo_case(fresh_counter(comm, p2p_all_to_all=True), 7, 0.3, (3,), torch.float64)
+    _check_halo_case(fresh_counter(comm, p2p_all_to_all=True, shm=None), 7, 0.3, (3,),
+                     torch.float64)
 
 
 # ---------------------------------------------------------------- gradient sync

@@ -31,18 +31,28 @@ from fullgraph.comm import (
     all_reduce_,
     all_to_all_v,
     barrier,
+    shm,
     single_comm,
 )
+
+
+def transports(comm: Comm) -> list[Comm]:
+    """``comm`` with each all-to-all path: shared memory (where open), the backend's
+    all_to_all_single, and isend/irecv pairs."""
+    return ([comm] if comm.shm is not None else []) + [
+        dataclasses.replace(comm, p2p_all_to_all=p2p, shm=None) for p2p in (False, True)]
 
 
 def check_primitives(comm: Comm) -> None:
     if comm.world_size > 1:  # gloo in torch 2.13 runs all_to_all_single: no fallback chosen
         assert comm.p2p_all_to_all is False
-        assert comm.counter.snapshot()["comm-init"]["calls"] == 1
+        # the all-to-all probe; with shared memory, its probe (2 gathers, 1 all-reduce)
+        assert comm.counter.snapshot()["comm-init"]["calls"] == (
+            4 if shm.supported() else 1)
+        assert (comm.shm is not None) == shm.supported()
         assert comm.timeout == datetime.timedelta(seconds=120)
     assert comm.device == torch.device("cpu")
-    for p2p in (False, True):
-        c = dataclasses.replace(comm, p2p_all_to_all=p2p)
+    for c in transports(comm):
         check_all_to_all_v(c)
         check_reductions(c)
         check_gathers(c)
@@ -70,8 +80,12 @@ def peer_leaves(comm: Comm, tmp_path: Path) -> None:
     c = fresh_comm(comm, timeout=SHORT)
     calls = [("all_reduce", lambda: all_reduce_(torch.ones(3), c, "doomed")),
              ("all_to_all_v(p2p)", lambda: all_to_all_v(
-                 [torch.ones(2, 2)] * 2, [2, 2], dataclasses.replace(c, p2p_all_to_all=True),
-                 "doomed")),
+                 [torch.ones(2, 2)] * 2, [2, 2],
+                 dataclasses.replace(c, p2p_all_to_all=True, shm=None), "doomed")),
+             ("all_to_all_v", lambda: all_to_all_v(
+                 [torch.ones(2, 2)] * 2, [2, 2], dataclasses.replace(c, shm=None), "doomed")),
+             ("all_to_all_v(shm)", lambda: all_to_all_v(
+                 [torch.ones(2, 2)] * 2, [2, 2], c, "doomed")),
              ("barrier", lambda: barrier(c, "doomed"))]
     for name, call in calls:
         start = time.perf_counter()

@@ -70,7 +70,7 @@ def _counts(counter) -> dict:
 def _check_battery(sub: Comm) -> None:
     """Every primitive and placement pair, values and bytes, on ``sub``."""
     for p2p in (False, True):
-        c = dataclasses.replace(sub, p2p_all_to_all=p2p)
+        c = dataclasses.replace(sub, p2p_all_to_all=p2p, shm=None)
         tprim.check_all_to_all_v(c)
         tprim.check_reductions(c)
         tprim.check_gathers(c)
@@ -117,7 +117,8 @@ def _check_handoff(world: Comm, groups: list[list[int]]) -> None:
         return torch.full((rows, 3), float(100 * s + d), device=world.device)
 
     for p2p in (False, True):
-        c = dataclasses.replace(world, counter=ByteCounter(), p2p_all_to_all=p2p)
+        c = dataclasses.replace(world, counter=ByteCounter(), p2p_all_to_all=p2p,
+                                shm=world.shm if not p2p else None)
         send = [block(me, d) for d in range(world.world_size)]
         out = all_to_all_v(send, [block(s, me).shape[0] for s in range(world.world_size)],
                            c, "handoff")

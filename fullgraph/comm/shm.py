@@ -1,0 +1,368 @@
+"""All-to-all through shared memory between the workers of one host.
+
+gloo moves every byte over TCP, also between processes on one host: about 1 GB/s per
+rank over loopback on a 2-core VM where a memory copy runs at 13 GB/s. When every rank
+of a group can open every other rank's files in one shared-memory directory (the
+probe in ``ShmExchange.open``: the same host and the same ``/dev/shm``), the group's
+``all_to_all_v`` copies each rank's outgoing blocks into a segment of its own and each
+receiver copies its blocks straight out of its peers' segments: two memory copies
+instead of a socket round trip.
+
+Per exchange (sequence number k, the same on every rank: exchanges are started in the
+same order everywhere, as every collective must be):
+
+- ``start``: the sender copies its blocks into a free region of its arena (a
+  shared-memory file; a larger one is made when it fills, and the old one is removed
+  once nothing in it is still to be read), writes where each block lies into entry
+  ``k mod ENTRIES`` of its control table, then starts a one-element all-reduce on the
+  group without waiting for it. That all-reduce is the signal that every rank's blocks
+  are written: its socket calls order the memory, and it brings gloo's timeout and its
+  errors for a dead peer.
+- ``wait``: once the all-reduce is done, the receiver copies its block out of each
+  peer's region, then advances its ``done`` counter (every exchange below it read).
+- reuse: a sender writes over a region only after every peer's ``done`` has passed
+  the exchanges that used it. Where the counters are read stale, a region is only
+  reused later, never early: x86-64 keeps a core's loads and stores in order, and the
+  transport is used only there.
+
+Where a rank cannot get the room (the directory full), it says so in the all-reduce
+(the maximum of the flags), and every rank then runs that one exchange through the
+backend's ``all_to_all_single`` in ``wait``, as ``Comm.p2p_all_to_all`` does.
+
+Files are named ``fullgraph-<pid>-<random>-...`` and removed as soon as every peer has
+them mapped: the control file right after the probe, an arena once every peer has
+finished the first exchange placed in it (``wait`` maps each peer's newest arena,
+whether or not it reads from it). The mappings live on, so a killed worker leaves at
+most an arena made in its last exchange; the launcher removes those too
+(``remove_files``). Set ``FULLGRAPH_SHM=0`` to keep every exchange on the backend.
+
+This module calls torch.distributed only through the callables ``primitives`` gives it.
+"""
+from __future__ import annotations
+
+import atexit
+import glob
+import os
+import platform
+import secrets
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+ENV = "FULLGRAPH_SHM"
+ROOT = "/dev/shm"
+ENTRIES = 256
+"""Control-table entries: exchanges that may be started and not yet read by every peer."""
+MIN_ARENA = 8 << 20
+FREE_MARGIN = 64 << 20
+"""Room left free in the directory when an arena grows."""
+_HEAD = 2  # control words before the table: done, the probe's token
+_DONE, _TOKEN = 0, 1
+
+
+def supported() -> bool:
+    """Whether this machine may use the transport (x86-64 memory order, a /dev/shm,
+    and not switched off with FULLGRAPH_SHM=0)."""
+    if os.environ.get(ENV, "1").strip().lower() in ("0", "off", "false", "no"):
+        return False
+    return platform.machine().lower() in ("x86_64", "amd64") and os.path.isdir(ROOT) \
+        and os.access(ROOT, os.W_OK)
+
+
+def remove_files(pid: int, root: str = ROOT) -> int:
+    """Remove the shared-memory files of the worker process ``pid``; how many."""
+    n = 0
+    for path in glob.glob(os.path.join(root, f"fullgraph-{int(pid)}-*")):
+        try:
+            os.unlink(path)
+            n += 1
+        except OSError:
+            pass
+    return n
+
+
+def _map(path: str, nbytes: int, create: bool) -> Tensor:
+    """A (nbytes,) uint8 tensor over the file ``path`` (MAP_SHARED)."""
+    if create:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.posix_fallocate(fd, 0, nbytes)  # ENOSPC now, not SIGBUS on a later write
+        finally:
+            os.close(fd)
+    return torch.from_file(path, shared=True, size=nbytes, dtype=torch.uint8)
+
+
+@dataclass
+class _Arena:
+    gen: int
+    path: str
+    data: Tensor
+    first: int  # the first exchange placed in it
+    live: dict[int, tuple[int, int]] = field(default_factory=dict)  # seq -> [start, stop)
+    unlinked: bool = False
+
+    @property
+    def capacity(self) -> int:
+        return self.data.numel()
+
+
+class ShmExchange:
+    """One rank's side of the shared-memory all-to-all of one group (see the module).
+
+    Made by ``open`` (collective); ``start`` and the function it returns replace the
+    backend's ``all_to_all_single`` for CPU tensors.
+    """
+
+    def __init__(self, rank: int, world_size: int, prefix: str, root: str = ROOT) -> None:
+        self.rank, self.world_size, self.root = rank, world_size, root
+        self.prefix = prefix
+        self.width = 3 + 2 * world_size  # seq + 1, gen, base, offsets, sizes
+        self.entries = ENTRIES
+        words = _HEAD + self.entries * self.width
+        self.control_path = f"{prefix}-control"
+        control = _map(self.control_path, 8 * words, create=True)
+        self.control = control.view(torch.int64)
+        self.control.zero_()
+        self.arenas: list[_Arena] = []
+        self.next_gen = 0
+        self.seq = 0  # the next exchange's number
+        self.read: set[int] = set()  # exchanges read above ``done``
+        self.peer_prefix: list[str] = []
+        self.peer_control: list[Tensor | None] = []
+        # per peer: gen -> (its arena, an exchange seen in it)
+        self.peer_arenas: list[dict[int, tuple[Tensor, int]]] = [
+            {} for _ in range(world_size)]
+        self.closed = False
+        atexit.register(self.close)
+
+    # ------------------------------------------------------------ set-up
+    @classmethod
+    def open(cls, rank: int, world_size: int,
+             gather: Callable[[object], list[object]],
+             agree: Callable[[bool], bool], root: str = ROOT) -> ShmExchange | None:
+        """The group's transport, or None where some rank cannot reach another's files.
+
+        Collective: ``gather`` is an all-gather of a small object, ``agree`` the
+        logical and of a flag over the group. Every rank writes a random token into
+        its control file and reads every peer's back from theirs."""
+        mine: ShmExchange | None = None
+        token = secrets.randbits(62)
+        try:
+            mine = cls(rank, world_size,
+                       os.path.join(root, f"fullgraph-{os.getpid()}-{secrets.token_hex(4)}"),
+                       root)
+            mine.control[_TOKEN] = token
+            info: object = (mine.prefix, token)
+        except (OSError, RuntimeError):  # no room, no such directory, a failed map
+            info = None
+        everyone = gather(info)
+        ok = mine is not None and all(i is not None for i in everyone)
+        if ok:
+            assert mine is not None
+            try:
+                for q, got in enumerate(everyone):
+                    assert isinstance(got, tuple)
+                    prefix, tok = got
+                    ctl = None
+                    if q != rank:
+                        ctl = _map(f"{prefix}-control", 8 * (_HEAD + mine.entries * mine.width),
+                                   create=False).view(torch.int64)
+                        ok = ok and int(ctl[_TOKEN]) == tok
+                    mine.peer_prefix.append(prefix)
+                    mine.peer_control.append(ctl)
+            except (OSError, RuntimeError):
+                ok = False
+        if not agree(ok):
+            if mine is not None:
+                mine.close()
+            return None
+        assert mine is not None
+        _unlink(mine.control_path)  # every peer has it mapped: nothing left to clean up
+        return mine
+
+    def close(self) -> None:
+        """Unmap everything and remove this rank's files (safe to call twice)."""
+        if self.closed:
+            return
+        self.closed = True
+        for arena in self.arenas:
+            if not arena.unlinked:
+                _unlink(arena.path)
+        _unlink(self.control_path)
+        self.arenas.clear()
+        self.peer_arenas = [{} for _ in range(self.world_size)]
+        self.peer_control = []
+
+    # ------------------------------------------------------------ one exchange
+    def start(self, flat: Sequence[Tensor], recv_bytes: Sequence[int],
+              signal: Callable[[int], Callable[[], int]],
+              fallback: Callable[[list[Tensor]], list[Tensor]]) -> Callable[[], list[Tensor]]:
+        """Post this rank's blocks and start the signal; the returned function waits
+        and gives the received blocks (uint8, one per rank; this rank's empty).
+
+        Args:
+            flat: one 1-D contiguous CPU tensor per rank, of any dtype (this rank's
+                empty): the bytes to send there. They are copied before this returns.
+            recv_bytes: bytes to receive from each rank.
+            signal: starts the group's one-element max all-reduce of a flag and
+                returns the function that waits for it and gives the maximum.
+            fallback: the backend's all-to-all of byte blocks, for an exchange some
+                rank had no room for.
+        """
+        seq = self.seq
+        self.seq += 1
+        blocks = [t.reshape(-1).view(torch.uint8) if t.numel() and p != self.rank else
+                  torch.empty(0, dtype=torch.uint8) for p, t in enumerate(flat)]
+        sizes = [b.numel() for b in blocks]
+        placed = self._place(seq, sum(sizes))
+        if placed is None:  # no room: this exchange goes through the backend
+            sent = [b.clone() for b in blocks]
+        else:
+            arena, offset = placed
+            entry = self._entry(self.control, seq)
+            offsets = []
+            for b in blocks:
+                offsets.append(offset)
+                if b.numel():
+                    assert arena is not None
+                    arena.data[offset:offset + b.numel()].copy_(b)
+                    offset += b.numel()
+            w = self.world_size
+            entry[3:3 + w] = torch.tensor(offsets, dtype=torch.int64)
+            entry[3 + w:3 + 2 * w] = torch.tensor(sizes, dtype=torch.int64)
+            entry[1], entry[2] = -1 if arena is None else arena.gen, offsets[0]
+            entry[0] = seq + 1  # 0: never posted
+            # the posted copies: what the backend sends should another rank lack room
+            sent = [b if not b.numel() or arena is None else arena.data[o:o + b.numel()]
+                    for b, o in zip(blocks, offsets)]
+        waiter = signal(0 if placed is not None else 1)
+
+        def finish() -> list[Tensor]:
+            missing = waiter() > 0  # some rank had no room: every rank takes the backend
+            entries = [None if q == self.rank else self._posted(q, seq, not missing)
+                       for q in range(self.world_size)]
+            if missing:
+                got = fallback(sent)
+            else:
+                got = [self._read(q, seq, int(n), entries[q]) if q != self.rank and n else
+                       torch.empty(0, dtype=torch.uint8) for q, n in enumerate(recv_bytes)]
+            self._mark_read(seq)
+            return got
+
+        return finish
+
+    def _posted(self, q: int, seq: int, required: bool) -> Tensor | None:
+        """Rank q's table entry of exchange ``seq`` (None where q posted none: it had
+        no room); its arena is mapped here now, whether or not this rank reads from it,
+        so that q may remove the file once every peer is past ``seq``."""
+        ctl = self.peer_control[q]
+        assert ctl is not None
+        entry = self._entry(ctl, seq).clone()
+        if int(entry[0]) != seq + 1:
+            if not required:
+                return None
+            raise RuntimeError(f"shared-memory exchange {seq}: rank {q} posted exchange "
+                               f"{int(entry[0]) - 1} in its place (the ranks started their "
+                               "exchanges in different orders)")
+        gen = int(entry[1])
+        maps = self.peer_arenas[q]
+        if gen >= 0 and gen not in maps:
+            path = f"{self.peer_prefix[q]}-g{gen}"
+            maps[gen] = (_map(path, os.stat(path).st_size, create=False), seq)
+        return entry
+
+    def _read(self, q: int, seq: int, n: int, entry: Tensor | None) -> Tensor:
+        assert entry is not None
+        w = self.world_size
+        offset, size = int(entry[3 + self.rank]), int(entry[3 + w + self.rank])
+        if size != n:
+            raise RuntimeError(f"shared-memory exchange {seq}: rank {q} sent {size} bytes "
+                               f"here, {n} were expected")
+        data = self.peer_arenas[q][int(entry[1])][0]
+        return data[offset:offset + n].clone()
+
+    def _mark_read(self, seq: int) -> None:
+        self.read.add(seq)
+        done = int(self.control[_DONE])
+        while done in self.read:
+            self.read.discard(done)
+            done += 1
+        self.control[_DONE] = done
+        # a peer's arenas are used in order of exchange: once an exchange seen in a
+        # newer one is read, with everything before it, the older ones are not needed
+        for maps in self.peer_arenas:
+            newest = max((g for g, (_, seen) in maps.items() if seen < done), default=None)
+            for g in [g for g in maps if newest is not None and g < newest]:
+                del maps[g]
+
+    def _entry(self, control: Tensor, seq: int) -> Tensor:
+        start = _HEAD + (seq % self.entries) * self.width
+        return control[start:start + self.width]
+
+    # ------------------------------------------------------------ the arena
+    def _peers_done(self) -> int:
+        return min(int(c[_DONE]) for q, c in enumerate(self.peer_control) if q != self.rank
+                   and c is not None)
+
+    def _place(self, seq: int, nbytes: int) -> tuple[_Arena | None, int] | None:
+        """Room for ``nbytes`` for exchange ``seq``: (arena, offset); (None, 0) for
+        nothing to send; None where there is no room."""
+        done = self._peers_done()
+        if seq - done >= self.entries:  # its table entry is still to be read by a peer
+            return None
+        for arena in self.arenas:
+            for s in [s for s in arena.live if s < done]:
+                del arena.live[s]
+            if not arena.unlinked and arena.first < done:  # every peer has it mapped
+                _unlink(arena.path)
+                arena.unlinked = True
+        # older arenas nothing reads any more
+        self.arenas = [a for a in self.arenas[:-1] if a.live] + self.arenas[-1:]
+        if not nbytes:
+            return None, 0
+        cur = self.arenas[-1] if self.arenas else None
+        base = None if cur is None else _first_fit(cur, nbytes)
+        if base is None:
+            cur = self._grow(seq, nbytes, 0 if cur is None else cur.capacity)
+            if cur is None:
+                return None
+            base = 0
+        assert cur is not None
+        cur.live[seq] = (base, base + nbytes)
+        return cur, base
+
+    def _grow(self, seq: int, nbytes: int, old: int) -> _Arena | None:
+        size = max(MIN_ARENA, 2 * nbytes, 2 * old)
+        size = (size + 4095) // 4096 * 4096
+        try:
+            st = os.statvfs(self.root)
+            if st.f_bavail * st.f_frsize < size + FREE_MARGIN:
+                return None
+            path = f"{self.prefix}-g{self.next_gen}"
+            data = _map(path, size, create=True)
+        except OSError:
+            return None
+        arena = _Arena(self.next_gen, path, data, seq)
+        self.next_gen += 1
+        self.arenas.append(arena)
+        return arena
+
+
+def _first_fit(arena: _Arena, nbytes: int) -> int | None:
+    """The lowest offset of ``arena`` with ``nbytes`` free after it, or None."""
+    at = 0
+    for start, stop in sorted(arena.live.values()):
+        if start - at >= nbytes:
+            return at
+        at = max(at, stop)
+    return at if arena.capacity - at >= nbytes else None
+
+
+def _unlink(path: str) -> None:
+    try:
+        Path(path).unlink()
+    except OSError:
+        pass

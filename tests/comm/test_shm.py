@@ -1,0 +1,150 @@
+"""The shared-memory all-to-all (``fullgraph.comm.shm``) on gloo ranks of one host.
+
+``test_primitives`` runs every primitive through it; here: exchanges waited out of
+order, an arena that grows and gives its old file back, a rank without room (the
+exchange goes through the backend), more exchanges in flight than the control table
+holds, a probe that fails where the ranks do not share the directory, and the files
+left behind.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from harness import run_ranks
+
+from fullgraph.comm import Comm, all_to_all_v, barrier
+from fullgraph.comm import shm as shm_mod
+from fullgraph.comm.group import open_shm
+from fullgraph.comm.primitives import all_to_all_v_start
+
+pytestmark = pytest.mark.skipif(not shm_mod.supported(), reason="no shared-memory transport here")
+
+
+def _block(src: int, dst: int, k: int, rows: int, dtype: torch.dtype) -> torch.Tensor:
+    vals = torch.arange(rows * 3, dtype=torch.float64).view(rows, 3) + 1000 * src + 100 * dst + k
+    return vals.to(dtype) if dtype != torch.bool else (vals.long() % 3 == 0)
+
+
+def _rows(src: int, dst: int, k: int) -> int:
+    return 0 if src == dst else (src + 2 * dst + k) % 4 * (1 + k % 3)
+
+
+def _exchange_many(comm: Comm, count: int, big: int = 0) -> None:
+    """``count`` exchanges started together and waited in reverse order."""
+    me, world = comm.rank, comm.world_size
+    dtypes = [torch.float32, torch.float64, torch.int64, torch.bool]
+    pending = []
+    for k in range(count):
+        dtype = dtypes[k % len(dtypes)]
+        extra = big if k == count - 1 else 0
+        send = [_block(me, d, k, _rows(me, d, k) + extra, dtype) for d in range(world)]
+        recv = [_rows(s, me, k) + extra for s in range(world)]
+        pending.append((k, dtype, extra, all_to_all_v_start(send, recv, comm, "shm-test")))
+    for k, dtype, extra, p in reversed(pending):
+        got = p.wait()
+        for s in range(world):
+            if s != me:
+                want = _block(s, me, k, _rows(s, me, k) + extra, dtype)
+                assert torch.equal(got[s], want), (me, s, k)
+
+
+def _my_files(comm: Comm) -> list[str]:
+    prefix = comm.shm.prefix
+    folder = os.path.dirname(prefix)
+    return sorted(f for f in os.listdir(folder) if f.startswith(os.path.basename(prefix)))
+
+
+def check_exchanges(comm: Comm) -> None:
+    assert comm.shm is not None
+    assert _my_files(comm) == []  # the control file went once every peer had it mapped
+    for _ in range(3):
+        _exchange_many(comm, 9)
+    assert [a.gen for a in comm.shm.arenas] == [0]
+    # 4M floats: larger than the arena, so it grows; the old one goes once read
+    _exchange_many(comm, 3, big=1 << 20)
+    barrier(comm, "read")  # every rank has read everything: the next start frees
+    _exchange_many(comm, 2)
+    assert [a.gen for a in comm.shm.arenas] == [1]
+    barrier(comm, "read")
+    _exchange_many(comm, 1)
+    assert _my_files(comm) == []  # mapped by every peer, so removed already
+    assert comm.counter.snapshot()["shm-test"]["calls"] == 27 + 3 + 2 + 1
+    comm.shm.close()
+
+
+def check_no_room(comm: Comm) -> None:
+    """Rank 1 gets no arena: every exchange goes through the backend, on every rank."""
+    if comm.rank == 1:
+        comm.shm._grow = lambda seq, nbytes, old: None
+    _exchange_many(comm, 5)
+    _exchange_many(comm, 3)
+    assert comm.shm.arenas == [] if comm.rank == 1 else comm.shm.arenas
+
+
+def check_full_table(comm: Comm, monkeypatch_entries: int) -> None:
+    """More exchanges in flight than table entries: the extra ones take the backend."""
+    shm_mod.ENTRIES = monkeypatch_entries
+    small = open_shm(dataclasses.replace(comm, shm=None))
+    assert small is not None
+    c = dataclasses.replace(comm, shm=small)
+    _exchange_many(c, 3 * monkeypatch_entries)
+    _exchange_many(c, 2)
+    small.close()
+
+
+def check_probe_fails(comm: Comm, tmp: str) -> None:
+    """Ranks that do not see each other's files (as on two hosts, each with its own
+    /dev/shm) agree on no transport."""
+    root = Path(tmp) / f"rank{comm.rank}"
+    root.mkdir()
+
+    def gather(obj):
+        from fullgraph.comm.primitives import all_gather_object
+        got = all_gather_object(obj, comm, "probe")
+        # the peers' files are where this rank cannot see them
+        return [o if q == comm.rank else (str(root / "elsewhere" / Path(o[0]).name), o[1])
+                for q, o in enumerate(got)]
+
+    def agree(ok):
+        from fullgraph.comm.primitives import all_reduce_
+        return bool(all_reduce_(torch.tensor([int(ok)]), comm, "probe", op="min")[0])
+
+    assert shm_mod.ShmExchange.open(comm.rank, comm.world_size, gather, agree,
+                                    root=str(root)) is None
+    assert list(root.iterdir()) == []  # its own files removed again
+    out = all_to_all_v([torch.ones(1, 2)] * comm.world_size, [1] * comm.world_size, comm, "x")
+    assert len(out) == comm.world_size
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_exchanges_waited_out_of_order_and_a_growing_arena(tmp_path, world_size):
+    run_ranks(check_exchanges, world_size, tmp_path)
+
+
+@pytest.mark.dist
+def test_a_rank_without_room_sends_every_exchange_through_the_backend(tmp_path):
+    run_ranks(check_no_room, 3, tmp_path)
+
+
+@pytest.mark.dist
+def test_more_exchanges_in_flight_than_the_table_holds(tmp_path):
+    run_ranks(check_full_table, 2, tmp_path, 4)
+
+
+@pytest.mark.dist
+def test_ranks_that_cannot_share_files_use_the_backend(tmp_path):
+    run_ranks(check_probe_fails, 2, tmp_path, str(tmp_path))
+
+
+def test_switched_off_and_leftovers(monkeypatch, tmp_path):
+    monkeypatch.setenv(shm_mod.ENV, "0")
+    assert not shm_mod.supported()
+    for name in ("fullgraph-4242-ab-control", "fullgraph-4242-ab-g0", "fullgraph-42-x"):
+        (tmp_path / name).write_bytes(b"x")
+    assert shm_mod.remove_files(4242, root=str(tmp_path)) == 2
+    assert [p.name for p in tmp_path.iterdir()] == ["fullgraph-42-x"]
