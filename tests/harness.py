@@ -22,7 +22,7 @@ from typing import Any
 import torch
 import torch.multiprocessing as mp
 
-from fullgraph.comm import CommError, destroy_comm, init_comm
+from fullgraph.comm import CommError, destroy_comm, init_comm, shm
 
 ECHO_DELAY_S = 1.0
 """How long a rank that failed with CommError waits before exiting (see _rank_main)."""
@@ -65,8 +65,14 @@ def run_ranks(fn: Callable[..., Any], world_size: int, tmp_path: Path | str, *ar
     store = Path(tmp_path) / "store"
     if store.exists():  # a stale file store would hang the rendezvous
         os.remove(store)
-    mp.start_processes(_rank_main, args=(fn, world_size, str(store), timeout_s, args),
-                       nprocs=world_size, join=True, start_method=START_METHOD)
+    ctx = mp.start_processes(_rank_main, args=(fn, world_size, str(store), timeout_s, args),
+                             nprocs=world_size, join=False, start_method=START_METHOD)
+    try:
+        while not ctx.join():
+            pass
+    finally:  # a rank terminated mid-exchange leaves its shared-memory arena behind
+        for proc in ctx.processes:
+            shm.remove_files(proc.pid)
 
 
 START_METHOD = os.environ.get("FULLGRAPH_TEST_START", "forkserver")

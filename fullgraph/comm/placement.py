@@ -31,7 +31,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from fullgraph.comm.primitives import all_gather_rows, all_reduce_, all_to_all_v
+from fullgraph.comm.primitives import (
+    all_gather_rows,
+    all_reduce_,
+    all_to_all_v,
+    exchange_blocks_start,
+)
 
 if TYPE_CHECKING:
     from fullgraph.comm.group import Comm
@@ -171,11 +176,12 @@ def _rows_to_cols(x_rows: Tensor, layout: RowColLayout, comm: Comm, phase: str) 
     if comm.world_size == 1:
         return x_rows
     shared = x_rows[:, layout.num_cols - sh:]
-    send = [torch.cat([x_rows[:, layout.col_slice(p)], shared], dim=1).reshape(-1)
-            for p in range(comm.world_size)]
-    sizes = [(n, layout.local_cols(r)) for n in layout.row_counts]
-    recv = all_to_all_v(send, [a * b for a, b in sizes], comm, phase)
-    return torch.cat([t.view(size) for t, size in zip(recv, sizes)], dim=0)
+    send = [torch.cat([x_rows[:, layout.col_slice(p)], shared], dim=1) if sh else
+            x_rows[:, layout.col_slice(p)] for p in range(comm.world_size)]
+    out = x_rows.new_empty(layout.num_rows, layout.local_cols(r))
+    into = [out[layout.row_slice(p)] for p in range(comm.world_size)]
+    exchange_blocks_start(send, into, comm, phase).wait()
+    return out
 
 
 def _cols_to_rows_summed(g_cols: Tensor, layout: RowColLayout, comm: Comm,
@@ -185,16 +191,21 @@ def _cols_to_rows_summed(g_cols: Tensor, layout: RowColLayout, comm: Comm,
     _check_layout(g_cols, layout, comm, layout.num_rows, layout.local_cols(r), "cols_to_rows")
     if comm.world_size == 1:
         return g_cols
-    send = [g_cols[layout.row_slice(p)].reshape(-1) for p in range(comm.world_size)]
+    send = [g_cols[layout.row_slice(p)] for p in range(comm.world_size)]
+    if not layout.shared_cols:
+        out = g_cols.new_empty(layout.row_counts[r], layout.num_cols)
+        into = [out[:, layout.col_slice(q)] for q in range(comm.world_size)]
+        exchange_blocks_start(send, into, comm, phase).wait()
+        return out
     sizes = [(layout.row_counts[r], layout.local_cols(q)) for q in range(comm.world_size)]
-    recv = [t.view(size) for t, size in zip(all_to_all_v(send, [a * b for a, b in sizes],
-                                                         comm, phase), sizes)]
+    recv = [t.view(size) for t, size in zip(
+        all_to_all_v([t.reshape(-1) for t in send], [a * b for a, b in sizes], comm, phase),
+        sizes)]
     parts = [t[:, :ev[q]] for q, t in enumerate(recv)]
-    if layout.shared_cols:
-        total = recv[0][:, ev[0]:].clone()
-        for q in range(1, comm.world_size):  # fixed rank order: deterministic sums
-            total += recv[q][:, ev[q]:]
-        parts.append(total)
+    total = recv[0][:, ev[0]:].clone()
+    for q in range(1, comm.world_size):  # fixed rank order: deterministic sums
+        total += recv[q][:, ev[q]:]
+    parts.append(total)
     return torch.cat(parts, dim=1)
 
 
@@ -205,13 +216,13 @@ def _cols_to_rows(x_cols: Tensor, layout: RowColLayout, comm: Comm, phase: str) 
     if comm.world_size == 1:
         return x_cols
     own = layout.col_counts[r]
-    send = [x_cols[layout.row_slice(p), :own].reshape(-1) for p in range(comm.world_size)]
-    sizes = [(layout.row_counts[r], d) for d in layout.col_counts]
-    recv = all_to_all_v(send, [a * b for a, b in sizes], comm, phase)
-    parts = [t.view(size) for t, size in zip(recv, sizes)]
+    send = [x_cols[layout.row_slice(p), :own] for p in range(comm.world_size)]
+    out = x_cols.new_empty(layout.row_counts[r], layout.num_cols)
+    into = [out[:, layout.col_slice(q)] for q in range(comm.world_size)]
+    exchange_blocks_start(send, into, comm, phase).wait()
     if layout.shared_cols:
-        parts.append(x_cols[layout.row_slice(r), own:])
-    return torch.cat(parts, dim=1)
+        out[:, layout.num_cols - layout.shared_cols:] = x_cols[layout.row_slice(r), own:]
+    return out
 
 
 def _rows_to_cols_local(g_rows: Tensor, layout: RowColLayout, comm: Comm,
@@ -221,15 +232,15 @@ def _rows_to_cols_local(g_rows: Tensor, layout: RowColLayout, comm: Comm,
     _check_layout(g_rows, layout, comm, layout.row_counts[r], layout.num_cols, "rows_to_cols")
     if comm.world_size == 1:
         return g_rows
-    send = [g_rows[:, layout.col_slice(p)].reshape(-1) for p in range(comm.world_size)]
-    sizes = [(n, layout.col_counts[r]) for n in layout.row_counts]
-    recv = all_to_all_v(send, [a * b for a, b in sizes], comm, phase)
-    own = torch.cat([t.view(size) for t, size in zip(recv, sizes)], dim=0)
-    if not sh:
-        return own
-    shared = g_rows.new_zeros(layout.num_rows, sh)
-    shared[layout.row_slice(r)] = g_rows[:, layout.num_cols - sh:]
-    return torch.cat([own, shared], dim=1)
+    own = layout.col_counts[r]
+    send = [g_rows[:, layout.col_slice(p)] for p in range(comm.world_size)]
+    out = g_rows.new_empty(layout.num_rows, own + sh)
+    into = [out[layout.row_slice(p), :own] for p in range(comm.world_size)]
+    exchange_blocks_start(send, into, comm, phase).wait()
+    if sh:
+        out[:, own:] = 0
+        out[layout.row_slice(r), own:] = g_rows[:, layout.num_cols - sh:]
+    return out
 
 
 def _row_offsets(row_counts: Sequence[int]) -> list[int]:

@@ -350,39 +350,119 @@ class PendingExchange:
 
 
 def all_to_all_v_start(send: Sequence[Tensor], recv_rows: Sequence[int], comm: Comm,
-                       phase: str) -> PendingExchange:
-    """Start ``all_to_all_v`` without waiting for it (overlap it with computation)."""
+                       phase: str, into: Sequence[Tensor] | None = None) -> PendingExchange:
+    """Start ``all_to_all_v`` without waiting for it (overlap it with computation).
+
+    ``into``: one tensor per rank, of shape (recv_rows[p], *F), of any strides (views
+    of one output, typically): the block from rank p is written into ``into[p]``
+    (``send[comm.rank]`` into this rank's, unless it is that tensor) and ``wait``
+    returns ``into``. Through shared memory the blocks go straight from the peers'
+    arenas to their places, and strided ``send`` blocks straight into this rank's
+    arena: no intermediate copy on either side.
+    """
     trailing = _check_all_to_all(send, recv_rows, comm)
     mine = send[comm.rank]
+    if into is not None:
+        _check_into(into, recv_rows, trailing, mine, comm)
+        return exchange_blocks_start(send, into, comm, phase)
     if comm.world_size == 1:
         return PendingExchange(comm, phase, "all_to_all_v", 0, 0, lambda: [mine])
     row_numel = math.prod(trailing)
-    flat = [torch.empty(0, dtype=mine.dtype, device=mine.device) if p == comm.rank
-            else t.contiguous().reshape(-1) for p, t in enumerate(send)]
+    shm = comm.shm is not None and mine.device.type == "cpu"
+    empty = torch.empty(0, dtype=mine.dtype, device=mine.device)
+    flat = [empty if p == comm.rank else (t if shm else t.contiguous().reshape(-1))
+            for p, t in enumerate(send)]
     recv_numel = [0 if p == comm.rank else int(n) * row_numel for p, n in enumerate(recv_rows)]
     itemsize = mine.element_size()
     sent = sum(t.numel() for t in flat) * itemsize
     recv = sum(recv_numel) * itemsize
-    shm = comm.shm is not None and mine.device.type == "cpu"
-    if comm.p2p_all_to_all and not shm:  # no asynchronous variant: all of it in wait()
-        name = "all_to_all_v(p2p)"
-        finish = lambda: _all_to_all_p2p(flat, recv_numel, comm)  # noqa: E731
-    else:
-        name = "all_to_all_v(shm)" if shm else "all_to_all_v"
-        start = time.perf_counter()
-        try:
-            finish = _start_shm(flat, recv_numel, comm) if shm else \
-                _start_collective(flat, recv_numel, comm)
-        except (RuntimeError, TimeoutError) as err:  # counted once, when waited for
-            raise CommError(comm.rank, comm.world_size, phase, f"{name}(start)", err,
-                            time.perf_counter() - start, comm.timeout, _where(comm)) from err
+    name, finish = _launch(flat, recv_numel, comm, phase, shm, None)
 
     def done() -> list[Tensor]:
-        received = finish()
         return [mine if p == comm.rank else r.view(int(n), *trailing)
-                for p, (r, n) in enumerate(zip(received, recv_rows))]
+                for p, (r, n) in enumerate(zip(finish(), recv_rows))]
 
     return PendingExchange(comm, phase, name, sent, recv, done)
+
+
+def exchange_blocks_start(send: Sequence[Tensor], into: Sequence[Tensor], comm: Comm,
+                          phase: str) -> PendingExchange:
+    """Send ``send[p]`` to rank p and write the block from rank q into ``into[q]``.
+
+    Blocks of any shapes and strides and one dtype and device: ``into[q]`` on this
+    rank has as many elements as ``send[this rank]`` on rank q, taken in row-major
+    order; ``send[comm.rank]`` is copied into ``into[comm.rank]`` (unless they are one
+    tensor). ``wait`` returns ``into``. Through shared memory a block goes from its
+    source to its place with one copy on each side; on the backend it is made
+    contiguous to send and received into a buffer first. Bytes as ``all_to_all_v``.
+    """
+    if len(send) != comm.world_size or len(into) != comm.world_size:
+        raise ValueError(f"exchange_blocks: need world_size={comm.world_size} blocks to send "
+                         f"and to fill, got {len(send)} and {len(into)}")
+    mine = send[comm.rank]
+    for what, blocks in (("send", send), ("into", into)):
+        for p, t in enumerate(blocks):
+            if t.dtype != mine.dtype or t.device != mine.device:
+                raise ValueError(f"exchange_blocks: {what}[{p}] is {t.dtype} on {t.device}; "
+                                 f"expected {mine.dtype} on {mine.device} like "
+                                 f"send[{comm.rank}]")
+    if comm.world_size == 1:
+        return PendingExchange(comm, phase, "all_to_all_v", 0, 0,
+                               lambda: _place_own(into, mine, 0))
+    shm = comm.shm is not None and mine.device.type == "cpu"
+    empty = torch.empty(0, dtype=mine.dtype, device=mine.device)
+    flat = [empty if p == comm.rank else (t if shm else t.contiguous().reshape(-1))
+            for p, t in enumerate(send)]
+    recv_numel = [0 if q == comm.rank else t.numel() for q, t in enumerate(into)]
+    itemsize = mine.element_size()
+    sent, recv = sum(t.numel() for t in flat) * itemsize, sum(recv_numel) * itemsize
+    name, finish = _launch(flat, recv_numel, comm, phase, shm, into)
+
+    def done() -> list[Tensor]:
+        for q, r in enumerate(finish()):
+            if q != comm.rank and r is not None and r.numel():  # (shm: already there)
+                into[q].copy_(r.view(into[q].shape))
+        return _place_own(into, mine, comm.rank)
+
+    return PendingExchange(comm, phase, name, sent, recv, done)
+
+
+def _launch(flat: list[Tensor], recv_numel: list[int], comm: Comm, phase: str, shm: bool,
+            into: Sequence[Tensor] | None) -> tuple[str, Any]:
+    """Start the exchange on its path: shared memory, the backend's all_to_all_single,
+    or isend/irecv pairs (which have no asynchronous form: all of it runs in wait)."""
+    if comm.p2p_all_to_all and not shm:
+        return "all_to_all_v(p2p)", lambda: _all_to_all_p2p(flat, recv_numel, comm)
+    name = "all_to_all_v(shm)" if shm else "all_to_all_v"
+    start = time.perf_counter()
+    try:
+        return name, (_start_shm(flat, recv_numel, comm, into) if shm else
+                      _start_collective(flat, recv_numel, comm))
+    except (RuntimeError, TimeoutError) as err:  # counted once, when waited for
+        raise CommError(comm.rank, comm.world_size, phase, f"{name}(start)", err,
+                        time.perf_counter() - start, comm.timeout, _where(comm)) from err
+
+
+def _check_into(into: Sequence[Tensor], recv_rows: Sequence[int], trailing: tuple[int, ...],
+                mine: Tensor, comm: Comm) -> None:
+    if len(into) != comm.world_size:
+        raise ValueError(f"all_to_all_v: into needs world_size={comm.world_size} tensors, "
+                         f"got {len(into)}")
+    for p, (t, n) in enumerate(zip(into, recv_rows)):
+        if tuple(t.shape) != (int(n), *trailing) or t.dtype != mine.dtype \
+                or t.device != mine.device:
+            raise ValueError(f"all_to_all_v: into[{p}] is {t.dtype} {tuple(t.shape)} on "
+                             f"{t.device}; expected ({int(n)}, {trailing}) {mine.dtype} on "
+                             f"{mine.device}")
+
+
+def _place_own(into: Sequence[Tensor], mine: Tensor, rank: int) -> list[Tensor]:
+    if into[rank] is not mine and mine.numel():
+        if into[rank].numel() != mine.numel():
+            raise ValueError(f"exchange_blocks: into[{rank}] holds {into[rank].numel()} "
+                             f"elements, send[{rank}] has {mine.numel()}")
+        into[rank].copy_(mine.reshape(into[rank].shape))
+    return list(into)
 
 
 def _start_collective(flat: list[Tensor], recv_numel: list[int], comm: Comm) -> Any:
@@ -408,9 +488,11 @@ def _start_collective(flat: list[Tensor], recv_numel: list[int], comm: Comm) -> 
     return finish
 
 
-def _start_shm(flat: list[Tensor], recv_numel: list[int], comm: Comm) -> Any:
+def _start_shm(flat: list[Tensor], recv_numel: list[int], comm: Comm,
+               into: Sequence[Tensor] | None) -> Any:
     """The exchange through the group's shared memory (``fullgraph.comm.shm``): one
-    asynchronous one-element all-reduce is its only backend call."""
+    asynchronous one-element all-reduce is its only backend call. Received blocks
+    with a place in ``into`` are written there and come back as None."""
     dtype, itemsize = flat[0].dtype, flat[0].element_size()
     recv_bytes = [n * itemsize for n in recv_numel]
 
@@ -428,8 +510,8 @@ def _start_shm(flat: list[Tensor], recv_numel: list[int], comm: Comm) -> Any:
             return _all_to_all_p2p(blocks, recv_bytes, comm)
         return _start_collective(blocks, recv_bytes, comm)()
 
-    finish = comm.shm.start(flat, recv_bytes, signal, fallback)
-    return lambda: [b.view(dtype) for b in finish()]
+    finish = comm.shm.start(flat, recv_bytes, signal, fallback, into)
+    return lambda: [None if b is None else b.view(dtype) for b in finish()]
 
 
 def _check_all_to_all(send: Sequence[Tensor], recv_rows: Sequence[int],

@@ -57,6 +57,8 @@ ROOT = "/dev/shm"
 ENTRIES = 256
 """Control-table entries: exchanges that may be started and not yet read by every peer."""
 MIN_ARENA = 8 << 20
+_ALIGN = 64
+"""Blocks start on cache lines (and so on their dtype's alignment)."""
 FREE_MARGIN = 64 << 20
 """Room left free in the directory when an arena grows."""
 _HEAD = 2  # control words before the table: done, the probe's token
@@ -197,58 +199,65 @@ class ShmExchange:
         self.peer_control = []
 
     # ------------------------------------------------------------ one exchange
-    def start(self, flat: Sequence[Tensor], recv_bytes: Sequence[int],
+    def start(self, send: Sequence[Tensor], recv_bytes: Sequence[int],
               signal: Callable[[int], Callable[[], int]],
-              fallback: Callable[[list[Tensor]], list[Tensor]]) -> Callable[[], list[Tensor]]:
+              fallback: Callable[[list[Tensor]], list[Tensor]],
+              into: Sequence[Tensor] | None = None) -> Callable[[], list[Tensor | None]]:
         """Post this rank's blocks and start the signal; the returned function waits
-        and gives the received blocks (uint8, one per rank; this rank's empty).
+        and gives the received blocks (uint8, one per rank; this rank's empty; None for
+        a block written into its place in ``into``).
 
         Args:
-            flat: one 1-D contiguous CPU tensor per rank, of any dtype (this rank's
-                empty): the bytes to send there. They are copied before this returns.
+            send: one CPU tensor per rank, of one dtype, any shape and strides (this
+                rank's empty): the block to send there. Copied before this returns.
             recv_bytes: bytes to receive from each rank.
             signal: starts the group's one-element max all-reduce of a flag and
                 returns the function that waits for it and gives the maximum.
             fallback: the backend's all-to-all of byte blocks, for an exchange some
                 rank had no room for.
+            into: where each received block goes (any strides, the sender's dtype), or
+                None to return it.
         """
         seq = self.seq
         self.seq += 1
-        blocks = [t.reshape(-1).view(torch.uint8) if t.numel() and p != self.rank else
-                  torch.empty(0, dtype=torch.uint8) for p, t in enumerate(flat)]
-        sizes = [b.numel() for b in blocks]
-        placed = self._place(seq, sum(sizes))
+        blocks = [t if t.numel() and p != self.rank else None for p, t in enumerate(send)]
+        sizes = [0 if b is None else b.numel() * b.element_size() for b in blocks]
+        spans = [(s + _ALIGN - 1) // _ALIGN * _ALIGN for s in sizes]
+        placed = self._place(seq, sum(spans))
         if placed is None:  # no room: this exchange goes through the backend
-            sent = [b.clone() for b in blocks]
+            sent = [_bytes_of(b) for b in blocks]
         else:
             arena, offset = placed
-            entry = self._entry(self.control, seq)
             offsets = []
-            for b in blocks:
+            for b, span in zip(blocks, spans):
                 offsets.append(offset)
-                if b.numel():
+                if b is not None:
                     assert arena is not None
-                    arena.data[offset:offset + b.numel()].copy_(b)
-                    offset += b.numel()
+                    _typed(arena.data, offset, b).copy_(b)
+                    offset += span
+            entry = self._entry(self.control, seq)
             w = self.world_size
             entry[3:3 + w] = torch.tensor(offsets, dtype=torch.int64)
             entry[3 + w:3 + 2 * w] = torch.tensor(sizes, dtype=torch.int64)
             entry[1], entry[2] = -1 if arena is None else arena.gen, offsets[0]
             entry[0] = seq + 1  # 0: never posted
             # the posted copies: what the backend sends should another rank lack room
-            sent = [b if not b.numel() or arena is None else arena.data[o:o + b.numel()]
-                    for b, o in zip(blocks, offsets)]
+            sent = [torch.empty(0, dtype=torch.uint8) if arena is None or not n else
+                    arena.data[o:o + n] for o, n in zip(offsets, sizes)]
         waiter = signal(0 if placed is not None else 1)
 
-        def finish() -> list[Tensor]:
+        def finish() -> list[Tensor | None]:
             missing = waiter() > 0  # some rank had no room: every rank takes the backend
             entries = [None if q == self.rank else self._posted(q, seq, not missing)
                        for q in range(self.world_size)]
+            got: list[Tensor | None]
             if missing:
-                got = fallback(sent)
+                got = list(fallback(sent))
             else:
-                got = [self._read(q, seq, int(n), entries[q]) if q != self.rank and n else
-                       torch.empty(0, dtype=torch.uint8) for q, n in enumerate(recv_bytes)]
+                got = [self._read(q, seq, int(n), entries[q],
+                                  None if into is None else into[q])
+                       if q != self.rank and n else torch.empty(0, dtype=torch.uint8)
+                       for q, n in enumerate(recv_bytes)]
             self._mark_read(seq)
             return got
 
@@ -274,7 +283,9 @@ class ShmExchange:
             maps[gen] = (_map(path, os.stat(path).st_size, create=False), seq)
         return entry
 
-    def _read(self, q: int, seq: int, n: int, entry: Tensor | None) -> Tensor:
+    def _read(self, q: int, seq: int, n: int, entry: Tensor | None,
+              dst: Tensor | None) -> Tensor | None:
+        """Rank q's block for this rank: into ``dst`` (then None), else a copy."""
         assert entry is not None
         w = self.world_size
         offset, size = int(entry[3 + self.rank]), int(entry[3 + w + self.rank])
@@ -282,7 +293,10 @@ class ShmExchange:
             raise RuntimeError(f"shared-memory exchange {seq}: rank {q} sent {size} bytes "
                                f"here, {n} were expected")
         data = self.peer_arenas[q][int(entry[1])][0]
-        return data[offset:offset + n].clone()
+        if dst is None:
+            return data[offset:offset + n].clone()
+        dst.copy_(_typed(data, offset, dst))
+        return None
 
     def _mark_read(self, seq: int) -> None:
         self.read.add(seq)
@@ -349,6 +363,19 @@ class ShmExchange:
         self.next_gen += 1
         self.arenas.append(arena)
         return arena
+
+
+def _typed(data: Tensor, offset: int, like: Tensor) -> Tensor:
+    """The bytes of ``data`` at ``offset`` seen as a contiguous tensor shaped ``like``."""
+    n = like.numel() * like.element_size()
+    return data[offset:offset + n].view(like.dtype).view(like.shape)
+
+
+def _bytes_of(t: Tensor | None) -> Tensor:
+    """A contiguous uint8 copy of ``t`` (empty for None)."""
+    if t is None:
+        return torch.empty(0, dtype=torch.uint8)
+    return t.contiguous().reshape(-1).view(torch.uint8).clone()
 
 
 def _first_fit(arena: _Arena, nbytes: int) -> int | None:

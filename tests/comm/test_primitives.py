@@ -52,10 +52,35 @@ def check_primitives(comm: Comm) -> None:
         assert (comm.shm is not None) == shm.supported()
         assert comm.timeout == datetime.timedelta(seconds=120)
     assert comm.device == torch.device("cpu")
+    check_into(comm)
     for c in transports(comm):
         check_all_to_all_v(c)
         check_reductions(c)
         check_gathers(c)
+
+
+def check_into(comm: Comm) -> None:
+    """``all_to_all_v_start(..., into=...)``: strided blocks sent, each received block
+    written into its place (here: column slices of one output), on every transport."""
+    from fullgraph.comm.primitives import all_to_all_v_start
+
+    me, world = comm.rank, comm.world_size
+    rows = [2 + (p * 3 + me) % 4 for p in range(world)]  # rows I send to p
+    for c in transports(comm):
+        for dtype in (torch.float32, torch.int64):
+            wide = torch.arange(50 * 3 * world, dtype=dtype).view(50, 3 * world) + 1000 * me
+            send = [wide[:rows[p], 3 * p:3 * p + 3] for p in range(world)]  # strided
+            recv = [2 + (me * 3 + q) % 4 for q in range(world)]
+            plain = all_to_all_v([t.contiguous() for t in send], recv, c, "into")
+            out = torch.full((max(recv), 3 * world), -1, dtype=dtype)
+            into = [out[:recv[q], 3 * q:3 * q + 3] for q in range(world)]
+            got = all_to_all_v_start(send, recv, c, "into", into=into).wait()
+            assert all(g is i for g, i in zip(got, into))
+            for q in range(world):
+                assert torch.equal(out[:recv[q], 3 * q:3 * q + 3], plain[q]), (me, q, dtype)
+    with pytest.raises(ValueError, match="into"):
+        all_to_all_v_start([torch.ones(1, 2)] * world, [1] * world, comm, "into",
+                           into=[torch.ones(2, 2)] * world)
 
 
 def test_primitives_world_1_make_no_dist_calls():

@@ -82,6 +82,9 @@ def check_no_room(comm: Comm) -> None:
         comm.shm._grow = lambda seq, nbytes, old: None
     _exchange_many(comm, 5)
     _exchange_many(comm, 3)
+    from test_primitives import check_into
+
+    check_into(comm)  # blocks received into their places through the backend too
     assert comm.shm.arenas == [] if comm.rank == 1 else comm.shm.arenas
 
 
