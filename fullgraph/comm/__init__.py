@@ -23,6 +23,7 @@ from fullgraph.comm.halo import (
                                   PendingFetch,
                                   PendingReturn,
                                   halo_fetch,
+                                  halo_join,
                                   halo_scatter_add,
                                   start_blocks,
                                   start_fetch,
@@ -52,6 +53,6 @@ __all__ = [
     "PendingBlocks", "PendingFetch", "PendingReturn", "ReduceOp", "RowColLayout",
     "all_gather_object", "all_gather_rows", "all_reduce_", "all_reduce_grads", "all_to_all_v",
     "barrier", "broadcast_", "cols_to_rows", "destroy_comm", "gather_rows", "halo_fetch",
-    "halo_scatter_add", "init_comm", "rows_to_cols", "single_comm", "start_blocks", "start_fetch",
-    "start_return",
+    "halo_join", "halo_scatter_add", "init_comm", "rows_to_cols", "single_comm", "start_blocks",
+    "start_fetch", "start_return",
 ]

@@ -18,7 +18,9 @@ block exchanges (``start_blocks``).
 - ``start_blocks(send, recv_shapes, comm, phase)`` sends one 2-D block to each peer
   (blocks of different widths); ``wait()`` returns the received blocks.
 - ``halo_fetch`` / ``halo_scatter_add`` are the synchronous conjugate autograd pair
-  (the backward of each is the forward of the other), as in ``placement``.
+  (the backward of each is the forward of the other), as in ``placement``;
+  ``halo_join`` is ``cat([rows, halo_fetch(rows)])`` in one buffer that the halo rows
+  arrive in (``start_fetch(..., into=)``), as data parallelism's P stages read it.
 
 Bytes are counted under ``phase`` when ``wait`` completes (``PendingExchange``);
 with ``world_size == 1`` only the local copy is made and nothing is counted.
@@ -50,8 +52,9 @@ def check_table(table: ExchangeTable, comm: Comm) -> None:
 class PendingFetch:
     """A halo fetch in flight (``start_fetch``)."""
 
-    def __init__(self, exchange: PendingExchange, table: ExchangeTable) -> None:
-        self._exchange, self._table = exchange, table
+    def __init__(self, exchange: PendingExchange, table: ExchangeTable,
+                 placed: Tensor | None = None) -> None:
+        self._exchange, self._table, self._placed = exchange, table, placed
 
     def wait(self, into: Tensor | None = None) -> Tensor:
         """Finish the fetch.
@@ -65,6 +68,10 @@ class PendingFetch:
             ``into``, or the new halo.
         """
         parts = self._exchange.wait()
+        if self._placed is not None:  # the rows went to their places as they came
+            if into is not None and into is not self._placed:
+                into.copy_(self._placed)
+            return self._placed
         if into is None:
             if self._table.recv_pos is not None:
                 raise ValueError("PendingFetch.wait: the table has receive positions; pass "
@@ -122,15 +129,27 @@ def start_blocks(send: list[Tensor], recv_shapes: list[tuple[int, int]], comm: C
                          list(recv_shapes))
 
 
-def start_fetch(x_rows: Tensor, table: ExchangeTable, comm: Comm, phase: str) -> PendingFetch:
+def start_fetch(x_rows: Tensor, table: ExchangeTable, comm: Comm, phase: str,
+                into: Tensor | None = None) -> PendingFetch:
     """Start fetching the rows peers need from this rank's ``x_rows`` (N_r, *F).
+
+    ``into``: the (H, *F) halo buffer of a table without receive positions; each peer's
+    rows are written straight into their block of it as they arrive, and ``wait()``
+    returns it.
 
     Bytes per rank: sent sum_{p != r} S_p prod(F) s, received sum_{p != r}
     recv_rows[p] prod(F) s (``table.volume_bytes``).
     """
     check_table(table, comm)
     send = [x_rows.index_select(0, idx.to(x_rows.device)) for idx in table.send_idx]
-    return PendingFetch(all_to_all_v_start(send, table.recv_rows, comm, phase), table)
+    places = None
+    if into is not None:
+        if table.recv_pos is not None or into.shape[0] != table.num_halo:
+            raise ValueError(f"start_fetch: into must be the ({table.num_halo}, ...) halo of "
+                             "a table without receive positions")
+        places = list(torch.split(into, table.recv_rows))
+    return PendingFetch(all_to_all_v_start(send, table.recv_rows, comm, phase, into=places),
+                        table, into)
 
 
 def start_return(x_halo: Tensor, table: ExchangeTable, comm: Comm,
@@ -165,6 +184,40 @@ def _halo_scatter_add(x_halo: Tensor, table: ExchangeTable, num_rows: int, comm:
                          f"rows from the table, got shape {tuple(x_halo.shape)}")
     pending = start_return(x_halo, table, comm, phase)
     return pending.wait(x_halo.new_zeros((num_rows, *x_halo.shape[1:])))
+
+
+def halo_join(x_rows: Tensor, table: ExchangeTable, comm: Comm, phase: str = "halo") -> Tensor:
+    """``torch.cat([x_rows, halo_fetch(x_rows, table, comm, phase)])`` in one buffer: the
+    halo rows arrive straight after the own rows (copied there while the exchange is
+    in flight). Differentiable: the backward returns the halo rows' gradient to their
+    owners (under ``phase + "-grad"``) and adds it to the own rows' gradient.
+
+    Shapes: x_rows (N_r, *F) -> (N_r + H, *F). A table with receive positions is
+    refused (its halo is a buffer the positions index: use ``start_fetch``).
+    """
+    return _HaloJoin.apply(x_rows, table, comm, phase)
+
+
+class _HaloJoin(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x_rows: Tensor, table: ExchangeTable, comm: Comm,
+                phase: str) -> Tensor:
+        check_table(table, comm)
+        ctx.table, ctx.comm, ctx.phase = table, comm, phase
+        n = x_rows.shape[0]
+        out = x_rows.new_empty((n + table.num_halo, *x_rows.shape[1:]))
+        pending = start_fetch(x_rows, table, comm, phase, into=out[n:])
+        out[:n] = x_rows
+        pending.wait()
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None, None]:
+        table = ctx.table
+        n = grad.shape[0] - table.num_halo
+        pending = start_return(grad[n:], table, ctx.comm, f"{ctx.phase}-grad")
+        g = grad[:n].clone(memory_format=torch.contiguous_format)
+        return pending.wait(g), None, None, None
 
 
 class _HaloFetch(torch.autograd.Function):

@@ -33,7 +33,7 @@ from torch import Tensor
 from fullgraph.comm import primitives as prim
 from fullgraph.comm.exchange import ExchangeTable
 from fullgraph.comm.group import Comm
-from fullgraph.comm.halo import halo_fetch
+from fullgraph.comm.halo import halo_join
 from fullgraph.comm.reduce import row_sum
 from fullgraph.fields import option
 from fullgraph.graph.blocks import in_edges
@@ -466,7 +466,8 @@ class _RowRunner(Runner):
         self.plan, self.rows, self.seed, self.training = plan, plan.rows, seed, training
         self.owned_sum = partial(row_sum, comm=plan.comm, rows=plan.rows.owned.numel(),
                                  phase="row-sum")
-        self.halo: Tensor | None = None
+        self.src: Tensor | None = None  # the last P / E stage's sources, and of what rows
+        self.src_of: Tensor | None = None
         self.clock = plan.clock if training else None
 
     def _timed(self, kind: str, units: int, run: Any) -> Tensor:
@@ -491,15 +492,21 @@ class _RowRunner(Runner):
                            lambda: stage(x, self._ctx(s), layer_input))
 
     def _sources(self, s: int, h: Tensor) -> Tensor:
+        """Stage s's source rows: ``h`` then the fetched halo, in one tensor (the halo
+        lands right after the own rows); a P stage that shares the E stage's halo reads
+        the same tensor again."""
         if not self.rows.shares_halo[s]:
             table, stale = self.plan.tables[s], self.plan.stale
             if table is None:
-                self.halo = None
+                self.src = h
             elif stale is not None and self.training:
-                self.halo = stale.fetch(h, table, s)
+                self.src = torch.cat([h, stale.fetch(h, table, s)])
             else:
-                self.halo = halo_fetch(h, table, self.plan.comm, "halo")
-        return h if self.halo is None else torch.cat([h, self.halo])
+                self.src = halo_join(h, table, self.plan.comm, "halo")
+            self.src_of = h
+        assert self.src is not None and self.src_of is h, \
+            f"stage {s} shares a halo fetched for other rows"
+        return self.src
 
     def edge(self, s: int, stage: Any, h: Tensor) -> Tensor:
         block = self.rows.block(s)

@@ -18,6 +18,7 @@ from fullgraph.comm import (
     cols_to_rows,
     gather_rows,
     halo_fetch,
+    halo_join,
     halo_scatter_add,
     rows_to_cols,
 )
@@ -138,6 +139,16 @@ def _check_halo_case(comm: Comm, seed: int, density: float, feat: tuple[int, ...
     recv = halo_gids.numel() * row_bytes
     assert table.volume_bytes(math.prod(feat), dtype.itemsize, rank=r) == (sent, recv)
     expect = {"halo": (sent, recv), "halo-grad": (recv, sent)} if world > 1 else {}
+    assert phase_bytes(c) == expect, (seed, phase_bytes(c))
+
+    # halo_join: the own rows then the halo, one tensor, the same gradient and bytes
+    c = fresh_counter(comm)
+    x_rows = x_full[owned].clone().requires_grad_()
+    joined = halo_join(x_rows, table, c, "halo")
+    torch.testing.assert_close(joined, torch.cat([x_full[owned], x_full[halo_gids]]),
+                               rtol=0, atol=0)
+    ((joined[owned.numel():] * weights[r]).sum() + 2 * joined[:owned.numel()].sum()).backward()
+    torch.testing.assert_close(x_rows.grad, grad_ref[owned])
     assert phase_bytes(c) == expect, (seed, phase_bytes(c))
 
     # halo_scatter_add: partial sums pushed to owners; its gradient is a halo fetch.
