@@ -214,9 +214,9 @@ def init_comm(*, backend: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_
             cpu); ``cuda`` without an index means the local rank's GPU.
         p2p_all_to_all: force (True) or forbid (False) the isend/irecv all-to-all
             (default: None, probe the backend once and fall back only if it lacks all-to-all).
-        shm: exchange all-to-all blocks of CPU tensors through shared memory where every
-            rank can reach the others' (one host): True to try, False never (default:
-            None, try unless FULLGRAPH_SHM=0; ``fullgraph.comm.shm``).
+        shm: with gloo, exchange all-to-all blocks of CPU tensors through shared memory
+            where every rank can reach the others' (one host): True to try, False never
+            (default: None, try unless FULLGRAPH_SHM=0; ``fullgraph.comm.shm``).
 
     Raises:
         ValueError: inconsistent arguments or a missing environment variable.
@@ -246,8 +246,8 @@ def init_comm(*, backend: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_
     comm = Comm(rank=rank, world_size=world_size, group=group, timeout=timeout, device=dev)
     comm.p2p_all_to_all = (not prim.probe_all_to_all(comm) if p2p_all_to_all is None
                            else p2p_all_to_all)
-    if shm or (shm is None and shm_transport.supported()):
-        comm.shm = open_shm(comm)
+    if backend == "gloo" and (shm or (shm is None and shm_transport.supported())):
+        comm.shm = open_shm(comm)  # (NCCL moves GPU tensors itself, over NVLink or PCIe)
     return comm
 
 
