@@ -88,13 +88,18 @@ def remove_files(pid: int, root: str = ROOT) -> int:
 
 def _map(path: str, nbytes: int, create: bool) -> Tensor:
     """A (nbytes,) uint8 tensor over the file ``path`` (MAP_SHARED)."""
-    if create:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    if not create:
+        return torch.from_file(path, shared=True, size=nbytes, dtype=torch.uint8)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
         try:
             os.posix_fallocate(fd, 0, nbytes)  # ENOSPC now, not SIGBUS on a later write
         finally:
             os.close(fd)
-    return torch.from_file(path, shared=True, size=nbytes, dtype=torch.uint8)
+        return torch.from_file(path, shared=True, size=nbytes, dtype=torch.uint8)
+    except (OSError, RuntimeError):
+        _unlink(path)  # nothing half-made is left behind
+        raise
 
 
 @dataclass
@@ -357,7 +362,7 @@ class ShmExchange:
                 return None
             path = f"{self.prefix}-g{self.next_gen}"
             data = _map(path, size, create=True)
-        except OSError:
+        except (OSError, RuntimeError):  # no room after all, or the map failed
             return None
         arena = _Arena(self.next_gen, path, data, seq)
         self.next_gen += 1

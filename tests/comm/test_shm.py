@@ -151,3 +151,13 @@ def test_switched_off_and_leftovers(monkeypatch, tmp_path):
         (tmp_path / name).write_bytes(b"x")
     assert shm_mod.remove_files(4242, root=str(tmp_path)) == 2
     assert [p.name for p in tmp_path.iterdir()] == ["fullgraph-42-x"]
+
+
+def test_a_file_without_room_is_not_left_behind(monkeypatch, tmp_path):
+    def full(fd, offset, length):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "posix_fallocate", full)
+    with pytest.raises(OSError, match="No space"):
+        shm_mod._map(str(tmp_path / "fullgraph-1-x-g0"), 1 << 20, create=True)
+    assert list(tmp_path.iterdir()) == []
