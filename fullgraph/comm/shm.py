@@ -345,7 +345,8 @@ class ShmExchange:
         cur = self.arenas[-1] if self.arenas else None
         base = None if cur is None else _first_fit(cur, nbytes)
         if base is None:
-            cur = self._grow(seq, nbytes, 0 if cur is None else cur.capacity)
+            live = 0 if cur is None else sum(b - a for a, b in cur.live.values())
+            cur = self._grow(seq, nbytes, live)
             if cur is None:
                 return None
             base = 0
@@ -353,8 +354,12 @@ class ShmExchange:
         cur.live[seq] = (base, base + nbytes)
         return cur, base
 
-    def _grow(self, seq: int, nbytes: int, old: int) -> _Arena | None:
-        size = max(MIN_ARENA, 2 * nbytes, 2 * old)
+    def _grow(self, seq: int, nbytes: int, live: int) -> _Arena | None:
+        """A new current arena with room for ``nbytes`` beside the ``live`` bytes of
+        the old one (a quarter more: what is in flight at once is about steady from
+        one epoch to the next, so an arena stays near the largest exchanges in flight
+        rather than doubling)."""
+        size = max(MIN_ARENA, (live + nbytes) * 5 // 4)
         size = (size + 4095) // 4096 * 4096
         try:
             st = os.statvfs(self.root)

@@ -79,7 +79,7 @@ def check_exchanges(comm: Comm) -> None:
 def check_no_room(comm: Comm) -> None:
     """Rank 1 gets no arena: every exchange goes through the backend, on every rank."""
     if comm.rank == 1:
-        comm.shm._grow = lambda seq, nbytes, old: None
+        comm.shm._grow = lambda seq, nbytes, live: None
     _exchange_many(comm, 5)
     _exchange_many(comm, 3)
     from test_primitives import check_into
