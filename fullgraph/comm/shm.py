@@ -22,8 +22,10 @@ same order everywhere, as every collective must be):
   peer's region, then advances its ``done`` counter (every exchange below it read).
 - reuse: a sender writes over a region only after every peer's ``done`` has passed
   the exchanges that used it. Where the counters are read stale, a region is only
-  reused later, never early: x86-64 keeps a core's loads and stores in order, and the
-  transport is used only there.
+  reused later, never early: a reader's loads from the region come before its store
+  to ``done``, and the writer's load of ``done`` before its stores to the region, and
+  x86-64 never moves a store ahead of an earlier load (the transport is used only
+  there).
 
 Where a rank cannot get the room (the directory full), it says so in the all-reduce
 (the maximum of the flags), and every rank then runs that one exchange through the
