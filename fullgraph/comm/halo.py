@@ -173,7 +173,10 @@ def start_return(x_halo: Tensor, table: ExchangeTable, comm: Comm,
 
 # ---------------------------------------------------------------- conjugate autograd pair
 def _halo_fetch(x_rows: Tensor, table: ExchangeTable, comm: Comm, phase: str) -> Tensor:
-    return start_fetch(x_rows, table, comm, phase).wait()
+    into = None
+    if table.recv_pos is None:  # the rows arrive in their places: no concatenation
+        into = x_rows.new_empty((table.num_halo, *x_rows.shape[1:]))
+    return start_fetch(x_rows, table, comm, phase, into=into).wait()
 
 
 def _halo_scatter_add(x_halo: Tensor, table: ExchangeTable, num_rows: int, comm: Comm,
