@@ -368,14 +368,10 @@ def all_to_all_v_start(send: Sequence[Tensor], recv_rows: Sequence[int], comm: C
     if comm.world_size == 1:
         return PendingExchange(comm, phase, "all_to_all_v", 0, 0, lambda: [mine])
     row_numel = math.prod(trailing)
-    shm = comm.shm is not None and mine.device.type == "cpu"
-    empty = torch.empty(0, dtype=mine.dtype, device=mine.device)
-    flat = [empty if p == comm.rank else (t if shm else t.contiguous().reshape(-1))
-            for p, t in enumerate(send)]
+    shm, flat = _sends(send, comm)
     recv_numel = [0 if p == comm.rank else int(n) * row_numel for p, n in enumerate(recv_rows)]
     itemsize = mine.element_size()
-    sent = sum(t.numel() for t in flat) * itemsize
-    recv = sum(recv_numel) * itemsize
+    sent, recv = sum(t.numel() for t in flat) * itemsize, sum(recv_numel) * itemsize
     name, finish = _launch(flat, recv_numel, comm, phase, shm, None)
 
     def done() -> list[Tensor]:
@@ -409,10 +405,7 @@ def exchange_blocks_start(send: Sequence[Tensor], into: Sequence[Tensor], comm: 
     if comm.world_size == 1:
         return PendingExchange(comm, phase, "all_to_all_v", 0, 0,
                                lambda: _place_own(into, mine, 0))
-    shm = comm.shm is not None and mine.device.type == "cpu"
-    empty = torch.empty(0, dtype=mine.dtype, device=mine.device)
-    flat = [empty if p == comm.rank else (t if shm else t.contiguous().reshape(-1))
-            for p, t in enumerate(send)]
+    shm, flat = _sends(send, comm)
     recv_numel = [0 if q == comm.rank else t.numel() for q, t in enumerate(into)]
     itemsize = mine.element_size()
     sent, recv = sum(t.numel() for t in flat) * itemsize, sum(recv_numel) * itemsize
@@ -425,6 +418,17 @@ def exchange_blocks_start(send: Sequence[Tensor], into: Sequence[Tensor], comm: 
         return _place_own(into, mine, comm.rank)
 
     return PendingExchange(comm, phase, name, sent, recv, done)
+
+
+def _sends(send: Sequence[Tensor], comm: Comm) -> tuple[bool, list[Tensor]]:
+    """Whether the exchange goes through shared memory, and the blocks to send: as
+    they are for shared memory (copied straight into the arena), else flattened
+    contiguous; this rank's own block empty (it is not sent)."""
+    mine = send[comm.rank]
+    shm = comm.shm is not None and mine.device.type == "cpu"
+    empty = torch.empty(0, dtype=mine.dtype, device=mine.device)
+    return shm, [empty if p == comm.rank else (t if shm else t.contiguous().reshape(-1))
+                 for p, t in enumerate(send)]
 
 
 def _launch(flat: list[Tensor], recv_numel: list[int], comm: Comm, phase: str, shm: bool,

@@ -21,7 +21,7 @@ from fullgraph.comm.halo import start_fetch
 from fullgraph.models.stages import StageContext, StageProgram
 from fullgraph.models.walk import Carry, Runner, walk
 from fullgraph.ops.sparse import densify, take_rows
-from fullgraph.parallel.p2p_plan import BinBlock, Key, P2PPlan, Phase, take, whole
+from fullgraph.parallel.p2p_plan import BinBlock, Key, P2PPlan, Phase, pos_len, take, whole
 
 
 class _Pending(Protocol):
@@ -169,15 +169,16 @@ def _load(blk: BinBlock, h_prev: Tensor, halo: Tensor | None,
     if blk.src_local is None:  # the input features: CSR when sparse
         if whole(blk.rows, h_prev.shape[0]):
             return h_prev
-        return take_rows(h_prev, blk.rows if isinstance(blk.rows, Tensor) else
-                         torch.arange(blk.rows.start, blk.rows.stop))
+        rows = blk.rows
+        return take_rows(h_prev, rows if isinstance(rows, Tensor) else
+                         torch.arange(rows.start, rows.stop))
     assert blk.src_halo is not None
     num_halo = 0 if halo is None else halo.shape[0]
     if joined is not None and whole(blk.src_local, h_prev.shape[0]) and \
             whole(blk.src_halo, num_halo):
         return joined
     parts = [take(h_prev, blk.src_local)]
-    if not isinstance(blk.src_halo, slice) or blk.src_halo.stop > blk.src_halo.start:
+    if pos_len(blk.src_halo):
         assert halo is not None, "a bin reads pushed rows: the phase has a halo"
         parts.append(take(halo, blk.src_halo))
     return torch.cat(parts) if len(parts) > 1 else parts[0]
