@@ -32,6 +32,8 @@ from fullgraph.graph import kernels as _kernels
 
 SelfLoops = Literal["keep", "add", "remove"]
 INT32_LIMIT = 2**31 - 1
+_GATHER_STEP = 1 << 22  # edges per chunk of a gather into a file (16 MiB of int32 ids)
+_ROW_STEP = 1 << 20  # rows per chunk of per-row weights written into a file
 
 
 def index_dtype(num_vertices: int) -> torch.dtype:
@@ -58,6 +60,10 @@ class Transposed:
     _ordered: list = field(default_factory=list, compare=False, repr=False)
     keep: Callable[[Tensor], Tensor] | None = field(default=None, compare=False, repr=False)
     """Where the weights in order are kept (e.g. ``Spill.keep``, a file); None: memory."""
+    empty: Callable[[int, torch.dtype], Tensor] | None = field(default=None, compare=False,
+                                                                repr=False)
+    """Makes an (n,) array where the weights in order are gathered a chunk at a time
+    (e.g. ``Spill.array``, a file), instead of whole in memory and then kept."""
 
     def weights_in_order(self, weight: Tensor) -> Tensor | None:
         """Fixed (E,) edge weights of the original (GCN's norms: not requiring a
@@ -74,15 +80,25 @@ class Transposed:
         for i, (ref, version, ordered) in enumerate(self._ordered):
             if ref() is weight and version == weight._version:
                 if ordered is None:
-                    ordered = weight[self.perm]
+                    ordered = self._gathered(weight)
                     if self.mirrors and torch.equal(ordered, weight):
                         ordered = weight
-                    elif self.keep is not None:
+                    elif self.keep is not None and self.empty is None:
                         ordered = self.keep(ordered)
                     self._ordered[i] = (ref, version, ordered)
                 return ordered
         self._ordered[:] = [(weakref.ref(weight), weight._version, None)]
         return None
+
+    def _gathered(self, weight: Tensor) -> Tensor:
+        """``weight[perm]``; into ``empty``'s array a chunk of edges at a time if given."""
+        if self.empty is None:
+            return weight[self.perm]
+        out = self.empty(self.perm.numel(), weight.dtype)
+        step = _GATHER_STEP
+        for a in range(0, self.perm.numel(), step):
+            torch.index_select(weight, 0, self.perm[a:a + step], out=out[a:a + step])
+        return out
 
 
 class Graph:
@@ -261,17 +277,43 @@ class Graph:
             self._transposed = self._mirrored(self._build_transpose())
         return self._transposed
 
-    def keep_transpose(self, keep: Callable[[Tensor], Tensor]) -> None:
+    def keep_transpose(self, keep: Callable[[Tensor], Tensor], *,
+                       empty: Callable[[int, torch.dtype], Tensor] | None = None,
+                       memory: int | None = None) -> None:
         """Pass the transposed CSR's arrays (built here if not yet) through ``keep``
         (e.g. ``Spill.keep``, into files), and the edge weights in its order that
-        backward passes copy later (``Transposed.weights_in_order``)."""
-        t = self.transpose()
-        if t.mirrors:  # shares the forward arrays, which stay as they are
-            self._transposed = dataclasses.replace(t, keep=keep)
-            return
-        graph = Graph(keep(t.graph.indptr), keep(t.graph.indices), num_src=t.graph.num_src,
-                      validate=False)
-        self._transposed = dataclasses.replace(t, graph=graph, perm=keep(t.perm), keep=keep)
+        backward passes copy later (``Transposed.weights_in_order``).
+
+        With ``empty`` (a maker of (n,) arrays, e.g. ``Spill.array``) a transpose not
+        built yet is built straight into its arrays, at most ``memory`` bytes of its
+        edges in memory at once (``kernels.transpose_into``), and the weights in order
+        are gathered into them too: no (E,) array of setup is then held in memory.
+        """
+        if self._transposed is None and empty is not None and self._row_loops():
+            t = self._mirrored(self._transpose_into(empty, memory))  # its (E,) arrays kept
+            if not t.mirrors:
+                t = dataclasses.replace(t, graph=Graph(keep(t.graph.indptr), t.graph.indices,
+                                                       num_src=t.graph.num_src, validate=False))
+        else:
+            t = self.transpose()
+            if not t.mirrors:
+                t = dataclasses.replace(t, graph=Graph(keep(t.graph.indptr),
+                                                       keep(t.graph.indices),
+                                                       num_src=t.graph.num_src, validate=False))
+            t = dataclasses.replace(t, perm=keep(t.perm))
+        self._transposed = dataclasses.replace(t, keep=keep, empty=empty)
+
+    def _transpose_into(self, empty: Callable[[int, torch.dtype], Tensor],
+                        memory: int | None) -> Transposed:
+        ids = torch.int32 if self.num_dst <= INT32_LIMIT else torch.int64
+        perm_dtype = torch.int32 if self.num_edges <= INT32_LIMIT else torch.int64
+        t_indices, perm = empty(self.num_edges, ids), empty(self.num_edges, perm_dtype)
+        per_edge = t_indices.element_size() + perm.element_size()
+        chunk = self.num_edges if memory is None else max(1, memory // per_edge)
+        t_indptr = _kernels.transpose_into(self.indptr.numpy(), self.indices.numpy(),
+                                           self.num_src, t_indices.numpy(), perm.numpy(), chunk)
+        return Transposed(Graph(torch.from_numpy(t_indptr), t_indices, num_src=self.num_dst,
+                                validate=False), perm)
 
     def _build_transpose(self) -> Transposed:
         if self._row_loops():
@@ -354,7 +396,7 @@ def same_device(a: torch.device, b: torch.device) -> bool:
 
 # ---------------------------------------------------------------- normalisation
 def gcn_norm(graph: Graph, dtype: torch.dtype = torch.float32,
-             degrees: Tensor | None = None) -> Tensor:
+             degrees: Tensor | None = None, out: Tensor | None = None) -> Tensor:
     """Symmetric GCN edge weights ``1 / sqrt(deg(dst) * deg(src))``.
 
     ``deg`` is the in-degree, counting the self-loops the graph holds (Kipf & Welling
@@ -363,30 +405,45 @@ def gcn_norm(graph: Graph, dtype: torch.dtype = torch.float32,
     pass a square graph: degrees of both endpoints come from the same vertex set.
     ``degrees``: the (N,) in-degrees to use instead of the graph's own (a shard's
     graph holds only some in-edges; its whole graph's degrees are recorded apart).
+    ``out``: an (E,) tensor of ``dtype`` to write the weights into (e.g. a file's).
     """
     deg = (graph.in_degrees() if degrees is None else degrees).to(dtype)
     inv_sqrt = torch.where(deg > 0, deg.rsqrt(), torch.zeros_like(deg))
     if graph._row_loops() and inv_sqrt.device.type == "cpu":  # no (E,) int64 ids
         return torch.from_numpy(_kernels.endpoint_product(
-            graph.indptr.numpy(), graph.indices.numpy(), inv_sqrt.numpy()))
+            graph.indptr.numpy(), graph.indices.numpy(), inv_sqrt.numpy(),
+            None if out is None else out.numpy()))
     src, dst = graph.edges()
-    return inv_sqrt[dst] * inv_sqrt[src]
+    return _into(inv_sqrt[dst] * inv_sqrt[src], out)
 
 
 def mean_norm(graph: Graph, dtype: torch.dtype = torch.float32,
-              degrees: Tensor | None = None) -> Tensor:
+              degrees: Tensor | None = None, out: Tensor | None = None) -> Tensor:
     """Edge weights ``1 / in_degree(dst)``: a weighted sum with them is the mean
-    (``degrees``: as for ``gcn_norm``)."""
+    (``degrees``, ``out``: as for ``gcn_norm``)."""
     deg = (graph.in_degrees() if degrees is None else degrees).to(dtype)
     inv = torch.where(deg > 0, 1.0 / deg, torch.zeros_like(deg))
-    return torch.repeat_interleave(inv, graph.in_degrees().to(inv.device),
-                                   output_size=graph.num_edges)
+    if out is None:
+        return torch.repeat_interleave(inv, graph.in_degrees().to(inv.device),
+                                       output_size=graph.num_edges)
+    step = _ROW_STEP  # rows at a time: no (E,) temporary besides ``out``
+    for v in range(0, graph.num_dst, step):
+        lo, hi = int(graph.indptr[v]), int(graph.indptr[min(graph.num_dst, v + step)])
+        out[lo:hi] = torch.repeat_interleave(inv[v:v + step], graph.in_degrees()[v:v + step]
+                                             .to(inv.device), output_size=hi - lo)
+    return out
 
 
 def sum_norm(graph: Graph, dtype: torch.dtype = torch.float32,
-             degrees: Tensor | None = None) -> Tensor:
-    """Edge weights of 1 (plain sum aggregation)."""
+             degrees: Tensor | None = None, out: Tensor | None = None) -> Tensor:
+    """Edge weights of 1 (plain sum aggregation; ``out`` as for ``gcn_norm``)."""
+    if out is not None:
+        return out.fill_(1)
     return torch.ones(graph.num_edges, dtype=dtype, device=graph.device)
+
+
+def _into(t: Tensor, out: Tensor | None) -> Tensor:
+    return t if out is None else out.copy_(t)
 
 
 NORMS = {"gcn": gcn_norm, "mean": mean_norm, "sum": sum_norm}

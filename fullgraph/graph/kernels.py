@@ -53,19 +53,57 @@ def transpose(indptr: np.ndarray, indices: np.ndarray, num_src: int,
               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """CSR by source: ``(t_indptr, t_indices, perm)``; edges of one source in CSR order
     (as a stable sort by source), ``perm[k]`` the forward position of edge ``k``."""
-    counts = np.bincount(indices, minlength=num_src)
-    t_indptr = np.zeros(num_src + 1, dtype=np.int64)
-    np.cumsum(counts, out=t_indptr[1:])
-    del counts
     t_indices = np.empty(indices.shape[0], dtype=ids_dtype)
     perm = np.empty(indices.shape[0], dtype=perm_dtype)
-    _transpose_fill(indptr, indices, t_indptr, t_indices, perm)
+    t_indptr = transpose_into(indptr, indices, num_src, t_indices, perm, indices.shape[0])
     return t_indptr, t_indices, perm
 
 
-def endpoint_product(indptr: np.ndarray, indices: np.ndarray, scale: np.ndarray) -> np.ndarray:
-    """(E,) ``scale[dst] * scale[src]`` per edge, in ``scale``'s dtype."""
-    out = np.empty(indices.shape[0], dtype=scale.dtype)
+def transpose_into(indptr: np.ndarray, indices: np.ndarray, num_src: int,
+                   t_indices: np.ndarray, perm: np.ndarray, chunk_edges: int) -> np.ndarray:
+    """``transpose`` into the given (E,) arrays (e.g. file mappings), holding at most
+    ``chunk_edges`` of their entries in memory at once (more only where one source
+    alone has more out-edges); returns ``t_indptr``.
+
+    An external transpose: it walks the forward CSR once per range of sources whose
+    out-edges fit the chunk, fills that range in memory, where its scattered writes
+    land, and copies it to the outputs in order. Writing the scattered entries
+    straight into a file mapping instead made the kernel write the same dirty pages
+    back again and again. With one range (``chunk_edges >= E``) it fills the outputs
+    in place. Besides the chunk it holds ``t_indptr`` and a cursor per source.
+    """
+    num_edges = indices.shape[0]
+    t_indptr = np.zeros(num_src + 1, dtype=np.int64)
+    _count_sources(indices, t_indptr[1:])  # not np.bincount: it copies indices as int64
+    np.cumsum(t_indptr, out=t_indptr)
+    if chunk_edges >= num_edges:
+        _transpose_range(indptr, indices, 0, num_src, t_indptr, t_indices, perm)
+        return t_indptr
+    chunk_edges = max(1, int(chunk_edges))
+    ids_buf = np.empty(0, dtype=t_indices.dtype)
+    perm_buf = np.empty(0, dtype=perm.dtype)
+    s0 = 0
+    while s0 < num_src:
+        first = int(t_indptr[s0])
+        s1 = int(np.searchsorted(t_indptr, first + chunk_edges, side="right")) - 1
+        s1 = min(num_src, max(s0 + 1, s1))
+        last = int(t_indptr[s1])
+        if last - first > ids_buf.shape[0]:
+            ids_buf = np.empty(max(chunk_edges, last - first), dtype=t_indices.dtype)
+            perm_buf = np.empty(ids_buf.shape[0], dtype=perm.dtype)
+        n = last - first
+        _transpose_range(indptr, indices, s0, s1, t_indptr, ids_buf[:n], perm_buf[:n])
+        t_indices[first:last] = ids_buf[:n]
+        perm[first:last] = perm_buf[:n]
+        s0 = s1
+    return t_indptr
+
+
+def endpoint_product(indptr: np.ndarray, indices: np.ndarray, scale: np.ndarray,
+                     out: np.ndarray | None = None) -> np.ndarray:
+    """(E,) ``scale[dst] * scale[src]`` per edge, in ``scale``'s dtype (into ``out``)."""
+    if out is None:
+        out = np.empty(indices.shape[0], dtype=scale.dtype)
     _endpoint_product(indptr, indices, scale, out)
     return out
 
@@ -117,15 +155,25 @@ if HAVE_NUMBA:
         return int(per_row.sum()), int(np.count_nonzero(per_row == 1))
 
     @njit(cache=True, nogil=True)
-    def _transpose_fill(indptr, indices, t_indptr, t_indices, perm):  # pragma: no cover
-        cursor = t_indptr[:-1].copy()
+    def _count_sources(indices, counts):  # pragma: no cover - numba
+        for k in range(indices.shape[0]):
+            counts[indices[k]] += 1
+
+    @njit(cache=True, nogil=True)
+    def _transpose_range(indptr, indices, s0, s1, t_indptr, t_indices,
+                         perm):  # pragma: no cover - numba
+        """The transpose's entries of sources [s0, s1) into ``t_indices`` / ``perm``,
+        which start at that range's first entry, ``t_indptr[s0]``."""
+        base = t_indptr[s0]
+        cursor = t_indptr[s0:s1] - base
         for v in range(indptr.shape[0] - 1):
             for k in range(indptr[v], indptr[v + 1]):
                 j = indices[k]
-                p = cursor[j]
-                t_indices[p] = v
-                perm[p] = k
-                cursor[j] = p + 1
+                if s0 <= j < s1:
+                    p = cursor[j - s0]
+                    t_indices[p] = v
+                    perm[p] = k
+                    cursor[j - s0] = p + 1
 
     @njit(parallel=True, cache=True, nogil=True)
     def _endpoint_product(indptr, indices, scale, out):  # pragma: no cover - numba

@@ -282,16 +282,21 @@ class StageProgram(nn.Module):
 
 
 def propagation_inputs(program: StageProgram, graph: Graph, dtype: torch.dtype = torch.float32,
-                       in_degree: Tensor | None = None) -> tuple[Graph, dict[str, Tensor]]:
+                       in_degree: Tensor | None = None,
+                       empty: Callable[[int, torch.dtype], Tensor] | None = None
+                       ) -> tuple[Graph, dict[str, Tensor]]:
     """The graph a program propagates over (self-loops adjusted) and its edge norms.
 
     ``in_degree``: when ``graph`` holds only some in-edges (a per-part shard), every
     vertex's in-degree in the whole graph without self-loops, which the norms then
-    use (plus the self-loop the program adds).
+    use (plus the self-loop the program adds). ``empty``: makes the (E,) arrays the
+    norms are written into (e.g. ``Spill.array``, files) instead of memory.
     """
     from fullgraph.graph.csr import NORMS
 
     if graph.has_self_loops() != program.self_loops or program.self_loops:
         graph = graph.with_self_loops(program.self_loops)
     degrees = None if in_degree is None else in_degree + int(program.self_loops)
-    return graph, {name: NORMS[name](graph, dtype, degrees) for name in sorted(program.norms)}
+    return graph, {name: NORMS[name](graph, dtype, degrees,
+                                     None if empty is None else empty(graph.num_edges, dtype))
+                   for name in sorted(program.norms)}

@@ -94,17 +94,25 @@ class Spill:
         in order (the graph's), which the kernel may then evict and read again."""
         if t.numel() == 0:
             return t
-        kept = torch.empty(0, dtype=t.dtype).set_(self._file(t.numel() * t.element_size()),
-                                                  0, (t.numel(),), (1,))
-        return kept.view(t.shape).copy_(t)
+        return self.array(t.numel(), t.dtype).view(t.shape).copy_(t)
 
-    def keep_graph(self, graph: Graph, norms: dict[str, Tensor]) -> dict[str, Tensor]:
-        """Move the arrays setup built for ``graph``'s propagation into files: its
-        transposed CSR and permutation (built here if not yet), the edge weights in
-        the transpose's order that the backward passes copy, and ``norms``, which are
-        returned. The forward CSR stays as it is (memory-mapped from the store)."""
-        graph.keep_transpose(self.keep)
-        return {name: self.keep(w) for name, w in norms.items()}
+    def array(self, numel: int, dtype: torch.dtype) -> Tensor:
+        """An (numel,) array in an unlinked file (contents undefined, as ``empty``'s)."""
+        if numel == 0:
+            return torch.empty(0, dtype=dtype)
+        itemsize = torch.empty(0, dtype=dtype).element_size()
+        return torch.empty(0, dtype=dtype).set_(self._file(numel * itemsize), 0, (numel,),
+                                                (1,))
+
+    def keep_graph(self, graph: Graph) -> None:
+        """Move the arrays setup builds for ``graph``'s backward pass into files: its
+        transposed CSR and permutation, and the edge weights in the transpose's order
+        that the backward passes copy. The forward CSR stays as it is (memory-mapped
+        from the store); the edge weights are made in files by the caller
+        (``propagation_inputs(empty=Spill.array)``). A transpose not built yet is built
+        straight into files, ``memory`` bytes of its edges at a time
+        (``Graph.keep_transpose``), so setup never holds it whole."""
+        graph.keep_transpose(self.keep, empty=self.array, memory=self.memory)
 
     def _file(self, nbytes: int) -> torch.UntypedStorage:
         """A shared mapping of ``nbytes``: one no tensor uses any more, or a new file."""

@@ -211,12 +211,15 @@ class TensorParallel(DistributedStrategy[ColumnPlan]):
         if dataset.shard is not None:  # per-part shards: gather the whole graph and the
             # feature rows of this worker's block from the parts that hold them
             dataset = assemble(dataset, comm, contiguous_blocks(row_counts))
-        graph, norms = propagation_inputs(program, dataset.graph, dtype)
-        graph.transpose()  # the backward CSR, built once
         rows_device = self.model_device(device)  # where T stages and vertex rows live
         spill = self._spill(program, device, rows_device)
-        if spill is not None:  # the transposed CSR and the edge weights into files too
-            norms = spill.keep_graph(graph, norms)
+        # with a spill, the edge weights and the transposed CSR are made in files
+        graph, norms = propagation_inputs(program, dataset.graph, dtype,
+                                          empty=None if spill is None else spill.array)
+        if spill is not None:
+            spill.keep_graph(graph)
+        else:
+            graph.transpose()  # the backward CSR, built once
         # chunked propagation streams the topology and edge weights from host memory
         graph_device = torch.device("cpu") if self._chunked else rows_device
         data = dataset.data

@@ -141,6 +141,44 @@ def test_row_kernels_equal_the_vectorised_path(monkeypatch, symmetrize, loops):
                 assert a.dtype == b.dtype and torch.equal(a, b)
 
 
+@pytest.mark.parametrize("numba", [True, False])
+def test_norms_written_into_a_given_array_equal_the_made_ones(monkeypatch, numba):
+    """Every norm with ``out`` (a file's array, for a spill) writes the weights it
+    returns otherwise, by the row kernels and without them."""
+    from fullgraph.graph import csr, synthetic
+    from fullgraph.graph.csr import NORMS
+
+    monkeypatch.setattr(graph_kernels, "HAVE_NUMBA", numba and graph_kernels.HAVE_NUMBA)
+    monkeypatch.setattr(csr, "_ROW_STEP", 64)  # rows in chunks
+    g = synthetic.rmat(700, 6000, self_loops="add", seed=3).graph
+    for name, norm in NORMS.items():
+        out = torch.full((g.num_edges,), -1.0, dtype=torch.float64)
+        got = norm(g, torch.float64, None, out)
+        assert got.data_ptr() == out.data_ptr() and torch.equal(out, norm(g, torch.float64)), name
+
+
+@pytest.mark.skipif(not graph_kernels.HAVE_NUMBA, reason="numba not installed")
+@pytest.mark.parametrize("chunk", [1, 7, 500, 10**9])
+def test_transpose_in_source_ranges_equals_the_whole_one(chunk):
+    """The external transpose (``transpose_into``: one pass per range of sources whose
+    out-edges fit ``chunk``) gives the in-memory one's arrays, with a hub of more
+    out-edges than a chunk, sources without out-edges and a bipartite block."""
+    from fullgraph.graph import synthetic
+
+    g = synthetic.rmat(600, 9000, seed=5).graph
+    bipartite = Graph(g.indptr[:301], g.indices[:int(g.indptr[300])], num_src=600)
+    hub = Graph.from_edges(torch.zeros(50, dtype=torch.long), torch.arange(50), 60)
+    for graph in (g, bipartite, hub):
+        ref = Graph(graph.indptr, graph.indices, graph.num_src, validate=False).transpose()
+        ids = np.full(graph.num_edges, -1, dtype=np.int32)
+        perm = np.full(graph.num_edges, -1, dtype=np.int64)
+        t_indptr = graph_kernels.transpose_into(graph.indptr.numpy(), graph.indices.numpy(),
+                                                graph.num_src, ids, perm, chunk)
+        assert np.array_equal(t_indptr, ref.graph.indptr.numpy())
+        assert np.array_equal(ids, ref.graph.indices.numpy())
+        assert np.array_equal(perm, ref.perm.numpy())
+
+
 @pytest.mark.skipif(not graph_kernels.HAVE_NUMBA, reason="numba not installed")
 def test_a_graph_already_looped_is_not_copied():
     from fullgraph.graph import synthetic

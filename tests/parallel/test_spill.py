@@ -161,9 +161,9 @@ def test_spill_holds_no_propagation_matrix_in_memory(tmp_path):
     # the arrays setup built for the propagation are in files too; the forward CSR is
     # the dataset's own
     t = plan.graph.transpose()
-    kept = [*plan.norms.values(), t.perm, t.graph.indices, t.graph.indptr]
-    assert t.mirrors or all(in_file(a, tmp_path) for a in kept)
-    assert all(in_file(w, tmp_path) for w in plan.norms.values())
+    kept = [*plan.norms.values(), t.perm] + ([] if t.mirrors else [t.graph.indices,
+                                                                     t.graph.indptr])
+    assert all(in_file(a, tmp_path) for a in kept)
 
 
 @pytest.mark.parametrize("opts, match", [
@@ -191,14 +191,15 @@ def test_spill_refuses_attention_and_unwritable_directories(tmp_path):
 
 
 def test_kept_graph_arrays_are_in_files_and_give_the_same_gradients(tmp_path):
-    """``keep_graph`` moves the transposed CSR, its permutation, the weights and the
+    """``keep_graph`` moves a transposed CSR built in memory, its permutation and the
     weights in the transpose's order (copied at the second backward) into files."""
     graph, weight = _graph()
     x = torch.randn(40, 6, dtype=torch.float64, requires_grad=True)
     spmm(graph, x, weight).sum().backward()
     ref, x.grad = x.grad, None
     spill = Spill(tmp_path, 1 << 20)
-    kept = spill.keep_graph(graph, {"w": weight})["w"]
+    kept = spill.keep(weight)
+    spill.keep_graph(graph)
     t = graph.transpose()
     assert not t.mirrors and torch.equal(kept, weight)
     assert all(in_file(a, tmp_path) for a in (kept, t.perm, t.graph.indices, t.graph.indptr))
@@ -207,3 +208,38 @@ def test_kept_graph_arrays_are_in_files_and_give_the_same_gradients(tmp_path):
         assert torch.equal(x.grad, ref)
         x.grad = None
     assert in_file(t.weights_in_order(kept), tmp_path)
+
+
+@pytest.mark.parametrize("symmetric", [False, True])
+@pytest.mark.parametrize("memory", [8, 100 * 8, 1 << 20])
+def test_a_transpose_not_built_yet_is_built_into_files(tmp_path, symmetric, memory):
+    """``keep_graph`` on a graph whose transpose was never built writes it straight
+    into files, ``memory`` bytes of edges at a time (one edge, 100 edges, all): the
+    same arrays as the in-memory build, and the same gradients. A symmetric graph
+    shares the forward CSR's arrays and keeps only its permutation in a file."""
+    graph, weight = _graph(seed=3)
+    if symmetric:
+        graph = Graph.from_edges(*graph.edges(), 40, symmetrize=True)
+        weight = torch.rand(graph.num_edges, dtype=torch.float64)
+    ref = Graph(graph.indptr, graph.indices, graph.num_src, validate=False).transpose()
+    x = torch.randn(40, 6, dtype=torch.float64, requires_grad=True)
+    spmm(Graph(graph.indptr, graph.indices, graph.num_src), x, weight).sum().backward()
+    grad, x.grad = x.grad, None
+    spill = Spill(tmp_path, memory)
+    kept = spill.keep(weight)
+    spill.keep_graph(graph)
+    t = graph.transpose()
+    assert t.mirrors == symmetric == ref.mirrors
+    for a, b in ((t.graph.indptr, ref.graph.indptr), (t.graph.indices, ref.graph.indices),
+                 (t.perm, ref.perm)):
+        assert a.dtype == b.dtype and torch.equal(a, b)
+    files = [t.perm] + ([] if symmetric else [t.graph.indices, t.graph.indptr])
+    assert all(in_file(a, tmp_path) for a in files)
+    if symmetric:
+        assert t.graph.indices is graph.indices
+    for _ in range(2):
+        spmm(graph, x, kept).sum().backward()
+        assert torch.equal(x.grad, grad)
+        x.grad = None
+    ordered = t.weights_in_order(kept)
+    assert in_file(ordered, tmp_path) and torch.equal(ordered, weight[ref.perm])
