@@ -154,7 +154,7 @@ def _with_data_options(dataset: Any, cfg: Any) -> Any:
 
     require_whole(dataset, "fit(dataset=...)")  # a shard set trains from its directory
     data = dataset.data
-    if data.features.dtype != torch.float32 or cfg.data.feature_dtype != "float32":
+    if cfg.data.feature_dtype != "stored":
         data = data.with_feature_dtype(cfg.data.feature_dtype)
     if cfg.data.normalize_features:
         data = data.row_normalized()

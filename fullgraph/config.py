@@ -21,7 +21,7 @@ from typing import Any
 from fullgraph.errors import ConfigError
 from fullgraph.fields import choices_of, option
 
-FEATURE_DTYPES = ("float32", "bfloat16", "float16")
+FEATURE_DTYPES = ("stored", "float32", "bfloat16", "float16")
 PROGRESS = ("auto", "on", "off")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 SPMM_BACKENDS = ("auto", "numba", "torch")
@@ -74,8 +74,10 @@ class DataConfig:
     dataset: str = option("cora", "dataset name (see `fullgraph datasets`) or processed "
                           "directory")
     root: str | None = option(None, "dataset root; unset: $FULLGRAPH_DATA, else the user cache")
-    feature_dtype: str = option("float32", "dtype features are stored and computed in",
-                                choices=FEATURE_DTYPES)
+    feature_dtype: str = option("stored", "dtype the features are held in: as the dataset "
+                                "stores them, or converted once at load (layers compute in "
+                                "the run's dtype either way, converting rows as they read "
+                                "them)", choices=FEATURE_DTYPES)
     normalize_features: bool = option(False, "divide each feature row by its sum (as PyG's "
                                       "NormalizeFeatures)")
     split_seed: int = option(0, "seed of the random split of datasets without a public one")

@@ -80,7 +80,7 @@ KNOWN: dict[str, DatasetSpec] = {s.name: s for s in (
 )}
 
 
-def load(name: str, root: Path, *, feature_dtype: str = "float32", split_seed: int = 0,
+def load(name: str, root: Path, *, feature_dtype: str = "stored", split_seed: int = 0,
          download: bool = True, verify: bool = True, part: int = 0) -> Dataset:
     """Open dataset ``name`` under ``root`` (or at path ``name``), processing it if needed.
 
@@ -318,7 +318,9 @@ def _processed_names(root: Path) -> list[str]:
 
 
 def _finish(dataset: Dataset, feature_dtype: str) -> Dataset:
-    if dataset.data.features.dtype != _dtype(feature_dtype):
+    """``dataset`` with its features converted to ``feature_dtype`` ("stored": as they
+    are, memory-mapped; a run converts the rows it reads, a block at a time)."""
+    if feature_dtype != "stored" and dataset.data.features.dtype != _dtype(feature_dtype):
         dataset.data = dataset.data.with_feature_dtype(feature_dtype)
     return dataset
 

@@ -84,3 +84,16 @@ def test_convert_names_the_missing_files_as_flags(tmp_path: Path) -> None:
 def test_convert_refuses_an_unknown_format() -> None:
     with pytest.raises(ConfigError, match="convert format 'csv'; expected one of edgelist"):
         datasets.convert("csv", datasets.ConvertOptions(name="g"))
+
+
+def test_features_are_kept_as_stored_unless_a_dtype_is_asked_for(tmp_path: Path) -> None:
+    """bf16 features stay bf16 by default (a run converts the rows
+    it reads); ``feature_dtype`` converts them once at load, exactly."""
+    import torch
+
+    ds = sbm(60, 3, avg_degree=4.0, num_features=5, feature_dtype="bfloat16")
+    store.save_dataset(ds, tmp_path / "bf")
+    kept = datasets.load(str(tmp_path / "bf"), tmp_path).data.features
+    assert kept.dtype == torch.bfloat16
+    wide = datasets.load(str(tmp_path / "bf"), tmp_path, feature_dtype="float32").data.features
+    assert wide.dtype == torch.float32 and torch.equal(wide, kept.float())
