@@ -124,8 +124,8 @@ def g3_partition(graph: Graph, num_parts: int, *, seed: int = 0, threshold: floa
             ``1 - threshold`` (default: 0.005, the paper's 0.5%).
         max_moves: at most this many swaps (default: None, no limit).
         max_seconds: stop stage 2 after about this long (default: None, no limit).
-        stage1: the registered partitioner of stage 1 (default: ``"metis"``, whose
-            default weights are G3's ``(1, in_degree)``).
+        stage1: the registered partitioner of stage 1 (default: ``"metis"``, run
+            with G3's weights ``(1, in_degree)``).
         candidates: top-scored vertices of the busiest part considered per swap;
             1 is the paper's literal rule (default: 64).
         use_numba: run stage 2 compiled (default: None, when numba is installed).
@@ -190,6 +190,10 @@ def _stage1(graph: Graph, num_parts: int, seed: int, stage1: str) -> PartitionBo
         known = ", ".join(sorted(set(PARTITIONERS) - {"g3"}))
         raise ValueError(f"stage1 must be a registered partitioner other than 'g3' "
                          f"({known}), got {stage1!r}")
+    if stage1 == "metis":  # G3's equations 1-2: vertex and in-edge counts balanced
+        from fullgraph.partition.metis import metis_partition
+
+        return metis_partition(graph, num_parts, seed=seed, constraints="vertices+degree")
     return PARTITIONERS[stage1](graph, num_parts, seed=seed)
 
 
