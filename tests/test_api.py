@@ -46,15 +46,35 @@ def test_readme_example_trains_on_two_workers(readme_api_run) -> None:
 
 @pytest.mark.dist
 def test_launched_workers_return_the_single_process_model(readme_api_run) -> None:
-    """The model rank 0 hands back is the one the single-process executor trains."""
+    """The model rank 0 hands back is the one the single-process executor trains: the
+    same losses, outputs within 1e-3 and parameters within 1e-2. In float32, Adam turns
+    float-order noise in a gradient of about 0 (a hidden unit whose ReLU is off almost
+    everywhere) into steps of up to the learning rate, so such a unit's input weights
+    may part by a few thousandths (the same run in float64 agrees to 1e-14). 30
+    epochs move the weights by 0.1-0.3, so an untrained or other model still fails."""
+    from fullgraph.graph.datasets import load
+    from fullgraph.parallel.single import SingleProcess
+
+    processed = readme_api_run[1] / "data" / "cora" / "processed"
     launched = readme_api_run[0]["result"]
-    here = fullgraph.fit(readme_api_run[1] / "data" / "cora" / "processed", epochs=30,
-                         normalize_features=True)
+    here = fullgraph.fit(processed, epochs=30, normalize_features=True)
     for a, b in zip(launched.history, here.history):
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-4)
+    dataset = load(str(processed), processed)
+    dataset.data = dataset.data.row_normalized()
+
+    def logits(model: torch.nn.Module) -> torch.Tensor:
+        strategy = SingleProcess()
+        plan = strategy.setup(dataset, model, torch.device("cpu"))
+        model.eval()
+        with torch.no_grad():
+            return strategy.forward(model, plan, training=False, seed=0).logits
+
+    torch.testing.assert_close(logits(launched.model), logits(here.model), atol=1e-3,
+                               rtol=1e-3)
     for (name, p), (_, q) in zip(launched.model.named_parameters(),
                                  here.model.named_parameters()):
-        torch.testing.assert_close(p, q, atol=1e-5, rtol=1e-4, msg=name)
+        torch.testing.assert_close(p, q, atol=1e-2, rtol=0, msg=name)
 
 
 @pytest.mark.dist
