@@ -116,8 +116,8 @@ def evict(dataset: Path) -> None:
 def watch(cmd: list[str], cgroup: Path | None, log: Path) -> tuple[int, dict[str, int]]:
     """Run ``cmd`` (inside ``cgroup`` if given), its output to ``log``; its exit code
     and peak VmRSS / RssAnon / RssFile in bytes, and the peak RssAnon once training
-    began ("epoch_anon": after setup, which builds the transposed graph in memory
-    before the spill moves it into files)."""
+    began ("epoch_anon": setup's transients left out, such as the self-loops it adds
+    to a copy of a stored graph without them)."""
     if cgroup is not None:  # join the cgroup before the training process starts
         script = f"echo $$ > {shlex.quote(str(cgroup / 'cgroup.procs'))} && exec " \
                  + " ".join(shlex.quote(c) for c in cmd)
