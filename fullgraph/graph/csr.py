@@ -289,17 +289,14 @@ class Graph:
         edges in memory at once (``kernels.transpose_into``), and the weights in order
         are gathered into them too: no (E,) array of setup is then held in memory.
         """
-        if self._transposed is None and empty is not None and self._row_loops():
-            t = self._mirrored(self._transpose_into(empty, memory))  # its (E,) arrays kept
-            if not t.mirrors:
-                t = dataclasses.replace(t, graph=Graph(keep(t.graph.indptr), t.graph.indices,
-                                                       num_src=t.graph.num_src, validate=False))
-        else:
-            t = self.transpose()
-            if not t.mirrors:
-                t = dataclasses.replace(t, graph=Graph(keep(t.graph.indptr),
-                                                       keep(t.graph.indices),
-                                                       num_src=t.graph.num_src, validate=False))
+        in_files = self._transposed is None and empty is not None and self._row_loops()
+        t = self._mirrored(self._transpose_into(empty, memory)) \
+            if in_files and empty is not None else self.transpose()
+        if not t.mirrors:  # a mirror shares the forward arrays, which stay as they are
+            indices = t.graph.indices if in_files else keep(t.graph.indices)
+            t = dataclasses.replace(t, graph=Graph(keep(t.graph.indptr), indices,
+                                                   num_src=t.graph.num_src, validate=False))
+        if not in_files:
             t = dataclasses.replace(t, perm=keep(t.perm))
         self._transposed = dataclasses.replace(t, keep=keep, empty=empty)
 
@@ -427,10 +424,11 @@ def mean_norm(graph: Graph, dtype: torch.dtype = torch.float32,
         return torch.repeat_interleave(inv, graph.in_degrees().to(inv.device),
                                        output_size=graph.num_edges)
     step = _ROW_STEP  # rows at a time: no (E,) temporary besides ``out``
+    counts = graph.in_degrees().to(inv.device)
     for v in range(0, graph.num_dst, step):
         lo, hi = int(graph.indptr[v]), int(graph.indptr[min(graph.num_dst, v + step)])
-        out[lo:hi] = torch.repeat_interleave(inv[v:v + step], graph.in_degrees()[v:v + step]
-                                             .to(inv.device), output_size=hi - lo)
+        out[lo:hi] = torch.repeat_interleave(inv[v:v + step], counts[v:v + step],
+                                             output_size=hi - lo)
     return out
 
 

@@ -190,11 +190,9 @@ def _stage1(graph: Graph, num_parts: int, seed: int, stage1: str) -> PartitionBo
         known = ", ".join(sorted(set(PARTITIONERS) - {"g3"}))
         raise ValueError(f"stage1 must be a registered partitioner other than 'g3' "
                          f"({known}), got {stage1!r}")
-    if stage1 == "metis":  # G3's equations 1-2: vertex and in-edge counts balanced
-        from fullgraph.partition.metis import metis_partition
-
-        return metis_partition(graph, num_parts, seed=seed, constraints="vertices+degree")
-    return PARTITIONERS[stage1](graph, num_parts, seed=seed)
+    # G3's equations 1-2 for METIS: vertex and in-edge counts balanced
+    opts = {"constraints": "vertices+degree"} if stage1 == "metis" else {}
+    return PARTITIONERS[stage1](graph, num_parts, seed=seed, **opts)
 
 
 def _check_options(threshold: float, max_moves: int | None, max_seconds: float | None,

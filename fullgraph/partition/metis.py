@@ -153,13 +153,18 @@ def _run_metis(xadj: np.ndarray, adjncy: np.ndarray, vweights: np.ndarray | None
 
 def _spread_isolated(part_of: np.ndarray, xadj: np.ndarray, num_parts: int) -> None:
     """Re-place (in place) the vertices without neighbours to even out part sizes."""
-    isolated = np.flatnonzero(xadj[1:] == xadj[:-1])
+    isolated = np.flatnonzero(_isolated(xadj))
     if not isolated.size:
         return
     kept = np.ones(part_of.size, dtype=bool)
     kept[isolated] = False
     adds = water_fill(np.bincount(part_of[kept], minlength=num_parts), isolated.size)
     part_of[isolated] = np.repeat(np.arange(num_parts, dtype=np.int64), adds)
+
+
+def _isolated(xadj: np.ndarray) -> np.ndarray:
+    """(N,) bool: the vertices without neighbours in the symmetrised graph."""
+    return xadj[1:] == xadj[:-1]
 
 
 def water_fill(counts: np.ndarray, extra: int) -> np.ndarray:
@@ -237,12 +242,12 @@ def vertex_weights(graph: Graph, constraints: Constraints,
         return ones
     if constraints == "degree":
         return degree
-    if constraints in ("work", "balanced"):
+    if constraints == "work":
         if xadj is None:
             xadj = symmetric_adjacency(graph)[0]
         # isolated vertices weigh nothing to METIS, which leaves them where coarsening
         # put them; they are spread afterwards (``_spread_isolated``)
-        return np.where(xadj[1:] == xadj[:-1], 0, degree + _vertex_cost(degree))
+        return np.where(_isolated(xadj), 0, degree + _vertex_cost(degree))
     return np.stack([ones, degree], axis=1).reshape(-1)
 
 
