@@ -23,9 +23,10 @@ Which vertex weights METIS balances, ``constraints``:
 
 Why not G3's two weights by default: METIS's multi-constraint bisection met neither
 bound well on power-law graphs. On R-MAT 100k / 1.8M edges it left the in-edges
-1.14x uneven at 2 parts and 1.35x at 3 and 4, and on Cora 1.09-1.17x; a
-single weight was balanced within 1-3 %, with an equal or smaller cut on R-MAT
-(BENCHMARKS.md, "Partitions balanced by work").
+1.14x uneven at 2 parts and 1.35x at 3 and 4, and on Cora 1.09-1.17x. In-degree
+alone balanced R-MAT's in-edges and vertex counts exactly, with a smaller cut, and
+the work weights balanced Cora's work exactly (BENCHMARKS.md, "Partitions balanced
+by work").
 
 A degree constraint on a graph without edges is dropped (it would be all zeros).
 
