@@ -39,11 +39,12 @@ from fullgraph.fields import option
 from fullgraph.graph.blocks import in_edges
 from fullgraph.graph.csr import Graph
 from fullgraph.graph.data import Dataset, Shard
-from fullgraph.models.stages import StageContext, StageProgram, propagation_inputs
+from fullgraph.models.stages import Propagate, StageContext, StageProgram, propagation_inputs
 from fullgraph.models.walk import Runner, describe, walk
 from fullgraph.ops.sparse import take_rows
 from fullgraph.parallel import costmodel
 from fullgraph.parallel.base import LocalResult, Plan, Work, feature_rows, register
+from fullgraph.parallel.halo_spmm import halo_spmm
 from fullgraph.parallel.rowplan import RowPlan, plan_rows, stage_weights
 from fullgraph.parallel.rows import (
     RowPartitioned,
@@ -524,8 +525,16 @@ class _RowRunner(Runner):
         else:
             pos = plan.edge_pos[s]
             weight = edge_weights if pos is None else edge_weights[pos]
-        src = self._sources(s, h)
         graph = self.rows.block(s).graph
+        table = plan.tables[s]
+        if (type(stage) is Propagate and table is not None and not self.rows.shares_halo[s]
+                and (plan.stale is None or not self.training)
+                and (weight is None or not weight.requires_grad)):
+            # the own rows and the halo are read where they are, never joined
+            self.src = self.src_of = None
+            return self._timed("PE", graph.num_edges * stage.in_dim,
+                               lambda: halo_spmm(graph, h, weight, table, plan.comm, "halo"))
+        src = self._sources(s, h)
         return self._timed("PE", graph.num_edges * stage.in_dim,
                            lambda: stage(graph, src, weight))
 

@@ -7,6 +7,7 @@ import dataclasses
 import math
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 from fullgraph.comm import (
@@ -24,6 +25,9 @@ from fullgraph.comm import (
 )
 from fullgraph.comm.halo import _HaloFetch, _HaloScatterAdd
 from fullgraph.comm.placement import _ColsToRows, _RowsToCols, even_counts
+from fullgraph.graph.csr import Graph
+from fullgraph.ops.spmm import spmm
+from fullgraph.parallel.halo_spmm import halo_spmm
 
 
 def fresh_counter(comm: Comm, **changes) -> Comm:
@@ -151,6 +155,9 @@ def _check_halo_case(comm: Comm, seed: int, density: float, feat: tuple[int, ...
     torch.testing.assert_close(x_rows.grad, grad_ref[owned])
     assert phase_bytes(c) == expect, (seed, phase_bytes(c))
 
+    if len(feat) == 1:
+        _check_halo_spmm(comm, table, x_full[owned], x_full[halo_gids], seed, expect)
+
     # halo_scatter_add: partial sums pushed to owners; its gradient is a halo fetch.
     c = fresh_counter(comm)
     x_halo = weights[r].clone().requires_grad_()
@@ -168,6 +175,35 @@ def _check_halo_case(comm: Comm, seed: int, density: float, feat: tuple[int, ...
     torch.testing.assert_close(_HaloFetch.backward(ctx, weights[r])[0], pushed.detach())
     torch.testing.assert_close(_HaloScatterAdd.backward(ctx, x_full[owned])[0], x_full[halo_gids],
                                rtol=0, atol=0)
+
+
+def _check_halo_spmm(comm: Comm, table, x_own, x_halo, seed: int, expect: dict) -> None:
+    """halo_spmm equals spmm over halo_join, forward and backward, to the bit, with the
+    same bytes; weighted and unweighted."""
+    n, h = x_own.shape[0], x_halo.shape[0]
+    gen = torch.Generator().manual_seed(100 + seed)
+    num_dst = n + 2
+    degrees = torch.randint(0, 6, (num_dst,), generator=gen)
+    indptr = torch.cat([torch.zeros(1, dtype=torch.int64), degrees.cumsum(0)])
+    indices = torch.randint(0, max(n + h, 1), (int(indptr[-1]),), generator=gen)
+    if n + h == 0:
+        indptr, indices = torch.zeros(num_dst + 1, dtype=torch.int64), indices[:0]
+    graph = Graph(indptr, indices, num_src=n + h)
+    grad_out = rnd(200 + seed, num_dst, x_own.shape[1], dtype=x_own.dtype)
+    for weight in (None, torch.rand(graph.num_edges, generator=gen, dtype=x_own.dtype)):
+        ref_rows = x_own.clone().requires_grad_()
+        ref = spmm(graph, halo_join(ref_rows, table, fresh_counter(comm)), weight)
+        ref.backward(grad_out)
+        c = fresh_counter(comm)
+        rows = x_own.clone().requires_grad_()
+        out = halo_spmm(graph, rows, weight, table, c)
+        torch.testing.assert_close(out, ref.detach(), rtol=0, atol=0)
+        out.backward(grad_out)
+        torch.testing.assert_close(rows.grad, ref_rows.grad, rtol=0, atol=0)
+        assert phase_bytes(c) == expect, (seed, phase_bytes(c))
+    with pytest.raises(ValueError, match="sources"):
+        halo_spmm(Graph(indptr, indices.clamp(max=0), num_src=n + h + 1), x_own, None,
+                  table, comm)
 
 
 def check_halo(comm: Comm) -> None:
