@@ -24,7 +24,7 @@ TRAIN_FLAGS = sorted("""
 --column-split --pipeline --nn-device --prefetch --row-block --spill-dir --spill-memory
 --p2p-schedule --bin-memory --bin-size --checkpoint-dir --checkpoint-every --resume --save-model
 --task-split --task-gamma --subgraphs --recompute --chunks --task-deps --group-parallel
---task-device-memory --hops
+--task-device-memory --task-pieces --hops
 --adapt --cache-budget --inject --staleness --slack --late-gradients --shares
 """.split())
 

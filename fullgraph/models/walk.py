@@ -176,7 +176,7 @@ class Runner:
         reading its layer input from ``carry`` and a layer-opening stage adding its
         output there."""
         infos = describe(program)
-        carried = _last_readers(infos)
+        carried = last_readers(infos)
         for s in stages:
             src = infos[s].layer_input_from
             # a layer input read by the next stage alone, whose input the stage before
@@ -225,7 +225,7 @@ def walk(program: StageProgram, runner: Runner, h: Tensor, *, start: int = 0,
     infos = describe(program)
     stop = len(infos) if stop is None else stop
     carry = Carry() if carry is None else carry
-    last_read = _last_readers(infos)
+    last_read = last_readers(infos)
     s = start
     while s < stop:
         info = infos[s]
@@ -277,7 +277,7 @@ def blocked_transform_run(runner: Runner, stages: list[int], program: StageProgr
     the run (kept whole) makes it fall back to ``recomputed_transform_run``.
     """
     infos = describe(program)
-    last_read = _last_readers(infos)
+    last_read = last_readers(infos)
     end = stages[-1] + 1
     if (needs_row_sums(program, stages) or h.shape[0] <= block_rows
             or any(infos[s].opens_layer and last_read.get(s, s) >= end for s in stages)):
@@ -288,7 +288,7 @@ def blocked_transform_run(runner: Runner, stages: list[int], program: StageProgr
     params = [q for s in stages for q in program.stages[s].parameters() if q.requires_grad]
 
     def block(lo: int, hi: int, x: Tensor, *layer_inputs: Tensor) -> Tensor:
-        rows = _BlockRows(StageContext(ctx.gids[lo:hi], ctx.seed, ctx.training))
+        rows = BlockRows(StageContext(ctx.gids[lo:hi], ctx.seed, ctx.training))
         local = Carry(layer_inputs=dict(zip(outside, layer_inputs)))
         x = x if dtype is None else x.to(dtype)
         return Runner.transform_run(rows, stages, program, x, local)
@@ -297,7 +297,7 @@ def blocked_transform_run(runner: Runner, stages: list[int], program: StageProgr
                              *(carry.layer_inputs[i] for i in outside), *params)
 
 
-class _BlockRows(Runner):
+class BlockRows(Runner):
     """Runs T stages on one block of rows with the block's own context."""
 
     passes_rows_through = True
@@ -362,7 +362,7 @@ class _BlockedRun(torch.autograd.Function):
         return (None, None, None, None, *row_grads, *param_grads)
 
 
-def _last_readers(infos: tuple[StageInfo, ...]) -> dict[int, int]:
+def last_readers(infos: tuple[StageInfo, ...]) -> dict[int, int]:
     """Stage index -> the last stage that reads its output through the carry."""
     last: dict[int, int] = {}
     for info in infos:

@@ -155,15 +155,16 @@ if HAVE_NUMBA:
                             out[i, c] += w * x[j, c]
 
     @njit(parallel=True, cache=True, nogil=True)
-    def spmm_scalar(indptr, indices, weight, x, out, perm=None):  # pragma: no cover
-        """out[i] = sum_e weight[e] * x[indices[e]] (single head, 1-D weights);
-        ``perm`` as for ``spmm_weighted``."""
+    def spmm_scalar(indptr, indices, weight, x, out, perm=None, add=False):  # pragma: no cover
+        """out[i] = sum_e weight[e] * x[indices[e]] (single head, 1-D weights), or
+        ``out[i] +=`` it with ``add``; ``perm`` as for ``spmm_weighted``."""
         d = x.shape[1]
         blocks = _row_blocks(indptr)
         for blk in prange(blocks.shape[0] - 1):
             for i in range(blocks[blk], blocks[blk + 1]):
-                for c in range(d):
-                    out[i, c] = 0.0
+                if not add:
+                    for c in range(d):
+                        out[i, c] = 0.0
                 for k in range(indptr[i], indptr[i + 1]):
                     _prefetch_row(x, indices, k)
                     j = indices[k]

@@ -133,6 +133,46 @@ class _SpMM(torch.autograd.Function):
         return grad_x, grad_w, None, None
 
 
+def spmm_add_(out: Tensor, graph: Graph, x: Tensor, weight: Tensor) -> Tensor:
+    """``out += spmm(graph, x, weight)`` in place, differentiable in ``out`` and ``x``:
+    sums over several graphs that share destinations (a graph cut by source blocks)
+    without a new (N_dst, D) tensor per block. ``weight`` (E,) is fixed (no gradient).
+    """
+    if out.dim() != 2 or out.shape != (graph.num_dst, x.shape[1]):
+        raise ValueError(f"spmm_add_: out must be (num_dst={graph.num_dst}, {x.shape[1]}), "
+                         f"got {tuple(out.shape)}")
+    if x.dim() != 2 or x.shape[0] != graph.num_src:
+        raise ValueError(f"spmm_add_: x must be (num_src={graph.num_src}, D), got "
+                         f"{tuple(x.shape)}")
+    if weight.dim() != 1 or weight.shape[0] != graph.num_edges or weight.requires_grad:
+        raise ValueError(f"spmm_add_: weight must be fixed (E={graph.num_edges},) weights, "
+                         f"got {tuple(weight.shape)} (requires_grad={weight.requires_grad})")
+    return _SpMMAdd.apply(out, x, weight, graph)
+
+
+class _SpMMAdd(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, out: Tensor, x: Tensor, weight: Tensor, graph: Graph) -> Tensor:
+        ctx.graph = graph
+        ctx.save_for_backward(weight)
+        if resolve_backend(x.device) == "numba" and out.is_contiguous():
+            kernels.spmm_scalar(graph.indptr.numpy(), graph.indices.numpy(),
+                                weight.detach().to(x.dtype).contiguous().numpy(),
+                                x.detach().contiguous().numpy(), out.detach().numpy(), None, True)
+        else:
+            out.add_(aggregate(graph, x, weight, "sum"))
+        ctx.mark_dirty(out)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        (weight,) = ctx.saved_tensors
+        grad_x = None
+        if ctx.needs_input_grad[1]:
+            grad_x = transposed_aggregate(ctx.graph, grad, weight, "sum")
+        return grad, grad_x, None, None
+
+
 def transposed_aggregate(graph: Graph, grad_out: Tensor, weight: Tensor | None,
                          reduce: str) -> Tensor:
     """The gradient of ``aggregate(graph, x, weight, reduce)`` in ``x``: the SpMM over

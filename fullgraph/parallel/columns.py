@@ -226,9 +226,10 @@ class PlacementRunner(Runner):
 
 
 def column_forward(model: StageProgram, plan: ColumnPlan, *, training: bool,
-                   seed: int) -> LocalResult:
-    """Run ``model`` on ``plan``'s placements; the output rows this rank holds."""
-    runner = PlacementRunner(plan, seed, training)
+                   seed: int, runner: PlacementRunner | None = None) -> LocalResult:
+    """Run ``model`` on ``plan``'s placements (through ``runner``, default a fresh
+    ``PlacementRunner``); the output rows this rank holds."""
+    runner = PlacementRunner(plan, seed, training) if runner is None else runner
     h = walk(model, runner, plan.features)
     if runner.on_rows:
         return LocalResult(h, plan.gids)

@@ -55,6 +55,7 @@ from fullgraph.parallel.taskmodel import (
     predict_times,
     split_counts,
 )
+from fullgraph.parallel.taskpieces import Pieces, PiecesRunner, build_pieces, pieces_work_note
 from fullgraph.parallel.taskrows import (
     RowGroups,
     check_row_chunks,
@@ -76,6 +77,7 @@ class TaskPlan(ColumnPlan):
     machine: str = ""
     grid: ChunkGrid | None = None
     rows: RowGroups | None = None
+    pieces: Pieces | None = None
 
 
 @register
@@ -85,6 +87,7 @@ class TaskParallel(DistributedStrategy[TaskPlan]):
     name = "task"
     section = "task_parallel"
     flags = {"split": "task-split", "gamma": "task-gamma", "deps": "task-deps",
+             "pieces": "task-pieces",
              "group_parallel": "group-parallel", "device_memory": "task-device-memory"}
 
     @dataclass(frozen=True, kw_only=True)
@@ -114,6 +117,12 @@ class TaskParallel(DistributedStrategy[TaskPlan]):
                 vertex, the whole graph); ``data``, by rows (every P worker a row range,
                 the in-edges of its rows and their sources fetched from the T group)
                 (default: ``tensor``).
+            pieces: K > 1 cuts every T worker's rows into K pieces and hands each to
+                the P group as soon as it is transformed, where the first P stage
+                aggregates it at once, so the T group transforms a piece while the P
+                group aggregates the one before (``parallel/taskpieces.py``); exact up to
+                the order of float additions; tensor form only, not with
+                ``subgraphs``, ``device_memory`` or ``recompute`` (default: 1, off).
             device_memory: a P worker's budget for one chunk's propagation, e.g.
                 ``"2GB"``: the chunks are the fewest whose footprint (rows, in-edges and
                 source rows at the worker's widest column slice, as tensor
@@ -140,6 +149,9 @@ class TaskParallel(DistributedStrategy[TaskPlan]):
                                      "columns) or data (by rows, each P worker fetching the "
                                      "sources of its rows' in-edges)",
                                      choices=GROUP_PARALLEL)
+        pieces: int = option(1, "hand each run of T stages to the P group in this many row "
+                             "pieces, aggregated as they arrive, so that the groups work at "
+                             "once; 1: whole")
         device_memory: str | None = option(None, "a P worker's budget for one chunk's "
                                            "propagation, e.g. 2GB: the chunks and subgraphs "
                                            "(one chunk each) follow from it")
@@ -155,6 +167,18 @@ class TaskParallel(DistributedStrategy[TaskPlan]):
             if 0 < self.chunks < self.subgraphs:
                 raise ValueError(f"--subgraphs {self.subgraphs} is more than --chunks "
                                  f"{self.chunks}: every subgraph needs at least one chunk")
+            if self.pieces < 1:
+                raise ValueError(f"--task-pieces must be >= 1, got {self.pieces}")
+            if self.pieces > 1:
+                clash = [flag for flag, on in (
+                    ("--subgraphs", self.subgraphs > 1), ("--chunks", self.chunks > 0),
+                    ("--task-device-memory", self.device_memory is not None),
+                    ("--recompute", self.recompute),
+                    ("--group-parallel data", self.group_parallel == "data")) if on]
+                if clash:
+                    raise ValueError(f"--task-pieces {self.pieces} overlaps the T and P groups "
+                                     "in the tensor form's own way: it does not combine with "
+                                     f"{', '.join(clash)}")
             if self.deps not in DEPS:
                 raise ValueError(f"--task-deps must be one of {', '.join(DEPS)}, got "
                                  f"{self.deps!r}")
@@ -211,6 +235,9 @@ class TaskParallel(DistributedStrategy[TaskPlan]):
             held = graph
         plan = self._plan(dataset, program, held, norms, split, row_counts, comm, device, dtype)
         plan.machine, plan.rows = machine, rows
+        if self.options.pieces > 1:
+            plan.pieces = build_pieces(graph, norms, row_counts, self.options.pieces, comm.rank,
+                                       comm.rank in split.p_ranks, device)
         if has_edge_stage(program):
             plan.edges = edge_plan(graph, row_counts, comm)
             plan.edges.block = plan.edges.block.to(device)
@@ -276,7 +303,8 @@ class TaskParallel(DistributedStrategy[TaskPlan]):
         """Refuse subgraph and chunk counts the graph (or, in the data form with a
         given split, the P group) cannot hold; called before launch and in setup."""
         opts = self.options
-        for flag, value in (("--subgraphs", opts.subgraphs), ("--chunks", opts.chunks)):
+        for flag, value in (("--subgraphs", opts.subgraphs), ("--chunks", opts.chunks),
+                            ("--task-pieces", opts.pieces)):
             if value > num_vertices:
                 raise ValueError(f"{flag} {value} is more than the graph's {num_vertices} "
                                  "vertices")
@@ -317,6 +345,8 @@ class TaskParallel(DistributedStrategy[TaskPlan]):
             lines.append(f"task     split {split.num_t}:{split.num_p} given (--task-split)")
         if plan.recompute:
             lines.append("task     T-stage activations recomputed in the backward pass")
+        if plan.pieces is not None:
+            lines.append(pieces_work_note(plan.pieces))
         pipeline = plan.rows.pipeline if plan.rows is not None else (
             None if plan.grid is None else (plan.grid.num_subgraphs, plan.grid.num_chunks))
         if pipeline is not None:
@@ -353,7 +383,8 @@ class TaskParallel(DistributedStrategy[TaskPlan]):
                                 regroup=regroup)
         if plan.grid is not None:
             _use(plan, plan.grid.regrouped(seed) if regroup else plan.grid.exact)
-        return column_forward(model, plan, training=training, seed=seed)
+        runner = None if plan.pieces is None else PiecesRunner(plan, plan.pieces, seed, training)
+        return column_forward(model, plan, training=training, seed=seed, runner=runner)
 
 
 def _use(plan: TaskPlan, subgraphs: Subgraphs) -> None:

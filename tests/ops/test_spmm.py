@@ -7,7 +7,7 @@ from devices import TEST_DEVICE, cpu_only
 
 from fullgraph.graph.csr import Graph
 from fullgraph.ops import kernels, spmm
-from fullgraph.ops.spmm import edge_dot, set_backend
+from fullgraph.ops.spmm import edge_dot, set_backend, spmm_add_
 
 # numba's kernels are CPU only: on a GPU every backend resolves to torch
 NUMBA = pytest.param("numba", marks=cpu_only("numba's kernels"))
@@ -223,3 +223,27 @@ def test_backward_reading_fixed_weights_in_order_gives_the_same_bits(backend, sy
     else:
         expected = aggregate(t.graph, grad, w64[t.perm], "sum")
     assert torch.equal(grads[0], expected) and torch.equal(grads[1], expected)
+
+
+def test_spmm_add_accumulates_in_place_and_differentiates(backend):
+    """``spmm_add_(out, g, x, w)`` is ``out + spmm(g, x, w)`` written into ``out``; its
+    gradient reaches ``out`` unchanged and ``x`` through the transpose; bad shapes and
+    trainable weights are refused."""
+    g = random_block(6, 9, 25, seed=5)
+    w = torch.rand(g.num_edges, dtype=torch.float64, device=TEST_DEVICE)
+    base = torch.randn(6, 4, dtype=torch.float64, device=TEST_DEVICE, requires_grad=True)
+    x = torch.randn(9, 4, dtype=torch.float64, device=TEST_DEVICE, requires_grad=True)
+    out = base * 2  # a non-leaf, as the sum of an earlier block
+    storage = out.data_ptr()
+    got = spmm_add_(out, g, x, w)
+    assert got.data_ptr() == storage
+    torch.testing.assert_close(got, base.detach() * 2 + dense(g, w, torch.float64) @ x.detach())
+    grad = torch.randn(6, 4, dtype=torch.float64, device=TEST_DEVICE)
+    got.backward(grad)
+    torch.testing.assert_close(base.grad, 2 * grad)
+    torch.testing.assert_close(x.grad, dense(g, w, torch.float64).T @ grad)
+    assert torch.autograd.gradcheck(lambda b, x: spmm_add_(b * 1.0, g, x, w), (base, x))
+    with pytest.raises(ValueError, match="out must be"):
+        spmm_add_(torch.zeros(5, 4, dtype=torch.float64), g, x, w)
+    with pytest.raises(ValueError, match="fixed"):
+        spmm_add_(torch.zeros(6, 4, dtype=torch.float64), g, x, w.clone().requires_grad_())

@@ -341,3 +341,60 @@ def test_wider_features_move_work_to_the_t_group():
     _, p_dense = predict_times(narrow, 10_000, 5_000_000, machine, 0.5)
     assert p_dense > 50 * p_n
     assert choose_split(8, t_w, p_w).num_t > choose_split(8, t_n, p_dense).num_t
+
+
+# ---------------------------------------------------------------- T/P hand-offs in pieces
+PIECE_CASES = {2: [("gcn", False, "1:1", 2), ("sage", False, "1:1", 3), ("gin", False, "1:1", 2),
+                   ("gat", False, "1:1", 2), ("tagcn", True, "1:1", 3),
+                   ("gin:bn", False, "1:1", 2), ("gcn", True, "1:1", 40)],
+               3: [("gcn", False, "2:1", 3), ("sage", True, "1:2", 2), ("gin", False, "1:2", 3),
+                   ("gat", True, "2:1", 2)]}
+
+
+def check_pieces(comm, cases):
+    """``--task-pieces K``: every model, coupled and decoupled, matches the single
+    process in float64 (the sums of a P stage are taken per source piece, so equal up
+    to float order); a run followed by a fixed-weight P stage hands off K times per
+    hand-off, the others once; K may exceed a worker's rows (empty pieces)."""
+    dataset = make_dataset()
+    for name, decoupled, split, pieces in cases:
+        model = make_model(name, decoupled, 9, 3)
+        ref_losses, (ref_out, _), ref_model = (*run_epochs(SingleProcess(), dataset, model,
+                                                           None)[:2], model)
+        model = make_model(name, decoupled, 9, 3)
+        strategy = TaskParallel(TaskParallel.Options(split=split, pieces=pieces))
+        comm.counter.reset()
+        losses, (out, gids), plan = run_epochs(strategy, dataset, model, comm)
+        where = f"{name} decoupled={decoupled} split={split} K={pieces} rank {comm.rank}"
+        assert plan.pieces is not None and plan.pieces.count == pieces, where
+        assert (plan.pieces.graphs is not None) == (comm.rank in plan.split.p_ranks), where
+        assert f"in {pieces} row pieces" in "\n".join(strategy.describe(model, plan)), where
+        torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), msg=where)
+        torch.testing.assert_close(out, ref_out[gids], msg=where)
+        for (k, p), (_, q) in zip(model.named_parameters(), ref_model.named_parameters()):
+            torch.testing.assert_close(p, q, msg=f"{where} parameter {k}")
+        calls = comm.counter.snapshot()["rows-to-cols"]["calls"]
+        # GCN, SAGE, GIN: each of the 2 layers' T runs hands off in pieces, in each of
+        # 3 training steps; batch norm's runs and attention's edge-weighted P stages
+        # take the whole path
+        if name in ("gcn", "sage", "gin") and not decoupled:
+            assert calls == 3 * 2 * pieces, (where, calls)
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_task_pieces_match_single(tmp_path, world_size):
+    run_ranks(check_pieces, world_size, tmp_path, PIECE_CASES[world_size])
+
+
+def test_task_pieces_refuse_what_they_do_not_combine_with():
+    for extra, flag in (({"subgraphs": 2}, "--subgraphs"), ({"chunks": 2}, "--chunks"),
+                        ({"device_memory": "1MB"}, "--task-device-memory"),
+                        ({"recompute": True}, "--recompute"),
+                        ({"group_parallel": "data"}, "--group-parallel data")):
+        with pytest.raises(ValueError, match=flag):
+            TaskParallel.Options(pieces=2, **extra)
+    with pytest.raises(ValueError, match="task-pieces must be >= 1"):
+        TaskParallel.Options(pieces=0)
+    with pytest.raises(ValueError, match="--task-pieces 100 is more than"):
+        TaskParallel(TaskParallel.Options(pieces=100)).check_sizes(67)
