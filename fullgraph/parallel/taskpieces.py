@@ -22,9 +22,8 @@ Exact up to the order of float additions: a destination's in-edges are summed pe
 source block, then the blocks in turn (the tests compare in float64 with the single
 process). Every T stage is row-wise and its dropout keyed by global row ids, so a
 piece computes what the whole run computes for its rows. Runs that are not followed
-by a fixed-weight P stage (attention's edge weights), that sum over all rows (batch
-normalisation) or that are the only P input of a pipelined segment take the usual
-path.
+by a fixed-weight P stage (attention's edge weights) or that sum over all rows
+(batch normalisation) take the whole path.
 """
 from __future__ import annotations
 
