@@ -42,6 +42,8 @@ THREAD_ROWS = [
     ("tensor, 2 workers x 1 thread", 2, ["--strategy", "tensor"]),
     ("p2p, 2 workers x 1 thread", 2, ["--strategy", "p2p"]),
     ("task, 2 workers x 1 thread", 2, ["--strategy", "task"]),
+    ("task --task-pieces 3, 2 workers x 1 thread", 2, ["--strategy", "task", "--task-pieces",
+                                                        "3"]),
 ]
 
 
