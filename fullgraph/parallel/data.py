@@ -530,7 +530,8 @@ class _RowRunner(Runner):
         if (type(stage) is Propagate and table is not None and not self.rows.shares_halo[s]
                 and (plan.stale is None or not self.training)
                 and (weight is None or not weight.requires_grad)):
-            # the own rows and the halo are read where they are, never joined
+            # join and aggregate as one autograd step, whose backward adds the returned
+            # halo gradient in place (no copy of the own rows' gradient)
             self.src = self.src_of = None
             return self._timed("PE", graph.num_edges * stage.in_dim,
                                lambda: halo_spmm(graph, h, weight, table, plan.comm, "halo"))

@@ -28,6 +28,9 @@ chunks (``schedule/regroup.py``). With ``--task-deps exact`` (the default) every
 block is aggregated: equals single-process training. ``--task-deps regroup`` is the
 paper's approximate mode: in training the chunks are regrouped every epoch and the
 blocks whose source chunk is in a later subgraph are skipped; evaluation is exact.
+With ``--task-pieces K`` (``taskpieces.py``) the groups work at once instead of in
+turn: each run of T stages is transformed and handed over in K row pieces, and the P
+group aggregates each piece as it arrives.
 """
 from __future__ import annotations
 
@@ -55,7 +58,7 @@ from fullgraph.parallel.taskmodel import (
     predict_times,
     split_counts,
 )
-from fullgraph.parallel.taskpieces import Pieces, PiecesRunner, build_pieces, pieces_work_note
+from fullgraph.parallel.taskpieces import Pieces, PiecesRunner, build_pieces, describe_pieces
 from fullgraph.parallel.taskrows import (
     RowGroups,
     check_row_chunks,
@@ -121,8 +124,9 @@ class TaskParallel(DistributedStrategy[TaskPlan]):
                 the P group as soon as it is transformed, where the first P stage
                 aggregates it at once, so the T group transforms a piece while the P
                 group aggregates the one before (``parallel/taskpieces.py``); exact up to
-                the order of float additions; tensor form only, not with
-                ``subgraphs``, ``device_memory`` or ``recompute`` (default: 1, off).
+                the order of float additions; the P workers hold the graph a second
+                time, cut by source piece; tensor form only, not with ``subgraphs``,
+                ``device_memory`` or ``recompute`` (default: 1, off).
             device_memory: a P worker's budget for one chunk's propagation, e.g.
                 ``"2GB"``: the chunks are the fewest whose footprint (rows, in-edges and
                 source rows at the worker's widest column slice, as tensor
@@ -346,7 +350,7 @@ class TaskParallel(DistributedStrategy[TaskPlan]):
         if plan.recompute:
             lines.append("task     T-stage activations recomputed in the backward pass")
         if plan.pieces is not None:
-            lines.append(pieces_work_note(plan.pieces))
+            lines.append(describe_pieces(plan.pieces))
         pipeline = plan.rows.pipeline if plan.rows is not None else (
             None if plan.grid is None else (plan.grid.num_subgraphs, plan.grid.num_chunks))
         if pipeline is not None:

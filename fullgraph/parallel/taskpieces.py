@@ -122,8 +122,7 @@ class PiecesRunner(PlacementRunner):
                       carry: Carry) -> Tensor:
         infos = describe(program)
         nxt = stages[-1] + 1
-        if (self.plan.row_block is not None or self.plan.recompute
-                or nxt >= len(infos) or not infos[nxt].is_propagate
+        if (nxt >= len(infos) or not infos[nxt].is_propagate
                 or infos[nxt].edge_weights_from is not None
                 or needs_row_sums(program, stages)):
             return super().transform_run(stages, program, h, carry)
@@ -170,7 +169,7 @@ class PiecesRunner(PlacementRunner):
         return super().propagate_run(stages, program, h, carry)
 
 
-def pieces_work_note(pieces: Pieces) -> str:
+def describe_pieces(pieces: Pieces) -> str:
     """The header line: how the hand-offs are cut."""
     return (f"task     T/P hand-offs in {pieces.count} row pieces, each aggregated as it "
             "arrives (the T group transforms a piece while the P group aggregates the one "
