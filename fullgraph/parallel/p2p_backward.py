@@ -18,7 +18,7 @@ from torch import Tensor
 
 from fullgraph.comm.halo import start_return
 from fullgraph.models.stages import StageProgram
-from fullgraph.parallel.p2p_plan import BinBlock, Key, P2PPlan, Phase, add_at, pos_len
+from fullgraph.parallel.p2p_plan import BinBlock, Key, P2PPlan, Phase, add_at, pos_len, whole
 from fullgraph.parallel.p2p_run import Arrivals, Saved
 
 
@@ -28,15 +28,24 @@ class PhaseGrads:
 
     Attributes:
         out: w.r.t. the phase's output rows (pushed gradients added as they land).
-        prev: w.r.t. the previous phase's rows (None: nothing earlier is trained).
+        prev: w.r.t. the previous phase's rows (None: nothing earlier is trained, or
+            not made yet when ``adopt``).
         halo: w.r.t. the halo rows, returned to their owners (None: not needed).
         carried: w.r.t. the values carried between phases, shared by all phases.
+        wants_prev: whether the previous phase's rows need a gradient.
+        wants_halo: whether the halo rows need one (the phase has a link).
+        adopt: the phase is one bin that reads every previous row and every halo row
+            in order: the gradient of its input rows, a fresh tensor, becomes ``prev``
+            and ``halo`` as they are (no zeroed buffers, no adds).
     """
 
     out: Tensor
     prev: Tensor | None
     halo: Tensor | None
     carried: dict[Key, Tensor]
+    wants_prev: bool = False
+    wants_halo: bool = False
+    adopt: bool = False
 
 
 class ParamGrads:
@@ -83,8 +92,14 @@ def _add_input_grad(blk: BinBlock, g_leaf: Tensor | None, grads: PhaseGrads) -> 
     """Scatter the gradient of the bin's input rows: local ones and halo ones."""
     if g_leaf is None:
         return
-    assert blk.src_local is not None and blk.src_halo is not None and grads.prev is not None
+    assert blk.src_local is not None and blk.src_halo is not None
     n_local = pos_len(blk.src_local)
+    if grads.adopt:  # the buffers are the leaf's gradient, which the caller adds into
+        own = g_leaf.clone() if _shares_storage(g_leaf, grads.out) else g_leaf
+        grads.prev = own[:n_local]
+        grads.halo = own[n_local:] if grads.wants_halo else None
+        return
+    assert grads.prev is not None
     add_at(grads.prev, blk.src_local, g_leaf[:n_local])
     if grads.halo is not None and pos_len(blk.src_halo):
         add_at(grads.halo, blk.src_halo, g_leaf[n_local:])
@@ -96,7 +111,7 @@ def bin_backward(blk: BinBlock, entry: dict[str, Any], grads: PhaseGrads,
     outs, outs_grad = _bin_outputs(blk, entry, grads)
     if not outs:
         return
-    with_input = grads.prev is not None
+    with_input = grads.wants_prev
     import_keys = list(entry["imports"])
     inputs = ([entry["leaf"]] if with_input else []) + [entry["imports"][k] for k in import_keys]
     result = torch.autograd.grad(outs, inputs + own, outs_grad, allow_unused=True)
@@ -139,10 +154,21 @@ class Backward:
     def _buffers(self, k: int, g_out: Tensor, carried: dict[Key, Tensor]) -> PhaseGrads:
         ph, outputs = self.plan.phases[k], self.saved.outputs
         prev_needs = k > 0 and self.plan.phases[k - 1].needs_grad
-        g_prev = outputs[k - 1].new_zeros(outputs[k - 1].shape) if prev_needs else None
-        g_halo = g_out.new_zeros(ph.link.num_halo, outputs[k - 1].shape[1]) \
-            if prev_needs and ph.link is not None else None
-        return PhaseGrads(g_out, g_prev, g_halo, carried)
+        num_halo = 0 if ph.link is None else ph.link.num_halo
+        adopt = prev_needs and len(ph.bins) == 1 and _reads_all(ph.bins[0], outputs[k - 1],
+                                                                 num_halo)
+        grads = PhaseGrads(g_out, None, None, carried, wants_prev=prev_needs,
+                           wants_halo=prev_needs and ph.link is not None, adopt=adopt)
+        if prev_needs and not adopt:
+            grads.prev, grads.halo = self._zeros(k, grads.wants_halo)
+        return grads
+
+    def _zeros(self, k: int, halo: bool) -> tuple[Tensor, Tensor | None]:
+        """Zeroed gradient buffers of the previous phase's rows and of the halo."""
+        prev = self.saved.outputs[k - 1]
+        link = self.plan.phases[k].link
+        return (prev.new_zeros(prev.shape),
+                prev.new_zeros(link.num_halo, prev.shape[1]) if halo and link else None)
 
     def _phase(self, k: int, g_out: Tensor, carried: dict[Key, Tensor],
                pending: list[Any]) -> tuple[Tensor | None, list[Any]]:
@@ -163,6 +189,8 @@ class Backward:
             if incoming is not None and mode.eager:
                 incoming.through(ph.bwd_wait[b])
             bin_backward(ph.bins[b], entries[b], grads, own, self.params)
+            if grads.adopt and grads.prev is None:  # no gradient reached the input rows
+                grads.prev, grads.halo = self._zeros(k, grads.wants_halo)
             if grads.halo is not None and mode.per_bin:
                 assert ph.link is not None
                 issued.append(start_return(grads.halo, ph.link.bwd[t], plan.comm, "push-grad"))
@@ -173,3 +201,13 @@ class Backward:
         if incoming is not None:
             incoming.all()
         return grads.prev, issued
+
+
+def _reads_all(blk: BinBlock, prev: Tensor, num_halo: int) -> bool:
+    """Whether the bin reads every row of ``prev`` and every halo row, in order."""
+    return (blk.src_local is not None and blk.src_halo is not None
+            and whole(blk.src_local, prev.shape[0]) and whole(blk.src_halo, num_halo))
+
+
+def _shares_storage(a: Tensor, b: Tensor) -> bool:
+    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
