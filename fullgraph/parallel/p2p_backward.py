@@ -95,7 +95,8 @@ def _add_input_grad(blk: BinBlock, g_leaf: Tensor | None, grads: PhaseGrads) -> 
     assert blk.src_local is not None and blk.src_halo is not None
     n_local = pos_len(blk.src_local)
     if grads.adopt:  # the buffers are the leaf's gradient, which the caller adds into
-        own = g_leaf.clone() if _shares_storage(g_leaf, grads.out) else g_leaf
+        held = [grads.out, *grads.carried.values()]  # a gradient passed through as it was
+        own = g_leaf.clone() if any(_shares_storage(g_leaf, t) for t in held) else g_leaf
         grads.prev = own[:n_local]
         grads.halo = own[n_local:] if grads.wants_halo else None
         return
