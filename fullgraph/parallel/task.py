@@ -351,6 +351,10 @@ class TaskParallel(DistributedStrategy[TaskPlan]):
             lines.append("task     T-stage activations recomputed in the backward pass")
         if plan.pieces is not None:
             lines.append(describe_pieces(plan.pieces))
+        elif (plan.rows is None and plan.grid is None and not plan.recompute
+              and not self.options.chunks):  # where --task-pieces would be accepted
+            lines.append("task     the groups take turns, each waiting while the other works; "
+                         "--task-pieces K (e.g. 3) lets them overlap, with exact results")
         pipeline = plan.rows.pipeline if plan.rows is not None else (
             None if plan.grid is None else (plan.grid.num_subgraphs, plan.grid.num_chunks))
         if pipeline is not None:

@@ -101,6 +101,9 @@ def check_task(comm, cases):
             in header[0], (where, header)
         if subgraphs > 1:
             assert f"{subgraphs} subgraphs of {chunks or ''}" in header[-1], (where, header)
+        # the tensor form without a pipeline names the option that overlaps the groups
+        hint = form == "tensor" and subgraphs == 1 and not recompute and not chunks
+        assert ("--task-pieces K" in header[-1]) == hint, (where, header)
         if form == "data":  # a P worker holds the in-edges of its rows only, each edge once
             held = torch.tensor([plan.graph.num_edges])
             prim.all_reduce_(held, comm, "test")
