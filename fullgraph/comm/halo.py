@@ -201,18 +201,24 @@ def halo_join(x_rows: Tensor, table: ExchangeTable, comm: Comm, phase: str = "ha
     return _HaloJoin.apply(x_rows, table, comm, phase)
 
 
+def join_rows(x_rows: Tensor, table: ExchangeTable, comm: Comm, phase: str) -> Tensor:
+    """``halo_join``'s forward without autograd: a new (N_r + H, *F) tensor, the own
+    rows copied in while the halo is in flight."""
+    check_table(table, comm)
+    n = x_rows.shape[0]
+    out = x_rows.new_empty((n + table.num_halo, *x_rows.shape[1:]))
+    pending = start_fetch(x_rows, table, comm, phase, into=out[n:])
+    out[:n] = x_rows
+    pending.wait()
+    return out
+
+
 class _HaloJoin(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x_rows: Tensor, table: ExchangeTable, comm: Comm,
                 phase: str) -> Tensor:
-        check_table(table, comm)
         ctx.table, ctx.comm, ctx.phase = table, comm, phase
-        n = x_rows.shape[0]
-        out = x_rows.new_empty((n + table.num_halo, *x_rows.shape[1:]))
-        pending = start_fetch(x_rows, table, comm, phase, into=out[n:])
-        out[:n] = x_rows
-        pending.wait()
-        return out
+        return join_rows(x_rows, table, comm, phase)
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None, None]:

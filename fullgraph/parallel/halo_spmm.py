@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from fullgraph.comm.halo import check_table, start_fetch, start_return
+from fullgraph.comm.halo import check_table, join_rows, start_return
 from fullgraph.ops.spmm import aggregate, transposed_aggregate
 
 if TYPE_CHECKING:
@@ -63,12 +63,7 @@ class _HaloSpMM(torch.autograd.Function):
                 table: ExchangeTable, comm: Comm, phase: str) -> Tensor:
         ctx.graph, ctx.table, ctx.comm, ctx.phase = graph, table, comm, phase
         ctx.save_for_backward(weight)
-        n = h.shape[0]
-        src = h.new_empty((n + table.num_halo, h.shape[1]))
-        pending = start_fetch(h, table, comm, phase, into=src[n:])
-        src[:n] = h
-        pending.wait()
-        return aggregate(graph, src, weight, "sum")
+        return aggregate(graph, join_rows(h, table, comm, phase), weight, "sum")
 
     @staticmethod
     def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor | None, ...]:

@@ -354,7 +354,7 @@ class TaskParallel(DistributedStrategy[TaskPlan]):
         elif (plan.rows is None and plan.grid is None and not plan.recompute
               and not self.options.chunks):  # where --task-pieces would be accepted
             lines.append("task     the groups take turns, each waiting while the other works; "
-                         "--task-pieces K (e.g. 3) lets them overlap, with exact results")
+                         "--task-pieces K (e.g. 3) lets them overlap (exact up to float rounding)")
         pipeline = plan.rows.pipeline if plan.rows is not None else (
             None if plan.grid is None else (plan.grid.num_subgraphs, plan.grid.num_chunks))
         if pipeline is not None:
