@@ -125,6 +125,7 @@ class Graph:
         self._transposed: Transposed | None = None
         self._dst_index: Tensor | None = None
         self._indices64: Tensor | None = None
+        self._source_split: tuple[int, Tensor | None] | None = None
         if validate:
             self.validate()
 
@@ -270,6 +271,20 @@ class Graph:
         if self._indices64 is None:
             self._indices64 = self.indices.to(torch.int64)
         return self._indices64
+
+    def source_split(self, n: int) -> Tensor | None:
+        """(N_dst,) int64: where each row's in-edges from sources below ``n`` end, when
+        every row lists them before its others (``graph.blocks.build_block`` with
+        ``local_first``); None when some row does not. Computed once per ``n``."""
+        if self._source_split is None or self._source_split[0] != n:
+            indptr = self.indptr.cpu().numpy()
+            below = np.concatenate([[0], np.cumsum(self.indices.cpu().numpy() < n)])
+            count = below[indptr[1:]] - below[indptr[:-1]]
+            split = indptr[:-1] + count
+            # grouped: a row's first ``count`` edges are the ones below n
+            grouped = bool(np.array_equal(below[split] - below[indptr[:-1]], count))
+            self._source_split = (n, torch.from_numpy(split) if grouped else None)
+        return self._source_split[1]
 
     def transpose(self) -> Transposed:
         """CSR by source (out-edges), built once and cached; used by backward passes."""

@@ -172,6 +172,73 @@ if HAVE_NUMBA:
                     for c in range(d):
                         out[i, c] += w * x[j, c]
 
+    @njit(inline="always", cache=True)
+    def _prefetch_split(x, halo, indices, k):  # pragma: no cover - numba
+        """``_prefetch_row`` over two sources: below ``x.shape[0]`` a row of ``x``,
+        from there one of ``halo``."""
+        ahead = k + PREFETCH_EDGES
+        if ahead < indices.shape[0]:
+            j = indices[ahead]
+            n = x.shape[0]
+            if j < n:
+                for c in range(0, x.shape[1], max(1, 64 // x.itemsize)):
+                    _prefetch(x, j, c)
+            else:
+                for c in range(0, halo.shape[1], max(1, 64 // halo.itemsize)):
+                    _prefetch(halo, j - n, c)
+
+    @njit(parallel=True, cache=True, nogil=True)
+    def spmm_split(indptr, split, indices, weight, x, halo, out):  # pragma: no cover
+        """``spmm_scalar`` (``spmm_unweighted`` without the mean, for ``weight`` None)
+        over the sources ``[x | halo]`` without joining them: row i's in-edges from
+        ``x`` come first, ``indptr[i]`` to ``split[i]``, those from ``halo`` after
+        (source ``x.shape[0] + j`` is ``halo[j]``). The same sums in the same order as
+        over the joined rows."""
+        d = x.shape[1]
+        n = x.shape[0]
+        blocks = _row_blocks(indptr)
+        for blk in prange(blocks.shape[0] - 1):
+            for i in range(blocks[blk], blocks[blk + 1]):
+                for c in range(d):
+                    out[i, c] = 0.0
+                mid = split[i]
+                for k in range(indptr[i], mid):
+                    _prefetch_split(x, halo, indices, k)
+                    j = indices[k]
+                    if weight is None:
+                        for c in range(d):
+                            out[i, c] += x[j, c]
+                    else:
+                        w = weight[k]
+                        for c in range(d):
+                            out[i, c] += w * x[j, c]
+                for k in range(mid, indptr[i + 1]):
+                    _prefetch_split(x, halo, indices, k)
+                    j = indices[k] - n
+                    if weight is None:
+                        for c in range(d):
+                            out[i, c] += halo[j, c]
+                    else:
+                        w = weight[k]
+                        for c in range(d):
+                            out[i, c] += w * halo[j, c]
+
+    @njit(cache=True, nogil=True)
+    def source_split(indptr, indices, n):  # pragma: no cover - numba
+        """Per row, the end of its in-edges from sources below ``n``, where every row
+        lists those before the others; an empty array where some row does not."""
+        rows = indptr.shape[0] - 1
+        split = np.empty(rows, dtype=np.int64)
+        for i in range(rows):
+            k = indptr[i]
+            while k < indptr[i + 1] and indices[k] < n:
+                k += 1
+            split[i] = k
+            for e in range(k, indptr[i + 1]):
+                if indices[e] < n:
+                    return np.empty(0, dtype=np.int64)
+        return split
+
     @njit(parallel=True, cache=True, nogil=True)
     def spmm_unweighted(indptr, indices, x, out, mean):  # pragma: no cover - numba
         """out[i] = sum (or mean when ``mean``) of x over the in-edges of i."""

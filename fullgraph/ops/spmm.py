@@ -215,6 +215,33 @@ def edge_dot(graph: Graph, a: Tensor, b: Tensor, heads: int = 1) -> Tensor:
     return (a[dst].view(-1, heads, chans) * b[src].view(-1, heads, chans)).sum(-1)
 
 
+def splits(graph: Graph, x: Tensor, weight: Tensor | None) -> bool:
+    """Whether ``split_aggregate`` takes ``x`` as the first ``x.shape[0]`` sources of
+    ``graph``: the numba kernels run, and every row lists its in-edges from them first
+    (``Graph.source_split``)."""
+    return (resolve_backend(x.device) == "numba" and (weight is None or weight.dim() == 1)
+            and x.shape[0] <= graph.num_src and graph.source_split(x.shape[0]) is not None)
+
+
+def split_aggregate(graph: Graph, x: Tensor, halo: Tensor, weight: Tensor | None) -> Tensor:
+    """``aggregate(graph, cat([x, halo]), weight, "sum")`` without the concatenation:
+    the same sums in the same order, where ``splits(graph, x, weight)``.
+
+    Shapes: x (N_x, D) and halo (N_src - N_x, D), one dtype; weight None or (E,)."""
+    split = graph.source_split(x.shape[0])
+    if (not splits(graph, x, weight) or split is None or x.dtype != halo.dtype
+            or x.shape[0] + halo.shape[0] != graph.num_src or x.shape[1:] != halo.shape[1:]):
+        raise ValueError(f"split_aggregate: rows {tuple(x.shape)} {x.dtype} and halo "
+                         f"{tuple(halo.shape)} {halo.dtype} for {graph}; the graph must list "
+                         "each row's in-edges from the rows first, on the numba backend")
+    x, halo = x.detach().contiguous(), halo.detach().contiguous()
+    out = torch.empty(graph.num_dst, x.shape[1], dtype=x.dtype)  # every row written
+    w = None if weight is None else weight.detach().to(x.dtype).contiguous().numpy()
+    kernels.spmm_split(graph.indptr.numpy(), split.numpy(), graph.indices.numpy(), w,
+                       x.numpy(), halo.numpy(), out.numpy())
+    return out
+
+
 def _aggregate_numba(graph: Graph, x: Tensor, weight: Tensor | None, reduce: str) -> Tensor:
     out = torch.empty(graph.num_dst, x.shape[1], dtype=x.dtype)  # the kernels write every row
     indptr, indices, xs = graph.indptr.numpy(), graph.indices.numpy(), x.detach().numpy()

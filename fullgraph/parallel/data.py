@@ -382,7 +382,7 @@ class DataParallel(RowPartitioned[DataPlan]):
             plan.deps.per_rank = [plan.deps.summary()]
         fetch = plan.deps.fetch_mask(plan.graph.num_dst)
         plan.rows = plan_rows(program, plan.graph, plan.book.part_to_gids(plan.comm.rank),
-                              fetch, owner=plan.book.part_of)
+                              fetch, owner=plan.book.part_of, local_first=True)
         _check_rows(plan, plan.rows, "replan")
         if plan.device.type != "cpu":
             plan.rows.blocks = [None if b is None else b.to(plan.device)

@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from fullgraph.comm.halo import check_table, join_rows, start_return
-from fullgraph.ops.spmm import aggregate, transposed_aggregate
+from fullgraph.comm.halo import check_table, join_rows, start_fetch, start_return
+from fullgraph.ops.spmm import aggregate, split_aggregate, splits, transposed_aggregate
 
 if TYPE_CHECKING:
     from fullgraph.comm.exchange import ExchangeTable
@@ -63,6 +63,12 @@ class _HaloSpMM(torch.autograd.Function):
                 table: ExchangeTable, comm: Comm, phase: str) -> Tensor:
         ctx.graph, ctx.table, ctx.comm, ctx.phase = graph, table, comm, phase
         ctx.save_for_backward(weight)
+        if splits(graph, h, weight):
+            # the own rows stay where they are: the kernel reads them and the halo
+            # from two buffers (the block lists each row's own sources first)
+            halo = h.new_empty((table.num_halo, *h.shape[1:]))
+            return split_aggregate(graph, h, start_fetch(h, table, comm, phase, into=halo).wait(),
+                                   weight)
         return aggregate(graph, join_rows(h, table, comm, phase), weight, "sum")
 
     @staticmethod

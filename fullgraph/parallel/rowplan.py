@@ -98,7 +98,7 @@ def _positions(rows: np.ndarray, within: np.ndarray, scratch: np.ndarray) -> Ten
 
 
 def plan_rows(program: StageProgram, graph: Graph, owned: Tensor, fetch: Tensor,
-              owner: Tensor | None = None) -> RowPlan:
+              owner: Tensor | None = None, *, local_first: bool = False) -> RowPlan:
     """Row sets of every stage for the worker owning ``owned``.
 
     Args:
@@ -110,6 +110,9 @@ def plan_rows(program: StageProgram, graph: Graph, owned: Tensor, fetch: Tensor,
             locally.
         owner: (N,) part of each vertex; fetched rows are then ordered by (owner, gid),
             the order in which a halo exchange delivers them (default: by gid).
+        local_first: the P and E blocks list each row's in-edges from local rows
+            before those from fetched rows (``graph.blocks.build_block``), so that a
+            kernel can read the two from two buffers (default: False, CSR order).
 
     Returns:
         The RowPlan.
@@ -150,7 +153,7 @@ def plan_rows(program: StageProgram, graph: Graph, owned: Tensor, fetch: Tensor,
         if info.is_edge:  # the E stage reads its destinations' own rows
             local = np.concatenate([local, dst])
         need = _ordered(owned_np, owned_mask, local)
-    return _assemble(program, graph, owned_np, need, rows, fetched)
+    return _assemble(program, graph, owned_np, need, rows, fetched, local_first)
 
 
 def _split_sources(graph: Graph, dst: np.ndarray, fetch: np.ndarray,
@@ -166,7 +169,8 @@ def _split_sources(graph: Graph, dst: np.ndarray, fetch: np.ndarray,
 
 
 def _assemble(program: StageProgram, graph: Graph, owned: np.ndarray, input_rows: np.ndarray,
-              rows: list[np.ndarray], fetched: list[np.ndarray]) -> RowPlan:
+              rows: list[np.ndarray], fetched: list[np.ndarray],
+              local_first: bool = False) -> RowPlan:
     """Positions, blocks and halo sharing from the row sets."""
     n = graph.num_dst
     scratch = np.zeros(n, dtype=np.int64)
@@ -187,7 +191,8 @@ def _assemble(program: StageProgram, graph: Graph, owned: np.ndarray, input_rows
             continue
         in_pos.append(None)
         layer_pos.append(None)
-        blocks.append(build_block(graph, rows[s], cur, fetched[s], scratch))
+        blocks.append(build_block(graph, rows[s], cur, fetched[s], scratch,
+                                  local_first=local_first))
         shares.append(info.is_propagate and s > 0 and infos[s - 1].is_edge
                       and np.array_equal(fetched[s], fetched[s - 1]))
         if info.is_propagate:

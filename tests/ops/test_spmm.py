@@ -1,13 +1,21 @@
 """SpMM forward against a dense reference and gradcheck of its backward, per backend."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from devices import TEST_DEVICE, cpu_only
 
 from fullgraph.graph.csr import Graph
 from fullgraph.ops import kernels, spmm
-from fullgraph.ops.spmm import edge_dot, set_backend, spmm_add_
+from fullgraph.ops.spmm import (
+    aggregate,
+    edge_dot,
+    set_backend,
+    split_aggregate,
+    splits,
+    spmm_add_,
+)
 
 # numba's kernels are CPU only: on a GPU every backend resolves to torch
 NUMBA = pytest.param("numba", marks=cpu_only("numba's kernels"))
@@ -247,3 +255,40 @@ def test_spmm_add_accumulates_in_place_and_differentiates(backend):
         spmm_add_(torch.zeros(5, 4, dtype=torch.float64), g, x, w)
     with pytest.raises(ValueError, match="fixed"):
         spmm_add_(torch.zeros(6, 4, dtype=torch.float64), g, x, w.clone().requires_grad_())
+
+
+@cpu_only("numba's kernels")
+@pytest.mark.skipif(not kernels.HAVE_NUMBA, reason="numba kernels")
+def test_split_aggregate_reads_two_buffers_and_sums_as_the_joined_rows():
+    """Over a graph that lists each row's in-edges from the first n sources first,
+    ``split_aggregate(g, x, halo, w)`` equals the kernel over ``cat([x, halo])`` to the
+    bit, weighted and not, rows longer than the prefetch distance included; a graph
+    that does not list them so, or the torch backend, is not split."""
+    gen = torch.Generator().manual_seed(3)
+    n, h = 9, 6
+    degrees = torch.tensor([0, 3, kernels.PREFETCH_EDGES + 7, 1, 5, 2 * kernels.PREFETCH_EDGES])
+    indptr = torch.cat([torch.zeros(1, dtype=torch.int64), degrees.cumsum(0)])
+    indices = torch.randint(0, n + h, (int(indptr[-1]),), generator=gen)
+    rows = torch.repeat_interleave(torch.arange(degrees.numel()), degrees)
+    order = torch.from_numpy(np.lexsort(((indices >= n).numpy(), rows.numpy())))
+    mixed, grouped = Graph(indptr, indices, num_src=n + h), Graph(indptr, indices[order],
+                                                                  num_src=n + h)
+    split = grouped.source_split(n)
+    assert split is not None and mixed.source_split(n) is None
+    assert torch.equal(split - indptr[:-1], torch.bincount(rows, weights=(indices < n).double(),
+                                                           minlength=6).long())
+    x, halo = torch.randn(n, 19, generator=gen), torch.randn(h, 19, generator=gen)
+    set_backend("numba")
+    try:
+        for w in (None, torch.rand(grouped.num_edges, generator=gen)):
+            assert splits(grouped, x, w) and not splits(mixed, x, w)
+            got = split_aggregate(grouped, x, halo, w)
+            assert torch.equal(got, aggregate(grouped, torch.cat([x, halo]), w, "sum"))
+        with pytest.raises(ValueError, match="first"):
+            split_aggregate(mixed, x, halo, None)
+        with pytest.raises(ValueError, match="first"):
+            split_aggregate(grouped, x, halo[1:], None)
+        set_backend("torch")
+        assert not splits(grouped, x, None)
+    finally:
+        set_backend("auto")
