@@ -76,6 +76,7 @@ if HAVE_NUMBA:
     from numba import types as _types
     from numba.core import cgutils as _cgutils
     from numba.extending import intrinsic as _intrinsic
+    from numba.extending import overload as _overload
 
     _PREFETCH = _prefetch_intrinsic_name()
 
@@ -172,6 +173,15 @@ if HAVE_NUMBA:
                     for c in range(d):
                         out[i, c] += w * x[j, c]
 
+    def _line_step(x):  # pragma: no cover - numba
+        """Elements of ``x`` per cache line, a constant where the kernels compile."""
+        return max(1, 64 // x.itemsize)
+
+    @_overload(_line_step, inline="always")
+    def _line_step_typed(x):  # pragma: no cover - numba
+        step = max(1, 512 // x.dtype.bitwidth)  # 64 bytes
+        return lambda x: step
+
     @njit(inline="always", cache=True)
     def _prefetch_split(x, halo, indices, k):  # pragma: no cover - numba
         """``_prefetch_row`` over two sources: below ``x.shape[0]`` a row of ``x``,
@@ -180,20 +190,20 @@ if HAVE_NUMBA:
         if ahead < indices.shape[0]:
             j = indices[ahead]
             n = x.shape[0]
+            step = _line_step(x)
             if j < n:
-                for c in range(0, x.shape[1], max(1, 64 // x.itemsize)):
+                for c in range(0, x.shape[1], step):
                     _prefetch(x, j, c)
             else:
-                for c in range(0, halo.shape[1], max(1, 64 // halo.itemsize)):
+                for c in range(0, x.shape[1], step):
                     _prefetch(halo, j - n, c)
 
     @njit(parallel=True, cache=True, nogil=True)
     def spmm_split(indptr, split, indices, weight, x, halo, out):  # pragma: no cover
-        """``spmm_scalar`` (``spmm_unweighted`` without the mean, for ``weight`` None)
-        over the sources ``[x | halo]`` without joining them: row i's in-edges from
-        ``x`` come first, ``indptr[i]`` to ``split[i]``, those from ``halo`` after
-        (source ``x.shape[0] + j`` is ``halo[j]``). The same sums in the same order as
-        over the joined rows."""
+        """``spmm_scalar`` over the sources ``[x | halo]`` without joining them: row
+        i's in-edges from ``x`` come first, ``indptr[i]`` to ``split[i]``, those from
+        ``halo`` after (source ``x.shape[0] + j`` is ``halo[j]``). The same sums in the
+        same order as over the joined rows. ``spmm_split_unweighted``: every weight 1."""
         d = x.shape[1]
         n = x.shape[0]
         blocks = _row_blocks(indptr)
@@ -201,27 +211,38 @@ if HAVE_NUMBA:
             for i in range(blocks[blk], blocks[blk + 1]):
                 for c in range(d):
                     out[i, c] = 0.0
-                mid = split[i]
-                for k in range(indptr[i], mid):
+                for k in range(indptr[i], split[i]):
                     _prefetch_split(x, halo, indices, k)
                     j = indices[k]
-                    if weight is None:
-                        for c in range(d):
-                            out[i, c] += x[j, c]
-                    else:
-                        w = weight[k]
-                        for c in range(d):
-                            out[i, c] += w * x[j, c]
-                for k in range(mid, indptr[i + 1]):
+                    w = weight[k]
+                    for c in range(d):
+                        out[i, c] += w * x[j, c]
+                for k in range(split[i], indptr[i + 1]):
                     _prefetch_split(x, halo, indices, k)
                     j = indices[k] - n
-                    if weight is None:
-                        for c in range(d):
-                            out[i, c] += halo[j, c]
-                    else:
-                        w = weight[k]
-                        for c in range(d):
-                            out[i, c] += w * halo[j, c]
+                    w = weight[k]
+                    for c in range(d):
+                        out[i, c] += w * halo[j, c]
+
+    @njit(parallel=True, cache=True, nogil=True)
+    def spmm_split_unweighted(indptr, split, indices, x, halo, out):  # pragma: no cover
+        d = x.shape[1]
+        n = x.shape[0]
+        blocks = _row_blocks(indptr)
+        for blk in prange(blocks.shape[0] - 1):
+            for i in range(blocks[blk], blocks[blk + 1]):
+                for c in range(d):
+                    out[i, c] = 0.0
+                for k in range(indptr[i], split[i]):
+                    _prefetch_split(x, halo, indices, k)
+                    j = indices[k]
+                    for c in range(d):
+                        out[i, c] += x[j, c]
+                for k in range(split[i], indptr[i + 1]):
+                    _prefetch_split(x, halo, indices, k)
+                    j = indices[k] - n
+                    for c in range(d):
+                        out[i, c] += halo[j, c]
 
     @njit(cache=True, nogil=True)
     def source_split(indptr, indices, n):  # pragma: no cover - numba
