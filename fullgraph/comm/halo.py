@@ -22,6 +22,10 @@ block exchanges (``start_blocks``).
   ``halo_join`` is ``cat([rows, halo_fetch(rows)])`` in one buffer that the halo rows
   arrive in (``start_fetch(..., into=)``), as data parallelism's P stages read it.
 
+- ``windowed(table, comm, x)``: the same exchanges through the group's shared-memory
+  window, where its ranks share one host (``WindowedHalo``): each row is written
+  once, straight where its reader reads it.
+
 Bytes are counted under ``phase`` when ``wait`` completes (``PendingExchange``);
 with ``world_size == 1`` only the local copy is made and nothing is counted.
 Shape legend as in ``placement``.
@@ -30,11 +34,13 @@ Imports only ``primitives`` and ``exchange`` from fullgraph.
 """
 from __future__ import annotations
 
+import weakref
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
+from fullgraph.comm import primitives as prim
 from fullgraph.comm.exchange import ExchangeTable
 from fullgraph.comm.primitives import PendingExchange, all_to_all_v_start
 
@@ -169,6 +175,119 @@ def start_return(x_halo: Tensor, table: ExchangeTable, comm: Comm,
     else:
         send = [x_halo.index_select(0, pos.to(x_halo.device)) for pos in table.recv_pos]
     return PendingReturn(all_to_all_v_start(send, table.send_rows(), comm, phase), table)
+
+
+# ---------------------------------------------------------------- through windows
+class WindowedHalo:
+    """``table``'s exchanges through the group's shared-memory window
+    (``primitives.window``): each rank writes its rows straight into its peers'
+    windows and reads what it received in place, in its own, as one contiguous buffer
+    in peer order. One window per group serves every table in turn, so it holds the
+    largest exchange, not all of them. Made by ``windowed``.
+
+    - ``fetch(x_rows)``: the halo of ``x_rows`` (N_r, D), a view of this rank's
+      window: read it, then ``release``;
+    - ``give_back(fill, into)``: the conjugate: ``fill(p, block)`` writes the rows
+      going back to each peer p (its halo rows' gradient, (recv_rows[p], D)) straight
+      into p's window; the rows from the peers are then added into ``into`` at
+      ``send_idx[p]`` (``index_add_``), in peer order, as ``PendingReturn.wait`` does.
+    Either returns None, on every rank, where no window could be opened (use the
+    exchanges above). Bytes are those of ``start_fetch`` and ``start_return``.
+
+    ``recv[r][p]``: the rows rank r receives from rank p (every rank's table, gathered
+    once).
+    """
+
+    def __init__(self, table: ExchangeTable, comm: Comm, recv: list[list[int]],
+                 phase: str) -> None:
+        self.table, self.comm, self.recv, self.phase = table, comm, recv, phase
+        self._win: Any = None
+
+    def _use(self, into_rows: list[int], out_rows: list[int], rb: int, phase: str) -> Any:
+        """Begin a use of the window (``into_rows[r]``: the rows rank r receives;
+        ``out_rows[q]``: the rows this rank writes to q), or None."""
+        win = prim.window(self.comm, max(into_rows) * rb)
+        if win is not None:
+            prim.window_begin(win, [q for q, n in enumerate(out_rows) if n], self.comm, phase)
+        self._win = win
+        return win
+
+    def fetch(self, x_rows: Tensor) -> Tensor | None:
+        """Write the rows each peer needs into its window; return this rank's halo
+        (H, D), a view of its own window (None: no window)."""
+        table, recv, me, world = self.table, self.recv, self.comm.rank, self.comm.world_size
+        d, dtype = x_rows.shape[1], x_rows.dtype
+        rb = d * x_rows.element_size()
+        out = [0 if q == me else recv[q][me] for q in range(world)]
+        win = self._use([sum(r) for r in recv], out, rb, self.phase)
+        if win is None:
+            return None
+        for q, idx in enumerate(table.send_idx):
+            if out[q]:
+                at = sum(recv[q][:me]) * rb  # q's halo: its peers' rows in rank order
+                torch.index_select(x_rows, 0, idx,
+                                   out=win.slot(q, at, out[q] * rb).view(dtype).view(-1, d))
+        prim.window_fence(self.comm, self.phase, sum(out) * rb, table.num_halo * rb)
+        return win.inbox(table.num_halo * rb).view(dtype).view(table.num_halo, d)
+
+    def release(self) -> None:
+        """The halo ``fetch`` returned is read."""
+        if self._win is not None:
+            self._win.release()
+            self._win = None
+
+    def give_back(self, fill: Any, into: Tensor) -> Tensor | None:
+        """``fill(p, block)`` writes the (recv_rows[p], D) rows going back to each
+        peer p into its window; the rows from the peers are then added into ``into``
+        (N_r, D). Returns ``into`` (None: no window, nothing done)."""
+        table, recv, me, world = self.table, self.recv, self.comm.rank, self.comm.world_size
+        phase = f"{self.phase}-grad"
+        d, dtype = into.shape[1], into.dtype
+        rb = d * into.element_size()
+        back = [[recv[p][q] for p in range(world)] for q in range(world)]  # [q][p]: q gets from p
+        out = [0 if q == me else table.recv_rows[q] for q in range(world)]
+        win = self._use([sum(r) for r in back], out, rb, phase)
+        if win is None:
+            return None
+        for q in range(world):
+            if out[q]:
+                at = sum(back[q][:me]) * rb
+                fill(q, win.slot(q, at, out[q] * rb).view(dtype).view(-1, d))
+        got_rows = sum(back[me])
+        prim.window_fence(self.comm, phase, sum(out) * rb, got_rows * rb)
+        got = win.inbox(got_rows * rb).view(dtype).view(got_rows, d)
+        at = 0
+        for p, idx in enumerate(table.send_idx):
+            if p != me and idx.numel():
+                into.index_add_(0, idx, got[at:at + idx.numel()])
+                at += idx.numel()
+        self.release()
+        return into
+
+
+def windowed(table: ExchangeTable, comm: Comm, like: Tensor,
+             phase: str = "halo") -> WindowedHalo | None:
+    """``table``'s exchanges of rows like ``like`` through the group's shared-memory
+    window (``WindowedHalo``), or None where the group has no shared memory (another
+    host, ``FULLGRAPH_SHM=0``) or ``like`` is not 2-D in host memory. The first call
+    for a table gathers every rank's counts (collective, like the exchange itself)."""
+    check_table(table, comm)
+    shm = comm.shm
+    if (shm is None or comm.world_size == 1 or like.device.type != "cpu" or like.dim() != 2
+            or table.recv_pos is not None):
+        return None
+    recv = shm.layouts.get(id(table))
+    if recv is None:
+        mine = (table.recv_rows, [int(i.numel()) for i in table.send_idx])
+        everyone = prim.all_gather_object(mine, comm, "comm-init")
+        for q, (_, sends) in enumerate(everyone):
+            if sends[comm.rank] != table.recv_rows[q] and q != comm.rank:
+                raise ValueError(f"halo exchange: rank {q} sends {sends[comm.rank]} rows to "
+                                 f"rank {comm.rank}, whose table expects {table.recv_rows[q]}")
+        recv = [list(r) for r, _ in everyone]
+        shm.layouts[id(table)] = recv
+        weakref.finalize(table, shm.layouts.pop, id(table), None)
+    return WindowedHalo(table, comm, recv, phase)
 
 
 # ---------------------------------------------------------------- conjugate autograd pair

@@ -22,7 +22,9 @@ gloo in torch 2.13 supports ``all_to_all_single`` with uneven splits (its list f
 switches ``all_to_all_v`` to isend/irecv pairs for backends that lack it. Where the
 group's ranks share one host, ``Comm.shm`` carries ``all_to_all_v`` of CPU tensors
 through shared memory instead (``fullgraph.comm.shm``: one asynchronous one-element
-all-reduce is then its only backend call).
+all-reduce is then its only backend call), and its window (``window``,
+``window_begin``, ``window_fence``) lets ranks write rows straight into each other's
+memory.
 
 CUDA tensors on a gloo group (several workers sharing one GPU, where NCCL refuses
 two ranks on one device) are staged through host memory: each primitive copies its
@@ -516,6 +518,42 @@ def _start_shm(flat: list[Tensor], recv_numel: list[int], comm: Comm,
 
     finish = comm.shm.start(flat, recv_bytes, signal, fallback, into)
     return lambda: [None if b is None else b.view(dtype) for b in finish()]
+
+
+def window(comm: Comm, capacity: int) -> Any:
+    """``comm``'s shared-memory window (``fullgraph.comm.shm.ShmWindow``) with room for
+    ``capacity`` bytes on every rank, or None where the group has no shared memory or
+    no window could be opened. Every rank asks for the same capacity at the same
+    point; collective where a window is (re)opened (counted under "comm-init")."""
+    if comm.shm is None or comm.world_size == 1:
+        return None
+
+    def agree(ok: bool) -> bool:
+        flag = torch.tensor([1 if ok else 0], dtype=torch.int64)
+        return bool(all_reduce_(flag, comm, "comm-init", op="min")[0])
+
+    return comm.shm.window(capacity, lambda o: all_gather_object(o, comm, "comm-init"), agree)
+
+
+def window_begin(win: Any, peers: Sequence[int], comm: Comm, phase: str) -> None:
+    """Start a use of ``win`` that writes to ``peers``: wait until they have read the
+    last one (at most ``comm.timeout``; then a CommError naming the peer)."""
+    start = time.perf_counter()
+    try:
+        win.begin(peers, comm.timeout.total_seconds())
+    except TimeoutError as err:
+        raise CommError(comm.rank, comm.world_size, phase, "window(shm)", err,
+                        time.perf_counter() - start, comm.timeout, _where(comm)) from err
+
+
+def window_fence(comm: Comm, phase: str, sent: int, recv: int) -> None:
+    """Say that this rank's writes into its peers' windows are done and wait until
+    every peer's are (one one-element all-reduce); counts ``sent`` and ``recv`` bytes
+    under ``phase``."""
+    with _guarded(comm, phase, "window(shm)", sent, recv):
+        flag = torch.zeros(1, dtype=torch.int64)
+        _wait(dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=comm.group, async_op=True),
+              comm)
 
 
 def _check_all_to_all(send: Sequence[Tensor], recv_rows: Sequence[int],

@@ -38,6 +38,13 @@ whether or not it reads from it). The mappings live on, so a killed worker leave
 most an arena made in its last exchange; the launcher removes those too
 (``remove_files``). Set ``FULLGRAPH_SHM=0`` to keep every exchange on the backend.
 
+Windows (``ShmWindow``): where ``start`` copies each block twice (into the sender's
+arena, out of it at the receiver), a window takes it once. Each rank maps a window of
+every peer; a sender writes its rows straight into the receiver's window (as the
+output of a gather or of a kernel), and the receiver reads them there, as one
+contiguous buffer. ``ShmExchange.window`` keeps one per group, grown when an exchange
+needs more (``comm.halo.WindowedHalo`` lays the blocks out per exchange table).
+
 This module calls torch.distributed only through the callables ``primitives`` gives it.
 """
 from __future__ import annotations
@@ -47,6 +54,7 @@ import glob
 import os
 import platform
 import secrets
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -139,12 +147,17 @@ class ShmExchange:
         self.next_gen = 0
         self.seq = 0  # the next exchange's number
         self.read: set[int] = set()  # exchanges read above ``done``
-        self.peer_prefix: list[str] = []
-        self.peer_control: list[Tensor | None] = []
+        self.peer_prefix: list[str] = [""] * world_size
+        self.peer_control: list[Tensor | None] = [None] * world_size
         # per peer: gen -> (its arena, an exchange seen in it)
         self.peer_arenas: list[dict[int, tuple[Tensor, int]]] = [
             {} for _ in range(world_size)]
         self.closed = False
+        self.win: ShmWindow | None = None  # see ``window``
+        self.window_failed = False
+        # per exchange table (by id, dropped with the table): what ``comm.halo``'s
+        # windowed exchanges keep of it
+        self.layouts: dict[int, object] = {}
         atexit.register(self.close)
 
     # ------------------------------------------------------------ set-up
@@ -159,32 +172,25 @@ class ShmExchange:
         its control file and reads every peer's back from theirs."""
         mine: ShmExchange | None = None
         token = secrets.randbits(62)
-        try:
+
+        def make() -> object:
+            nonlocal mine
             mine = cls(rank, world_size,
                        os.path.join(root, f"fullgraph-{os.getpid()}-{secrets.token_hex(4)}"),
                        root)
             mine.control[_TOKEN] = token
-            info: object = (mine.prefix, token)
-        except (OSError, RuntimeError):  # no room, no such directory, a failed map
-            info = None
-        everyone = gather(info)
-        ok = mine is not None and all(i is not None for i in everyone)
-        if ok:
-            assert mine is not None
-            try:
-                for q, got in enumerate(everyone):
-                    assert isinstance(got, tuple)
-                    prefix, tok = got
-                    ctl = None
-                    if q != rank:
-                        ctl = _map(f"{prefix}-control", 8 * (_HEAD + mine.entries * mine.width),
-                                   create=False).view(torch.int64)
-                        ok = ok and int(ctl[_TOKEN]) == tok
-                    mine.peer_prefix.append(prefix)
-                    mine.peer_control.append(ctl)
-            except (OSError, RuntimeError):
-                ok = False
-        if not agree(ok):
+            mine.peer_prefix[rank] = mine.prefix
+            return (mine.prefix, token)
+
+        def attach(q: int, got: object) -> bool:
+            assert mine is not None and isinstance(got, tuple)
+            prefix, tok = got
+            ctl = _map(f"{prefix}-control", 8 * (_HEAD + mine.entries * mine.width),
+                       create=False).view(torch.int64)
+            mine.peer_prefix[q], mine.peer_control[q] = prefix, ctl
+            return int(ctl[_TOKEN]) == tok
+
+        if not _open_together(rank, make, attach, gather, agree):
             if mine is not None:
                 mine.close()
             return None
@@ -192,11 +198,33 @@ class ShmExchange:
         _unlink(mine.control_path)  # every peer has it mapped: nothing left to clean up
         return mine
 
+    def window(self, capacity: int, gather: Callable[[object], list[object]],
+               agree: Callable[[bool], bool]) -> ShmWindow | None:
+        """The group's window (``ShmWindow``), with room for ``capacity`` bytes on every
+        rank; None where none could be opened (then never again). Every rank asks for
+        the same capacity at the same point: when the window is too small, a new one
+        a quarter larger than asked replaces it (collective)."""
+        if self.window_failed:
+            return None
+        if self.win is None or self.win.capacity < capacity:
+            old, self.win = self.win, None
+            size = max(int(capacity) * 5 // 4, 4096)
+            self.win = ShmWindow.open(self.rank, self.world_size, size, gather, agree,
+                                      self.root)
+            if old is not None:
+                old.close()
+            self.window_failed = self.win is None
+        return self.win
+
     def close(self) -> None:
         """Unmap everything and remove this rank's files (safe to call twice)."""
         if self.closed:
             return
         self.closed = True
+        if self.win is not None:
+            self.win.close()
+            self.win = None
+        self.layouts.clear()
         for arena in self.arenas:
             if not arena.unlinked:
                 _unlink(arena.path)
@@ -377,6 +405,32 @@ class ShmExchange:
         return arena
 
 
+def _open_together(rank: int, make: Callable[[], object],
+                   attach: Callable[[int, object], bool],
+                   gather: Callable[[object], list[object]],
+                   agree: Callable[[bool], bool]) -> bool:
+    """The collective open of a shared-memory file on every rank: ``make()`` creates
+    this rank's and returns what a peer needs to map it (raising OSError or
+    RuntimeError where it cannot); every rank gathers those, and ``attach(q, info)``
+    maps rank q's and says whether the token written there is the one gathered (the
+    same directory on the same host). True on every rank where every rank made its
+    file and mapped every peer's."""
+    try:
+        info: object = make()
+    except (OSError, RuntimeError):  # no room, no such directory, a failed map
+        info = None
+    everyone = gather(info)
+    ok = info is not None and all(i is not None for i in everyone)
+    if ok:
+        try:
+            for q, got in enumerate(everyone):
+                if q != rank:
+                    ok = attach(q, got) and ok
+        except (OSError, RuntimeError):
+            ok = False
+    return agree(ok)
+
+
 def _typed(data: Tensor, offset: int, like: Tensor) -> Tensor:
     """The bytes of ``data`` at ``offset`` seen as a contiguous tensor shaped ``like``."""
     n = like.numel() * like.element_size()
@@ -405,3 +459,123 @@ def _unlink(path: str) -> None:
         Path(path).unlink()
     except OSError:
         pass
+
+
+# ---------------------------------------------------------------- windows
+_WIN_HEAD = 64
+"""Bytes before a window's data: its ``released`` counter and the probe's token."""
+_RELEASED, _WIN_TOKEN = 0, 1
+
+
+class ShmWindow:
+    """One rank's window of shared memory that its peers write into, one use after
+    another (MPI's one-sided ``put`` into a window, closed by a fence).
+
+    Where ``ShmExchange`` copies a block twice (into the sender's arena, out of it
+    into the receiver's buffer), a window takes it once: the sender writes its rows
+    straight into the receiver's window (``slot``), as the output of a gather or of a
+    kernel, and the receiver reads them there (``inbox``), as the input of its own
+    kernel. Where each sender's block lies is the caller's to say, per use.
+
+    Per use k (1, 2, ...; every rank of the group uses its window in the same order):
+    - ``begin``: wait until every peer this rank writes to has released use k - 1
+      (its ``released`` counter; between two uses of a training step the other
+      collectives have nearly always ordered it already), then write the ``slot``s;
+    - the caller signals that its writes are done and waits for every peer's signal
+      (the group's one-element all-reduce, as for ``ShmExchange``), then reads its
+      ``inbox``;
+    - ``release``: the inbox is read; peers may write use k + 1.
+    A writer loads ``released`` before it stores into the window and the reader
+    stores it after its loads: on x86-64 the writes never overtake the release.
+
+    Made by ``open`` (collective; ``ShmExchange.window`` keeps one per group); the
+    file is removed as soon as every peer has it mapped.
+    """
+
+    def __init__(self, rank: int, world_size: int, path: str, data: Tensor) -> None:
+        self.rank, self.world_size, self.path, self.data = rank, world_size, path, data
+        self.uses = 0
+        self.peer_data: list[Tensor | None] = [None] * world_size
+        self.closed = False
+
+    @property
+    def capacity(self) -> int:
+        return self.data.numel() - _WIN_HEAD
+
+    @classmethod
+    def open(cls, rank: int, world_size: int, capacity: int,
+             gather: Callable[[object], list[object]], agree: Callable[[bool], bool],
+             root: str = ROOT) -> ShmWindow | None:
+        """A window of ``capacity`` bytes on every rank, each mapping every peer's;
+        None on every rank where some rank cannot make or map one (no room, another
+        host). Collective."""
+        mine: ShmWindow | None = None
+        token = secrets.randbits(62)
+        size = _WIN_HEAD + int(capacity)
+
+        def make() -> object:
+            nonlocal mine
+            st = os.statvfs(root)
+            if st.f_bavail * st.f_frsize < size + FREE_MARGIN:
+                raise OSError(f"{root} has no room for a {size}-byte window")
+            path = os.path.join(root, f"fullgraph-{os.getpid()}-{secrets.token_hex(4)}-w")
+            mine = cls(rank, world_size, path, _map(path, size, create=True))
+            mine.data[:_WIN_HEAD].view(torch.int64)[_WIN_TOKEN] = token
+            return (path, token)
+
+        def attach(q: int, got: object) -> bool:
+            assert mine is not None and isinstance(got, tuple)
+            data = _map(got[0], size, create=False)
+            mine.peer_data[q] = data
+            return int(data[:_WIN_HEAD].view(torch.int64)[_WIN_TOKEN]) == got[1]
+
+        if not _open_together(rank, make, attach, gather, agree):
+            if mine is not None:
+                mine.close()
+            return None
+        assert mine is not None
+        _unlink(mine.path)  # every peer has it mapped
+        return mine
+
+    def begin(self, peers: Sequence[int], timeout_s: float) -> None:
+        """Start the next use, writing to ``peers``: wait (at most ``timeout_s``) until
+        each has released the last one. Raises TimeoutError naming the peer."""
+        self.uses += 1
+        deadline, pause = None, 1e-6
+        for q in peers:
+            peer = self.peer_data[q]
+            assert peer is not None, "a window's own rank is not its peer"
+            released = peer[:_WIN_HEAD].view(torch.int64)
+            while int(released[_RELEASED]) < self.uses - 1:
+                now = time.monotonic()
+                deadline = now + timeout_s if deadline is None else deadline
+                if now > deadline:
+                    raise TimeoutError(f"shared-memory window: rank {q} has not read use "
+                                       f"{self.uses - 1} after {timeout_s:.0f} s")
+                time.sleep(pause)
+                pause = min(pause * 2, 1e-3)
+
+    def slot(self, q: int, offset: int, nbytes: int) -> Tensor:
+        """Bytes ``offset`` to ``offset + nbytes`` of rank q's window (uint8)."""
+        peer = self.peer_data[q]
+        if peer is None or offset < 0 or offset + nbytes > self.capacity:
+            raise ValueError(f"shared-memory window: bytes {offset} to {offset + nbytes} of "
+                             f"rank {q}'s window of {self.capacity}")
+        return peer[_WIN_HEAD + offset:_WIN_HEAD + offset + nbytes]
+
+    def inbox(self, nbytes: int) -> Tensor:
+        """The first ``nbytes`` of this rank's own window (uint8)."""
+        if nbytes > self.capacity:
+            raise ValueError(f"shared-memory window: {nbytes} bytes of {self.capacity}")
+        return self.data[_WIN_HEAD:_WIN_HEAD + nbytes]
+
+    def release(self) -> None:
+        """The inbox of this use is read: peers may write the next."""
+        self.data[:_WIN_HEAD].view(torch.int64)[_RELEASED] = self.uses
+
+    def close(self) -> None:
+        """Unmap the peers' windows and remove this rank's file (safe to call twice)."""
+        if not self.closed:
+            self.closed = True
+            _unlink(self.path)
+            self.peer_data = [None] * self.world_size

@@ -189,6 +189,28 @@ def transposed_aggregate(graph: Graph, grad_out: Tensor, weight: Tensor | None,
     return aggregate(t.graph, grad_out.contiguous(), w_t, "sum")
 
 
+def transposed_rows_into(graph: Graph, grad_out: Tensor, weight: Tensor | None, lo: int,
+                         hi: int, out: Tensor) -> Tensor:
+    """Rows ``lo`` to ``hi`` of ``transposed_aggregate(graph, grad_out, weight, "sum")``
+    written into ``out`` ((hi - lo, D), any memory: a shared-memory window, say), the
+    same values to the bit; with the numba kernels only those rows are computed."""
+    g = grad_out.contiguous()
+    if resolve_backend(g.device) != "numba" or (weight is not None and weight.dim() != 1):
+        return out.copy_(transposed_aggregate(graph, g, weight, "sum")[lo:hi])
+    t = graph.transpose()
+    # the row range of the transposed CSR: its offsets index the whole edge arrays
+    indptr, indices = t.graph.indptr[lo:hi + 1].numpy(), t.graph.indices.numpy()
+    if weight is None:
+        kernels.spmm_unweighted(indptr, indices, g.numpy(), out.numpy(), False)
+    elif (ordered := t.weights_in_order(weight)) is not None:
+        kernels.spmm_scalar(indptr, indices, ordered.detach().to(g.dtype).contiguous().numpy(),
+                            g.numpy(), out.numpy())
+    else:  # the same weights read through the permutation: the same sums
+        kernels.spmm_scalar(indptr, indices, weight.detach().to(g.dtype).contiguous().numpy(),
+                            g.numpy(), out.numpy(), t.perm.numpy())
+    return out
+
+
 def _heads(weight: Tensor | None) -> int:
     return 1 if weight is None or weight.dim() == 1 else int(weight.shape[1])
 

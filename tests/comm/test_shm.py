@@ -161,3 +161,74 @@ def test_a_file_without_room_is_not_left_behind(monkeypatch, tmp_path):
     with pytest.raises(OSError, match="No space"):
         shm_mod._map(str(tmp_path / "fullgraph-1-x-g0"), 1 << 20, create=True)
     assert list(tmp_path.iterdir()) == []
+
+
+def _window_files() -> list[str]:
+    return sorted(f for f in os.listdir(shm_mod.ROOT) if f.startswith(f"fullgraph-{os.getpid()}-"))
+
+
+def check_windows(comm: Comm) -> None:
+    """Each rank writes a block into every peer's window; each reads its own in place;
+    a use waits for the last one's release; a window too small is replaced by a
+    larger one; out-of-range blocks are refused."""
+    from fullgraph.comm import primitives as prim
+
+    me, world = comm.rank, comm.world_size
+    win = prim.window(comm, 64)
+    assert win is not None and win.capacity >= 64
+    assert prim.window(comm, 32) is win  # room enough: the same window, no collective
+    for use, size in enumerate([2, 5, 300, 3]):  # rows of 3 float64 from each peer
+        win = prim.window(comm, size * 3 * 8 * world)
+        assert win is not None and win.capacity >= size * 3 * 8 * world
+        peers = [q for q in range(world) if q != me]
+        prim.window_begin(win, peers, comm, "win")
+        for q in peers:
+            at = me * size * 3 * 8  # the block from rank p sits at p's place
+            win.slot(q, at, size * 24).view(torch.float64).view(size, 3).copy_(
+                _block(me, q, use, size, torch.float64))
+        prim.window_fence(comm, "win", len(peers) * size * 24, len(peers) * size * 24)
+        got = win.inbox(world * size * 24).view(torch.float64).view(world, size, 3)
+        for p in peers:
+            torch.testing.assert_close(got[p], _block(p, me, use, size, torch.float64),
+                                       rtol=0, atol=0)
+        win.release()
+    assert comm.counter.snapshot()["win"]["calls"] == 4
+    assert not any(f.endswith("-w") for f in _window_files())  # mapped, so removed
+    with pytest.raises(ValueError, match="window of"):
+        win.slot((me + 1) % world, win.capacity - 8, 16)
+    # a use waits for the peer it writes to: rank 1 holds its inbox unreleased
+    win.begin([], 1.0)
+    barrier(comm, "held")
+    if me == 0:
+        with pytest.raises(TimeoutError, match="rank 1 has not read use"):
+            win.begin([1], 0.05)
+    barrier(comm, "tried")
+    if me == 1:
+        win.release()
+    barrier(comm, "released")
+    if me == 0:
+        win.uses -= 1  # the failed begin counted a use
+        win.begin([1], 1.0)
+    comm.shm.close()
+
+
+def check_window_without_room(comm: Comm) -> None:
+    """A rank that cannot make its window: no window on any rank, then or later."""
+    from fullgraph.comm import primitives as prim
+
+    if comm.rank == 1:
+        comm.shm.root = "/nonexistent-fullgraph-dir"
+    assert prim.window(comm, 128) is None
+    assert prim.window(comm, 8) is None and comm.shm.window_failed
+    comm.shm.close()
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_windows_take_blocks_in_place_and_grow(tmp_path, world_size):
+    run_ranks(check_windows, world_size, tmp_path)
+
+
+@pytest.mark.dist
+def test_no_window_anywhere_when_a_rank_has_no_room(tmp_path):
+    run_ranks(check_window_without_room, 2, tmp_path)
