@@ -227,7 +227,7 @@ class WindowedHalo:
                 at = sum(recv[q][:me]) * rb  # q's halo: its peers' rows in rank order
                 torch.index_select(x_rows, 0, idx,
                                    out=win.slot(q, at, out[q] * rb).view(dtype).view(-1, d))
-        prim.window_fence(self.comm, self.phase, sum(out) * rb, table.num_halo * rb)
+        prim.window_fence(win, self.comm, self.phase, sum(out) * rb, table.num_halo * rb)
         return win.inbox(table.num_halo * rb).view(dtype).view(table.num_halo, d)
 
     def release(self) -> None:
@@ -254,7 +254,7 @@ class WindowedHalo:
                 at = sum(back[q][:me]) * rb
                 fill(q, win.slot(q, at, out[q] * rb).view(dtype).view(-1, d))
         got_rows = sum(back[me])
-        prim.window_fence(self.comm, phase, sum(out) * rb, got_rows * rb)
+        prim.window_fence(win, self.comm, phase, sum(out) * rb, got_rows * rb)
         got = win.inbox(got_rows * rb).view(dtype).view(got_rows, d)
         at = 0
         for p, idx in enumerate(table.send_idx):

@@ -537,23 +537,22 @@ def window(comm: Comm, capacity: int) -> Any:
 
 def window_begin(win: Any, peers: Sequence[int], comm: Comm, phase: str) -> None:
     """Start a use of ``win`` that writes to ``peers``: wait until they have read the
-    last one (at most ``comm.timeout``; then a CommError naming the peer)."""
+    last one (at most ``comm.timeout``; a CommError naming the peer after that, or as
+    soon as its process has exited)."""
     start = time.perf_counter()
     try:
         win.begin(peers, comm.timeout.total_seconds())
-    except TimeoutError as err:
+    except (TimeoutError, RuntimeError) as err:
         raise CommError(comm.rank, comm.world_size, phase, "window(shm)", err,
                         time.perf_counter() - start, comm.timeout, _where(comm)) from err
 
 
-def window_fence(comm: Comm, phase: str, sent: int, recv: int) -> None:
+def window_fence(win: Any, comm: Comm, phase: str, sent: int, recv: int) -> None:
     """Say that this rank's writes into its peers' windows are done and wait until
-    every peer's are (one one-element all-reduce); counts ``sent`` and ``recv`` bytes
-    under ``phase``."""
+    every peer's are, through the window's counters (no backend call); counts
+    ``sent`` and ``recv`` bytes under ``phase``. Bounded as ``window_begin``."""
     with _guarded(comm, phase, "window(shm)", sent, recv):
-        flag = torch.zeros(1, dtype=torch.int64)
-        _wait(dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=comm.group, async_op=True),
-              comm)
+        win.fence(comm.timeout.total_seconds())
 
 
 def _check_all_to_all(send: Sequence[Tensor], recv_rows: Sequence[int],

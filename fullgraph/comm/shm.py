@@ -431,6 +431,22 @@ def _open_together(rank: int, make: Callable[[], object],
     return agree(ok)
 
 
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` is visible here and has not exited (a zombie, exited
+    and not yet reaped by its parent, counts as exited)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's: it exists
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[-1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return True
+
+
 def _typed(data: Tensor, offset: int, like: Tensor) -> Tensor:
     """The bytes of ``data`` at ``offset`` seen as a contiguous tensor shaped ``like``."""
     n = like.numel() * like.element_size()
@@ -463,8 +479,10 @@ def _unlink(path: str) -> None:
 
 # ---------------------------------------------------------------- windows
 _WIN_HEAD = 64
-"""Bytes before a window's data: its ``released`` counter and the probe's token."""
-_RELEASED, _WIN_TOKEN = 0, 1
+"""Bytes before a window's data: its counters and the probe's token."""
+_RELEASED, _WIN_TOKEN, _ARRIVED = 0, 1, 2
+_LIVENESS_S = 0.05
+"""How often a rank waiting on a peer's counter checks that the peer still runs."""
 
 
 class ShmWindow:
@@ -481,12 +499,18 @@ class ShmWindow:
     - ``begin``: wait until every peer this rank writes to has released use k - 1
       (its ``released`` counter; between two uses of a training step the other
       collectives have nearly always ordered it already), then write the ``slot``s;
-    - the caller signals that its writes are done and waits for every peer's signal
-      (the group's one-element all-reduce, as for ``ShmExchange``), then reads its
-      ``inbox``;
+    - ``fence``: say that this rank's writes are done (its ``arrived`` counter) and
+      wait until every peer has said so; then read the ``inbox``;
     - ``release``: the inbox is read; peers may write use k + 1.
-    A writer loads ``released`` before it stores into the window and the reader
-    stores it after its loads: on x86-64 the writes never overtake the release.
+    On x86-64 stores are seen in the order they were made and loads are not moved
+    ahead of earlier loads: a reader that sees a peer's ``arrived`` sees its rows, and
+    a writer that sees a peer's ``released`` writes after that peer's reads. The
+    counters are written by their own rank alone.
+
+    Waiting on a peer's counter has no backend call behind it, so it keeps its own
+    bounds: the caller's timeout, and every ``_LIVENESS_S`` a check that the peer's
+    process still runs (its pid, gathered at ``open``, where this rank can see it),
+    so a dead peer is named at once rather than at the timeout.
 
     Made by ``open`` (collective; ``ShmExchange.window`` keeps one per group); the
     file is removed as soon as every peer has it mapped.
@@ -495,7 +519,9 @@ class ShmWindow:
     def __init__(self, rank: int, world_size: int, path: str, data: Tensor) -> None:
         self.rank, self.world_size, self.path, self.data = rank, world_size, path, data
         self.uses = 0
+        self.fences = 0
         self.peer_data: list[Tensor | None] = [None] * world_size
+        self.peer_pid: list[int | None] = [None] * world_size  # None: not visible here
         self.closed = False
 
     @property
@@ -521,12 +547,13 @@ class ShmWindow:
             path = os.path.join(root, f"fullgraph-{os.getpid()}-{secrets.token_hex(4)}-w")
             mine = cls(rank, world_size, path, _map(path, size, create=True))
             mine.data[:_WIN_HEAD].view(torch.int64)[_WIN_TOKEN] = token
-            return (path, token)
+            return (path, token, os.getpid())
 
         def attach(q: int, got: object) -> bool:
             assert mine is not None and isinstance(got, tuple)
             data = _map(got[0], size, create=False)
             mine.peer_data[q] = data
+            mine.peer_pid[q] = got[2] if _running(got[2]) else None
             return int(data[:_WIN_HEAD].view(torch.int64)[_WIN_TOKEN]) == got[1]
 
         if not _open_together(rank, make, attach, gather, agree):
@@ -539,21 +566,47 @@ class ShmWindow:
 
     def begin(self, peers: Sequence[int], timeout_s: float) -> None:
         """Start the next use, writing to ``peers``: wait (at most ``timeout_s``) until
-        each has released the last one. Raises TimeoutError naming the peer."""
+        each has released the last one. Raises TimeoutError naming the peer, or
+        RuntimeError where its process has exited."""
         self.uses += 1
-        deadline, pause = None, 1e-6
+        deadline = time.monotonic() + timeout_s
         for q in peers:
-            peer = self.peer_data[q]
-            assert peer is not None, "a window's own rank is not its peer"
-            released = peer[:_WIN_HEAD].view(torch.int64)
-            while int(released[_RELEASED]) < self.uses - 1:
-                now = time.monotonic()
-                deadline = now + timeout_s if deadline is None else deadline
-                if now > deadline:
-                    raise TimeoutError(f"shared-memory window: rank {q} has not read use "
-                                       f"{self.uses - 1} after {timeout_s:.0f} s")
-                time.sleep(pause)
-                pause = min(pause * 2, 1e-3)
+            self._wait(q, _RELEASED, self.uses - 1, deadline, f"read use {self.uses - 1}")
+
+    def fence(self, timeout_s: float) -> None:
+        """Say that this rank's writes of this use are done, and wait (at most
+        ``timeout_s``) until every peer's are. Raises as ``begin``."""
+        self.fences += 1
+        self.data[:_WIN_HEAD].view(torch.int64)[_ARRIVED] = self.fences
+        deadline = time.monotonic() + timeout_s
+        for q in range(self.world_size):
+            if q != self.rank:
+                self._wait(q, _ARRIVED, self.fences, deadline, f"finished use {self.uses}")
+
+    def _wait(self, q: int, word: int, target: int, deadline: float, what: str) -> None:
+        """Until rank q's counter ``word`` reaches ``target``: yield the core a few
+        times (the peer may need it), then sleep in growing steps up to 0.2 ms."""
+        peer = self.peer_data[q]
+        assert peer is not None, "a window's own rank is not its peer"
+        counters = peer[:_WIN_HEAD].view(torch.int64)
+        tries, pause, check = 0, 1e-5, time.monotonic() + _LIVENESS_S
+        while int(counters[word]) < target:
+            tries += 1
+            if tries < 32:
+                os.sched_yield()
+                continue
+            time.sleep(pause)
+            pause = min(pause * 2, 2e-4)
+            now = time.monotonic()
+            if now > deadline:
+                raise TimeoutError(f"shared-memory window: rank {q} has not {what} within "
+                                   "the timeout")
+            if now > check:
+                check = now + _LIVENESS_S
+                pid = self.peer_pid[q]
+                if pid is not None and not _running(pid):
+                    raise RuntimeError(f"shared-memory window: rank {q} (process {pid}) "
+                                       f"exited before it {what}")
 
     def slot(self, q: int, offset: int, nbytes: int) -> Tensor:
         """Bytes ``offset`` to ``offset + nbytes`` of rank q's window (uint8)."""

@@ -186,7 +186,7 @@ def check_windows(comm: Comm) -> None:
             at = me * size * 3 * 8  # the block from rank p sits at p's place
             win.slot(q, at, size * 24).view(torch.float64).view(size, 3).copy_(
                 _block(me, q, use, size, torch.float64))
-        prim.window_fence(comm, "win", len(peers) * size * 24, len(peers) * size * 24)
+        prim.window_fence(win, comm, "win", len(peers) * size * 24, len(peers) * size * 24)
         got = win.inbox(world * size * 24).view(torch.float64).view(world, size, 3)
         for p in peers:
             torch.testing.assert_close(got[p], _block(p, me, use, size, torch.float64),
@@ -232,3 +232,32 @@ def test_windows_take_blocks_in_place_and_grow(tmp_path, world_size):
 @pytest.mark.dist
 def test_no_window_anywhere_when_a_rank_has_no_room(tmp_path):
     run_ranks(check_window_without_room, 2, tmp_path)
+
+
+def test_a_window_fence_names_a_peer_that_exited_or_never_came(tmp_path):
+    """Waiting on a peer's counter: a peer whose process has exited is named within a
+    liveness check, one that runs but never arrives at the timeout; a fence the peer
+    has reached returns at once."""
+    import subprocess
+    import time
+
+    size = shm_mod._WIN_HEAD + 64
+    paths = [str(tmp_path / f"w{r}") for r in range(2)]
+    wins = [shm_mod.ShmWindow(r, 2, paths[r], shm_mod._map(paths[r], size, create=True))
+            for r in range(2)]
+    for r in range(2):
+        wins[r].peer_data[1 - r] = shm_mod._map(paths[1 - r], size, create=False)
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    wins[0].peer_pid[1] = gone.pid
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match=rf"rank 1 \(process {gone.pid}\) exited"):
+        wins[0].fence(30.0)
+    assert time.monotonic() - start < 5.0
+    wins[1].fence(1.0)  # rank 0 has arrived already
+    wins[0].peer_pid[1] = None  # not visible from here: only the timeout bounds it
+    with pytest.raises(TimeoutError, match="rank 1 has not finished use 0"):
+        wins[0].fence(0.05)
+    assert shm_mod._running(os.getpid()) and not shm_mod._running(gone.pid)
+    for w in wins:
+        w.close()
