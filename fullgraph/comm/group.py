@@ -14,6 +14,7 @@ This module must not import ``parallel``, ``models`` or anything above ``comm``.
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import os
 from collections.abc import Sequence
@@ -251,6 +252,10 @@ def init_comm(*, backend: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_
     return comm
 
 
+WINDOW_BYTES = 256 << 10
+"""The shared-memory window a group opens with (``fullgraph.comm.shm.ShmWindow``)."""
+
+
 def open_shm(comm: Comm) -> shm_transport.ShmExchange | None:
     """``comm``'s shared-memory transport, or None where some rank cannot reach the
     others' files (collective; counted under phase "comm-init")."""
@@ -261,9 +266,14 @@ def open_shm(comm: Comm) -> shm_transport.ShmExchange | None:
         flag = torch.tensor([1 if ok else 0], dtype=torch.int64)
         return bool(prim.all_reduce_(flag, comm, "comm-init", op="min")[0])
 
-    return shm_transport.ShmExchange.open(
+    shm = shm_transport.ShmExchange.open(
         comm.rank, comm.world_size, lambda o: prim.all_gather_object(o, comm, "comm-init"),
         agree)
+    if shm is not None:
+        # its window now, so that small reductions and barriers take it from the start
+        # (it grows where a halo exchange needs more)
+        prim.window(dataclasses.replace(comm, shm=shm), WINDOW_BYTES)
+    return shm
 
 
 def destroy_comm(comm: Comm) -> None:

@@ -39,6 +39,7 @@ This module imports nothing from fullgraph at run time.
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import inspect
 import math
@@ -262,6 +263,12 @@ def all_reduce_(tensor: Tensor, comm: Comm, phase: str, op: ReduceOp | str = "su
     if comm.world_size == 1:
         return tensor
     _require_contiguous(tensor, "all_reduce_")
+    if _window_reduce(tensor, comm, phase, ReduceOp(op)):
+        return tensor
+    return _backend_all_reduce(tensor, comm, phase, dist_op)
+
+
+def _backend_all_reduce(tensor: Tensor, comm: Comm, phase: str, dist_op: Any) -> Tensor:
     nbytes = 2 * (comm.world_size - 1) * tensor.nbytes // comm.world_size
     buf = tensor.cpu() if _staged(comm, tensor) else tensor
     with _guarded(comm, phase, "all_reduce", nbytes, nbytes):
@@ -269,6 +276,49 @@ def all_reduce_(tensor: Tensor, comm: Comm, phase: str, op: ReduceOp | str = "su
     if buf is not tensor:
         tensor.copy_(buf)
     return tensor
+
+
+SHM_REDUCE_BYTES = 1 << 20
+"""CPU tensors up to this size are reduced through the group's shared-memory window
+where it has one: latency, not bandwidth, is what such a reduction costs, and a
+window fence takes microseconds where a gloo round trip takes a fraction of a
+millisecond. Larger ones keep the backend's bandwidth-optimal algorithm."""
+
+
+def _window_reduce(tensor: Tensor, comm: Comm, phase: str, op: ReduceOp) -> bool:
+    """``all_reduce_`` through the window: each rank writes its tensor into every
+    peer's window, at its place, and reduces the blocks in rank order, so every rank
+    computes the same values in the same order. False (nothing done, on every rank)
+    where the group has no window or the tensor is not a small one in host memory."""
+    if (comm.shm is None or tensor.device.type != "cpu" or tensor.nbytes > SHM_REDUCE_BYTES
+            or tensor.dtype == torch.bool):
+        return False
+    world, me, nb = comm.world_size, comm.rank, tensor.nbytes
+    win = window(comm, world * nb)
+    if win is None:
+        return False
+    flat = tensor.view(-1)
+    peers = [q for q in range(world) if q != me]
+    nbytes = 2 * (world - 1) * nb // world
+    window_begin(win, peers, comm, phase)
+    for q in peers:
+        win.slot(q, me * nb, nb).view(tensor.dtype).copy_(flat)
+    window_fence(win, comm, phase, nbytes, nbytes)
+    blocks = win.inbox(world * nb).view(tensor.dtype).view(world, -1)
+    blocks[me].copy_(flat)
+    acc = blocks[0].clone()
+    for r in range(1, world):
+        if op is ReduceOp.SUM:
+            acc += blocks[r]
+        elif op is ReduceOp.PRODUCT:
+            acc *= blocks[r]
+        elif op is ReduceOp.MAX:
+            torch.maximum(acc, blocks[r], out=acc)
+        else:
+            torch.minimum(acc, blocks[r], out=acc)
+    win.release()
+    flat.copy_(acc)
+    return True
 
 
 def broadcast_(tensor: Tensor, src: int, comm: Comm, phase: str) -> Tensor:
@@ -290,8 +340,15 @@ def broadcast_(tensor: Tensor, src: int, comm: Comm, phase: str) -> Tensor:
 
 
 def barrier(comm: Comm, phase: str) -> None:
-    """Block until every rank has reached this barrier (or the timeout passes)."""
+    """Block until every rank has reached this barrier (or the timeout passes); a fence
+    of the group's shared-memory window where it has one."""
     if comm.world_size == 1:
+        return
+    win = window(comm, 0) if comm.shm is not None else None
+    if win is not None:
+        window_begin(win, [], comm, phase)
+        window_fence(win, comm, phase, 0, 0)
+        win.release()
         return
     with _guarded(comm, phase, "barrier", 0, 0):
         _wait(dist.barrier(group=comm.group, async_op=True), comm)
@@ -528,11 +585,12 @@ def window(comm: Comm, capacity: int) -> Any:
     if comm.shm is None or comm.world_size == 1:
         return None
 
-    def agree(ok: bool) -> bool:
+    def agree(ok: bool) -> bool:  # (the backend's: no window is there to reduce through)
         flag = torch.tensor([1 if ok else 0], dtype=torch.int64)
-        return bool(all_reduce_(flag, comm, "comm-init", op="min")[0])
+        return bool(_backend_all_reduce(flag, comm, "comm-init", dist.ReduceOp.MIN)[0])
 
-    return comm.shm.window(capacity, lambda o: all_gather_object(o, comm, "comm-init"), agree)
+    backend = dataclasses.replace(comm, shm=None)  # (no arena for the handful of bytes)
+    return comm.shm.window(capacity, lambda o: all_gather_object(o, backend, "comm-init"), agree)
 
 
 def window_begin(win: Any, peers: Sequence[int], comm: Comm, phase: str) -> None:

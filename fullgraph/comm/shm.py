@@ -571,7 +571,7 @@ class ShmWindow:
         self.uses += 1
         deadline = time.monotonic() + timeout_s
         for q in peers:
-            self._wait(q, _RELEASED, self.uses - 1, deadline, f"read use {self.uses - 1}")
+            self._wait(q, _RELEASED, self.uses - 1, deadline, f"has read use {self.uses - 1}")
 
     def fence(self, timeout_s: float) -> None:
         """Say that this rank's writes of this use are done, and wait (at most
@@ -581,7 +581,7 @@ class ShmWindow:
         deadline = time.monotonic() + timeout_s
         for q in range(self.world_size):
             if q != self.rank:
-                self._wait(q, _ARRIVED, self.fences, deadline, f"finished use {self.uses}")
+                self._wait(q, _ARRIVED, self.fences, deadline, f"has finished use {self.uses}")
 
     def _wait(self, q: int, word: int, target: int, deadline: float, what: str) -> None:
         """Until rank q's counter ``word`` reaches ``target``: yield the core a few
@@ -599,14 +599,14 @@ class ShmWindow:
             pause = min(pause * 2, 2e-4)
             now = time.monotonic()
             if now > deadline:
-                raise TimeoutError(f"shared-memory window: rank {q} has not {what} within "
-                                   "the timeout")
+                raise TimeoutError(f"shared-memory window: timed out waiting until rank {q} "
+                                   f"{what}")
             if now > check:
                 check = now + _LIVENESS_S
                 pid = self.peer_pid[q]
                 if pid is not None and not _running(pid):
                     raise RuntimeError(f"shared-memory window: rank {q} (process {pid}) "
-                                       f"exited before it {what}")
+                                       f"exited before it {what.replace('has ', '', 1)}")
 
     def slot(self, q: int, offset: int, nbytes: int) -> Tensor:
         """Bytes ``offset`` to ``offset + nbytes`` of rank q's window (uint8)."""

@@ -46,9 +46,11 @@ def transports(comm: Comm) -> list[Comm]:
 def check_primitives(comm: Comm) -> None:
     if comm.world_size > 1:  # gloo in torch 2.13 runs all_to_all_single: no fallback chosen
         assert comm.p2p_all_to_all is False
-        # the all-to-all probe; with shared memory, its probe (2 gathers, 1 all-reduce)
+        # the all-to-all probe; with shared memory, its probe and its window's (2 gathers,
+        # 1 all-reduce each)
         assert comm.counter.snapshot()["comm-init"]["calls"] == (
-            4 if shm.supported() else 1)
+            7 if shm.supported() else 1)
+        assert (comm.shm is not None and comm.shm.win is not None) == shm.supported()
         assert (comm.shm is not None) == shm.supported()
         assert comm.timeout == datetime.timedelta(seconds=120)
     assert comm.device == torch.device("cpu")
@@ -103,7 +105,13 @@ def peer_leaves(comm: Comm, tmp_path: Path) -> None:
     if comm.rank == 1:
         return
     c = fresh_comm(comm, timeout=SHORT)
-    calls = [("all_reduce", lambda: all_reduce_(torch.ones(3), c, "doomed")),
+    backend = dataclasses.replace(c, shm=None)
+    # through shared memory a small reduction and a barrier are a window's fence
+    shm = c.shm is not None
+    calls = [("all_reduce", lambda: all_reduce_(torch.ones(3), backend, "doomed")),
+             ("barrier", lambda: barrier(backend, "doomed")),
+             ("window(shm)" if shm else "all_reduce",
+              lambda: all_reduce_(torch.ones(3), c, "doomed")),
              ("all_to_all_v(p2p)", lambda: all_to_all_v(
                  [torch.ones(2, 2)] * 2, [2, 2],
                  dataclasses.replace(c, p2p_all_to_all=True, shm=None), "doomed")),
@@ -111,7 +119,7 @@ def peer_leaves(comm: Comm, tmp_path: Path) -> None:
                  [torch.ones(2, 2)] * 2, [2, 2], dataclasses.replace(c, shm=None), "doomed")),
              ("all_to_all_v(shm)", lambda: all_to_all_v(
                  [torch.ones(2, 2)] * 2, [2, 2], c, "doomed")),
-             ("barrier", lambda: barrier(c, "doomed"))]
+             ("window(shm)" if shm else "barrier", lambda: barrier(c, "doomed"))]
     for name, call in calls:
         start = time.perf_counter()
         with pytest.raises(CommError) as info:
@@ -134,7 +142,8 @@ def peer_hangs(comm: Comm, tmp_path: Path) -> None:
     c = fresh_comm(comm, timeout=SHORT)
     start = time.perf_counter()
     try:
-        with pytest.raises(CommError, match=r"rank 0 of 2: all_reduce in phase 'stuck'") as info:
+        with pytest.raises(CommError, match=r"rank 0 of 2: (all_reduce|window\(shm\)) in "
+                           r"phase 'stuck'") as info:
             all_reduce_(torch.ones(3), c, "stuck")
     finally:
         done.touch()
