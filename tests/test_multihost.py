@@ -1,8 +1,9 @@
 """Two "hosts" x two workers each, over a real network link, with torchrun.
 
 Two Linux network namespaces joined by a veth pair stand in for two machines: each
-namespace has only its loopback and its end of the link, so every byte between the
-nodes crosses the veth. Each node runs ``torchrun --nnodes 2 --nproc-per-node 2`` with
+namespace has only its loopback and its end of the link, and each node a /dev/shm of
+its own (a tmpfs in a mount namespace), so every byte between the nodes crosses the
+veth. Each node runs ``torchrun --nnodes 2 --nproc-per-node 2`` with
 its own dataset root (as separate hosts would), and the per-epoch losses must equal a
 single-process run of the same configuration.
 
@@ -57,6 +58,8 @@ def two_hosts():
         pytest.skip("network namespaces need root")
     if shutil.which("ip") is None:
         pytest.skip("iproute2 ('ip') is not installed")
+    if shutil.which("unshare") is None:
+        pytest.skip("util-linux ('unshare') is not installed")
     tag = secrets.token_hex(4)  # names: netns fgA-<8>, veth fgvA<8> (12 <= 15 chars)
     subnet = f"10.213.{secrets.randbelow(254) + 1}"
     nodes = [Node(f"fg{side}-{tag}", f"fgv{side}{tag}", f"{subnet}.{i + 1}")
@@ -112,7 +115,10 @@ def test_two_nodes_two_workers_each_over_veth(two_hosts, tmp_path):
     procs: list[subprocess.Popen] = []
     try:
         for node_rank, node in enumerate(two_hosts):
-            cmd = ["ip", "netns", "exec", node.netns,
+            # each node gets a /dev/shm of its own, as a separate host has: otherwise
+            # the workers would find each other's shared memory and talk through it
+            cmd = ["ip", "netns", "exec", node.netns, "unshare", "--mount", "sh", "-c",
+                   'mount -t tmpfs -o size=256m tmpfs /dev/shm && exec "$@"', "node",
                    sys.executable, "-m", "torch.distributed.run", "--nnodes", "2",
                    "--nproc-per-node", "2", "--node-rank", str(node_rank),
                    "--master-addr", master, "--master-port", port,
