@@ -269,25 +269,28 @@ def windowed(table: ExchangeTable, comm: Comm, like: Tensor,
              phase: str = "halo") -> WindowedHalo | None:
     """``table``'s exchanges of rows like ``like`` through the group's shared-memory
     window (``WindowedHalo``), or None where the group has no shared memory (another
-    host, ``FULLGRAPH_SHM=0``) or ``like`` is not 2-D in host memory. The first call
-    for a table gathers every rank's counts (collective, like the exchange itself)."""
+    host, ``FULLGRAPH_SHM=0``), ``like`` is not 2-D in host memory, the table has
+    receive positions, or some rank's table sends rows to that rank itself. The first
+    call for a table gathers every rank's counts (collective, like the exchange
+    itself), so every rank decides alike."""
     check_table(table, comm)
     shm = comm.shm
     if (shm is None or comm.world_size == 1 or like.device.type != "cpu" or like.dim() != 2
             or table.recv_pos is not None):
         return None
-    recv = shm.layouts.get(id(table))
-    if recv is None:
+    if id(table) not in shm.layouts:
         mine = (table.recv_rows, [int(i.numel()) for i in table.send_idx])
         everyone = prim.all_gather_object(mine, comm, "comm-init")
         for q, (_, sends) in enumerate(everyone):
             if sends[comm.rank] != table.recv_rows[q] and q != comm.rank:
                 raise ValueError(f"halo exchange: rank {q} sends {sends[comm.rank]} rows to "
                                  f"rank {comm.rank}, whose table expects {table.recv_rows[q]}")
-        recv = [list(r) for r, _ in everyone]
-        shm.layouts[id(table)] = recv
+        # a rank that sends rows to itself takes the exchanges above, so every rank does
+        own = any(recv[q] or sends[q] for q, (recv, sends) in enumerate(everyone))
+        shm.layouts[id(table)] = None if own else [list(r) for r, _ in everyone]
         weakref.finalize(table, shm.layouts.pop, id(table), None)
-    return WindowedHalo(table, comm, recv, phase)
+    recv = shm.layouts[id(table)]
+    return None if recv is None else WindowedHalo(table, comm, recv, phase)
 
 
 # ---------------------------------------------------------------- conjugate autograd pair

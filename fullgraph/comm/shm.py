@@ -157,7 +157,7 @@ class ShmExchange:
         self.window_failed = False
         # per exchange table (by id, dropped with the table): what ``comm.halo``'s
         # windowed exchanges keep of it
-        self.layouts: dict[int, object] = {}
+        self.layouts: dict[int, list[list[int]] | None] = {}
         atexit.register(self.close)
 
     # ------------------------------------------------------------ set-up

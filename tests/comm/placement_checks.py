@@ -16,6 +16,7 @@ from fullgraph.comm import (
     Comm,
     ExchangeTable,
     RowColLayout,
+    all_reduce_,
     all_reduce_grads,
     cols_to_rows,
     gather_rows,
@@ -198,8 +199,17 @@ def _check_halo_spmm(comm: Comm, table, x_own, x_halo, seed: int, expect: dict) 
     assert grouped.source_split(n) is not None
     assert (graph.source_split(n) is None) == bool((order != torch.arange(order.numel())).any())
     grad_out = rnd(200 + seed, num_dst, x_own.shape[1], dtype=x_own.dtype)
-    # through shared memory the rows go through the peers' windows (comm.halo.windowed)
+    # through shared memory the rows go through the peers' windows (comm.halo.windowed),
+    # unless some rank's table sends rows to itself (here rank 0's): then no rank's do
     assert (windowed(table, comm, x_own) is None) == (comm.shm is None or comm.world_size == 1)
+    own = [i.clone() for i in table.send_idx]
+    recv_rows = list(table.recv_rows)
+    selfish = torch.tensor([int(comm.rank == 0 and n > 0)])
+    if selfish:
+        own[0], recv_rows[0] = torch.zeros(1, dtype=torch.int64), 1
+    all_reduce_(selfish, fresh_counter(comm), "test", op="max")
+    got = windowed(ExchangeTable(send_idx=own, recv_rows=recv_rows), comm, x_own)
+    assert (got is None) == (comm.shm is None or comm.world_size == 1 or bool(selfish))
     for g in (graph, grouped):
         for weight in (None, torch.rand(g.num_edges, generator=gen, dtype=x_own.dtype)):
             ref_rows = x_own.clone().requires_grad_()
