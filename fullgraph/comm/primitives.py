@@ -681,7 +681,36 @@ def all_gather_object(obj: Any, comm: Comm, phase: str) -> list[Any]:
         return [obj]
     data = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8).to(comm.device)
     size = torch.tensor([data.numel()], dtype=torch.int64, device=comm.device)
-    sizes = all_gather_rows(size, [1] * comm.world_size, comm, phase)
+    world = comm.world_size
+    sizes = _window_gather(size, [1] * world, comm, phase)
+    if sizes is None:
+        sizes = all_gather_rows(size, [1] * world, comm, phase)
     rows = [int(s.item()) for s in sizes]
-    chunks = all_gather_rows(data, rows, comm, phase)
+    chunks = _window_gather(data, rows, comm, phase) if max(rows) <= SHM_REDUCE_BYTES else None
+    if chunks is None:
+        chunks = all_gather_rows(data, rows, comm, phase)
     return [pickle.loads(c.cpu().numpy().tobytes()) for c in chunks]
+
+
+def _window_gather(tensor: Tensor, rows: list[int], comm: Comm, phase: str) -> list[Tensor] | None:
+    """``all_gather_rows`` of a 1-D host tensor through the group's window: each rank
+    writes its rows into every peer's window, at its place; None (nothing done, on
+    every rank) where the group has no window. Bytes as ``all_gather_rows``."""
+    if comm.shm is None or tensor.device.type != "cpu":
+        return None
+    item, me = tensor.element_size(), comm.rank
+    starts = [sum(rows[:r]) * item for r in range(comm.world_size)]
+    win = window(comm, sum(rows) * item)
+    if win is None:
+        return None
+    peers = [q for q in range(comm.world_size) if q != me]
+    mine = tensor.numel() * item
+    window_begin(win, peers, comm, phase)
+    for q in peers:
+        win.slot(q, starts[me], mine).view(tensor.dtype).copy_(tensor)
+    window_fence(win, comm, phase, len(peers) * mine, (sum(rows) - rows[me]) * item)
+    inbox = win.inbox(sum(rows) * item)
+    got = [tensor if r == me else inbox[starts[r]:starts[r] + rows[r] * item].view(
+        tensor.dtype).clone() for r in range(comm.world_size)]
+    win.release()
+    return got

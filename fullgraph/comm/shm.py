@@ -69,6 +69,8 @@ ENTRIES = 256
 MIN_ARENA = 8 << 20
 _ALIGN = 64
 """Blocks start on cache lines (and so on their dtype's alignment)."""
+LINGER_S = 2.0
+"""How long ``close`` keeps an arena a peer has not mapped yet (see there)."""
 FREE_MARGIN = 64 << 20
 """Room left free in the directory when an arena grows."""
 _HEAD = 2  # control words before the table: done, the probe's token
@@ -217,10 +219,16 @@ class ShmExchange:
         return self.win
 
     def close(self) -> None:
-        """Unmap everything and remove this rank's files (safe to call twice)."""
+        """Unmap everything and remove this rank's files (safe to call twice). An arena
+        some peer has yet to map (its last exchange's, made new: a peer maps it when
+        it waits for that exchange) is kept up to ``LINGER_S`` for it first."""
         if self.closed:
             return
         self.closed = True
+        deadline = time.monotonic() + LINGER_S
+        while (any(not a.unlinked and a.first >= self._peers_done() for a in self.arenas)
+               and time.monotonic() < deadline):
+            time.sleep(1e-3)
         if self.win is not None:
             self.win.close()
             self.win = None

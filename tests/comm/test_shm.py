@@ -264,3 +264,24 @@ def test_a_window_fence_names_a_peer_that_exited_or_never_came(tmp_path):
     assert shm_mod._running(os.getpid()) and not shm_mod._running(gone.pid)
     for w in wins:
         w.close()
+
+
+def check_close_waits_for_a_late_reader(comm: Comm) -> None:
+    """Rank 0 closes right after an exchange that made its first arena; rank 1 only
+    then waits for it: the arena is kept until rank 1 has mapped and read it."""
+    import time
+
+    send = [torch.full((3, 2), float(comm.rank))] * comm.world_size
+    pending = all_to_all_v_start(send, [3] * comm.world_size, comm, "late")
+    if comm.rank == 0:
+        pending.wait()
+        comm.shm.close()
+    else:
+        time.sleep(0.3)
+        got = pending.wait()
+        torch.testing.assert_close(got[0], torch.zeros(3, 2))
+
+
+@pytest.mark.dist
+def test_close_keeps_an_arena_a_peer_has_yet_to_read(tmp_path):
+    run_ranks(check_close_waits_for_a_late_reader, 2, tmp_path)
