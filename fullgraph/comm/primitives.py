@@ -24,7 +24,9 @@ group's ranks share one host, ``Comm.shm`` carries ``all_to_all_v`` of CPU tenso
 through shared memory instead (``fullgraph.comm.shm``: one asynchronous one-element
 all-reduce is then its only backend call), and its window (``window``,
 ``window_begin``, ``window_fence``) lets ranks write rows straight into each other's
-memory.
+memory: all-reduces of CPU tensors up to ``SHM_REDUCE_BYTES``, ``all_gather_object``
+and ``barrier`` then make no backend call at all (their bytes are counted as
+above, under the collective name ``window(shm)``).
 
 CUDA tensors on a gloo group (several workers sharing one GPU, where NCCL refuses
 two ranks on one device) are staged through host memory: each primitive copies its

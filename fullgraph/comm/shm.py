@@ -42,8 +42,10 @@ Windows (``ShmWindow``): where ``start`` copies each block twice (into the sende
 arena, out of it at the receiver), a window takes it once. Each rank maps a window of
 every peer; a sender writes its rows straight into the receiver's window (as the
 output of a gather or of a kernel), and the receiver reads them there, as one
-contiguous buffer. ``ShmExchange.window`` keeps one per group, grown when an exchange
-needs more (``comm.halo.WindowedHalo`` lays the blocks out per exchange table).
+contiguous buffer. ``ShmExchange.window`` keeps one per group, opened with it and
+grown when an exchange needs more; ``comm.halo.WindowedHalo`` lays a halo exchange
+out in it, and ``primitives`` its small all-reduces, object gathers and barriers.
+``close`` keeps an arena a peer has not mapped yet for up to ``LINGER_S``.
 
 This module calls torch.distributed only through the callables ``primitives`` gives it.
 """
