@@ -24,7 +24,7 @@ group's ranks share one host, ``Comm.shm`` carries ``all_to_all_v`` of CPU tenso
 through shared memory instead (``fullgraph.comm.shm``: one asynchronous one-element
 all-reduce is then its only backend call), and its window (``window``,
 ``window_begin``, ``window_fence``) lets ranks write rows straight into each other's
-memory: all-reduces of CPU tensors up to ``SHM_REDUCE_BYTES``, ``all_gather_object``
+memory: small all-reduces of CPU tensors (``SHM_REDUCE_BYTES``), ``all_gather_object``
 and ``barrier`` then make no backend call at all (their bytes are counted as
 above, under the collective name ``window(shm)``).
 
@@ -281,10 +281,11 @@ def _backend_all_reduce(tensor: Tensor, comm: Comm, phase: str, dist_op: Any) ->
 
 
 SHM_REDUCE_BYTES = 1 << 20
-"""CPU tensors up to this size are reduced through the group's shared-memory window
-where it has one: latency, not bandwidth, is what such a reduction costs, and a
-window fence takes microseconds where a gloo round trip takes a fraction of a
-millisecond. Larger ones keep the backend's bandwidth-optimal algorithm."""
+"""CPU tensors are reduced through the group's shared-memory window, where it has one,
+when each rank writes at most this many bytes into its peers' windows (its tensor
+once per peer): latency, not bandwidth, is what such a reduction costs, and a window
+fence takes microseconds where a gloo round trip takes a fraction of a millisecond.
+Larger ones keep the backend's bandwidth-optimal algorithm."""
 
 
 def _window_reduce(tensor: Tensor, comm: Comm, phase: str, op: ReduceOp) -> bool:
@@ -292,8 +293,8 @@ def _window_reduce(tensor: Tensor, comm: Comm, phase: str, op: ReduceOp) -> bool
     peer's window, at its place, and reduces the blocks in rank order, so every rank
     computes the same values in the same order. False (nothing done, on every rank)
     where the group has no window or the tensor is not a small one in host memory."""
-    if (comm.shm is None or tensor.device.type != "cpu" or tensor.nbytes > SHM_REDUCE_BYTES
-            or tensor.dtype == torch.bool):
+    if (comm.shm is None or tensor.device.type != "cpu" or tensor.dtype == torch.bool
+            or tensor.nbytes * (comm.world_size - 1) > SHM_REDUCE_BYTES):
         return False
     world, me, nb = comm.world_size, comm.rank, tensor.nbytes
     win = window(comm, world * nb)
@@ -688,7 +689,8 @@ def all_gather_object(obj: Any, comm: Comm, phase: str) -> list[Any]:
     if sizes is None:
         sizes = all_gather_rows(size, [1] * world, comm, phase)
     rows = [int(s.item()) for s in sizes]
-    chunks = _window_gather(data, rows, comm, phase) if max(rows) <= SHM_REDUCE_BYTES else None
+    small = max(rows) * (world - 1) <= SHM_REDUCE_BYTES
+    chunks = _window_gather(data, rows, comm, phase) if small else None
     if chunks is None:
         chunks = all_gather_rows(data, rows, comm, phase)
     return [pickle.loads(c.cpu().numpy().tobytes()) for c in chunks]
