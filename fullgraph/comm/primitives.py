@@ -294,7 +294,7 @@ def _window_reduce(tensor: Tensor, comm: Comm, phase: str, op: ReduceOp) -> bool
     computes the same values in the same order. False (nothing done, on every rank)
     where the group has no window or the tensor is not a small one in host memory."""
     if (comm.shm is None or tensor.device.type != "cpu" or tensor.dtype == torch.bool
-            or tensor.nbytes * (comm.world_size - 1) > SHM_REDUCE_BYTES):
+            or not tensor.numel() or tensor.nbytes * (comm.world_size - 1) > SHM_REDUCE_BYTES):
         return False
     world, me, nb = comm.world_size, comm.rank, tensor.nbytes
     win = window(comm, world * nb)

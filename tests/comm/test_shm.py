@@ -19,7 +19,7 @@ from harness import run_ranks
 from fullgraph.comm import Comm, all_to_all_v, barrier
 from fullgraph.comm import shm as shm_mod
 from fullgraph.comm.group import open_shm
-from fullgraph.comm.primitives import all_to_all_v_start
+from fullgraph.comm.primitives import all_gather_object, all_to_all_v_start
 
 pytestmark = pytest.mark.skipif(not shm_mod.supported(), reason="no shared-memory transport here")
 
@@ -285,3 +285,29 @@ def check_close_waits_for_a_late_reader(comm: Comm) -> None:
 @pytest.mark.dist
 def test_close_keeps_an_arena_a_peer_has_yet_to_read(tmp_path):
     run_ranks(check_close_waits_for_a_late_reader, 2, tmp_path)
+
+
+def check_window_reductions(comm: Comm) -> None:
+    """Through the window: an empty tensor (the backend's), a scalar, and a tensor too
+    large for the window path (the backend's ring) all reduce; the window's reduction
+    gives every rank the same bits."""
+    from fullgraph.comm.primitives import SHM_REDUCE_BYTES, all_reduce_
+
+    empty = torch.zeros(0)
+    assert all_reduce_(empty, comm, "r") is empty
+    scalar = torch.tensor(float(comm.rank) + 0.1, dtype=torch.float64)
+    all_reduce_(scalar, comm, "r")
+    big = torch.full((SHM_REDUCE_BYTES // 4 + 1,), float(comm.rank + 1))
+    all_reduce_(big, comm, "r")
+    assert float(big[0]) == sum(range(1, comm.world_size + 1))
+    mixed = torch.rand(5000, generator=torch.Generator().manual_seed(comm.rank))
+    all_reduce_(mixed, comm, "r")
+    every = all_gather_object((float(scalar), mixed.numpy().tobytes()), comm, "r")
+    assert all(e == every[0] for e in every)
+    assert comm.counter.snapshot()["r"]["calls"] == 4 + 2  # 4 reductions, 1 gather
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_window_reductions_agree_on_every_rank(tmp_path, world_size):
+    run_ranks(check_window_reductions, world_size, tmp_path)
