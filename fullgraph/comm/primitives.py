@@ -293,22 +293,17 @@ def _window_reduce(tensor: Tensor, comm: Comm, phase: str, op: ReduceOp) -> bool
     peer's window, at its place, and reduces the blocks in rank order, so every rank
     computes the same values in the same order. False (nothing done, on every rank)
     where the group has no window or the tensor is not a small one in host memory."""
-    if (comm.shm is None or tensor.device.type != "cpu" or tensor.dtype == torch.bool
-            or not tensor.numel() or tensor.nbytes * (comm.world_size - 1) > SHM_REDUCE_BYTES):
+    if (tensor.dtype == torch.bool or not tensor.numel()
+            or tensor.nbytes * (comm.world_size - 1) > SHM_REDUCE_BYTES):
         return False
-    world, me, nb = comm.world_size, comm.rank, tensor.nbytes
-    win = window(comm, world * nb)
-    if win is None:
+    world, me, flat = comm.world_size, comm.rank, tensor.view(-1)
+    ring = 2 * (world - 1) * tensor.nbytes // world
+    put = _window_put_all(flat, [flat.numel()] * world, comm, phase, ring, ring)
+    if put is None:
         return False
-    flat = tensor.view(-1)
-    peers = [q for q in range(world) if q != me]
-    nbytes = 2 * (world - 1) * nb // world
-    window_begin(win, peers, comm, phase)
-    for q in peers:
-        win.slot(q, me * nb, nb).view(tensor.dtype).copy_(flat)
-    window_fence(win, comm, phase, nbytes, nbytes)
-    blocks = win.inbox(world * nb).view(tensor.dtype).view(world, -1)
-    blocks[me].copy_(flat)
+    win, inbox = put
+    blocks = inbox.view(world, -1)
+    blocks[me].copy_(flat)  # (its own place in its own window is free)
     acc = blocks[0].clone()
     for r in range(1, world):
         if op is ReduceOp.SUM:
@@ -347,7 +342,7 @@ def barrier(comm: Comm, phase: str) -> None:
     of the group's shared-memory window where it has one."""
     if comm.world_size == 1:
         return
-    win = window(comm, 0) if comm.shm is not None else None
+    win = window(comm, 0)
     if win is not None:
         window_begin(win, [], comm, phase)
         window_fence(win, comm, phase, 0, 0)
@@ -697,24 +692,37 @@ def all_gather_object(obj: Any, comm: Comm, phase: str) -> list[Any]:
 
 
 def _window_gather(tensor: Tensor, rows: list[int], comm: Comm, phase: str) -> list[Tensor] | None:
-    """``all_gather_rows`` of a 1-D host tensor through the group's window: each rank
-    writes its rows into every peer's window, at its place; None (nothing done, on
-    every rank) where the group has no window. Bytes as ``all_gather_rows``."""
+    """``all_gather_rows`` of a 1-D host tensor through the group's window; None
+    (nothing done, on every rank) where the group has no window. Bytes as
+    ``all_gather_rows``."""
+    mine = tensor.numel() * tensor.element_size()
+    put = _window_put_all(tensor, rows, comm, phase, (comm.world_size - 1) * mine,
+                          (sum(rows) - rows[comm.rank]) * tensor.element_size())
+    if put is None:
+        return None
+    win, inbox = put
+    starts = [sum(rows[:r]) for r in range(comm.world_size)]
+    got = [tensor if r == comm.rank else inbox[starts[r]:starts[r] + rows[r]].clone()
+           for r in range(comm.world_size)]
+    win.release()
+    return got
+
+
+def _window_put_all(tensor: Tensor, rows: list[int], comm: Comm, phase: str, sent: int,
+                    recv: int) -> tuple[Any, Tensor] | None:
+    """Write the 1-D host ``tensor`` (rank r's has ``rows[r]`` elements) into every
+    peer's window, at this rank's place (the ranks' blocks in rank order), and fence:
+    (the window, this rank's inbox as ``sum(rows)`` elements), to be read and then
+    released. None (nothing done, on every rank) where the group has no window."""
     if comm.shm is None or tensor.device.type != "cpu":
         return None
     item, me = tensor.element_size(), comm.rank
-    starts = [sum(rows[:r]) * item for r in range(comm.world_size)]
     win = window(comm, sum(rows) * item)
     if win is None:
         return None
     peers = [q for q in range(comm.world_size) if q != me]
-    mine = tensor.numel() * item
     window_begin(win, peers, comm, phase)
     for q in peers:
-        win.slot(q, starts[me], mine).view(tensor.dtype).copy_(tensor)
-    window_fence(win, comm, phase, len(peers) * mine, (sum(rows) - rows[me]) * item)
-    inbox = win.inbox(sum(rows) * item)
-    got = [tensor if r == me else inbox[starts[r]:starts[r] + rows[r] * item].view(
-        tensor.dtype).clone() for r in range(comm.world_size)]
-    win.release()
-    return got
+        win.slot(q, sum(rows[:me]) * item, rows[me] * item).view(tensor.dtype).copy_(tensor)
+    window_fence(win, comm, phase, sent, recv)
+    return win, win.inbox(sum(rows) * item).view(tensor.dtype)

@@ -198,36 +198,26 @@ if HAVE_NUMBA:
                 for c in range(0, x.shape[1], step):
                     _prefetch(halo, j - n, c)
 
-    @njit(parallel=True, cache=True, nogil=True)
-    def spmm_split(indptr, split, indices, weight, x, halo, out):  # pragma: no cover
-        """``spmm_scalar`` over the sources ``[x | halo]`` without joining them: row
-        i's in-edges from ``x`` come first, ``indptr[i]`` to ``split[i]``, those from
-        ``halo`` after (source ``x.shape[0] + j`` is ``halo[j]``). The same sums in the
-        same order as over the joined rows. ``spmm_split_unweighted``: every weight 1."""
-        d = x.shape[1]
-        n = x.shape[0]
-        blocks = _row_blocks(indptr)
-        for blk in prange(blocks.shape[0] - 1):
-            for i in range(blocks[blk], blocks[blk + 1]):
-                for c in range(d):
-                    out[i, c] = 0.0
-                for k in range(indptr[i], split[i]):
-                    _prefetch_split(x, halo, indices, k)
-                    j = indices[k]
-                    w = weight[k]
-                    for c in range(d):
-                        out[i, c] += w * x[j, c]
-                for k in range(split[i], indptr[i + 1]):
-                    _prefetch_split(x, halo, indices, k)
-                    j = indices[k] - n
-                    w = weight[k]
-                    for c in range(d):
-                        out[i, c] += w * halo[j, c]
+    @njit(inline="always", cache=True)
+    def _add_row(out, i, src, j, weight, k, d):  # pragma: no cover - numba
+        """out[i, :d] += src[j, :d], times ``weight[k]`` unless ``weight`` is None
+        (numba compiles the two cases apart)."""
+        if weight is None:
+            for c in range(d):
+                out[i, c] += src[j, c]
+        else:
+            w = weight[k]
+            for c in range(d):
+                out[i, c] += w * src[j, c]
 
     @njit(parallel=True, cache=True, nogil=True)
-    def spmm_split_unweighted(indptr, split, indices, x, halo, out):  # pragma: no cover
-        d = x.shape[1]
-        n = x.shape[0]
+    def spmm_split(indptr, split, indices, weight, x, halo, out):  # pragma: no cover
+        """``spmm_scalar`` (``spmm_unweighted``'s sum for ``weight`` None) over the
+        sources ``[x | halo]`` without joining them: row i's in-edges from ``x`` come
+        first, ``indptr[i]`` to ``split[i]``, those from ``halo`` after (source
+        ``x.shape[0] + j`` is ``halo[j]``). The same sums in the same order as over the
+        joined rows."""
+        n, d = x.shape
         blocks = _row_blocks(indptr)
         for blk in prange(blocks.shape[0] - 1):
             for i in range(blocks[blk], blocks[blk + 1]):
@@ -235,14 +225,10 @@ if HAVE_NUMBA:
                     out[i, c] = 0.0
                 for k in range(indptr[i], split[i]):
                     _prefetch_split(x, halo, indices, k)
-                    j = indices[k]
-                    for c in range(d):
-                        out[i, c] += x[j, c]
+                    _add_row(out, i, x, indices[k], weight, k, d)
                 for k in range(split[i], indptr[i + 1]):
                     _prefetch_split(x, halo, indices, k)
-                    j = indices[k] - n
-                    for c in range(d):
-                        out[i, c] += halo[j, c]
+                    _add_row(out, i, halo, indices[k] - n, weight, k, d)
 
     @njit(cache=True, nogil=True)
     def source_split(indptr, indices, n):  # pragma: no cover - numba

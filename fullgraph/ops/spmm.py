@@ -258,12 +258,9 @@ def split_aggregate(graph: Graph, x: Tensor, halo: Tensor, weight: Tensor | None
                          "each row's in-edges from the rows first, on the numba backend")
     x, halo = x.detach().contiguous(), halo.detach().contiguous()
     out = torch.empty(graph.num_dst, x.shape[1], dtype=x.dtype)  # every row written
-    csr = (graph.indptr.numpy(), split.numpy(), graph.indices.numpy())
-    if weight is None:
-        kernels.spmm_split_unweighted(*csr, x.numpy(), halo.numpy(), out.numpy())
-    else:
-        kernels.spmm_split(*csr, weight.detach().to(x.dtype).contiguous().numpy(), x.numpy(),
-                           halo.numpy(), out.numpy())
+    w = None if weight is None else weight.detach().to(x.dtype).contiguous().numpy()
+    kernels.spmm_split(graph.indptr.numpy(), split.numpy(), graph.indices.numpy(), w,
+                       x.numpy(), halo.numpy(), out.numpy())
     return out
 
 
