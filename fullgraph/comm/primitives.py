@@ -21,8 +21,8 @@ gloo in torch 2.13 supports ``all_to_all_single`` with uneven splits (its list f
 ``all_to_all`` needs equal sizes, so it is not used); ``Comm.p2p_all_to_all``
 switches ``all_to_all_v`` to isend/irecv pairs for backends that lack it. Where the
 group's ranks share one host, ``Comm.shm`` carries ``all_to_all_v`` of CPU tensors
-through shared memory instead (``fullgraph.comm.shm``: one asynchronous one-element
-all-reduce is then its only backend call), and its window (``window``,
+through shared memory instead (``fullgraph.comm.shm``: no backend call, unless a
+rank had no room for the exchange), and its window (``window``,
 ``window_begin``, ``window_fence``) lets ranks write rows straight into each other's
 memory: small all-reduces of CPU tensors (``SHM_REDUCE_BYTES``), ``all_gather_object``
 and ``barrier`` then make no backend call at all (their bytes are counted as
@@ -551,27 +551,18 @@ def _start_collective(flat: list[Tensor], recv_numel: list[int], comm: Comm) -> 
 
 def _start_shm(flat: list[Tensor], recv_numel: list[int], comm: Comm,
                into: Sequence[Tensor] | None) -> Any:
-    """The exchange through the group's shared memory (``fullgraph.comm.shm``): one
-    asynchronous one-element all-reduce is its only backend call. Received blocks
-    with a place in ``into`` are written there and come back as None."""
+    """The exchange through the group's shared memory (``fullgraph.comm.shm``): no
+    backend call unless some rank had no room for it. Received blocks with a place in
+    ``into`` are written there and come back as None."""
     dtype, itemsize = flat[0].dtype, flat[0].element_size()
     recv_bytes = [n * itemsize for n in recv_numel]
-
-    def signal(flag: int) -> Any:
-        t = torch.tensor([flag], dtype=torch.int64)
-        work = dist.all_reduce(t, op=dist.ReduceOp.MAX, group=comm.group, async_op=True)
-
-        def waiter() -> int:
-            _wait(work, comm)
-            return int(t[0])
-        return waiter
 
     def fallback(blocks: list[Tensor]) -> list[Tensor]:
         if comm.p2p_all_to_all:
             return _all_to_all_p2p(blocks, recv_bytes, comm)
         return _start_collective(blocks, recv_bytes, comm)()
 
-    finish = comm.shm.start(flat, recv_bytes, signal, fallback, into)
+    finish = comm.shm.start(flat, recv_bytes, comm.timeout.total_seconds(), fallback, into)
     return lambda: [None if b is None else b.view(dtype) for b in finish()]
 
 

@@ -14,22 +14,26 @@ same order everywhere, as every collective must be):
 - ``start``: the sender copies its blocks into a free region of its arena (a
   shared-memory file; a larger one is made when it fills, and the old one is removed
   once nothing in it is still to be read), writes where each block lies into entry
-  ``k mod ENTRIES`` of its control table, then starts a one-element all-reduce on the
-  group without waiting for it. That all-reduce is the signal that every rank's blocks
-  are written: its socket calls order the memory, and it brings gloo's timeout and its
-  errors for a dead peer.
-- ``wait``: once the all-reduce is done, the receiver copies its block out of each
-  peer's region, then advances its ``done`` counter (every exchange below it read).
-- reuse: a sender writes over a region only after every peer's ``done`` has passed
-  the exchanges that used it. Where the counters are read stale, a region is only
-  reused later, never early: a reader's loads from the region come before its store
-  to ``done``, and the writer's load of ``done`` before its stores to the region, and
-  x86-64 never moves a store ahead of an earlier load (the transport is used only
-  there).
+  ``k mod ENTRIES`` of its control table, then sets its ``posted`` counter to k + 1.
+- ``wait``: once every peer's ``posted`` has reached k + 1 (no backend call: the
+  wait is bounded by the timeout and by a check that the peer's process still runs,
+  as a window's fence), the receiver copies its block out of each peer's region,
+  then advances its ``done`` counter (every exchange below it read).
+- reuse: a sender writes over a region, or over a table entry, only after every
+  peer's ``done`` has passed the exchanges that used it. Where the counters are read
+  stale, a region is only reused later, never early: a reader's loads from the
+  region come before its store to ``done``, and the writer's load of ``done`` before
+  its stores to the region, and x86-64 never moves a store ahead of an earlier load
+  (the transport is used only there). For the same reason a reader that sees a
+  peer's ``posted`` sees its entry and its blocks.
 
-Where a rank cannot get the room (the directory full), it says so in the all-reduce
-(the maximum of the flags), and every rank then runs that one exchange through the
-backend's ``all_to_all_single`` in ``wait``, as ``Comm.p2p_all_to_all`` does.
+Where a rank cannot get the room (the directory full, or its table entry for k still
+unread by a peer: more exchanges in flight than ``ENTRIES``), it advances ``posted``
+without writing the entry. A peer that finds ``posted`` past k and no entry k
+knows, and every rank, seeing the same entries, then runs that one exchange through
+the backend's ``all_to_all_single`` in ``wait``, as ``Comm.p2p_all_to_all`` does. (A
+peer's entry k cannot change while this rank waits for exchange k: the next write
+to it needs this rank's ``done`` past k.)
 
 Files are named ``fullgraph-<pid>-<random>-...`` and removed as soon as every peer has
 them mapped: the control file right after the probe, an arena once every peer has
@@ -75,8 +79,10 @@ LINGER_S = 2.0
 """How long ``close`` keeps an arena a peer has not mapped yet (see there)."""
 FREE_MARGIN = 64 << 20
 """Room left free in the directory when an arena grows."""
-_HEAD = 2  # control words before the table: done, the probe's token
-_DONE, _TOKEN = 0, 1
+_HEAD = 3  # control words before the table: done, the probe's token, posted
+_DONE, _TOKEN, _POSTED = 0, 1, 2
+_LIVENESS_S = 0.05
+"""How often a rank waiting on a peer's counter checks that the peer still runs."""
 
 
 def supported() -> bool:
@@ -153,6 +159,7 @@ class ShmExchange:
         self.read: set[int] = set()  # exchanges read above ``done``
         self.peer_prefix: list[str] = [""] * world_size
         self.peer_control: list[Tensor | None] = [None] * world_size
+        self.peer_pid: list[int | None] = [None] * world_size  # None: not visible here
         # per peer: gen -> (its arena, an exchange seen in it)
         self.peer_arenas: list[dict[int, tuple[Tensor, int]]] = [
             {} for _ in range(world_size)]
@@ -184,14 +191,15 @@ class ShmExchange:
                        root)
             mine.control[_TOKEN] = token
             mine.peer_prefix[rank] = mine.prefix
-            return (mine.prefix, token)
+            return (mine.prefix, token, os.getpid())
 
         def attach(q: int, got: object) -> bool:
             assert mine is not None and isinstance(got, tuple)
-            prefix, tok = got
+            prefix, tok, pid = got
             ctl = _map(f"{prefix}-control", 8 * (_HEAD + mine.entries * mine.width),
                        create=False).view(torch.int64)
             mine.peer_prefix[q], mine.peer_control[q] = prefix, ctl
+            mine.peer_pid[q] = pid if _running(pid) else None
             return int(ctl[_TOKEN]) == tok
 
         if not _open_together(rank, make, attach, gather, agree):
@@ -245,19 +253,19 @@ class ShmExchange:
 
     # ------------------------------------------------------------ one exchange
     def start(self, send: Sequence[Tensor], recv_bytes: Sequence[int],
-              signal: Callable[[int], Callable[[], int]],
-              fallback: Callable[[list[Tensor]], list[Tensor]],
+              timeout_s: float, fallback: Callable[[list[Tensor]], list[Tensor]],
               into: Sequence[Tensor] | None = None) -> Callable[[], list[Tensor | None]]:
-        """Post this rank's blocks and start the signal; the returned function waits
-        and gives the received blocks (uint8, one per rank; this rank's empty; None for
-        a block written into its place in ``into``).
+        """Post this rank's blocks; the returned function waits (at most ``timeout_s``
+        from when it is called) until every peer has posted its own, and gives the
+        received blocks (uint8, one per rank; this rank's empty; None for a block
+        written into its place in ``into``). It raises TimeoutError naming a peer that
+        did not post in time, RuntimeError one whose process exited first.
 
         Args:
             send: one CPU tensor per rank, of one dtype, any shape and strides (this
                 rank's empty): the block to send there. Copied before this returns.
             recv_bytes: bytes to receive from each rank.
-            signal: starts the group's one-element max all-reduce of a flag and
-                returns the function that waits for it and gives the maximum.
+            timeout_s: how long to wait for the peers.
             fallback: the backend's all-to-all of byte blocks, for an exchange some
                 rank had no room for.
             into: where each received block goes (any strides, the sender's dtype), or
@@ -289,12 +297,21 @@ class ShmExchange:
             # the posted copies: what the backend sends should another rank lack room
             sent = [torch.empty(0, dtype=torch.uint8) if arena is None or not n else
                     arena.data[o:o + n] for o, n in zip(offsets, sizes)]
-        waiter = signal(0 if placed is not None else 1)
+        self.control[_POSTED] = seq + 1  # after the entry and the blocks (module doc)
 
         def finish() -> list[Tensor | None]:
-            missing = waiter() > 0  # some rank had no room: every rank takes the backend
-            entries = [None if q == self.rank else self._posted(q, seq, not missing)
-                       for q in range(self.world_size)]
+            deadline = time.monotonic() + timeout_s
+            entries: list[Tensor | None] = [None] * self.world_size
+            missing = placed is None
+            for q in range(self.world_size):
+                if q != self.rank:
+                    ctl = self.peer_control[q]
+                    assert ctl is not None
+                    _await(ctl, _POSTED, seq + 1, deadline, q, self.peer_pid[q],
+                           "shared-memory exchange", f"has posted exchange {seq}")
+                    entries[q] = self._posted(q, seq)
+                    missing = missing or entries[q] is None
+            # some rank had no room: every rank sees it, and takes the backend
             got: list[Tensor | None]
             if missing:
                 got = list(fallback(sent))
@@ -308,19 +325,16 @@ class ShmExchange:
 
         return finish
 
-    def _posted(self, q: int, seq: int, required: bool) -> Tensor | None:
-        """Rank q's table entry of exchange ``seq`` (None where q posted none: it had
-        no room); its arena is mapped here now, whether or not this rank reads from it,
-        so that q may remove the file once every peer is past ``seq``."""
+    def _posted(self, q: int, seq: int) -> Tensor | None:
+        """Rank q's table entry of exchange ``seq``, once its ``posted`` is past it
+        (None where q wrote none: it had no room); its arena is mapped here now,
+        whether or not this rank reads from it, so that q may remove the file once
+        every peer is past ``seq``."""
         ctl = self.peer_control[q]
         assert ctl is not None
         entry = self._entry(ctl, seq).clone()
         if int(entry[0]) != seq + 1:
-            if not required:
-                return None
-            raise RuntimeError(f"shared-memory exchange {seq}: rank {q} posted exchange "
-                               f"{int(entry[0]) - 1} in its place (the ranks started their "
-                               "exchanges in different orders)")
+            return None
         gen = int(entry[1])
         maps = self.peer_arenas[q]
         if gen >= 0 and gen not in maps:
@@ -457,6 +471,31 @@ def _running(pid: int) -> bool:
         return True
 
 
+def _await(counters: Tensor, word: int, target: int, deadline: float, q: int,
+           pid: int | None, name: str, what: str) -> None:
+    """Until rank q's counter ``counters[word]`` (int64, in shared memory, written by
+    q alone) reaches ``target``: yield the core a few times (the peer may need it),
+    then sleep in growing steps up to 0.2 ms. Raises TimeoutError after ``deadline``
+    (``time.monotonic``), RuntimeError as soon as a check every ``_LIVENESS_S`` finds
+    that q's process ``pid`` has exited (None: not visible here, unchecked)."""
+    tries, pause, check = 0, 1e-5, time.monotonic() + _LIVENESS_S
+    while int(counters[word]) < target:
+        tries += 1
+        if tries < 32:
+            os.sched_yield()
+            continue
+        time.sleep(pause)
+        pause = min(pause * 2, 2e-4)
+        now = time.monotonic()
+        if now > deadline:
+            raise TimeoutError(f"{name}: timed out waiting until rank {q} {what}")
+        if now > check:
+            check = now + _LIVENESS_S
+            if pid is not None and not _running(pid):
+                raise RuntimeError(f"{name}: rank {q} (process {pid}) exited before it "
+                                   f"{what.replace('has ', '', 1)}")
+
+
 def _typed(data: Tensor, offset: int, like: Tensor) -> Tensor:
     """The bytes of ``data`` at ``offset`` seen as a contiguous tensor shaped ``like``."""
     n = like.numel() * like.element_size()
@@ -491,8 +530,6 @@ def _unlink(path: str) -> None:
 _WIN_HEAD = 64
 """Bytes before a window's data: its counters and the probe's token."""
 _RELEASED, _WIN_TOKEN, _ARRIVED = 0, 1, 2
-_LIVENESS_S = 0.05
-"""How often a rank waiting on a peer's counter checks that the peer still runs."""
 
 
 class ShmWindow:
@@ -594,29 +631,10 @@ class ShmWindow:
                 self._wait(q, _ARRIVED, self.fences, deadline, f"has finished use {self.uses}")
 
     def _wait(self, q: int, word: int, target: int, deadline: float, what: str) -> None:
-        """Until rank q's counter ``word`` reaches ``target``: yield the core a few
-        times (the peer may need it), then sleep in growing steps up to 0.2 ms."""
         peer = self.peer_data[q]
         assert peer is not None, "a window's own rank is not its peer"
-        counters = peer[:_WIN_HEAD].view(torch.int64)
-        tries, pause, check = 0, 1e-5, time.monotonic() + _LIVENESS_S
-        while int(counters[word]) < target:
-            tries += 1
-            if tries < 32:
-                os.sched_yield()
-                continue
-            time.sleep(pause)
-            pause = min(pause * 2, 2e-4)
-            now = time.monotonic()
-            if now > deadline:
-                raise TimeoutError(f"shared-memory window: timed out waiting until rank {q} "
-                                   f"{what}")
-            if now > check:
-                check = now + _LIVENESS_S
-                pid = self.peer_pid[q]
-                if pid is not None and not _running(pid):
-                    raise RuntimeError(f"shared-memory window: rank {q} (process {pid}) "
-                                       f"exited before it {what.replace('has ', '', 1)}")
+        _await(peer[:_WIN_HEAD].view(torch.int64), word, target, deadline, q,
+               self.peer_pid[q], "shared-memory window", what)
 
     def slot(self, q: int, offset: int, nbytes: int) -> Tensor:
         """Bytes ``offset`` to ``offset + nbytes`` of rank q's window (uint8)."""

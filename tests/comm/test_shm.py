@@ -109,7 +109,7 @@ def check_probe_fails(comm: Comm, tmp: str) -> None:
         from fullgraph.comm.primitives import all_gather_object
         got = all_gather_object(obj, comm, "probe")
         # the peers' files are where this rank cannot see them
-        return [o if q == comm.rank else (str(root / "elsewhere" / Path(o[0]).name), o[1])
+        return [o if q == comm.rank else (str(root / "elsewhere" / Path(o[0]).name), *o[1:])
                 for q, o in enumerate(got)]
 
     def agree(ok):
@@ -311,3 +311,44 @@ def check_window_reductions(comm: Comm) -> None:
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_window_reductions_agree_on_every_rank(tmp_path, world_size):
     run_ranks(check_window_reductions, world_size, tmp_path)
+
+
+def test_an_exchange_waits_on_posted_counters_and_names_a_dead_peer(tmp_path):
+    """Without a backend signal, a receiver waits on its peers' ``posted`` counters:
+    bounded by the timeout and by a liveness check that names a peer whose process
+    has exited; once the peer posts, its block is read."""
+    import subprocess
+    import time
+
+    ex = [shm_mod.ShmExchange(r, 2, str(tmp_path / f"x{r}"), root=str(tmp_path))
+          for r in range(2)]
+    for r in range(2):
+        ex[r].peer_prefix[1 - r] = ex[1 - r].prefix
+        ex[r].peer_control[1 - r] = ex[1 - r].control
+
+    def backend(blocks):
+        raise AssertionError("every rank had room: nothing goes through the backend")
+
+    def send(r):
+        return [torch.empty(0), torch.full((2, 3), 5.0)] if r == 0 else \
+            [torch.full((4,), 7.0), torch.empty(0)]
+
+    finish0 = ex[0].start(send(0), [0, 16], 0.05, backend)
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    ex[0].peer_pid[1] = gone.pid
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match=rf"rank 1 \(process {gone.pid}\) exited before it "
+                                           "posted exchange 1"):
+        ex[0].start(send(0), [0, 16], 30.0, backend)()
+    assert time.monotonic() - start < 5.0
+    ex[0].peer_pid[1] = None  # not visible from here: only the timeout bounds it
+    with pytest.raises(TimeoutError, match="until rank 1 has posted exchange 0"):
+        finish0()
+    finish1 = ex[1].start(send(1), [24, 0], 1.0, backend)
+    got = finish1()  # rank 0 posted long ago
+    assert torch.equal(got[0].view(torch.float32), torch.full((6,), 5.0))
+    got = finish0()
+    assert torch.equal(got[1].view(torch.float32), torch.full((4,), 7.0))
+    for e in ex:
+        e.close()
