@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from fullgraph.ops import gemm, kernels
+from fullgraph.ops import gemm, kernels, padded
 
 _M32 = 0xFFFFFFFF
 
@@ -288,9 +288,15 @@ class _DropoutMatmul(torch.autograd.Function):
         ctx.over_x, ctx.relu = over_x and not relu, relu
         ctx.add_shape = None if add is None else add.shape
         cols = weight.shape[0]
-        ctx.wide = gemm.product_width(x.shape[0], x.shape[1], cols, x.dtype, x.device)
+        # padded rows (``ops.padded``) where the layout pads the output's columns, else
+        # a width the GEMM handles better, the real columns copied out
+        ctx.wide = padded.width(cols, x.dtype, x.device)
+        keep_wide = ctx.wide != cols
+        if not keep_wide:
+            ctx.wide = gemm.product_width(x.shape[0], x.shape[1], cols, x.dtype, x.device)
         if ctx.wide != cols or relu or (dropped is None and keys is not None):
-            out = _blocked_product(x, weight, add, keys, seed, p, dropped, ctx.wide, relu)
+            out = _blocked_product(x, weight, add, keys, seed, p, dropped, ctx.wide, relu,
+                                   keep_wide)
             ctx.save_for_backward(x, weight, keys, out if relu else None)
             return out
         ctx.save_for_backward(x, weight, keys, None)
@@ -334,7 +340,12 @@ class _DropoutMatmul(torch.autograd.Function):
         elif need_add:
             grad_add = _grad_add(ctx, grad)
         buf = torch.empty(min(block, rows_total), cols, dtype=x.dtype, device=x.device)
-        g_wide = grad.new_zeros(min(block, rows_total), wide) if wide != real and need_w else None
+        # a padded gradient (``ops.padded``) is read at that width as it is
+        g_rows = padded.widen(grad) if wide != real and need_w and out is None else None
+        if g_rows is not None and g_rows.shape[1] != wide:
+            g_rows = None
+        g_wide = (grad.new_zeros(min(block, rows_total), wide)
+                  if wide != real and need_w and g_rows is None else None)
         for lo in range(0, rows_total if need_x or need_w or grad_add is not None else 0,
                         block):
             hi = min(lo + block, rows_total)
@@ -360,7 +371,9 @@ class _DropoutMatmul(torch.autograd.Function):
             else:
                 rows = buf[:hi - lo]
                 _masked_pair(x[lo:hi], gx, k, ctx.seed, ctx.p, rows, over_x=fold)
-            if g_wide is not None:
+            if g_rows is not None:
+                g = g_rows[lo:hi]
+            elif g_wide is not None:
                 g_wide[:hi - lo, :real] = g
                 g = g_wide[:hi - lo]
             grad_w.addmm_(g.t(), rows)
@@ -396,20 +409,35 @@ def graph_kept() -> bool:
 
 def _blocked_product(x: Tensor, weight: Tensor, add: Tensor | None, keys: Tensor | None,
                      seed: int, p: float, dropped: Tensor | None, wide: int,
-                     relu: bool) -> Tensor:
+                     relu: bool, keep_wide: bool = False) -> Tensor:
     """``add + dropout(x) @ weight.T`` (then ReLU if ``relu``) ``ROW_BLOCK`` rows at a
     time, with the weight padded by zero rows to ``wide``: each block's product goes
     to a (block, wide) buffer that stays in the cache, and its real columns to the
     (R, D_out) output; unpadded, straight to the output, where the ReLU then finds the
-    block still in the cache. Without ``dropped`` the block's dropped rows are rebuilt
+    block still in the cache. With ``keep_wide`` the output is the padded rows
+    themselves (``ops.padded``: an (R, wide) tensor seen as (R, D_out)), written
+    straight, with no copy. Without ``dropped`` the block's dropped rows are rebuilt
     into a second buffer, so no (R, D) dropout output is made."""
     rows_total = x.shape[0]
     cols = weight.shape[0]
     w = gemm.pad_rows(weight, wide).t()
     bias = gemm.pad_rows(add, wide) if add is not None and add.dim() == 1 else None
     block = min(_block_rows(x.shape[1], x.device), max(1, rows_total))
-    out = torch.empty(rows_total, cols, dtype=x.dtype, device=x.device)
-    buf = torch.empty(block, wide, dtype=x.dtype, device=x.device) if wide != cols else None
+    if keep_wide:  # the padding's columns come out zero: zero weight rows and bias
+        full = torch.empty(rows_total, wide, dtype=x.dtype, device=x.device)
+        out, buf = padded.rows_of(full, cols), None
+        if not relu and (dropped is not None or keys is None):  # nothing to do per block
+            src = x if dropped is None else dropped
+            if bias is not None:  # as ``matmul_t``'s unpadded product, to the bit
+                torch.addmm(bias, src, w, out=full)
+            else:
+                torch.mm(src, w, out=full)
+                if add is not None:
+                    out += add
+            return out
+    else:
+        full = out = torch.empty(rows_total, cols, dtype=x.dtype, device=x.device)
+        buf = torch.empty(block, wide, dtype=x.dtype, device=x.device) if wide != cols else None
     rebuilt = (torch.empty(block, x.shape[1], dtype=x.dtype, device=x.device)
                if dropped is None and keys is not None else None)
     for lo in range(0, rows_total, block):
@@ -420,7 +448,7 @@ def _blocked_product(x: Tensor, weight: Tensor, add: Tensor | None, keys: Tensor
             src = x[lo:hi]
         else:
             src = _apply_mask(x[lo:hi], keys[lo:hi], seed, p, out=rebuilt[:hi - lo])
-        prod = out[lo:hi] if buf is None else buf[:hi - lo]
+        prod = full[lo:hi] if buf is None else buf[:hi - lo]
         torch.mm(src, w, out=prod)
         if bias is not None:  # ``addmm(out=)`` first copies the bias over the block:
             prod.add_(bias)   # 10 % slower at 256 columns (BENCHMARKS.md)
@@ -432,7 +460,7 @@ def _blocked_product(x: Tensor, weight: Tensor, add: Tensor | None, keys: Tensor
         elif add is not None and add.dim() == 2:
             out[lo:hi] += add[lo:hi]
         if relu:
-            out[lo:hi].relu_()
+            full[lo:hi].relu_()
     return out
 
 
@@ -445,7 +473,8 @@ def matmul_t(x: Tensor, weight: Tensor, add: Tensor | None = None,
     and the ReLU's backward is folded into the product's; otherwise it is torch's
     ``mm`` / ``addmm``."""
     cols = weight.shape[0]
-    if relu or gemm.product_width(x.shape[0], x.shape[1], cols, x.dtype, x.device) != cols:
+    if (relu or padded.width(cols, x.dtype, x.device) != cols
+            or gemm.product_width(x.shape[0], x.shape[1], cols, x.dtype, x.device) != cols):
         return _relu_marked(_DropoutMatmul.apply(x, weight, add, None, 0, 0.0, None, False,
                                                  relu), relu)
     if add is None:

@@ -23,6 +23,8 @@ import time
 
 import torch
 
+from fullgraph.ops import padded
+
 PAD_TO = 8
 """Padded widths are multiples of this (8 float32 columns: 32 bytes)."""
 
@@ -122,13 +124,14 @@ _ones: dict[torch.dtype, torch.Tensor] = {}
 
 def column_sums(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """(D,) sums over the rows of a 2-D ``x``, added into ``out`` where given (a bias's
-    gradient). On the CPU, for float32 / float64 rows stored row-major, one GEMV with a
+    gradient). On the CPU, for float32 / float64 rows stored row-major (padded rows,
+    ``ops.padded``, too: the GEMV reads them at their stride), one GEMV with a
     ones vector per ``SUM_ROWS`` rows: on a 2-core Xeon with torch 2.13 they ran at the
     read bandwidth, where ``x.sum(0)`` took 1.9x as long at 256 columns and 8x at 47
     (1M rows; BENCHMARKS.md). Elsewhere ``x.sum(0)``."""
     if (x.dim() != 2 or x.device.type != "cpu" or x.shape[0] < SUM_MIN_ROWS
             or x.dtype not in (torch.float32, torch.float64) or x.stride(1) != 1
-            or x.stride(0) != x.shape[1] or x.requires_grad and torch.is_grad_enabled()):
+            or x.requires_grad and torch.is_grad_enabled()):
         total = x.sum(0)
         return total if out is None else out.add_(total)
     ones = _ones.get(x.dtype)
@@ -146,7 +149,11 @@ def column_sums(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tenso
 class _AddBias(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-        return x + bias
+        wide = padded.widen(x)
+        if wide is None:
+            return x + bias
+        # padded rows stay padded: the bias's padding is zero, so is the sum's
+        return padded.rows_of(wide + pad_rows(bias, wide.shape[1]), x.shape[1])
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):

@@ -216,8 +216,9 @@ if HAVE_NUMBA:
         sources ``[x | halo]`` without joining them: row i's in-edges from ``x`` come
         first, ``indptr[i]`` to ``split[i]``, those from ``halo`` after (source
         ``x.shape[0] + j`` is ``halo[j]``). The same sums in the same order as over the
-        joined rows."""
-        n, d = x.shape
+        joined rows. The columns are ``out``'s: ``x``'s rows may be longer (padded
+        rows, ``ops.padded``)."""
+        n, d = x.shape[0], out.shape[1]
         blocks = _row_blocks(indptr)
         for blk in prange(blocks.shape[0] - 1):
             for i in range(blocks[blk], blocks[blk + 1]):
@@ -451,13 +452,16 @@ if HAVE_NUMBA:
         return h
 
     @njit(parallel=True, cache=True, nogil=True)
-    def masked_cross_entropy(logits, labels, mask, grad, partial):  # pragma: no cover
+    def masked_cross_entropy(logits, labels, mask, grad, partial,
+                             classes):  # pragma: no cover - numba
         """The cross-entropy of the rows where ``mask`` is set, summed, and its gradient,
         in one pass over the logits: grad[r] = softmax(logits[r]) - onehot(labels[r])
         for those rows and 0 elsewhere. Row block b's share of the sum goes to
         partial[b] (float64; ``partial`` has ``ROW_BLOCKS`` entries). Returns how many
-        masked rows have a label outside [0, C) (their terms are left out)."""
-        n, classes = logits.shape
+        masked rows have a label outside [0, C) (their terms are left out). The
+        classes are the first ``classes`` columns; the gradient's columns past them
+        (padded rows, ``ops.padded``) are set to 0."""
+        n, width = logits.shape
         count = partial.shape[0]
         step = (n + count - 1) // count
         bad = 0
@@ -468,7 +472,7 @@ if HAVE_NUMBA:
                 if not mask[r] or lab < 0 or lab >= classes:
                     if mask[r]:
                         bad += 1
-                    for c in range(classes):
+                    for c in range(width):
                         grad[r, c] = 0.0
                     continue
                 peak = logits[r, 0]
@@ -484,6 +488,8 @@ if HAVE_NUMBA:
                 for c in range(classes):
                     grad[r, c] = grad[r, c] * inv
                 grad[r, lab] -= 1.0
+                for c in range(classes, width):
+                    grad[r, c] = 0.0
                 total += np.log(s) + peak - logits[r, lab]
             partial[b] = total
         return bad

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from fullgraph.ops import kernels
+from fullgraph.ops import kernels, padded
 from fullgraph.ops.dropout import graph_kept
 
 ROWS_PER_BLOCK = 1 << 16
@@ -63,15 +63,17 @@ def _rows_loss(logits: Tensor, labels: Tensor, mask: Tensor) -> tuple[Tensor, Te
     """(the summed loss in float64, the (R, C) gradient of every row) of a block."""
     classes = logits.shape[1]
     if _fused(logits):
-        x = logits.detach().contiguous()
+        # padded logits (``ops.padded``) are read whole and give a padded gradient
+        wide = padded.widen(logits.detach())
+        x = logits.detach().contiguous() if wide is None else wide
         grad = torch.empty_like(x)
         partial = torch.zeros(kernels.ROW_BLOCKS, dtype=torch.float64)
         bad = kernels.masked_cross_entropy(x.numpy(), labels.contiguous().numpy(),
                                            mask.contiguous().numpy(), grad.numpy(),
-                                           partial.numpy())
+                                           partial.numpy(), classes)
         if bad:
             raise _bad_label(labels, mask, classes)
-        return partial.sum(), grad
+        return partial.sum(), grad if wide is None else padded.rows_of(grad, classes)
     index = mask.nonzero().squeeze(1)
     picked = labels.index_select(0, index)
     if picked.numel() and (int(picked.min()) < 0 or int(picked.max()) >= classes):

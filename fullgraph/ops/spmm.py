@@ -29,7 +29,7 @@ from torch import Tensor
 
 from fullgraph.extras import MissingExtraError, missing_message
 from fullgraph.graph.csr import Graph, Transposed
-from fullgraph.ops import kernels
+from fullgraph.ops import kernels, padded
 
 if TYPE_CHECKING:
     from fullgraph.ops.select import Choice
@@ -182,11 +182,14 @@ def transposed_aggregate(graph: Graph, grad_out: Tensor, weight: Tensor | None,
         inv_deg = 1.0 / graph.in_degrees().clamp(min=1).to(grad_out.dtype)
         return aggregate(t.graph, grad_out * inv_deg[:, None], None, "sum")
     if weight is not None and (ordered := t.weights_in_order(weight)) is not None:
-        return aggregate(t.graph, grad_out.contiguous(), ordered, "sum")
+        return aggregate(t.graph, grad_out, ordered, "sum")
     if weight is not None and resolve_backend(grad_out.device) == "numba":
+        wide = _widened(grad_out, weight)
+        if wide is not None:
+            return padded.rows_of(_transposed_numba(t, wide, weight), grad_out.shape[1])
         return _transposed_numba(t, grad_out.contiguous(), weight)
     w_t = None if weight is None else weight[t.perm]
-    return aggregate(t.graph, grad_out.contiguous(), w_t, "sum")
+    return aggregate(t.graph, grad_out, w_t, "sum")
 
 
 def transposed_rows_into(graph: Graph, grad_out: Tensor, weight: Tensor | None, lo: int,
@@ -216,11 +219,20 @@ def _heads(weight: Tensor | None) -> int:
 
 
 def aggregate(graph: Graph, x: Tensor, weight: Tensor | None, reduce: str) -> Tensor:
-    """Forward SpMM without autograd (the kernel dispatch)."""
-    x = x.contiguous()
+    """Forward SpMM without autograd (the kernel dispatch). Padded rows
+    (``ops.padded``) are aggregated whole, into padded rows."""
     if resolve_backend(x.device) == "numba":
-        return _aggregate_numba(graph, x, weight, reduce)
-    return _aggregate_torch(graph, x, weight, reduce)
+        wide = _widened(x, weight)
+        if wide is not None:
+            return padded.rows_of(_aggregate_numba(graph, wide, weight, reduce), x.shape[1])
+        return _aggregate_numba(graph, x.contiguous(), weight, reduce)
+    return _aggregate_torch(graph, x.contiguous(), weight, reduce)
+
+
+def _widened(x: Tensor, weight: Tensor | None) -> Tensor | None:
+    """The whole rows under padded ``x``, where a kernel may read them: one weight per
+    edge at most (heads split the columns)."""
+    return None if weight is not None and weight.dim() != 1 else padded.widen(x)
 
 
 def edge_dot(graph: Graph, a: Tensor, b: Tensor, heads: int = 1) -> Tensor:
@@ -256,8 +268,9 @@ def split_aggregate(graph: Graph, x: Tensor, halo: Tensor, weight: Tensor | None
         raise ValueError(f"split_aggregate: rows {tuple(x.shape)} {x.dtype} and halo "
                          f"{tuple(halo.shape)} {halo.dtype} for {graph}; the graph must list "
                          "each row's in-edges from the rows first, on the numba backend")
-    x, halo = x.detach().contiguous(), halo.detach().contiguous()
     out = torch.empty(graph.num_dst, x.shape[1], dtype=x.dtype)  # every row written
+    wide = padded.widen(x.detach())  # padded rows are read at their stride
+    x, halo = x.detach().contiguous() if wide is None else wide, halo.detach().contiguous()
     w = None if weight is None else weight.detach().to(x.dtype).contiguous().numpy()
     kernels.spmm_split(graph.indptr.numpy(), split.numpy(), graph.indices.numpy(), w,
                        x.numpy(), halo.numpy(), out.numpy())

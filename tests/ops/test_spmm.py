@@ -7,7 +7,7 @@ import torch
 from devices import TEST_DEVICE, cpu_only
 
 from fullgraph.graph.csr import Graph
-from fullgraph.ops import kernels, spmm
+from fullgraph.ops import kernels, padded, spmm
 from fullgraph.ops.spmm import (
     aggregate,
     edge_dot,
@@ -284,6 +284,14 @@ def test_split_aggregate_reads_two_buffers_and_sums_as_the_joined_rows():
             assert splits(grouped, x, w) and not splits(mixed, x, w)
             got = split_aggregate(grouped, x, halo, w)
             assert torch.equal(got, aggregate(grouped, torch.cat([x, halo]), w, "sum"))
+            # own rows padded to cache lines (``ops.padded``): read at their stride
+            x47, halo47 = torch.randn(n, 47, generator=gen), torch.randn(h, 47, generator=gen)
+            full = torch.zeros(n, 48)
+            full[:, :47] = x47
+            xp = padded.rows_of(full, 47)
+            assert padded.widen(xp) is not None
+            assert torch.equal(split_aggregate(grouped, xp, halo47, w),
+                               aggregate(grouped, torch.cat([x47, halo47]), w, "sum"))
         with pytest.raises(ValueError, match="first"):
             split_aggregate(mixed, x, halo, None)
         with pytest.raises(ValueError, match="first"):
