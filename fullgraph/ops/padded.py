@@ -2,11 +2,10 @@
 
 A float32 row of 47 columns takes 188 bytes, so consecutive rows start at every
 offset modulo the 64-byte cache line and most rows straddle one line more than
-their bytes need. The SpMM gathers whole rows at random, and the GEMM writes its
-output a row at a time, so both pay for it. On a 2-core Xeon (torch 2.13, R-MAT 1M
-vertices / 20M edges, 2 threads): the SpMM over 47 contiguous columns took 216 ms,
-over 48 columns 152 ms, and over 64 columns 172 ms; the product of (1M, 256) rows
-with a weight to 47 columns took 190 ms, to 48 columns 113 ms (BENCHMARKS.md).
+their bytes need. The SpMM gathers whole rows at random, so it pays for every
+line a row touches. On a 2-core Xeon (torch 2.13, R-MAT 1M vertices / 20M edges, 2
+threads) the SpMM over 47 contiguous columns took 216 ms, over 48 columns 152 ms,
+and over 64 columns 172 ms (BENCHMARKS.md).
 
 A *padded* matrix is an (R, D) view, strides (S, 1), of an (R, S) tensor whose rows
 are whole cache lines (S * itemsize a multiple of ``LINE_BYTES``) and whose columns
