@@ -14,6 +14,7 @@ No communication happens here; this module must not import torch.distributed.
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -94,6 +95,23 @@ class ExchangeTable:
     @property
     def world_size(self) -> int:
         return len(self.recv_rows)
+
+    @functools.cached_property
+    def recv_runs(self) -> list[tuple[int, int]] | None:
+        """Per peer p, ``(a, b)`` where ``recv_pos[p]`` is a, a + 1, ..., b - 1, so its
+        rows have one block of the halo buffer; None where some peer's positions are
+        not such a run, or the table has none (its halo is the blocks in peer order)."""
+        if self.recv_pos is None:
+            return None
+        runs = []
+        for pos in self.recv_pos:
+            n = int(pos.numel())
+            a = int(pos[0]) if n else 0
+            if n and (int(pos[-1]) - a != n - 1 or
+                      (n > 1 and not bool((pos[1:] - pos[:-1] == 1).all()))):
+                return None
+            runs.append((a, a + n))
+        return runs
 
     @property
     def num_halo(self) -> int:

@@ -59,25 +59,28 @@ class PendingFetch:
     """A halo fetch in flight (``start_fetch``)."""
 
     def __init__(self, exchange: PendingExchange, table: ExchangeTable,
-                 placed: Tensor | None = None) -> None:
+                 placed: Tensor | None = None, target: Tensor | None = None) -> None:
         self._exchange, self._table, self._placed = exchange, table, placed
+        self._target = target
 
     def wait(self, into: Tensor | None = None) -> Tensor:
         """Finish the fetch.
 
         Args:
             into: the halo buffer; each peer p's rows are written at
-                ``table.recv_pos[p]`` (or at its block in peer order). None: a new
-                (H, *F) halo in peer order (tables without ``recv_pos`` only).
+                ``table.recv_pos[p]`` (or at its block in peer order). None: the
+                buffer given to ``start_fetch``, else a new (H, *F) halo in peer order
+                (tables without ``recv_pos`` only).
 
         Returns:
             ``into``, or the new halo.
         """
         parts = self._exchange.wait()
         if self._placed is not None:  # the rows went to their places as they came
-            if into is not None and into is not self._placed:
+            if into is not None and not _same(into, self._placed):
                 into.copy_(self._placed)
-            return self._placed
+            return self._placed if into is None else into
+        into = self._target if into is None else into
         if into is None:
             if self._table.recv_pos is not None:
                 raise ValueError("PendingFetch.wait: the table has receive positions; pass "
@@ -122,6 +125,12 @@ class PendingBlocks:
         return [t.view(shape) for t, shape in zip(self._exchange.wait(), self._shapes)]
 
 
+def _same(a: Tensor, b: Tensor) -> bool:
+    """Whether ``a`` and ``b`` view the same elements."""
+    return (a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride()
+            and a.dtype == b.dtype and a.device == b.device)
+
+
 def start_blocks(send: list[Tensor], recv_shapes: list[tuple[int, int]], comm: Comm,
                  phase: str) -> PendingBlocks:
     """Start sending ``send[p]`` (a 2-D block) to every peer p.
@@ -139,9 +148,11 @@ def start_fetch(x_rows: Tensor, table: ExchangeTable, comm: Comm, phase: str,
                 into: Tensor | None = None) -> PendingFetch:
     """Start fetching the rows peers need from this rank's ``x_rows`` (N_r, *F).
 
-    ``into``: the (H, *F) halo buffer of a table without receive positions; each peer's
-    rows are written straight into their block of it as they arrive, and ``wait()``
-    returns it.
+    ``into``: the halo buffer, and ``wait()`` returns it: for a table without receive
+    positions the (H, *F) halo, for one with them the buffer they index. Each peer's
+    rows are written straight into their block of it as they arrive where they have
+    one (no receive positions, or positions that are runs: ``table.recv_runs``); else
+    ``wait`` places them.
 
     Bytes per rank: sent sum_{p != r} S_p prod(F) s, received sum_{p != r}
     recv_rows[p] prod(F) s (``table.volume_bytes``).
@@ -150,12 +161,19 @@ def start_fetch(x_rows: Tensor, table: ExchangeTable, comm: Comm, phase: str,
     send = [x_rows.index_select(0, idx.to(x_rows.device)) for idx in table.send_idx]
     places = None
     if into is not None:
-        if table.recv_pos is not None or into.shape[0] != table.num_halo:
-            raise ValueError(f"start_fetch: into must be the ({table.num_halo}, ...) halo of "
-                             "a table without receive positions")
-        places = list(torch.split(into, table.recv_rows))
+        runs = table.recv_runs
+        if table.recv_pos is None:
+            if into.shape[0] != table.num_halo:
+                raise ValueError(f"start_fetch: into must be the ({table.num_halo}, ...) halo "
+                                 f"of the table, got {tuple(into.shape)}")
+            places = list(torch.split(into, table.recv_rows))
+        elif runs is not None:
+            if max((b for _, b in runs), default=0) > into.shape[0]:
+                raise ValueError(f"start_fetch: the table's receive positions reach past "
+                                 f"into's {into.shape[0]} rows")
+            places = [into[a:b] for a, b in runs]
     return PendingFetch(all_to_all_v_start(send, table.recv_rows, comm, phase, into=places),
-                        table, into)
+                        table, None if places is None else into, into)
 
 
 def start_return(x_halo: Tensor, table: ExchangeTable, comm: Comm,
@@ -172,6 +190,11 @@ def start_return(x_halo: Tensor, table: ExchangeTable, comm: Comm,
             raise ValueError(f"halo return: rank {comm.rank} expected {table.num_halo} halo "
                              f"rows from the table, got shape {tuple(x_halo.shape)}")
         send = list(torch.split(x_halo.contiguous(), table.recv_rows))
+    elif table.recv_runs is not None and comm.shm is not None and x_halo.device.type == "cpu":
+        # blocks of the buffer, copied into the arena as they lie when the exchange starts
+        # (this rank's own block, kept until ``wait``, is a copy)
+        send = [x_halo[a:b].clone() if p == comm.rank else x_halo[a:b]
+                for p, (a, b) in enumerate(table.recv_runs)]
     else:
         send = [x_halo.index_select(0, pos.to(x_halo.device)) for pos in table.recv_pos]
     return PendingReturn(all_to_all_v_start(send, table.send_rows(), comm, phase), table)

@@ -225,8 +225,9 @@ class Forward:
         rows = h_prev.shape[0]
         out = torch.empty(rows + (0 if nxt is None else nxt.num_halo), ph.out_dim,
                           dtype=h_prev.dtype, device=h_prev.device)
+        halo_next = None  # where the pushes for the next phase land here
         if nxt is not None:
-            self._joined, out = out, out[:rows]
+            self._joined, out, halo_next = out, out[:rows], out[rows:]
         issued: list[Any] = []
         saved: list[dict[str, Any]] = []
         grad_in = keep and k > 0 and plan.phases[k - 1].needs_grad
@@ -238,10 +239,10 @@ class Forward:
             entry = self._compute(ph, blk, x, keep and ph.needs_grad, grad_in)
             self._keep(out, blk, entry, saved if keep and ph.needs_grad else None)
             if nxt is not None and mode.per_bin:
-                issued.append(start_fetch(out, nxt.fwd[b], plan.comm, "push"))
+                issued.append(start_fetch(out, nxt.fwd[b], plan.comm, "push", halo_next))
         if nxt is not None:  # rounds past my last bin (all of them if sequential)
             for j in range(len(issued), len(nxt.fwd)):
-                issued.append(start_fetch(out, nxt.fwd[j], plan.comm, "push"))
+                issued.append(start_fetch(out, nxt.fwd[j], plan.comm, "push", halo_next))
         if incoming is not None:
             incoming.all()  # rounds that carried nothing for this worker
         self.saved.entries.append(saved)

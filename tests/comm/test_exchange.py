@@ -37,3 +37,16 @@ def test_table_validation_and_to():
         ExchangeTable.from_needs([torch.tensor([1])], [], lambda g: g)
     table = ExchangeTable([torch.tensor([0])], [1]).to("cpu")
     assert table.send_idx[0].device == torch.device("cpu") and table.recv_rows == [1]
+
+
+def test_receive_positions_as_runs():
+    """``recv_runs``: each peer's positions as one block of the buffer, or None."""
+    empty = torch.tensor([], dtype=torch.int64)
+    idx = [torch.tensor([0]), torch.tensor([1, 2]), empty]
+    runs = ExchangeTable(idx, [3, 2, 0],
+                         recv_pos=[torch.tensor([4, 5, 6]), torch.tensor([0, 1]), empty])
+    assert runs.recv_runs == [(4, 7), (0, 2), (0, 0)]
+    gap = ExchangeTable(idx, [3, 2, 0],
+                        recv_pos=[torch.tensor([4, 6, 5]), torch.tensor([0, 1]), empty])
+    assert gap.recv_runs is None
+    assert ExchangeTable(idx, [3, 2, 0]).recv_runs is None
