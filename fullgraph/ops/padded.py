@@ -47,7 +47,7 @@ def width(cols: int, dtype: torch.dtype, device: torch.device) -> int:
     whole number of cache lines where that pads little (module doc), else ``cols``."""
     if device.type != "cpu" or dtype not in (torch.float32, torch.float64) or not enabled():
         return cols
-    line = LINE_BYTES // torch.empty(0, dtype=dtype).element_size()
+    line = LINE_BYTES // dtype.itemsize
     wide = -(-cols // line) * line
     if cols < line or wide == cols or (wide - cols) * MAX_SHARE > cols:
         return cols
