@@ -158,3 +158,29 @@ def test_torch_mask_in_row_blocks_equals_the_whole_mask(monkeypatch, mode):
     torch.testing.assert_close(got, want)
     assert kd._block_rows(256, torch.device("cpu")) == kd.ROW_BLOCK
     assert kd._block_rows(256, torch.device("cuda", 0)) >= kd.ROW_BLOCK
+
+
+@cpu_only("numba's kernels")
+@pytest.mark.skipif(not kernels.HAVE_NUMBA, reason="numba not installed")
+@pytest.mark.parametrize("rows,cols", [(3000, 7), (5, 20000), (4100, 1), (3, 0)])
+def test_kernels_in_row_blocks_match_the_torch_hashes(monkeypatch, rows, cols):
+    """The numba kernels hash a row's columns into a buffer a block of rows at a time
+    (about 16k entries a block): the torch path's bits at every width, across blocks,
+    and for p within 2**-32 of 1, where no hash reaches the threshold."""
+    torch.manual_seed(1)
+    keys = torch.arange(rows) * 5 + 2**35
+    x = torch.randn(rows, cols)
+    for p in (0.5, 0.0, 1.0 - 2.0**-40):
+        fast = keyed_dropout(x, p, keys, seed=77, training=True)
+        g = torch.randn(rows, cols)
+        g_fast, out = g.clone(), torch.empty_like(x)
+        kd._masked_pair(x, g_fast, keys, 77, p, out)
+        with monkeypatch.context() as m:
+            m.setattr(kd.kernels, "HAVE_NUMBA", False)
+            slow = keyed_dropout(x, p, keys, seed=77, training=True)
+            g_slow = kd._apply_mask(g, keys, 77, p)
+        assert torch.equal(fast, slow), p
+        assert torch.equal(out, slow) and torch.equal(g_fast, g_slow), p
+    fast_u = keyed_uniform(keys, cols, 3)
+    monkeypatch.setattr(kd.kernels, "HAVE_NUMBA", False)
+    assert torch.equal(fast_u, keyed_uniform(keys, cols, 3))
