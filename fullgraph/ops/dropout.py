@@ -259,10 +259,9 @@ def _masked_pair(x: Tensor, g: Tensor, keys: Tensor, seed: int, p: float,
     the ReLU output ``x`` instead of into ``g``."""
     if kernels.HAVE_NUMBA and x.device.type == "cpu" and x.dtype in (
             torch.float32, torch.float64) and g.dtype == x.dtype and g.is_contiguous():
-        kernels.keyed_dropout_pair(x.detach().contiguous().numpy(), g.numpy(),
-                                   keys.contiguous().numpy(), seed, p,
-                                   kernels.scalar_of(1.0 / (1.0 - p), x.dtype),
-                                   out.numpy(), over_x)
+        kernels.keyed_dropout(x.detach().contiguous().numpy(), keys.contiguous().numpy(), seed,
+                              p, kernels.scalar_of(1.0 / (1.0 - p), x.dtype), out.numpy(),
+                              g.numpy(), over_x)
         return
     assert not over_x, "the ReLU fold is numba's kernel"
     out.copy_(_apply_mask(x, keys, seed, p))
@@ -317,7 +316,7 @@ class _DropoutMatmul(torch.autograd.Function):
         gradient's rows copied into a zero-padded block. When ``x`` is a ReLU's output
         that nothing else reads (``over_x``), that ReLU's backward is folded in and x's
         gradient is written over x itself, a block at a time after the block has served
-        the weight's gradient (``kernels.keyed_dropout_pair``); x is then returned as its
+        the weight's gradient (``kernels.keyed_dropout`` with ``g``); x is then returned as its
         own gradient, which the ReLU's backward passes on as it is."""
         x, weight, keys, out = ctx.saved_tensors
         rows_total, cols = x.shape

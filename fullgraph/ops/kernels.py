@@ -298,28 +298,17 @@ if HAVE_NUMBA:
                     out[r, c] = h[c] * 2.3283064365386963e-10
 
     @njit(parallel=True, cache=True, nogil=True)
-    def keyed_dropout(x, row_keys, seed, p, scale, out):  # pragma: no cover - numba
+    def keyed_dropout(x, row_keys, seed, p, scale, out, g=None,
+                      over_x=False):  # pragma: no cover - numba
         """out = x * scale where keyed_uniform >= p, else 0 (``scale`` of the rows'
-        precision, see ``scalar_of``); ``out`` may be ``x``."""
-        n, num_cols = x.shape
-        keep_from, none = _keep_threshold_u32(p)
-        per, blocks = _mask_blocks(n, num_cols)
-        for b in prange(blocks):
-            h = np.empty(num_cols, dtype=np.uint32)
-            for r in range(b * per, min(n, (b + 1) * per)):
-                _column_hashes(_row_hash(row_keys[r], seed), h)
-                for c in range(num_cols):
-                    out[r, c] = x[r, c] * scale if h[c] >= keep_from and not none else 0.0
+        precision, see ``scalar_of``); ``out`` may be ``x``.
 
-    @njit(parallel=True, cache=True, nogil=True)
-    def keyed_dropout_pair(x, g, row_keys, seed, p, scale, out,
-                           over_x=False):  # pragma: no cover - numba
-        """``keyed_dropout`` of two arrays of one shape with one mask, hashed once:
-        out = dropout(x), and g = dropout(g) in place (a product's backward needs the
-        dropped input for the weight's gradient and the masked input gradient). With
-        ``over_x``, x is a ReLU's output and the gradient of the ReLU's input,
-        dropout(g) where x > 0 and 0 elsewhere, is written over x instead (``g`` is
-        left as it was): the ReLU's backward folded into the dropout's."""
+        With ``g`` (an array of x's shape), one mask for both, hashed once: g =
+        dropout(g) in place too (a product's backward needs the dropped input for the
+        weight's gradient and the masked input gradient). With ``over_x`` as well, x
+        is a ReLU's output and the gradient of the ReLU's input, dropout(g) where x > 0
+        and 0 elsewhere, is written over x instead (``g`` is left as it was): the
+        ReLU's backward folded into the dropout's."""
         n, num_cols = x.shape
         keep_from, none = _keep_threshold_u32(p)
         per, blocks = _mask_blocks(n, num_cols)
@@ -331,6 +320,8 @@ if HAVE_NUMBA:
                     v = x[r, c]
                     keep = h[c] >= keep_from and not none
                     out[r, c] = v * scale if keep else 0.0
+                    if g is None:
+                        continue
                     if over_x:
                         x[r, c] = g[r, c] * scale if keep and v > 0 else 0.0
                     else:
