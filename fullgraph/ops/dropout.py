@@ -50,6 +50,53 @@ def entry_hashes(row_hash: Tensor, cols: Tensor) -> Tensor:
     return _mix32((row_hash + cols * 0x9E3779B9) & _M32)
 
 
+def _as_i32(v: int) -> int:
+    """The uint32 ``v`` as the int32 of the same bits."""
+    return v - (1 << 32) if v >= 1 << 31 else v
+
+
+_MIX1, _MIX2, _GOLDEN = _as_i32(0x85EBCA6B), _as_i32(0xC2B2AE35), _as_i32(0x9E3779B9)
+
+
+def entry_hashes32(row_hash: Tensor, num_cols: int) -> Tensor:
+    """``entry_hashes(row_hash[:, None], arange(num_cols)[None, :])`` as (R, num_cols)
+    int32 holding the uint32 bits: the torch path's form (half the bytes of int64,
+    every step in place on one tensor and one scratch, no float conversion), on any
+    device. Products wrap modulo 2**32 as the uint32 ones do; right shifts are
+    masked, since int32's are arithmetic."""
+    dev = row_hash.device
+    rows = torch.where(row_hash >= 1 << 31, row_hash - (1 << 32), row_hash).to(torch.int32)
+    cols = (torch.arange(num_cols, dtype=torch.int64, device=dev) * 0x9E3779B9) & _M32
+    cols = torch.where(cols >= 1 << 31, cols - (1 << 32), cols).to(torch.int32)
+    h = rows[:, None] + cols[None, :]
+    t = torch.empty_like(h)
+    for shift, mult in ((16, _MIX1), (13, _MIX2), (16, None)):
+        torch.bitwise_right_shift(h, shift, out=t)
+        h.bitwise_xor_(t.bitwise_and_((1 << (32 - shift)) - 1))
+        if mult is not None:
+            h.mul_(mult)
+    return h
+
+
+def keep_threshold(p: float) -> int:
+    """The least 32-bit hash that keeps an entry at rate ``p``: ``h * 2**-32 >= p``
+    exactly (both sides are exact in float64), as ``kernels._keep_threshold``."""
+    return math.ceil(p * 4294967296.0)
+
+
+def keep_mask(row_keys: Tensor, num_cols: int, seed: int, p: float) -> Tensor:
+    """(R, num_cols) bool: entry (r, c) is kept by keyed dropout with rate ``p``,
+    exactly where hash * 2**-32 >= p, as the numba kernels decide (integers compared
+    with ``ceil(p * 2**32)``)."""
+    keys = row_keys.to(torch.int64)
+    least = keep_threshold(p)
+    h = entry_hashes32(row_hashes(keys, int(seed) & _M32), num_cols)
+    if least > _M32:
+        return torch.zeros(h.shape, dtype=torch.bool, device=h.device)
+    # uint32 order is int32 order with the top bit flipped
+    return h.bitwise_xor_(-(1 << 31)) >= least - (1 << 31)
+
+
 def keyed_uniform(row_keys: Tensor, num_cols: int, seed: int) -> Tensor:
     """(R, num_cols) float32 uniforms in [0, 1) determined by (seed, key, column)."""
     keys = row_keys.to(torch.int64)
@@ -58,8 +105,7 @@ def keyed_uniform(row_keys: Tensor, num_cols: int, seed: int) -> Tensor:
         out = torch.empty(keys.shape[0], num_cols, dtype=torch.float32)
         kernels.keyed_uniform(keys.contiguous().numpy(), num_cols, seed32, out.numpy())
         return out
-    cols = torch.arange(num_cols, dtype=torch.int64, device=keys.device)
-    h = entry_hashes(row_hashes(keys, seed32)[:, None], cols[None, :])
+    h = entry_hashes32(row_hashes(keys, seed32), num_cols).to(torch.int64) & _M32
     return h.to(torch.float64).mul_(2.0**-32).to(torch.float32)
 
 
@@ -112,13 +158,13 @@ def _apply_mask(x: Tensor, keys: Tensor, seed: int, p: float, *,
     rows, cols = x.shape
     step = max(1, MASK_BLOCK // max(1, cols))
     if rows <= step:
-        keep = keyed_uniform(keys, cols, seed).to(x.device) >= p
+        keep = keep_mask(keys.to(x.device), cols, seed, p)
         if inplace:
             return x.mul_(keep.to(x.dtype)).mul_(scale)
         if out is not None:
             return torch.mul(x, keep.to(x.dtype), out=out).mul_(scale)
         return x * keep.to(x.dtype) * scale
-    # the hash works in int64: a block of rows at a time bounds its temporaries
+    # a block of rows at a time bounds the hashes' temporaries
     if not inplace and out is None:
         out = torch.empty_like(x, memory_format=torch.contiguous_format)
     for lo in range(0, rows, step):

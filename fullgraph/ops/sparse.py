@@ -51,11 +51,11 @@ def sparse_dropout(x: Tensor, p: float, row_keys: Tensor, seed: int) -> Tensor:
                                   keys.numpy(), seed32, p,
                                   kernels.scalar_of(scale, values.dtype), out.numpy())
     else:
-        from fullgraph.ops.dropout import entry_hashes, row_hashes
+        from fullgraph.ops.dropout import entry_hashes, keep_threshold, row_hashes
 
         per_entry = torch.repeat_interleave(row_hashes(keys, seed32), indptr[1:] - indptr[:-1])
         h = entry_hashes(per_entry, indices.to(torch.int64))
-        keep = h.to(torch.float64).mul_(2.0**-32).to(torch.float32) >= p
+        keep = h >= keep_threshold(p)  # as the numba kernel decides
         out = values * keep.to(values.dtype) * scale
     return csr(indptr, indices, out, (int(x.shape[0]), int(x.shape[1])))
 

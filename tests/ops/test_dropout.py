@@ -184,3 +184,34 @@ def test_kernels_in_row_blocks_match_the_torch_hashes(monkeypatch, rows, cols):
     fast_u = keyed_uniform(keys, cols, 3)
     monkeypatch.setattr(kd.kernels, "HAVE_NUMBA", False)
     assert torch.equal(fast_u, keyed_uniform(keys, cols, 3))
+
+
+def test_int32_hashes_are_the_int64_ones():
+    """The torch path's int32 hashes hold the reference hashes' bits, keys past 2**32
+    and columns past 2**16 included."""
+    keys = torch.tensor([0, 1, 7, 2**31 - 1, 2**31, 2**32 + 5, 2**40 + 17, 2**62],
+                        device=TEST_DEVICE)
+    rh = kd.row_hashes(keys, 123456789)
+    cols = 70_000
+    want = kd.entry_hashes(rh[:, None], torch.arange(cols, device=TEST_DEVICE)[None, :])
+    got = kd.entry_hashes32(rh, cols)
+    assert got.dtype == torch.int32
+    assert torch.equal(got.to(torch.int64) & 0xFFFFFFFF, want)
+
+
+@pytest.mark.parametrize("offset", [-1, 0, 1])
+def test_torch_mask_decides_as_the_kernel_at_the_threshold(monkeypatch, offset):
+    """p a hash's exact value (or one off it): the torch path keeps exactly the entries
+    whose hash * 2**-32 >= p, as the numba kernel does (comparing float32 uniforms
+    with p would round some of them across it)."""
+    keys, seed = torch.arange(64, device=TEST_DEVICE) * 3 + 11, 99
+    h = kd.entry_hashes(kd.row_hashes(keys, seed)[:, None],
+                        torch.arange(9, device=TEST_DEVICE)[None, :])
+    p = (h[10, 4].item() + offset) * 2.0**-32
+    want = h >= kd.keep_threshold(p)
+    assert bool(want[10, 4]) == (offset <= 0)
+    monkeypatch.setattr(kd.kernels, "HAVE_NUMBA", False)
+    assert torch.equal(kd.keep_mask(keys, 9, seed, p), want)
+    x = torch.ones(64, 9, device=TEST_DEVICE)
+    assert torch.equal(keyed_dropout(x, p, keys, seed, True) != 0, want)
+    assert not kd.keep_mask(keys, 9, seed, 1.0 - 2.0**-40).any()
