@@ -47,6 +47,12 @@ PY
           --threads 16 --rounds 2 --epochs 3 --models ${MODELS:-gcn,gat} --cache /tmp/fullgraph-bench \
           2>&1 | grep -v Warning | tee -a "$OUT/models.log"
       done ;;
+    profile)  # where one epoch of each system goes on the device (torch.profiler)
+      set -- ${PROFILE_SIZE:-2000000:40000000}; set -- ${1/:/ }
+      timeout 300 python3 -m fullgraph.bench.models --device cuda --vertices $1 --edges $2 \
+        --threads 16 --rounds 1 --epochs 2 --models ${MODELS:-gcn,gat} --profile 20 \
+        --cache /tmp/fullgraph-bench 2>&1 | grep -v Warning > "$OUT/profile.log"
+      grep -E "^\||epoch after|Self CUDA time total" "$OUT/profile.log" ;;
     p2p)
       for pf in "" "--no-prefetch"; do
         timeout 200 python3 -m fullgraph.bench.p2p --device cuda --workers 2 --vertices 200000 \

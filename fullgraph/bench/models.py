@@ -18,7 +18,9 @@ beforehand for GAT.
 
 On ``--device cuda`` both systems train on the GPU, each step ends with a device
 synchronisation, and a system that runs out of device memory is reported as such
-(the other one still runs).
+(the other one still runs). ``--profile N`` then profiles one more epoch of each
+system (``torch.profiler``, on CUDA with the device's kernels) and prints its N
+operators of most time, self time on the device first: where an epoch goes.
 
 Both systems share the process, so they share its allocator and its huge pages. As
 the ``fullgraph`` command does, the benchmark asks torch for transparent huge pages
@@ -192,6 +194,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cache", default="/tmp/fullgraph-bench")
     p.add_argument("--tables", default="models", help="comma list of models, attention")
     p.add_argument("--device", default="cpu", help="cpu or cuda (both systems)")
+    p.add_argument("--profile", type=int, default=0, metavar="N",
+                   help="after the table, the N operators of most time in one epoch of each "
+                        "system (0: no profile)")
     p.add_argument("--hugepages", choices=("on", "off"), default="on",
                    help="torch tensors on transparent huge pages, both systems (default: on "
                         "where the kernel offers them, as the fullgraph command does)")
@@ -227,7 +232,29 @@ def main(argv: list[str] | None = None) -> int:
         cells = ["out of memory" if t is None else f"{t:.3f}" for t in (ours, theirs)]
         ratio = f"{ours / theirs:.2f}" if ours is not None and theirs is not None else "-"
         print(f"| {model} | {cells[0]} | {cells[1]} | {ratio} |", flush=True)
+    if args.profile:
+        for model in args.models.split(","):
+            for name, make in (("fullgraph", ours_step), ("PyG", pyg_step)):
+                step = _unless_oom(lambda: make(ds, model, args))
+                if step is not None:
+                    print(f"\n{name} {model}, one epoch after one warm-up:\n"
+                          f"{profile_table(step, args.device, args.profile)}", flush=True)
     return 0
+
+
+def profile_table(step: Callable[[], None], device: str, rows: int) -> str:
+    """The ``rows`` operators of most time in one call of ``step`` (after a warm-up),
+    by self time on the device where it is CUDA, else on the CPU."""
+    from torch.profiler import ProfilerActivity, profile
+
+    step()
+    activities = [ProfilerActivity.CPU]
+    if device.startswith("cuda"):
+        activities.append(ProfilerActivity.CUDA)
+    with profile(activities=activities) as prof:
+        step()
+    key = "self_cuda_time_total" if device.startswith("cuda") else "self_cpu_time_total"
+    return str(prof.key_averages().table(sort_by=key, row_limit=rows))
 
 
 def model_times(ds: Any, model: str, args: argparse.Namespace) -> dict[str, list[float]]:

@@ -1,0 +1,19 @@
+"""The models benchmark's profile table (``--profile``): where one epoch goes."""
+from __future__ import annotations
+
+import torch
+
+from fullgraph.bench.models import profile_table
+
+
+def test_profile_table_names_the_operators_of_one_call():
+    calls = []
+    a = torch.randn(64, 64)
+
+    def step() -> None:
+        calls.append(1)
+        torch.mm(a, a)
+
+    table = profile_table(step, "cpu", 5)
+    assert len(calls) == 2  # a warm-up, then the profiled call
+    assert "aten::mm" in table and "Self CPU" in table
