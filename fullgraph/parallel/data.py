@@ -72,6 +72,8 @@ class DependencyPlan:
         trial: hybrid with measured rates: seconds of a training step (the slowest
             worker's) under each plan tried, and the one kept (see
             ``DataParallel.TRIAL_STEPS``).
+        twins: plans tried that equal another on every worker, each mapped to the
+            one that was timed for it (its time is that one's).
         modes: the plans tried at setup, by name (hybrid with measured rates).
         epochs: seconds of the training epochs run under each plan still in the
             running (the slowest worker's; ``DataParallel.between_epochs``); empty
@@ -85,6 +87,7 @@ class DependencyPlan:
     rates: costmodel.Rates | None = None
     per_rank: list[dict[str, int]] = field(default_factory=list)
     trial: dict[str, float] = field(default_factory=dict)
+    twins: dict[str, str] = field(default_factory=dict)
     kept: str | None = None
     modes: dict[str, Tensor] = field(default_factory=dict)
     epochs: dict[str, list[float]] = field(default_factory=dict)
@@ -252,28 +255,24 @@ class DataParallel(RowPartitioned[DataPlan]):
                    "depcache": torch.ones_like(deps.cached)}
         if not self._fits_all_cached(program, plan):  # replicas beyond memory: not tried
             del options["depcache"]
-        seconds = dict.fromkeys(options, float("inf"))
+        # a plan equal to another on every worker is timed once, as the pure mode
+        deps.twins = _twins(options, plan.comm)
+        timed = [n for n in options if n not in deps.twins]
+        seconds = dict.fromkeys(timed, float("inf"))
         for round_ in range(self.TRIAL_STEPS + 1):  # round 0 warms up; in turn, so that a
-            for name, cached in options.items():  # load spike hits a round, not a mode
-                self.replan(program, plan, cached)
+            for name in timed:  # load spike hits a round, not a mode
+                self.replan(program, plan, options[name])
                 took = self._trial_step(program, plan)
                 if round_:
                     seconds[name] = min(seconds[name], took)
         slowest = torch.tensor(list(seconds.values()), dtype=torch.float64,
                                device=plan.comm.device)
         prim.all_reduce_(slowest, plan.comm, "setup", op="max")
-        deps.trial = dict(zip(options, slowest.tolist()))
-        deps.kept = min(deps.trial, key=deps.trial.__getitem__)
+        measured = dict(zip(timed, slowest.tolist()))
+        deps.trial = {n: measured[deps.twins.get(n, n)] for n in options}
+        deps.kept = min(timed, key=measured.__getitem__)
         deps.modes = options
-        # a plan equal to another on every worker is tried once (a pure mode's name)
-        names = sorted(options, key=lambda n: n == "hybrid")
-        pairs = [(a, b) for i, a in enumerate(names) for b in names[i + 1:]]
-        same = torch.tensor([float(torch.equal(options[a], options[b])) for a, b in pairs],
-                            device=plan.comm.device)
-        prim.all_reduce_(same, plan.comm, "setup", op="min")
-        twins = {b for (a, b), eq in zip(pairs, same.tolist()) if eq}
-        close = [n for n in names if n not in twins
-                 and deps.trial[n] <= self.ONLINE_MARGIN * deps.trial[deps.kept]]
+        close = [n for n in timed if measured[n] <= self.ONLINE_MARGIN * measured[deps.kept]]
         deps.epochs = {n: [] for n in close} if len(close) > 1 else {}
         with torch.no_grad():
             for buf, before in buffers:
@@ -440,7 +439,9 @@ class DataParallel(RowPartitioned[DataPlan]):
         if plan.deps.rates is not None:
             line += f"; costs {plan.deps.rates.describe()}"
         if plan.deps.trial:
-            tried = ", ".join(f"{k} {1000 * v:.1f} ms" for k, v in plan.deps.trial.items())
+            twins = plan.deps.twins
+            tried = ", ".join(f"{k} = {twins[k]}" if k in twins else f"{k} {1000 * v:.1f} ms"
+                              for k, v in plan.deps.trial.items())
             line += f"; a training step tried under each: {tried}; kept {plan.deps.kept}"
         return [line]
 
@@ -538,6 +539,24 @@ class _RowRunner(Runner):
         src = self._sources(s, h)
         return self._timed("PE", graph.num_edges * stage.in_dim,
                            lambda: stage(graph, src, weight))
+
+
+def _twins(options: dict[str, Tensor], comm: Comm) -> dict[str, str]:
+    """Plans equal to another on every worker (collective): each such name mapped to
+    the first equal one, pure modes before ``hybrid`` (so a cost-model split that
+    caches nothing, or everything, is named after its pure mode)."""
+    names = sorted(options, key=lambda n: n == "hybrid")
+    pairs = [(a, b) for i, a in enumerate(names) for b in names[i + 1:]]
+    if not pairs:
+        return {}
+    same = torch.tensor([float(torch.equal(options[a], options[b])) for a, b in pairs],
+                        device=comm.device)
+    prim.all_reduce_(same, comm, "setup", op="min")
+    twins: dict[str, str] = {}
+    for (a, b), eq in zip(pairs, same.tolist()):
+        if eq and b not in twins and a not in twins:
+            twins[b] = a
+    return twins
 
 
 def check_shard_hops(program: StageProgram, dataset: Dataset, what: str) -> None:

@@ -188,7 +188,10 @@ def check_measured_costs(comm):
     trial, kept = plan.deps.trial, plan.deps.kept
     assert sorted(trial) == ["depcache", "depcomm", "hybrid"] and all(t > 0 for t in
                                                                       trial.values())
-    assert kept == min(trial, key=trial.__getitem__)
+    assert kept not in plan.deps.twins and trial[kept] == min(trial.values())
+    for twin, same in plan.deps.twins.items():  # timed once, under the pure mode's name
+        assert torch.equal(plan.deps.modes[twin], plan.deps.modes[same]) and same != "hybrid"
+        assert trial[twin] == trial[same] and f"{twin} = {same}" in line
     assert all_gather_object((trial, kept), comm, "test") == [(trial, kept)] * comm.world_size
     if kept != "hybrid":
         assert bool(plan.deps.cached.all()) if kept == "depcache" else \
@@ -284,3 +287,21 @@ def test_data_parallel_matches_single(tmp_path, world_size):
 def test_bad_unit_cost_is_refused():
     with pytest.raises(ValueError, match="data parallel edge_cost must be a finite number"):
         DataParallel.Options(mode="hybrid", edge_cost=-1.0)
+
+
+def test_a_split_equal_to_a_pure_mode_is_timed_once_under_its_name():
+    """The hybrid trial times each distinct plan once: a cost-model split that caches
+    nothing is DepComm's plan, one that caches everything DepCache's, and with no
+    remote dependency all three are one plan."""
+    from fullgraph.comm.group import single_comm
+    from fullgraph.parallel.data import _twins
+
+    comm = single_comm()
+    none, some = torch.zeros(4, dtype=torch.bool), torch.tensor([True, False, True, False])
+    pure = {"depcomm": none, "depcache": torch.ones(4, dtype=torch.bool)}
+    assert _twins({"hybrid": none.clone(), **pure}, comm) == {"hybrid": "depcomm"}
+    assert _twins({"hybrid": ~none, **pure}, comm) == {"hybrid": "depcache"}
+    assert _twins({"hybrid": some, **pure}, comm) == {}
+    empty = torch.zeros(0, dtype=torch.bool)
+    assert _twins({"hybrid": empty, "depcomm": empty, "depcache": empty.clone()}, comm) == \
+        {"depcache": "depcomm", "hybrid": "depcomm"}
