@@ -40,11 +40,12 @@ PY
       timeout 200 python3 -m fullgraph.bench.gpu --out "$OUT" --steps attention ;;
     beyond)
       timeout 300 python3 -m fullgraph.bench.gpu --out "$OUT" --steps beyond ;;
-    models)
+    models)  # FUSED=0: the dropout mask unfused (FULLGRAPH_FUSED_DROPOUT), to compare
       for size in ${MODEL_SIZES:-1000000:20000000 4000000:80000000}; do
         set -- ${size/:/ }
-        timeout 200 python3 -m fullgraph.bench.models --device cuda --vertices $1 --edges $2 \
-          --threads 16 --rounds 2 --epochs 3 --models ${MODELS:-gcn,gat} --cache /tmp/fullgraph-bench \
+        FULLGRAPH_FUSED_DROPOUT=${FUSED:-1} timeout 200 python3 -m fullgraph.bench.models \
+          --device cuda --vertices $1 --edges $2 --threads 16 --rounds 2 --epochs 3 \
+          --models ${MODELS:-gcn,gat} --cache /tmp/fullgraph-bench \
           2>&1 | grep -v Warning | tee -a "$OUT/models.log"
       done ;;
     profile)  # where one epoch of each system goes on the device (torch.profiler)

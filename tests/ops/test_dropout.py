@@ -215,3 +215,61 @@ def test_torch_mask_decides_as_the_kernel_at_the_threshold(monkeypatch, offset):
     x = torch.ones(64, 9, device=TEST_DEVICE)
     assert torch.equal(keyed_dropout(x, p, keys, seed, True) != 0, want)
     assert not kd.keep_mask(keys, 9, seed, 1.0 - 2.0**-40).any()
+
+
+@pytest.fixture
+def fused_on_cpu(monkeypatch):
+    """The compiled mask, traced on the CPU (``aot_eager``: dynamo's trace of the whole
+    function, without a C++ compile; the GPU session runs inductor's kernels)."""
+    monkeypatch.setattr(kd.kernels, "HAVE_NUMBA", False)
+    monkeypatch.setattr(kd, "FUSED_DEVICES", ("cpu",))
+    monkeypatch.setattr(kd, "FUSED_BACKEND", "aot_eager")
+    monkeypatch.setattr(kd, "_FUSED", {})
+    monkeypatch.delenv("FULLGRAPH_FUSED_DROPOUT", raising=False)
+
+
+@pytest.mark.parametrize("mode", ["new", "out", "inplace"])
+def test_fused_mask_is_the_unfused_one(monkeypatch, fused_on_cpu, mode):
+    """The compiled mask keeps the same entries with the same values as the int32 ops,
+    new, into ``out`` and in place, for shapes and rates that change between calls
+    (compiled once with dynamic shapes) and at a hash's exact value."""
+    cases = [(300, 17, 0.4, 5), (41, 3, 0.5, 9), (1000, 64, 0.1, 2**40)]
+    keys = torch.arange(64) * 3 + 11
+    h = kd.entry_hashes(kd.row_hashes(keys, 99)[:, None], torch.arange(9)[None, :])
+    cases.append((64, 9, h[10, 4].item() * 2.0**-32, 99))
+    got = []
+    for rows, cols, p, seed in cases:
+        torch.manual_seed(rows)
+        x = torch.randn(rows, cols, dtype=torch.float64)
+        k = keys if rows == 64 else torch.arange(rows) * 7 + 2**33
+        if mode == "new":
+            y = kd._apply_mask(x, k, seed, p)
+        elif mode == "out":
+            y = torch.full_like(x, float("nan"))
+            kd._apply_mask(x, k, seed, p, out=y)
+        else:
+            y = x.clone()
+            kd._apply_mask(y, k, seed, p, inplace=True)
+        got.append((x, k, seed, p, y))
+    assert kd._FUSED["cpu"]  # compiled and kept
+    monkeypatch.setattr(kd, "FUSED_DEVICES", ())
+    for x, k, seed, p, y in got:
+        assert torch.equal(y, kd._apply_mask(x, k, seed, p)), (x.shape, p)
+
+
+def test_a_failing_compile_warns_once_and_falls_back(monkeypatch, fused_on_cpu):
+    def broken(*args):
+        raise RuntimeError("no compiler here\nmore detail")
+
+    monkeypatch.setattr(kd, "_FUSED", {"cpu": broken})
+    x, keys = torch.randn(20, 5), torch.arange(20)
+    with pytest.warns(RuntimeWarning, match="compiled mask failed on cpu .RuntimeError: no "
+                                            "compiler here.; unfused"):
+        y = kd._apply_mask(x, keys, 3, 0.5)
+    assert kd._FUSED["cpu"] is False and kd._fused(torch.device("cpu")) is None
+    monkeypatch.setattr(kd, "FUSED_DEVICES", ())
+    assert torch.equal(y, kd._apply_mask(x, keys, 3, 0.5))
+    monkeypatch.setattr(kd, "FUSED_DEVICES", ("cpu",))
+    monkeypatch.setenv("FULLGRAPH_FUSED_DROPOUT", "0")
+    monkeypatch.setattr(kd, "_FUSED", {})
+    assert kd._fused(torch.device("cpu")) is None
