@@ -4,6 +4,7 @@ the SpMM and its transpose, the bias, the loss) giving the bits of the unpadded
 layout."""
 from __future__ import annotations
 
+import blas
 import pytest
 import torch
 from devices import cpu_only
@@ -115,7 +116,8 @@ def test_loss_gradient_is_padded_with_zeros():
 @pytest.mark.parametrize("drop", [False, True])
 def test_products_write_padded_rows(relu, drop, monkeypatch):
     """A product to 47 columns writes padded rows, with the unpadded layout's bits
-    forward, and its gradients (over several row blocks)."""
+    forward where the BLAS computes a column whatever the output's width
+    (``blas.width_independent``), and its gradients (over several row blocks)."""
     monkeypatch.setattr(kd, "ROW_BLOCK", 64)
     torch.manual_seed(0)
     x, w, bias = torch.randn(300, 20), torch.randn(47, 20), torch.randn(47)
@@ -137,6 +139,11 @@ def test_products_write_padded_rows(relu, drop, monkeypatch):
         y.backward(g)
         results.append((y.detach(), a.grad, wa.grad, ba.grad))
     (y0, *grads0), (y1, *grads1) = results
-    assert torch.equal(y0, y1)
-    for u, v in zip(grads0, grads1):  # (unpadded, a plain product has torch's backward)
-        torch.testing.assert_close(u, v)
+    if blas.width_independent(torch.float32):
+        assert torch.equal(y0, y1)
+    torch.testing.assert_close(y0, y1)
+    for u, v in zip(grads0, grads1):
+        # unpadded, a plain product has torch's backward: one product over the 300
+        # rows where the padded one sums blocks of 64, so float32 rounds otherwise
+        scale = float(u.abs().max()) * 300 ** 0.5
+        torch.testing.assert_close(u, v, rtol=1e-5, atol=1e-6 * scale)

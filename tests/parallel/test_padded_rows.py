@@ -1,10 +1,14 @@
 """Rows padded to cache lines (``ops.padded``) in training: 47 hidden columns and 47
 classes, which the layout pads to 48, give the same run as the unpadded layout, in
-the single process bit for bit, and in every strategy as in the single process
-(float64, dropout on). GCN and GraphSAGE: their dense stages are ours
-(``ops.dropout``); GIN's and GAT's products are torch's, whose rows are not padded."""
+the single process bit for bit where the CPU's matrix library computes each output
+column independently of the output's width (MKL on the Intel hosts; not MKL's float64
+kernels on an AMD EPYC, where 47 and 48 columns sum in another order: there to float
+rounding), and in every strategy as in the single process (float64, dropout on).
+GCN and GraphSAGE: their dense stages are ours (``ops.dropout``); GIN's and GAT's
+products are torch's, whose rows are not padded."""
 from __future__ import annotations
 
+import blas
 import pytest
 import torch
 from cases import run_epochs
@@ -59,10 +63,11 @@ def test_padded_rows_train_as_the_unpadded_layout(name, monkeypatch):
     model = _model(name)
     got = run_epochs(SingleProcess(), dataset, model, None)
     assert seen[0] > 0, "nothing was padded"
-    assert got[0] == ref[0]  # the losses, bit for bit
-    assert torch.equal(got[1][0], ref[1][0])
+    same = torch.equal if blas.width_independent(torch.float64) else torch.allclose
+    assert same(torch.tensor(got[0]), torch.tensor(ref[0])), (got[0], ref[0])  # the losses
+    assert same(got[1][0], ref[1][0])
     for (k, p), (_, q) in zip(model.named_parameters(), ref_model.named_parameters()):
-        assert torch.equal(p, q), k
+        assert same(p, q), k
 
 
 def check_strategies(comm, refs):
