@@ -111,7 +111,9 @@ def fit(data: Any = "cora", *, model: str = "gcn", strategy: str = "single",
         from fullgraph.graph import datasets
         from fullgraph.planner import resolve_config
 
-        cfg = resolve_config(cfg, dataset or datasets.load_for(cfg.data))[0]
+        seen = datasets.load_for(cfg.data) if dataset is None else \
+            _with_data_options(dataset, cfg)  # as the run will hold it
+        cfg = resolve_config(cfg, seen)[0]
     if workers == 1:
         return _fit_here(cfg, dataset, verbose)
     return _fit_launched(cfg, dataset, verbose)
@@ -148,8 +150,12 @@ def _from_pyg(data: Any) -> Any:
 
 
 def _with_data_options(dataset: Any, cfg: Any) -> Any:
-    """``dataset`` as ``load_for`` would give it: stored dtype, normalised features."""
+    """``dataset`` as ``load_for`` would give it: stored dtype, normalised features, held
+    as CSR where ``sparse_features`` says so (``auto``: bag-of-words features)."""
+    import dataclasses
+
     from fullgraph.graph.data import Dataset
+    from fullgraph.graph.sparse import choose_layout
     from fullgraph.partition.shards import require_whole
 
     require_whole(dataset, "fit(dataset=...)")  # a shard set trains from its directory
@@ -158,6 +164,9 @@ def _with_data_options(dataset: Any, cfg: Any) -> Any:
         data = data.with_feature_dtype(cfg.data.feature_dtype)
     if cfg.data.normalize_features:
         data = data.row_normalized()
+    features = choose_layout(data.features, cfg.data.sparse_features)
+    if features is not data.features:
+        data = dataclasses.replace(data, features=features)
     return Dataset(dataset.name, dataset.graph, data, dict(dataset.info))
 
 

@@ -2,6 +2,7 @@
 returning the single-process model, PyG ``Data`` (real and duck-typed) and bad input."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import subprocess
@@ -102,6 +103,21 @@ def test_pyg_data_real_and_duck_typed_train_alike() -> None:
     no_masks = fullgraph.fit(SimpleNamespace(x=data.x, y=data.y, edge_index=data.edge_index),
                              epochs=2)
     assert len(no_masks.history) == 2  # a 60/20/20 split was drawn
+
+
+def test_in_memory_bag_of_words_features_are_held_as_csr(capsys) -> None:
+    """``fit`` on a dataset in memory holds sparse features as CSR (``sparse_features``
+    auto), as ``fullgraph train`` does with a stored one, and trains as the dense run."""
+    ds = sbm(67, 3, avg_degree=5.0, num_features=200, seed=11)
+    keep = torch.rand(ds.data.features.shape, generator=torch.Generator().manual_seed(0)) < 0.02
+    ds.data = dataclasses.replace(ds.data, features=ds.data.features * keep)
+    runs = {}
+    for layout in ("auto", "off"):
+        runs[layout] = fullgraph.fit(ds, epochs=3, hidden=8, sparse_features=layout,
+                                     verbose=True)
+        header = capsys.readouterr().out
+        assert ("held as CSR" in header) == (layout == "auto"), header
+    assert runs["auto"].losses == pytest.approx(runs["off"].losses, rel=1e-5)
 
 
 @pytest.mark.parametrize("call, match", [
