@@ -223,13 +223,16 @@ def check_masks(masks: Sequence[np.ndarray], labels: np.ndarray,
                                       expected="disjoint train/val/test masks")
 
 
-def assemble(name: str, graph: Graph, features: np.ndarray, labels: np.ndarray,
-             masks: Sequence[np.ndarray | torch.Tensor], num_classes: int,
+def assemble(name: str, graph: Graph, features: np.ndarray | torch.Tensor,
+             labels: np.ndarray, masks: Sequence[np.ndarray | torch.Tensor], num_classes: int,
              info: dict[str, Any]) -> Dataset:
-    """Build a Dataset from numpy arrays, validate it and return it."""
+    """Build a Dataset from numpy arrays (``features`` may also be a tensor, CSR for
+    sparse features), validate it and return it."""
     train, val, test = (torch.as_tensor(np.asarray(m, dtype=bool)) if isinstance(m, np.ndarray)
                         else m.to(torch.bool) for m in masks)
-    data = VertexData(torch.from_numpy(np.ascontiguousarray(features)),
+    x = features if isinstance(features, torch.Tensor) else \
+        torch.from_numpy(np.ascontiguousarray(features))
+    data = VertexData(x,
                       torch.from_numpy(np.ascontiguousarray(labels, dtype=np.int64)),
                       train, val, test, int(num_classes))
     dataset = Dataset(name, graph, data, info)

@@ -28,7 +28,7 @@ from fullgraph.graph.formats._common import (
     check_masks,
     field_locator,
 )
-from fullgraph.graph.sparse import densify
+from fullgraph.graph.sparse import csr, densify
 from fullgraph.graph.split import fraction_split
 
 
@@ -37,7 +37,9 @@ def from_pyg(data: Any, name: str = "pyg", *, split_index: int = 0, seed: int = 
     """Build a Dataset from a PyG ``Data`` with ``x``, ``y`` and ``edge_index``.
 
     Args:
-        data: a ``torch_geometric.data.Data`` (any object with these attributes).
+        data: a ``torch_geometric.data.Data`` (any object with these attributes); a
+            sparse ``x`` (torch COO, CSR or CSC, or a ``torch_sparse.SparseTensor``)
+            becomes CSR features, never made dense here.
         name: dataset name (default: ``"pyg"``).
         split_index: column to use when the masks are (N, S) for S splits, as in
             WikiCS (default: 0).
@@ -58,9 +60,13 @@ def from_pyg(data: Any, name: str = "pyg", *, split_index: int = 0, seed: int = 
         if value is None:
             raise FormatError("the PyG data object lacks an attribute", source=name, field=key,
                               expected="x, y and edge_index")
-    features = as_features(_numpy(x), source=name, field="x")
+    features: Any
+    if _is_sparse_input(x):
+        features = _sparse_features(x, name)
+    else:
+        features = as_features(_numpy(x), source=name, field="x")
+        check_finite(features, source=name, locate=lambda k: {"field": "x"})
     n = features.shape[0]
-    check_finite(features, source=name, locate=lambda k: {"field": "x"})
     labels = as_labels(_numpy(y), source=name, field="y")
     if labels.shape[0] != n:
         raise FormatError("y needs one label per vertex", source=name, field="y",
@@ -98,6 +104,43 @@ def to_pyg(dataset: Dataset) -> Any:
     return Data(x=densify(d.features), y=d.labels, edge_index=torch.stack([src, dst]),
                 train_mask=d.train_mask, val_mask=d.val_mask, test_mask=d.test_mask,
                 num_nodes=dataset.graph.num_nodes)
+
+
+_SPARSE_LAYOUTS = (torch.sparse_coo, torch.sparse_csr, torch.sparse_csc)
+
+
+def _is_sparse_input(x: Any) -> bool:
+    """A torch sparse tensor (COO, CSR, CSC) or a ``torch_sparse.SparseTensor``."""
+    if isinstance(x, Tensor):
+        return x.layout in _SPARSE_LAYOUTS
+    return hasattr(x, "to_torch_sparse_csr_tensor")
+
+
+def _sparse_features(x: Any, name: str) -> Tensor:
+    """Sparse ``x`` as fullgraph's CSR features (float32, float16 kept), its non-zeros
+    only: it is never made dense here (``sparse_features`` decides the layout later)."""
+    t = x if isinstance(x, Tensor) else x.to_torch_sparse_csr_tensor()
+    if t.dim() != 2:
+        raise FormatError("features must be a 2-D array", source=name, field="x",
+                          found=tuple(t.shape), expected="(N, F)")
+    t = t.detach().cpu()
+    if t.layout == torch.sparse_coo:
+        t = t.coalesce()
+    t = t.to_sparse_csr()
+    values = t.values()
+    if values.dtype not in (torch.float16, torch.float32):
+        if values.dtype.is_complex:
+            raise FormatError("features must be real numbers", source=name, field="x",
+                              found=values.dtype, expected="a float, integer or bool tensor")
+        values = values.to(torch.float32)
+    bad = ~torch.isfinite(values)
+    if bool(bad.any()):
+        k = int(bad.nonzero()[0, 0])
+        row = int(torch.searchsorted(t.crow_indices(), k, right=True)) - 1
+        col = int(t.col_indices()[k])
+        raise ValidationError("feature is not finite", source=name, field=f"x[{row}, {col}]",
+                              found=float(values[k]), expected="a finite number")
+    return csr(t.crow_indices(), t.col_indices(), values, (int(t.shape[0]), int(t.shape[1])))
 
 
 def _numpy(value: Any) -> np.ndarray:

@@ -10,6 +10,7 @@ import fullgraph.graph
 from fullgraph.errors import FormatError, ValidationError
 from fullgraph.graph.formats.planetoid import load_planetoid
 from fullgraph.graph.formats.pyg import from_pyg, to_pyg
+from fullgraph.graph.sparse import is_sparse
 
 pyg_data = pytest.importorskip("torch_geometric.data")
 BUILTIN_CORA = Path(fullgraph.graph.__file__).resolve().parent / "builtin" / "cora"
@@ -79,6 +80,39 @@ def test_nan_features() -> None:
     x[2, 1] = float("nan")
     with pytest.raises(ValidationError, match="not finite"):
         from_pyg(_tiny(x=x))
+
+
+class _SparseTensorLike:
+    """What fullgraph reads of a ``torch_sparse.SparseTensor`` (not installed here)."""
+
+    def __init__(self, dense: torch.Tensor) -> None:
+        self.dense = dense
+
+    def to_torch_sparse_csr_tensor(self) -> torch.Tensor:
+        return self.dense.to_sparse_csr()
+
+
+@pytest.mark.parametrize("layout", ["coo", "csr", "csc", "int64 coo", "SparseTensor"])
+def test_sparse_x_is_kept_sparse(layout) -> None:
+    """A sparse ``x`` (torch COO, CSR or CSC, a ``SparseTensor``) becomes CSR features,
+    its non-zeros only, equal to the dense matrix (integers as float32)."""
+    x = torch.zeros(10, 6)
+    x[0, 1], x[3, 5], x[3, 0], x[9, 2] = 1.0, 2.0, 3.0, 4.0
+    given = {"coo": x.to_sparse(), "csr": x.to_sparse_csr(), "csc": x.to_sparse_csc(),
+             "int64 coo": x.to(torch.int64).to_sparse(),
+             "SparseTensor": _SparseTensorLike(x)}[layout]
+    ds = from_pyg(_tiny(x=given))
+    assert is_sparse(ds.data.features) and ds.data.features.values().dtype == torch.float32
+    assert ds.data.features.values().numel() == 4
+    assert torch.equal(ds.data.features.to_dense(), x)
+
+
+def test_sparse_x_with_nan_names_the_entry() -> None:
+    x = torch.zeros(10, 3)
+    x[0, 0], x[7, 2] = 1.0, float("nan")
+    with pytest.raises(ValidationError, match="not finite") as err:
+        from_pyg(_tiny(x=x.to_sparse_csr()), name="bad")
+    assert err.value.field == "x[7, 2]"
 
 
 def test_missing_labels() -> None:
