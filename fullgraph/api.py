@@ -26,11 +26,14 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from fullgraph.errors import ConfigError, FullgraphError
+
+if TYPE_CHECKING:
+    from fullgraph.saved import SavedModel
 
 RESULT_ENV = "FULLGRAPH_FIT_RESULT"
 """Where rank 0 of a launched ``fit`` writes its result (set for the workers)."""
@@ -47,7 +50,11 @@ class FitResult:
             (NaN on epochs without evaluation), epoch_s, forward_s, backward_s,
             optimizer_s.
         model: the trained model at its best-validation epoch, on the CPU, in eval
-            mode; a ``torch.nn.Module`` (a ``fullgraph.models.base.GNN``).
+            mode: a ``fullgraph.saved.SavedModel`` (a ``torch.nn.Module``), so
+            ``model(edge_index, features)`` gives every vertex's logits,
+            ``model.embed(...)`` its last hidden layer, ``model.save(path)`` writes
+            what ``fullgraph.load_model`` and ``fullgraph predict`` read, and
+            ``model.program`` is the stage program the executors run.
         test_accuracy: test accuracy at the best-validation epoch.
         val_accuracy: the best validation accuracy.
         train_accuracy: train accuracy at the best-validation epoch.
@@ -57,7 +64,7 @@ class FitResult:
     """
 
     history: list[dict[str, float]]
-    model: torch.nn.Module
+    model: SavedModel
     test_accuracy: float
     val_accuracy: float
     train_accuracy: float
@@ -187,7 +194,7 @@ def _fit_here(cfg: Any, dataset: Any, verbose: bool) -> FitResult:
         result = train(dataset, cfg, reporter=reporter)
     finally:
         reporter.close()
-    return _result(_payload(result), result.model.cpu(), cfg)
+    return _result(_payload(result), result.model.cpu(), cfg, dataset)
 
 
 def _fit_launched(cfg: Any, dataset: Any, verbose: bool) -> FitResult:
@@ -199,6 +206,7 @@ def _fit_launched(cfg: Any, dataset: Any, verbose: bool) -> FitResult:
     from fullgraph.train import build, check_before_launch
 
     launch.check_workers(cfg.launch.workers, cfg.launch.oversubscribe)
+    given = cfg  # what the result reports (not the temporary directory below)
     with tempfile.TemporaryDirectory(prefix="fullgraph-fit-") as tmp:
         if dataset is not None:  # the workers read it from disk, as any processed dataset
             store.save_dataset(dataset, Path(tmp) / "dataset")
@@ -222,7 +230,7 @@ def _fit_launched(cfg: Any, dataset: Any, verbose: bool) -> FitResult:
         payload = torch.load(result_file, weights_only=True)
         model = build(dataset, cfg)
         model.load_state_dict(payload.pop("state_dict"))
-    return _result(payload, model, cfg)
+        return _result(payload, model, given, dataset)
 
 
 @contextlib.contextmanager
@@ -247,8 +255,13 @@ def _payload(result: Any) -> dict[str, Any]:
             "train_at_best": result.train_at_best, "total_s": result.total_s}
 
 
-def _result(payload: dict[str, Any], model: torch.nn.Module, cfg: Any) -> FitResult:
-    model.eval()
+def _result(payload: dict[str, Any], program: Any, cfg: Any, dataset: Any) -> FitResult:
+    from fullgraph.saved import SavedModel, model_meta, run_facts
+
+    trained = run_facts(cfg, cfg.launch.workers, best_epoch=payload["best_epoch"],
+                        val_acc=payload["best_val"], test_acc=payload["test_at_best"],
+                        train_acc=payload["train_at_best"], epochs=len(payload["history"]))
+    model = SavedModel(program, model_meta(program, cfg, dataset, trained)).eval()
     return FitResult(history=payload["history"], model=model,
                      test_accuracy=payload["test_at_best"], val_accuracy=payload["best_val"],
                      train_accuracy=payload["train_at_best"], best_epoch=payload["best_epoch"],

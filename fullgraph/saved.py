@@ -7,7 +7,8 @@ was trained under (feature storage, row normalisation, split seed). It is a
 ``torch.save`` dict of tensors and plain containers, read with ``weights_only=True``.
 
 ``load_model(path)`` gives a ``SavedModel``: a plain ``torch.nn.Module`` that maps
-(graph, features) of a whole graph to logits on one device.
+(graph, features) of a whole graph to logits on one device. ``fullgraph.fit`` returns
+its model as one too, which ``SavedModel.save`` writes in the same form.
 """
 from __future__ import annotations
 
@@ -74,6 +75,13 @@ class SavedModel(nn.Module):
             raise ValueError("a one-layer model has no hidden layer to take embeddings from")
         return self._run(graph, features, stop=starts[-1])
 
+    def save(self, path: str | Path) -> None:
+        """Write this model to ``path`` (atomically) as ``train --save-model`` does, for
+        ``load_model`` and ``fullgraph predict`` / ``evaluate``."""
+        payload = {"format": FORMAT, "version": VERSION, **self.meta,
+                   "state_dict": to_cpu(self.program.state_dict())}
+        write_atomic(Path(path), payload)
+
     def _run(self, graph: Graph | Tensor, features: Tensor, stop: int | None) -> Tensor:
         n = int(features.shape[0])
         if not isinstance(graph, Graph):
@@ -91,12 +99,11 @@ class SavedModel(nn.Module):
         return walk(self.program, GraphRunner(graph, norms, ctx), x, stop=stop)
 
 
-def save_model(path: str | Path, model: GNN, cfg: Config, dataset: Dataset,
-               trained: dict[str, Any]) -> None:
-    """Write ``model`` (single-process form) with its options to ``path``, atomically.
+def model_meta(model: GNN, cfg: Config, dataset: Dataset,
+               trained: dict[str, Any]) -> dict[str, Any]:
+    """What a saved model records besides its parameters (``SavedModel.meta``).
 
     Args:
-        path: the file to write.
         model: the trained model.
         cfg: the run's options (model and data sections are kept).
         dataset: the dataset it was trained on (its fingerprint is kept).
@@ -104,16 +111,29 @@ def save_model(path: str | Path, model: GNN, cfg: Config, dataset: Dataset,
     """
     data = dataclasses.asdict(cfg.data)
     param = next(model.parameters())
-    payload = {
-        "format": FORMAT, "version": VERSION,
+    return {
         "model": {"name": cfg.model.name, "in_dim": model.in_dim, "hidden": cfg.model.hidden,
                   "out_dim": model.out_dim, "options": cfg.model.build_options(),
                   "dtype": str(param.dtype).replace("torch.", "")},
         "data": {k: data[k] for k in DATA_OPTIONS},
         "dataset": dataset_fingerprint(dataset),
-        "trained": trained,
-        "state_dict": to_cpu(model.state_dict())}
-    write_atomic(Path(path), payload)
+        "trained": trained}
+
+
+def run_facts(cfg: Config, workers: int, *, best_epoch: int, val_acc: float, test_acc: float,
+              train_acc: float, epochs: int) -> dict[str, Any]:
+    """The ``trained`` facts of a run: its best epoch and accuracies there, its epochs,
+    strategy and worker count."""
+    return {"best_epoch": best_epoch, "val_acc": val_acc, "test_acc": test_acc,
+            "train_acc": train_acc, "epochs": epochs, "strategy": cfg.runtime.strategy,
+            "workers": workers}
+
+
+def save_model(path: str | Path, model: GNN, cfg: Config, dataset: Dataset,
+               trained: dict[str, Any]) -> None:
+    """Write ``model`` (single-process form) with its options to ``path``, atomically
+    (arguments as ``model_meta``'s)."""
+    SavedModel(model, model_meta(model, cfg, dataset, trained)).save(path)
 
 
 def load_model(path: str | Path) -> SavedModel:

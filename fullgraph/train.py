@@ -332,13 +332,12 @@ def _exchange_profiles(unsent: list[EpochProfile], comm: Comm | None, profiles: 
 
 
 def _save_model(cfg: Config, result: TrainResult, dataset: Dataset, world: int) -> None:
-    from fullgraph.saved import save_model
+    from fullgraph.saved import run_facts, save_model
 
     save_model(cfg.train.save_model, result.model, cfg, dataset,  # type: ignore[arg-type]
-               {"best_epoch": result.best_epoch, "val_acc": result.best_val,
-                "test_acc": result.test_at_best, "train_acc": result.train_at_best,
-                "epochs": len(result.epochs), "strategy": cfg.runtime.strategy,
-                "workers": world})
+               run_facts(cfg, world, best_epoch=result.best_epoch, val_acc=result.best_val,
+                         test_acc=result.test_at_best, train_acc=result.train_at_best,
+                         epochs=len(result.epochs)))
 
 
 def _finish(records: list[EpochRecord], profiles: list[list[EpochProfile]], best: tuple,

@@ -43,6 +43,9 @@ def test_readme_example_trains_on_two_workers(readme_api_run) -> None:
     expected["train"]["progress"] = "off"  # fit is not verbose
     assert run["event"] == "run" and run["config"] == expected  # the options reached them
     assert run["config"]["data"]["normalize_features"] is True
+    saved = fullgraph.load_model(where / "cora-gcn.pt")  # what the example saved
+    assert saved.meta["trained"]["workers"] == 2 and saved.meta["data"]["dataset"] == "cora"
+    assert saved.meta["trained"]["test_acc"] == result.test_accuracy
 
 
 @pytest.mark.dist
@@ -67,12 +70,15 @@ def test_launched_workers_return_the_single_process_model(readme_api_run) -> Non
     def logits(model: torch.nn.Module) -> torch.Tensor:
         strategy = SingleProcess()
         plan = strategy.setup(dataset, model, torch.device("cpu"))
-        model.eval()
         with torch.no_grad():
             return strategy.forward(model, plan, training=False, seed=0).logits
 
-    torch.testing.assert_close(logits(launched.model), logits(here.model), atol=1e-3,
-                               rtol=1e-3)
+    with torch.no_grad():  # the result's model called as a module gives the same
+        assert torch.equal(launched.model(dataset.graph, dataset.data.features),
+                           logits(launched.model.program))
+
+    torch.testing.assert_close(logits(launched.model.program), logits(here.model.program),
+                               atol=1e-3, rtol=1e-3)
     for (name, p), (_, q) in zip(launched.model.named_parameters(),
                                  here.model.named_parameters()):
         torch.testing.assert_close(p, q, atol=1e-2, rtol=0, msg=name)
@@ -87,6 +93,27 @@ def test_in_memory_dataset_on_launched_tensor_workers(tmp_path) -> None:
     assert launched.history[-1]["loss"] == pytest.approx(here.history[-1]["loss"], rel=1e-4)
     for p, q in zip(launched.model.parameters(), here.model.parameters()):
         torch.testing.assert_close(p, q, atol=1e-5, rtol=1e-4)
+
+
+def test_the_model_predicts_and_saves_as_a_saved_model(tmp_path) -> None:
+    """``FitResult.model`` maps (edge_index, features) to logits whose accuracy is the
+    run's, and saves a file that ``load_model`` reads back to the same logits."""
+    from fullgraph.saved import accuracy
+
+    ds = sbm(67, 3, avg_degree=5.0, num_features=9, seed=11)
+    result = fullgraph.fit(ds, epochs=6, hidden=8, lr=0.05)
+    edge_index = torch.stack(ds.graph.edges())
+    with torch.no_grad():
+        logits = result.model(edge_index, ds.data.features)
+    assert logits.shape == (67, 3) and not result.model.training
+    correct, total = accuracy(result.model, ds)["test"]
+    assert correct / total == pytest.approx(result.test_accuracy)
+    result.model.save(tmp_path / "model.pt")
+    loaded = fullgraph.load_model(tmp_path / "model.pt")
+    with torch.no_grad():
+        assert torch.equal(loaded(edge_index, ds.data.features), logits)
+    assert loaded.meta["trained"]["best_epoch"] == result.best_epoch
+    assert loaded.meta["trained"]["workers"] == 1
 
 
 def test_pyg_data_real_and_duck_typed_train_alike() -> None:
