@@ -39,7 +39,8 @@ def from_pyg(data: Any, name: str = "pyg", *, split_index: int = 0, seed: int = 
     Args:
         data: a ``torch_geometric.data.Data`` (any object with these attributes); a
             sparse ``x`` (torch COO, CSR or CSC, or a ``torch_sparse.SparseTensor``)
-            becomes CSR features, never made dense here.
+            becomes CSR features, never made dense here; a mask may be boolean, or a
+            vector of vertex ids (as OGB's split indices).
         name: dataset name (default: ``"pyg"``).
         split_index: column to use when the masks are (N, S) for S splits, as in
             WikiCS (default: 0).
@@ -143,6 +144,21 @@ def _sparse_features(x: Any, name: str) -> Tensor:
     return csr(t.crow_indices(), t.col_indices(), values, (int(t.shape[0]), int(t.shape[1])))
 
 
+def _index_mask(ids: np.ndarray, n: int, name: str, key: str) -> np.ndarray:
+    """An integer ``key`` read as the ids of its vertices (as OGB's split indices and
+    PyG's ``index_to_mask`` have them), as a boolean mask. A 0/1 vector with one entry
+    per vertex is refused: it may be a mask stored as integers."""
+    if ids.shape[0] == n and n > 2 and np.isin(ids, (0, 1)).all():
+        raise FormatError("an integer mask of 0s and 1s, one per vertex, is ambiguous "
+                          "(a mask, or vertex ids?)", source=name, field=key,
+                          found=f"{ids.dtype} {ids.shape}",
+                          expected="a bool mask, or a vector of vertex ids")
+    check_ids(ids, n, source=name, locate=field_locator(f"{key}[{{k}}]"))
+    mask = np.zeros(n, dtype=bool)
+    mask[ids] = True
+    return mask
+
+
 def _numpy(value: Any) -> np.ndarray:
     if isinstance(value, Tensor):
         t = value.detach().cpu()
@@ -164,6 +180,8 @@ def _masks(data: Any, labels: np.ndarray, split_index: int, seed: int,
         m = _numpy(value)
         if m.ndim == 2:
             m = m[:, split_index]
+        if m.ndim == 1 and m.dtype.kind in "iu":
+            m = _index_mask(m, labels.shape[0], name, key)
         if m.dtype != np.bool_ or m.shape != labels.shape:
             raise FormatError("mask must be a boolean vector with one entry per vertex",
                               source=name, field=key, found=f"{m.dtype} {m.shape}",

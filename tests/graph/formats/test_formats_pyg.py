@@ -115,6 +115,21 @@ def test_sparse_x_with_nan_names_the_entry() -> None:
     assert err.value.field == "x[7, 2]"
 
 
+def test_masks_given_as_vertex_ids() -> None:
+    """Integer masks are vertex ids (OGB's split indices); out-of-range ids and a 0/1
+    vector that may be a mask are refused."""
+    ds = from_pyg(_tiny(train_mask=torch.tensor([0, 2, 2]), val_mask=torch.tensor([5]),
+                        test_mask=torch.arange(7, 10)))
+    assert ds.data.train_mask.nonzero().flatten().tolist() == [0, 2]
+    assert ds.data.val_mask.nonzero().flatten().tolist() == [5]
+    assert ds.data.test_mask.nonzero().flatten().tolist() == [7, 8, 9]
+    with pytest.raises(ValidationError, match="out of range") as err:
+        from_pyg(_tiny(train_mask=torch.tensor([0, 10])), name="bad")
+    assert err.value.field == "train_mask[1]"
+    with pytest.raises(FormatError, match="ambiguous"):
+        from_pyg(_tiny(train_mask=(torch.arange(10) < 4).long()))
+
+
 def test_missing_labels() -> None:
     with pytest.raises(FormatError, match="lacks") as err:
         from_pyg(_tiny(y=None))
