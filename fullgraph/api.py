@@ -207,6 +207,7 @@ def _fit_launched(cfg: Any, dataset: Any, verbose: bool) -> FitResult:
 
     launch.check_workers(cfg.launch.workers, cfg.launch.oversubscribe)
     given = cfg  # what the result reports (not the temporary directory below)
+    in_memory = dataset is not None
     with tempfile.TemporaryDirectory(prefix="fullgraph-fit-") as tmp:
         if dataset is not None:  # the workers read it from disk, as any processed dataset
             store.save_dataset(dataset, Path(tmp) / "dataset")
@@ -230,7 +231,10 @@ def _fit_launched(cfg: Any, dataset: Any, verbose: bool) -> FitResult:
         payload = torch.load(result_file, weights_only=True)
         model = build(dataset, cfg)
         model.load_state_dict(payload.pop("state_dict"))
-        return _result(payload, model, given, dataset)
+        result = _result(payload, model, given, dataset)
+    if in_memory and given.train.save_model:  # rank 0 named the temporary directory
+        result.model.save(given.train.save_model)
+    return result
 
 
 @contextlib.contextmanager

@@ -19,9 +19,15 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from fullgraph.checkpoint import dataset_fingerprint, load_parameters, to_cpu, write_atomic
+from fullgraph.checkpoint import (
+    dataset_fingerprint,
+    differences,
+    load_parameters,
+    to_cpu,
+    write_atomic,
+)
 from fullgraph.config import Config
-from fullgraph.errors import ConfigError
+from fullgraph.errors import ConfigError, DatasetNotFoundError
 from fullgraph.graph.csr import Graph
 from fullgraph.graph.data import Dataset
 from fullgraph.models import build_model
@@ -32,6 +38,8 @@ from fullgraph.parallel.base import feature_rows
 
 FORMAT = "fullgraph-model"
 VERSION = 1
+META_KEYS = ("model", "data", "dataset", "trained")
+"""What a saved model records besides its parameters and the file's header."""
 DATA_OPTIONS = ("dataset", "feature_dtype", "normalize_features", "split_seed")
 """The ``data`` options a saved model keeps: which dataset, and how it was prepared."""
 
@@ -78,8 +86,11 @@ class SavedModel(nn.Module):
     def save(self, path: str | Path) -> None:
         """Write this model to ``path`` (atomically) as ``train --save-model`` does, for
         ``load_model`` and ``fullgraph predict`` / ``evaluate``."""
-        payload = {"format": FORMAT, "version": VERSION, **self.meta,
-                   "state_dict": to_cpu(self.program.state_dict())}
+        missing = [k for k in META_KEYS if k not in self.meta]
+        if missing:
+            raise ValueError(f"SavedModel.save: meta lacks {', '.join(missing)}")
+        payload = {**{k: self.meta[k] for k in META_KEYS}, "format": FORMAT,
+                   "version": VERSION, "state_dict": to_cpu(self.program.state_dict())}
         write_atomic(Path(path), payload)
 
     def _run(self, graph: Graph | Tensor, features: Tensor, stop: int | None) -> Tensor:
@@ -154,11 +165,15 @@ def load_model(path: str | Path) -> SavedModel:
     if saved.get("version") != VERSION:
         raise ConfigError(f"model: {path} has format version {saved.get('version')}; this "
                           f"fullgraph reads version {VERSION}")
+    missing = [k for k in (*META_KEYS, "state_dict") if k not in saved]
+    if missing:
+        raise ConfigError(f"model: {path} lacks {', '.join(missing)}: not a complete saved "
+                          "model")
     m = saved["model"]
     program = build_model(m["name"], m["in_dim"], m["hidden"], m["out_dim"], **m["options"])
     program = program.to(getattr(torch, m["dtype"]))
     load_parameters(program, saved["state_dict"], f"model: {path}")
-    meta = {k: saved[k] for k in ("model", "data", "dataset", "trained")}
+    meta = {k: saved[k] for k in META_KEYS}
     return SavedModel(program, meta).eval()
 
 
@@ -172,9 +187,38 @@ def load_dataset_for(model: SavedModel, dataset: str | None = None,
     opts = dict(model.meta["data"])
     if dataset is not None:
         opts["dataset"] = dataset
-    loaded = datasets.load_for(DataConfig(root=root, **opts))
+    try:
+        loaded = datasets.load_for(DataConfig(root=root, **opts))
+    except DatasetNotFoundError as err:
+        if dataset is not None:
+            raise
+        raise DatasetNotFoundError(
+            err.problem, source=err.source, field=err.field, found=err.found,
+            expected=err.expected,
+            hint=f"the model was trained on {opts['dataset']!r}; where that was data held in "
+                 "memory, name a stored dataset with --dataset") from None
     require_whole(loaded, "predict / evaluate")
+    if dataset is None:
+        _check_trained_on(model, loaded)
     return loaded
+
+
+def _check_trained_on(model: SavedModel, loaded: Dataset) -> None:
+    """Refuse, naming each difference, a dataset found under the trained-on name that
+    is not the data the model was trained on (its content digests differ: another
+    split, other features, or another dataset of that name). A model trained on shards
+    is compared by sizes only (its digests are of the shards as written)."""
+    trained = dict(model.meta.get("dataset") or {})
+    here = dataset_fingerprint(loaded)
+    if trained.get("sharded"):
+        keys = ("vertices", "edges", "features", "classes")
+        trained, here = ({k: d.get(k) for k in keys} for d in (trained, here))
+    diffs = differences(trained, here)
+    if diffs:
+        raise ConfigError(f"model: the dataset {loaded.name!r} found is not the data it was "
+                          "trained on (" + "; ".join(d.replace(" in the checkpoint", " then")
+                                                     for d in diffs)
+                          + "); give --dataset to use it anyway")
 
 
 @torch.no_grad()

@@ -16,6 +16,7 @@ import fullgraph
 from fullgraph.errors import ConfigError
 from fullgraph.graph.formats.pyg import to_pyg
 from fullgraph.graph.synthetic import sbm
+from fullgraph.saved import accuracy, load_dataset_for
 
 
 def test_import_fullgraph_stays_light() -> None:
@@ -46,6 +47,29 @@ def test_readme_example_trains_on_two_workers(readme_api_run) -> None:
     saved = fullgraph.load_model(where / "cora-gcn.pt")  # what the example saved
     assert saved.meta["trained"]["workers"] == 2 and saved.meta["data"]["dataset"] == "cora"
     assert saved.meta["trained"]["test_acc"] == result.test_accuracy
+    ds = load_dataset_for(saved, root=str(where / "data"))  # found, and the data it knew
+    assert accuracy(saved, ds)["test"][0] / 1000 == pytest.approx(result.test_accuracy)
+
+
+@pytest.mark.dist
+def test_a_model_of_other_data_under_a_stored_name_is_refused(readme_api_run) -> None:
+    """Cora in memory with its train and test masks swapped keeps the name "cora":
+    finding the stored Cora for it names the difference, not a silent wrong score; data
+    of a name nothing stores says to give --dataset."""
+    from fullgraph.errors import DatasetNotFoundError
+    from fullgraph.graph.datasets import load
+
+    root = readme_api_run[1] / "data"
+    ds = load("cora", root)
+    d = ds.data
+    ds.data = dataclasses.replace(d, train_mask=d.test_mask, test_mask=d.train_mask)
+    swapped = fullgraph.fit(ds, epochs=2, hidden=8)
+    with pytest.raises(ConfigError, match="not the data it was trained on.*masks"):
+        load_dataset_for(swapped.model, root=str(root))
+    assert load_dataset_for(swapped.model, "cora", root=str(root)).name == "cora"  # asked for
+    other = fullgraph.fit(sbm(67, 3, avg_degree=5.0, num_features=9, seed=11), epochs=1)
+    with pytest.raises(DatasetNotFoundError, match="held in memory.*--dataset"):
+        load_dataset_for(other.model, root=str(root))
 
 
 @pytest.mark.dist
@@ -89,7 +113,12 @@ def test_in_memory_dataset_on_launched_tensor_workers(tmp_path) -> None:
     ds = sbm(67, 3, avg_degree=5.0, num_features=9, seed=11)
     opts = dict(model="sage", epochs=3, hidden=5, lr=0.05)
     here = fullgraph.fit(ds, **opts)
-    launched = fullgraph.fit(ds, strategy="tensor", workers=2, **opts)
+    launched = fullgraph.fit(ds, strategy="tensor", workers=2,
+                             save_model=str(tmp_path / "model.pt"), **opts)
+    assert launched.config.data.dataset == ds.name  # not the workers' temporary copy
+    saved = fullgraph.load_model(tmp_path / "model.pt")
+    assert saved.meta["data"] == launched.model.meta["data"]
+    assert saved.meta["data"]["dataset"] == ds.name
     assert launched.history[-1]["loss"] == pytest.approx(here.history[-1]["loss"], rel=1e-4)
     for p, q in zip(launched.model.parameters(), here.model.parameters()):
         torch.testing.assert_close(p, q, atol=1e-5, rtol=1e-4)
@@ -98,8 +127,6 @@ def test_in_memory_dataset_on_launched_tensor_workers(tmp_path) -> None:
 def test_the_model_predicts_and_saves_as_a_saved_model(tmp_path) -> None:
     """``FitResult.model`` maps (edge_index, features) to logits whose accuracy is the
     run's, and saves a file that ``load_model`` reads back to the same logits."""
-    from fullgraph.saved import accuracy
-
     ds = sbm(67, 3, avg_degree=5.0, num_features=9, seed=11)
     result = fullgraph.fit(ds, epochs=6, hidden=8, lr=0.05)
     edge_index = torch.stack(ds.graph.edges())

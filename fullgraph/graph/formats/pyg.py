@@ -39,8 +39,8 @@ def from_pyg(data: Any, name: str = "pyg", *, split_index: int = 0, seed: int = 
     Args:
         data: a ``torch_geometric.data.Data`` (any object with these attributes); a
             sparse ``x`` (torch COO, CSR or CSC, or a ``torch_sparse.SparseTensor``)
-            becomes CSR features, never made dense here; a mask may be boolean, or a
-            vector of vertex ids (as OGB's split indices).
+            becomes CSR features, never made dense here; a mask may be boolean (or
+            0/1 uint8), or a vector of vertex ids (as OGB's split indices).
         name: dataset name (default: ``"pyg"``).
         split_index: column to use when the masks are (N, S) for S splits, as in
             WikiCS (default: 0).
@@ -52,7 +52,8 @@ def from_pyg(data: Any, name: str = "pyg", *, split_index: int = 0, seed: int = 
         A validated Dataset; duplicate edges are dropped, self-loops kept.
 
     Raises:
-        FormatError: ``x``, ``y`` or ``edge_index`` is missing or has the wrong shape.
+        FormatError: ``x``, ``y`` or ``edge_index`` is missing or has the wrong shape, or
+            an integer mask of 0s and 1s (a mask, or vertex ids?).
         ValidationError: no edges, ids out of range, NaN features, labels out of range,
             empty or overlapping masks.
     """
@@ -121,9 +122,10 @@ def _sparse_features(x: Any, name: str) -> Tensor:
     """Sparse ``x`` as fullgraph's CSR features (float32, float16 kept), its non-zeros
     only: it is never made dense here (``sparse_features`` decides the layout later)."""
     t = x if isinstance(x, Tensor) else x.to_torch_sparse_csr_tensor()
-    if t.dim() != 2:
-        raise FormatError("features must be a 2-D array", source=name, field="x",
-                          found=tuple(t.shape), expected="(N, F)")
+    if t.dim() != 2 or (t.layout == torch.sparse_coo and t.sparse_dim() != 2):
+        raise FormatError("features must be a 2-D array (sparse in both dimensions)",
+                          source=name, field="x", found=f"{tuple(t.shape)} {t.layout}",
+                          expected="(N, F)")
     t = t.detach().cpu()
     if t.layout == torch.sparse_coo:
         t = t.coalesce()
@@ -147,8 +149,9 @@ def _sparse_features(x: Any, name: str) -> Tensor:
 def _index_mask(ids: np.ndarray, n: int, name: str, key: str) -> np.ndarray:
     """An integer ``key`` read as the ids of its vertices (as OGB's split indices and
     PyG's ``index_to_mask`` have them), as a boolean mask. A 0/1 vector with one entry
-    per vertex is refused: it may be a mask stored as integers."""
-    if ids.shape[0] == n and n > 2 and np.isin(ids, (0, 1)).all():
+    per vertex (not uint8, which is read as a mask) is refused: it may be a mask stored
+    as integers."""
+    if ids.shape[0] == n and np.isin(ids, (0, 1)).all():
         raise FormatError("an integer mask of 0s and 1s, one per vertex, is ambiguous "
                           "(a mask, or vertex ids?)", source=name, field=key,
                           found=f"{ids.dtype} {ids.shape}",
@@ -180,7 +183,9 @@ def _masks(data: Any, labels: np.ndarray, split_index: int, seed: int,
         m = _numpy(value)
         if m.ndim == 2:
             m = m[:, split_index]
-        if m.ndim == 1 and m.dtype.kind in "iu":
+        if m.dtype == np.uint8 and m.shape == labels.shape and np.isin(m, (0, 1)).all():
+            m = m.astype(bool)  # a mask as PyG's old ByteTensor
+        elif m.ndim == 1 and m.dtype.kind in "iu":
             m = _index_mask(m, labels.shape[0], name, key)
         if m.dtype != np.bool_ or m.shape != labels.shape:
             raise FormatError("mask must be a boolean vector with one entry per vertex",

@@ -128,6 +128,10 @@ def test_masks_given_as_vertex_ids() -> None:
     assert err.value.field == "train_mask[1]"
     with pytest.raises(FormatError, match="ambiguous"):
         from_pyg(_tiny(train_mask=(torch.arange(10) < 4).long()))
+    byte = from_pyg(_tiny(train_mask=(torch.arange(10) < 4).to(torch.uint8)))
+    assert byte.data.train_mask.tolist() == (torch.arange(10) < 4).tolist()
+    with pytest.raises(FormatError, match="sparse in both"):
+        from_pyg(_tiny(x=torch.eye(10, 3).to_sparse(1)))
 
 
 def test_missing_labels() -> None:
