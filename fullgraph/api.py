@@ -114,15 +114,17 @@ def fit(data: Any = "cora", *, model: str = "gcn", strategy: str = "single",
         dataset = data if isinstance(data, Dataset) else _from_pyg(data)
         options["dataset"] = dataset.name
     cfg = config_from_options(options)
+    prepared = None  # the data as the run holds it, where the planner needed it already
     if cfg.runtime.strategy == "auto":  # the planner's choice, made once before any worker
         from fullgraph.graph import datasets
         from fullgraph.planner import resolve_config
 
-        seen = datasets.load_for(cfg.data) if dataset is None else \
-            _with_data_options(dataset, cfg)  # as the run will hold it
-        cfg = resolve_config(cfg, seen)[0]
+        prepared = datasets.load_for(cfg.data) if dataset is None else \
+            _with_data_options(dataset, cfg)
+        cfg = resolve_config(cfg, prepared)[0]
     if workers == 1:
-        return _fit_here(cfg, dataset, verbose)
+        return _fit_here(cfg, dataset, verbose, prepared)
+    del prepared  # the workers load their own
     return _fit_launched(cfg, dataset, verbose)
 
 
@@ -177,15 +179,19 @@ def _with_data_options(dataset: Any, cfg: Any) -> Any:
     return Dataset(dataset.name, dataset.graph, data, dict(dataset.info))
 
 
-def _fit_here(cfg: Any, dataset: Any, verbose: bool) -> FitResult:
+def _fit_here(cfg: Any, dataset: Any, verbose: bool, prepared: Any = None) -> FitResult:
     import io
 
     from fullgraph.graph import datasets
     from fullgraph.report import Reporter
     from fullgraph.train import check_before_launch, train
 
-    dataset = datasets.load_for(cfg.data) if dataset is None else \
-        _with_data_options(dataset, cfg)
+    if prepared is not None:
+        dataset = prepared
+    elif dataset is None:
+        dataset = datasets.load_for(cfg.data)
+    else:
+        dataset = _with_data_options(dataset, cfg)
     check_before_launch(cfg, dataset, 1)
     reporter = Reporter(cfg.train.epochs, metrics_out=cfg.train.metrics_out,
                         progress=cfg.train.progress if verbose else "off",
@@ -209,10 +215,12 @@ def _fit_launched(cfg: Any, dataset: Any, verbose: bool) -> FitResult:
     given = cfg  # what the result reports (not the temporary directory below)
     in_memory = dataset is not None
     with tempfile.TemporaryDirectory(prefix="fullgraph-fit-") as tmp:
-        if dataset is not None:  # the workers read it from disk, as any processed dataset
+        if in_memory:  # the workers read it from disk, as any processed dataset
             store.save_dataset(dataset, Path(tmp) / "dataset")
             data = dataclasses.asdict(cfg.data) | {"dataset": str(Path(tmp) / "dataset")}
-            cfg = dataclasses.replace(cfg, data=DataConfig(**data))
+            # the model file is written here, naming the data as given, not its copy
+            cfg = dataclasses.replace(cfg, data=DataConfig(**data),
+                                      train=dataclasses.replace(cfg.train, save_model=None))
         dataset = datasets.load_for(cfg.data)
         check_before_launch(cfg, dataset, cfg.launch.workers)
         config_file, result_file = Path(tmp) / "config.json", Path(tmp) / "result.pt"
@@ -232,7 +240,7 @@ def _fit_launched(cfg: Any, dataset: Any, verbose: bool) -> FitResult:
         model = build(dataset, cfg)
         model.load_state_dict(payload.pop("state_dict"))
         result = _result(payload, model, given, dataset)
-    if in_memory and given.train.save_model:  # rank 0 named the temporary directory
+    if in_memory and given.train.save_model:
         result.model.save(given.train.save_model)
     return result
 

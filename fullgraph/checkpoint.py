@@ -121,15 +121,16 @@ def run_fingerprint(dataset: Dataset, cfg: Config, dtype: torch.dtype) -> dict[s
                           "seed": cfg.train.seed}}
 
 
-def differences(saved: Any, current: Any, where: str = "") -> list[str]:
-    """``where.key: A in the checkpoint, B here`` for every leaf that differs."""
+def differences(saved: Any, current: Any, where: str = "", *,
+                saved_in: str = "in the checkpoint") -> list[str]:
+    """``where.key: A <saved_in>, B here`` for every leaf that differs."""
     if isinstance(saved, dict) and isinstance(current, dict):
         out = []
         for key in sorted(set(saved) | set(current), key=str):
             out += differences(saved.get(key), current.get(key),
-                               f"{where}.{key}" if where else str(key))
+                               f"{where}.{key}" if where else str(key), saved_in=saved_in)
         return out
-    return [] if saved == current else [f"{where}: {saved!r} in the checkpoint, {current!r} here"]
+    return [] if saved == current else [f"{where}: {saved!r} {saved_in}, {current!r} here"]
 
 
 def check_fingerprint(saved: dict[str, Any], current: dict[str, Any], source: str) -> None:

@@ -207,18 +207,16 @@ def _check_trained_on(model: SavedModel, loaded: Dataset) -> None:
     """Refuse, naming each difference, a dataset found under the trained-on name that
     is not the data the model was trained on (its content digests differ: another
     split, other features, or another dataset of that name). A model trained on shards
-    is compared by sizes only (its digests are of the shards as written)."""
+    is compared by sizes only (its record says how the shards held their features)."""
     trained = dict(model.meta.get("dataset") or {})
     here = dataset_fingerprint(loaded)
     if trained.get("sharded"):
         keys = ("vertices", "edges", "features", "classes")
         trained, here = ({k: d.get(k) for k in keys} for d in (trained, here))
-    diffs = differences(trained, here)
+    diffs = differences(trained, here, saved_in="then")
     if diffs:
         raise ConfigError(f"model: the dataset {loaded.name!r} found is not the data it was "
-                          "trained on (" + "; ".join(d.replace(" in the checkpoint", " then")
-                                                     for d in diffs)
-                          + "); give --dataset to use it anyway")
+                          f"trained on ({'; '.join(diffs)}); give --dataset to use it anyway")
 
 
 @torch.no_grad()
