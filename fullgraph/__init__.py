@@ -2,7 +2,7 @@
 
 One model definition (a stage program of transform / edge / propagate stages) and
 several executors of it: single-process (the reference), data, tensor, hybrid
-(peer-to-peer) and task parallelism. See README.md for what is planned beyond these.
+(peer-to-peer) and task parallelism, with a resource-aware runtime and a planner.
 """
 from __future__ import annotations
 
@@ -11,19 +11,24 @@ __version__ = "0.1.0"
 from pathlib import Path  # noqa: E402
 from typing import TYPE_CHECKING, Any  # noqa: E402
 
-from fullgraph.errors import DataError, FullgraphError  # noqa: E402
+from fullgraph.errors import ConfigError, DataError, FullgraphError  # noqa: E402
 
 if TYPE_CHECKING:  # for type checkers and editors; at run time __getattr__ loads them
     from fullgraph.api import FitResult, fit
+    from fullgraph.graph.formats.pyg import from_pyg, to_pyg
     from fullgraph.saved import SavedModel
 
-__all__ = ["DataError", "FitResult", "FullgraphError", "__version__", "fit", "load_model"]
+__all__ = ["ConfigError", "DataError", "FitResult", "FullgraphError", "SavedModel",
+           "__version__", "fit", "from_pyg", "load_model", "to_pyg"]
 
-_LAZY = {"fit": "fullgraph.api", "FitResult": "fullgraph.api"}
+_LAZY = {"fit": "fullgraph.api", "FitResult": "fullgraph.api",
+         "SavedModel": "fullgraph.saved", "from_pyg": "fullgraph.graph.formats.pyg",
+         "to_pyg": "fullgraph.graph.formats.pyg"}
 
 
 def __getattr__(name: str) -> Any:
-    """``fit`` and ``FitResult`` on first use, so ``import fullgraph`` stays light."""
+    """``fit``, ``SavedModel``, ``from_pyg``, ... on first use, so ``import fullgraph``
+    stays light."""
     if name in _LAZY:
         import importlib
 

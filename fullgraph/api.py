@@ -56,9 +56,10 @@ class FitResult:
             what ``fullgraph.load_model`` and ``fullgraph predict`` read, and
             ``model.program`` is the stage program the executors run.
         test_accuracy: test accuracy at the best-validation epoch.
-        val_accuracy: the best validation accuracy.
+        val_accuracy: the best validation accuracy (NaN without validation vertices).
         train_accuracy: train accuracy at the best-validation epoch.
-        best_epoch: the epoch the model is from.
+        best_epoch: the epoch the model is from (the last, without validation
+            vertices).
         total_s: seconds of training (without setup).
         config: the ``fullgraph.config.Config`` of the run.
     """
@@ -72,6 +73,12 @@ class FitResult:
     total_s: float
     config: Any = field(repr=False)
 
+    def __repr__(self) -> str:  # the history (a dict per epoch) and the model stay out
+        return (f"FitResult(test_accuracy={self.test_accuracy:.4f}, "
+                f"val_accuracy={self.val_accuracy:.4f}, best_epoch={self.best_epoch}, "
+                f"epochs={len(self.history)}, total_s={self.total_s:.2f}, "
+                f"model={self.model.meta['model']['name']!r})")
+
     @property
     def losses(self) -> list[float]:
         """The training loss of every epoch."""
@@ -80,19 +87,26 @@ class FitResult:
 
 def fit(data: Any = "cora", *, model: str = "gcn", strategy: str = "single",
         workers: int = 1, epochs: int = 200, verbose: bool = False,
-        **options: Any) -> FitResult:
+        num_classes: int | None = None, **options: Any) -> FitResult:
     """Train a model on ``data`` and return the history, the model and its accuracy.
+
+    The caller's random number generators are left as they were: the run seeds its
+    own (``seed=``), and they are restored after it.
 
     Args:
         data: a dataset name or processed dataset directory (``fullgraph datasets``),
             a ``fullgraph.graph.data.Dataset``, or a PyG ``Data`` (default: ``"cora"``).
-        model: gcn, sage, gat or gin (default: ``"gcn"``).
+            A ``Data`` without masks is split 60/20/20 at random by ``split_seed``;
+            one without ``val_mask`` keeps the last epoch's model.
+        model: gcn, sage, gat, gin or tagcn (default: ``"gcn"``).
         strategy: single, data, tensor, p2p, task, or auto (the one ``fullgraph plan``
-            recommends) (default: ``"single"``).
+            recommends) (default: ``"single"``; more than one worker needs another).
         workers: local worker processes; 1 trains in this process (default: 1).
         epochs: training epochs (default: 200).
         verbose: print the run header, the per-epoch table and the summary
             (default: False; launched workers print theirs to this process's stdout).
+        num_classes: the class count of a PyG ``Data`` whose labels do not use every
+            class (default: ``max(y) + 1``; a stored dataset knows its own).
         **options: any other option of ``fullgraph train``, named as its flag with
             ``_`` for ``-`` (``hidden=32``, ``lr=0.005``, ``partitioner="chunk"``,
             ``metrics_out="run.jsonl"``, ...).
@@ -100,32 +114,49 @@ def fit(data: Any = "cora", *, model: str = "gcn", strategy: str = "single",
     Raises:
         ConfigError: an unknown option or a bad value (the message names it).
         DataError: the data cannot be read or is inconsistent.
-        FullgraphError: a launched worker failed (its error is printed to stderr).
+        FullgraphError: a launched worker failed (the message names its rank, the
+            phase and its error; the whole report is printed to stderr too).
     """
     from fullgraph.graph.data import Dataset
 
     options.update(model=model, strategy=strategy, workers=workers, epochs=epochs)
     if "dataset" in options:
         raise ConfigError("fit: give the dataset as the first argument, not dataset=")
-    if isinstance(data, (str, Path)):
-        options["dataset"] = str(data)
-        dataset = None
-    else:
-        dataset = data if isinstance(data, Dataset) else _from_pyg(data)
-        options["dataset"] = dataset.name
+    in_memory = not isinstance(data, (str, Path, Dataset))
+    if num_classes is not None and not in_memory:
+        raise ConfigError("fit: num_classes applies to a PyG Data; a stored dataset or a "
+                          "fullgraph Dataset has its class count")
+    options["dataset"] = str(data) if isinstance(data, (str, Path)) else \
+        data.name if isinstance(data, Dataset) else "pyg"
     cfg = config_from_options(options)
-    prepared = None  # the data as the run holds it, where the planner needed it already
-    if cfg.runtime.strategy == "auto":  # the planner's choice, made once before any worker
-        from fullgraph.graph import datasets
-        from fullgraph.planner import resolve_config
+    with _own_random_state(cfg.train.device):
+        if isinstance(data, (str, Path)):
+            dataset = None
+        else:
+            dataset = _from_pyg(data, cfg.data.split_seed, num_classes) if in_memory else data
+        prepared = None  # the data as the run holds it, where the planner needed it already
+        if cfg.runtime.strategy == "auto":  # the planner's choice, made once before any worker
+            from fullgraph.graph import datasets
+            from fullgraph.planner import resolve_config
 
-        prepared = datasets.load_for(cfg.data) if dataset is None else \
-            _with_data_options(dataset, cfg)
-        cfg = resolve_config(cfg, prepared)[0]
-    if workers == 1:
-        return _fit_here(cfg, dataset, verbose, prepared)
-    del prepared  # the workers load their own
-    return _fit_launched(cfg, dataset, verbose)
+            prepared = datasets.load_for(cfg.data) if dataset is None else \
+                _with_data_options(dataset, cfg)
+            cfg = resolve_config(cfg, prepared)[0]
+        if workers == 1:
+            return _fit_here(cfg, dataset, verbose, prepared)
+        del prepared  # the workers load their own
+        return _fit_launched(cfg, dataset, verbose)
+
+
+@contextlib.contextmanager
+def _own_random_state(device: str) -> Iterator[None]:
+    """Restore torch's generators after the block (the CPU's, and every CUDA device's
+    unless the run is on the CPU): a run seeds them, and the caller's draws should not
+    depend on having called fit."""
+    cuda = device != "cpu" and torch.cuda.is_available()
+    devices = list(range(torch.cuda.device_count())) if cuda else []
+    with torch.random.fork_rng(devices=devices):
+        yield
 
 
 def config_from_options(options: dict[str, Any]) -> Any:
@@ -143,19 +174,19 @@ def config_from_options(options: dict[str, Any]) -> Any:
     for name, value in options.items():
         if name not in by_name:
             raise ConfigError(f"fit: unknown option {name!r}; expected one of "
-                              f"{', '.join(sorted(by_name))}")
+                              f"{', '.join(sorted(set(by_name) - {'dataset'}))}")
         section, key = by_name[name]
         tree.setdefault(section, {})[key] = value
     return config_from_dict(tree, source="fit")
 
 
-def _from_pyg(data: Any) -> Any:
+def _from_pyg(data: Any, split_seed: int, num_classes: int | None) -> Any:
     from fullgraph.graph.formats.pyg import from_pyg
 
     if not all(hasattr(data, key) for key in ("x", "y", "edge_index")):
         raise ConfigError(f"fit: data must be a dataset name, a fullgraph Dataset or a PyG "
                           f"Data with x, y and edge_index; got {type(data).__name__}")
-    return from_pyg(data, name="pyg")
+    return from_pyg(data, name="pyg", seed=split_seed, num_classes=num_classes)
 
 
 def _with_data_options(dataset: Any, cfg: Any) -> Any:
@@ -229,13 +260,15 @@ def _fit_launched(cfg: Any, dataset: Any, verbose: bool) -> FitResult:
         config_file.write_text(json.dumps(tree))
         # the launcher hands this process's environment to the workers
         with _environment({RESULT_ENV: str(result_file), QUIET_ENV: "" if verbose else "1"}):
-            code = launch.launch_local(["train", "--config", str(config_file)],
-                                       cfg.launch.workers, timeout_s=cfg.launch.timeout_s,
-                                       run_dir=cfg.launch.run_dir, threads=cfg.runtime.threads,
-                                       keep_run_dir=cfg.launch.keep_run_dir, module=__name__)
+            code, failure = launch.run_local(
+                ["train", "--config", str(config_file)], cfg.launch.workers,
+                timeout_s=cfg.launch.timeout_s, run_dir=cfg.launch.run_dir,
+                threads=cfg.runtime.threads, keep_run_dir=cfg.launch.keep_run_dir,
+                module=__name__)
         if code != 0:
-            raise FullgraphError(f"fit: a worker failed (exit code {code}); its error is "
-                                 "printed above")
+            cause = failure.splitlines()[0].removeprefix("fullgraph: ") if failure else \
+                f"exit code {code}"
+            raise FullgraphError(f"fit: {cause} (the whole report is printed to stderr)")
         payload = torch.load(result_file, weights_only=True)
         model = build(dataset, cfg)
         model.load_state_dict(payload.pop("state_dict"))

@@ -172,6 +172,15 @@ def launch_local(argv: list[str], workers: int, *, timeout_s: float, run_dir: st
     ``keep_run_dir``; after a failure it is kept and its path printed. ``module`` is the
     workers' entry point: the CLI, or the Python API's (``fullgraph.api``).
     """
+    return run_local(argv, workers, timeout_s=timeout_s, run_dir=run_dir, threads=threads,
+                     keep_run_dir=keep_run_dir, module=module)[0]
+
+
+def run_local(argv: list[str], workers: int, *, timeout_s: float, run_dir: str | None,
+              threads: int | None, keep_run_dir: bool = False,
+              module: str = "fullgraph.cli") -> tuple[int, str]:
+    """``launch_local``, returning the failure's description too ("" after success),
+    as printed to stderr: its first line names the failed rank, phase and error."""
     temporary = run_dir is None
     path = Path(run_dir or tempfile.mkdtemp(prefix="fullgraph-run-"))
     path.mkdir(parents=True, exist_ok=True)
@@ -185,15 +194,16 @@ def launch_local(argv: list[str], workers: int, *, timeout_s: float, run_dir: st
         for p in procs:
             p.kill()
             p.wait()
-        print(f"fullgraph: could not start worker {len(procs)} of {workers}: {err}; "
-              f"logs in {path}", file=sys.stderr)
-        return 1
-    code = _supervise(procs, path, timeout_s)
+        text = f"fullgraph: could not start worker {len(procs)} of {workers}: {err}; " \
+            f"logs in {path}"
+        print(text, file=sys.stderr)
+        return 1, text
+    code, text = _supervise(procs, path, timeout_s)
     for p in procs:  # a worker that was killed left its shared-memory files behind
         shm.remove_files(p.pid)
     if code == 0 and temporary and not keep_run_dir:
         shutil.rmtree(path, ignore_errors=True)
-    return code
+    return code, text
 
 
 def _start(procs: list[subprocess.Popen], argv: list[str], workers: int, run_dir: Path,
@@ -214,8 +224,10 @@ def _start(procs: list[subprocess.Popen], argv: list[str], workers: int, run_dir
                                               stderr=subprocess.STDOUT))
 
 
-def _supervise(procs: list[subprocess.Popen], run_dir: Path, timeout_s: float) -> int:
-    """Wait for all workers; on a failure, stop the rest and name the root cause."""
+def _supervise(procs: list[subprocess.Popen], run_dir: Path,
+               timeout_s: float) -> tuple[int, str]:
+    """Wait for all workers; on a failure, stop the rest and name the root cause (the
+    exit code and the text printed)."""
     sup = Supervisor(procs, run_dir, timeout_s)
     try:
         while sup.step():
@@ -226,16 +238,17 @@ def _supervise(procs: list[subprocess.Popen], run_dir: Path, timeout_s: float) -
                 p.send_signal(signal.SIGINT)
         for p in procs:
             p.wait()
-        print(f"fullgraph: interrupted; logs in {run_dir}", file=sys.stderr)
-        return 130
+        text = f"fullgraph: interrupted; logs in {run_dir}"
+        print(text, file=sys.stderr)
+        return 130, text
     for rank, p in enumerate(procs):
         if p.returncode != 0 and rank not in sup.failed:
             sup.failed[rank] = WorkerExit(rank, p.returncode, rank in sup.killed)
     if not sup.failed:
-        return 0
+        return 0, ""
     text, code = describe_failure(list(sup.failed.values()), run_dir)
     print(text, file=sys.stderr)
-    return code
+    return code, text
 
 
 class Supervisor:

@@ -28,6 +28,7 @@ from fullgraph.checkpoint import (
 )
 from fullgraph.config import Config
 from fullgraph.errors import ConfigError, DatasetNotFoundError
+from fullgraph.graph import store
 from fullgraph.graph.csr import Graph
 from fullgraph.graph.data import Dataset
 from fullgraph.models import build_model
@@ -61,6 +62,7 @@ class SavedModel(nn.Module):
         super().__init__()
         self.program = program
         self.meta = meta
+        self._steps = 0  # calls in training mode: each draws new dropout masks
 
     def forward(self, graph: Graph | Tensor, features: Tensor) -> Tensor:
         """Logits of every vertex.
@@ -89,22 +91,41 @@ class SavedModel(nn.Module):
         missing = [k for k in META_KEYS if k not in self.meta]
         if missing:
             raise ValueError(f"SavedModel.save: meta lacks {', '.join(missing)}")
-        payload = {**{k: self.meta[k] for k in META_KEYS}, "format": FORMAT,
-                   "version": VERSION, "state_dict": to_cpu(self.program.state_dict())}
+        meta = {k: self.meta[k] for k in META_KEYS}
+        param = next(self.program.parameters())  # the dtype it has now (after .double())
+        meta["model"] = {**meta["model"], "dtype": str(param.dtype).replace("torch.", "")}
+        payload = {**meta, "format": FORMAT, "version": VERSION,
+                   "state_dict": to_cpu(self.program.state_dict())}
         write_atomic(Path(path), payload)
 
     def _run(self, graph: Graph | Tensor, features: Tensor, stop: int | None) -> Tensor:
+        if features.dim() != 2:
+            raise ValueError(f"features must be an (N, F) matrix; got shape "
+                             f"{tuple(features.shape)}")
+        param = next(self.program.parameters())
+        if param.dtype not in (torch.float32, torch.float64):
+            raise ValueError(f"a SavedModel runs in float32 or float64; its parameters are "
+                             f"{str(param.dtype).replace('torch.', '')} (use .float())")
         n = int(features.shape[0])
         if not isinstance(graph, Graph):
-            graph = Graph.from_edges(graph[0], graph[1], n)
+            edge_index = torch.as_tensor(graph)
+            if edge_index.dim() != 2 or edge_index.shape[0] != 2 or \
+                    edge_index.dtype.is_floating_point or edge_index.dtype == torch.bool:
+                raise ValueError("edge_index must be a (2, E) integer tensor (row 0 sources, "
+                                 f"row 1 destinations); got {str(edge_index.dtype)[6:]} "
+                                 f"{tuple(edge_index.shape)}")
+            graph = Graph.from_edges(edge_index[0], edge_index[1], n)
         if graph.num_nodes != n:
             raise ValueError(f"the graph has {graph.num_nodes} vertices but features have {n} rows")
         if features.shape[1] != self.program.in_dim:
             raise ValueError(f"the model takes {self.program.in_dim} feature columns, "
                              f"got {features.shape[1]}")
-        param = next(self.program.parameters())
+        seed = 0
+        if self.training:  # a new dropout mask for every call, as nn.Dropout draws
+            self._steps += 1
+            seed = self._steps
         graph, norms = propagation_inputs(self.program, graph.to(param.device), param.dtype)
-        ctx = StageContext(torch.arange(n, device=param.device), 0, self.training,
+        ctx = StageContext(torch.arange(n, device=param.device), seed, self.training,
                            torch.arange(graph.num_edges, device=param.device))
         x = feature_rows(features, None, self.program, param.dtype, param.device)  # CSR or dense
         return walk(self.program, GraphRunner(graph, norms, ctx), x, stop=stop)
@@ -120,13 +141,16 @@ def model_meta(model: GNN, cfg: Config, dataset: Dataset,
         dataset: the dataset it was trained on (its fingerprint is kept).
         trained: facts about the run (best epoch, accuracies, strategy, workers).
     """
-    data = dataclasses.asdict(cfg.data)
+    data = {k: v for k, v in dataclasses.asdict(cfg.data).items() if k in DATA_OPTIONS}
+    given = Path(data["dataset"]).expanduser()
+    if any((given / name).is_file() for name in (store.META_FILE, store.SHARDS_FILE)):
+        data["dataset"] = str(given.resolve())  # a directory: found from any directory later
     param = next(model.parameters())
     return {
         "model": {"name": cfg.model.name, "in_dim": model.in_dim, "hidden": cfg.model.hidden,
                   "out_dim": model.out_dim, "options": cfg.model.build_options(),
                   "dtype": str(param.dtype).replace("torch.", "")},
-        "data": {k: data[k] for k in DATA_OPTIONS},
+        "data": data,
         "dataset": dataset_fingerprint(dataset),
         "trained": trained}
 

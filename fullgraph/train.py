@@ -2,7 +2,8 @@
 
 Full-graph training: one optimiser step (Adam) per epoch, evaluation on the train,
 validation and test masks after it, and the model with the best validation accuracy
-kept (its test accuracy is the reported result). Fixed seeds give identical results
+kept (its test accuracy is the reported result; without validation vertices, the
+last epoch's). Fixed seeds give identical results
 on CPU: parameters come from ``torch.manual_seed(seed)`` and every dropout mask is
 keyed by (seed, epoch, stage, vertex), see ``fullgraph.ops.dropout``. So a run
 resumed from a checkpoint (``fullgraph.checkpoint``) goes on bit for bit.
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import importlib
+import math
 import os
 import time
 from collections.abc import Sequence
@@ -92,6 +94,16 @@ def check_before_launch(cfg: Config, dataset: Dataset, workers: int) -> None:
         DataError: the partition file is unreadable or for another graph.
     """
     check_device(cfg.train.device)
+    if cfg.runtime.strategy == "single" and workers > 1:
+        raise ConfigError(f"runtime.strategy: 'single' runs on one worker, not {workers}; "
+                          "choose a distributed strategy: data, tensor, p2p, task, or auto "
+                          "(the planner's choice)")
+    parts = section_users()["partition"]
+    if cfg.runtime.strategy in parts and workers > dataset.graph.num_nodes:
+        raise ConfigError(f"launch.workers: {workers} workers for a graph of "
+                          f"{dataset.graph.num_nodes} vertices: strategy "
+                          f"{cfg.runtime.strategy!r} gives each worker a part of the vertices; "
+                          f"use at most {dataset.graph.num_nodes} workers")
     check_adapt_options(cfg, workers)
     shards.check_use(dataset, cfg.runtime.strategy, workers)
     if dataset.shard is not None:
@@ -115,7 +127,7 @@ def check_before_launch(cfg: Config, dataset: Dataset, workers: int) -> None:
     if cfg.runtime.spmm_backend == "numba" and not kernels.HAVE_NUMBA:
         raise MissingExtraError(missing_message("numba", "runtime.spmm_backend: 'numba'") +
                                 " (or use --spmm-backend torch)")
-    if cfg.runtime.strategy not in section_users()["partition"] or workers < 2 \
+    if cfg.runtime.strategy not in parts or workers < 2 \
             or dataset.shard is not None:  # shards carry their partition
         return
     opts = cfg.options["partition"]
@@ -281,6 +293,8 @@ def _epochs(strategy: Strategy, model: GNN, plan: Plan, optimizer: torch.optim.O
             if acc["val"] > best[0]:
                 best = (acc["val"], epoch, acc["test"], acc["train"],
                         copy.deepcopy(model.state_dict()))
+            elif math.isnan(acc["val"]):  # no validation vertices: the model is the last one
+                best = (acc["val"], epoch, acc["test"], acc["train"], None)
         prof = profiler.end(epoch)
         prof.saved_bytes = int(stats.extra.get("saved_bytes", 0))
         rec = EpochRecord(epoch, stats.loss, acc["train"], acc["val"], acc["test"], prof.wall_s,
@@ -348,13 +362,20 @@ def _finish(records: list[EpochRecord], profiles: list[list[EpochProfile]], best
     result = TrainResult(records, best[1], best[0], best[2], best[3], total, model)
     times = sorted(r.epoch_s for r in records)
     per_rank = [list(col) for col in zip(*profiles)] if profiles else []
+    timing = f"{len(records)} epochs in {total:.2f} s, median epoch {times[len(times) // 2]:.4f} s"
+    if math.isnan(result.best_val):  # no validation vertices to choose an epoch by
+        kept = [f"no validation vertices: the model kept is the last epoch's "
+                f"(epoch {result.best_epoch}): test {result.test_at_best:.2%} "
+                f"(train {result.train_at_best:.2%})",
+                f"final test accuracy {result.test_at_best:.2%} (test accuracy at epoch "
+                f"{result.best_epoch}, the last); {timing}"]
+    else:
+        kept = [f"best epoch {result.best_epoch}: val {result.best_val:.2%}, "
+                f"test {result.test_at_best:.2%} (train {result.train_at_best:.2%})",
+                f"final test accuracy {result.test_at_best:.2%} (test accuracy at epoch "
+                f"{result.best_epoch}, the best validation accuracy); {timing}"]
     reporter.summary(
-        summary_lines(per_rank) + (outcome or []) +
-        [f"best epoch {result.best_epoch}: val {result.best_val:.2%}, "
-         f"test {result.test_at_best:.2%} (train {result.train_at_best:.2%})",
-         f"final test accuracy {result.test_at_best:.2%} (test accuracy at epoch "
-         f"{result.best_epoch}, the best validation accuracy); {len(records)} epochs in "
-         f"{total:.2f} s, median epoch {times[len(times) // 2]:.4f} s"],
+        summary_lines(per_rank) + (outcome or []) + kept,
         {"best_epoch": result.best_epoch, "best_val": result.best_val,
          "test_acc": result.test_at_best, "train_acc": result.train_at_best,
          "total_s": total, "median_epoch_s": times[len(times) // 2]})

@@ -185,22 +185,129 @@ def test_bad_input_is_one_clear_error(call, match) -> None:
         call()
 
 
-def test_a_failed_launch_raises(monkeypatch) -> None:
-    """A worker failure (the launcher's non-zero exit) is an error, not an empty result."""
+def test_a_failed_launch_raises_naming_the_cause(monkeypatch) -> None:
+    """A worker failure (the launcher's non-zero exit) is an error that carries the
+    launcher's first line (rank, phase, error), not an empty result."""
     from fullgraph import launch
 
     seen = {}
 
     def failing(argv, workers, **kwargs):
         seen.update(argv=argv, workers=workers, module=kwargs["module"])
-        return 1
+        return 1, ("fullgraph: worker rank 1 failed during setup: ValueError: boom\n"
+                   "fullgraph: ranks [0] stopped after it; logs in /tmp/x")
 
-    monkeypatch.setattr(launch, "launch_local", failing)
+    monkeypatch.setattr(launch, "run_local", failing)
     ds = sbm(67, 3, avg_degree=5.0, num_features=9, seed=11)
-    with pytest.raises(fullgraph.FullgraphError, match="a worker failed"):
+    with pytest.raises(fullgraph.FullgraphError,
+                       match=r"^fit: worker rank 1 failed during setup: ValueError: boom "
+                             r"\(the whole report"):
         fullgraph.fit(ds, strategy="data", workers=2, epochs=1, partitioner="chunk")
     assert seen["workers"] == 2 and seen["module"] == "fullgraph.api"
     assert seen["argv"][:2] == ["train", "--config"]
+
+
+def test_workers_without_a_distributed_strategy_are_refused_before_launch(
+        monkeypatch) -> None:
+    from fullgraph import launch
+
+    monkeypatch.setattr(launch, "run_local", lambda *a, **k: pytest.fail("launched"))
+    with pytest.raises(ConfigError, match="'single' runs on one worker, not 2.*data, tensor"):
+        fullgraph.fit("cora", workers=2, epochs=1)
+    tiny = sbm(2, 2, avg_degree=1.0, num_features=3, seed=1)
+    with pytest.raises(ConfigError, match="3 workers for a graph of 2 vertices"):
+        fullgraph.fit(tiny, strategy="data", workers=3, epochs=1)
+
+
+def _random_data(n: int = 100, seed: int = 0) -> SimpleNamespace:
+    g = torch.Generator().manual_seed(seed)
+    return SimpleNamespace(x=torch.randn(n, 8, generator=g),
+                           y=torch.randint(0, 3, (n,), generator=g),
+                           edge_index=torch.randint(0, n, (2, 4 * n), generator=g))
+
+
+def test_without_validation_vertices_the_last_epoch_is_kept() -> None:
+    d = _random_data()
+    n = d.x.shape[0]
+    d.train_mask, d.test_mask = torch.arange(n) < 60, torch.arange(n) >= 60
+    result = fullgraph.fit(d, epochs=12, hidden=8, lr=0.05)
+    assert result.best_epoch == 12 and math.isnan(result.val_accuracy)
+    assert result.test_accuracy == result.history[-1]["test_acc"]
+    with torch.no_grad():
+        pred = result.model(d.edge_index, d.x).argmax(1)
+    hits = (pred == d.y)[d.test_mask]
+    assert float(hits.float().mean()) == pytest.approx(result.test_accuracy)
+
+
+def test_split_seed_draws_the_split_of_data_without_masks() -> None:
+    with pytest.warns(UserWarning, match="repeated edges"):
+        runs = [fullgraph.fit(_random_data(), epochs=3, hidden=8, split_seed=seed)
+                for seed in (0, 0, 7)]
+    assert runs[0].losses == runs[1].losses != runs[2].losses
+    assert runs[2].model.meta["data"]["split_seed"] == 7
+
+
+def test_fit_gives_back_the_callers_random_state() -> None:
+    draws = []
+    for seed in (1, 999):
+        torch.manual_seed(seed)
+        expected = torch.rand(3, generator=torch.Generator().manual_seed(seed))
+        fullgraph.fit(sbm(40, 2, avg_degree=4.0, num_features=5, seed=3), epochs=1)
+        draws.append(torch.rand(3))
+        assert torch.equal(draws[-1], expected)
+    assert not torch.equal(*draws)
+
+
+def test_repeated_edges_and_edge_weights_are_named_in_warnings() -> None:
+    d = _random_data()
+    d.edge_index = torch.cat([d.edge_index, d.edge_index[:, :5]], dim=1)
+    d.edge_weight = torch.ones(d.edge_index.shape[1])
+    with pytest.warns(UserWarning) as caught:
+        fullgraph.from_pyg(d)
+    text = " | ".join(str(w.message) for w in caught)
+    assert "repeated edges in edge_index were dropped" in text
+    assert "edge_weight not used" in text
+
+
+def test_num_classes_states_classes_the_labels_leave_unused() -> None:
+    d = _random_data(40)
+    d.y[d.y == 2] = 30  # 31 classes, 3 of them used by 40 vertices: implausible
+    with pytest.raises(fullgraph.DataError, match="num_classes"):
+        fullgraph.fit(d, epochs=1)
+    assert fullgraph.fit(d, epochs=1, num_classes=31).model.program.out_dim == 31
+    with pytest.raises(ConfigError, match="num_classes applies to a PyG Data"):
+        fullgraph.fit("cora", epochs=1, num_classes=7)
+
+
+def test_the_saved_model_refuses_inputs_of_the_wrong_shape_or_dtype(tmp_path) -> None:
+    d = _random_data()
+    model = fullgraph.fit(d, epochs=2, hidden=8).model
+    with pytest.raises(ValueError, match=r"edge_index must be a \(2, E\) integer.*\(400, 2\)"):
+        model(d.edge_index.t(), d.x)
+    with pytest.raises(ValueError, match=r"edge_index must be.*\(3, 400\)"):
+        model(torch.cat([d.edge_index, d.edge_index[:1]]), d.x)
+    with pytest.raises(ValueError, match=r"features must be an \(N, F\) matrix"):
+        model(d.edge_index, d.x[0])
+    with pytest.raises(ValueError, match="float32 or float64; its parameters are float16"):
+        model.half()(d.edge_index, d.x.half())
+    model.double().save(tmp_path / "m.pt")
+    assert next(fullgraph.load_model(tmp_path / "m.pt").parameters()).dtype == torch.float64
+
+
+def test_the_saved_model_in_training_mode_draws_new_dropout_masks() -> None:
+    d = _random_data()
+    model = fullgraph.fit(d, epochs=2, hidden=8).model
+    with torch.no_grad():
+        model.eval()
+        assert torch.equal(model(d.edge_index, d.x), model(d.edge_index, d.x))
+        model.train()
+        assert not torch.equal(model(d.edge_index, d.x), model(d.edge_index, d.x))
+
+
+def test_the_result_prints_briefly() -> None:
+    result = fullgraph.fit(sbm(40, 2, avg_degree=4.0, num_features=5, seed=3), epochs=2)
+    assert repr(result).startswith("FitResult(test_accuracy=") and "'gcn'" in repr(result)
+    assert len(repr(result)) < 200
 
 
 def test_the_worker_entry_point_alone_says_what_it_is(monkeypatch, capsys) -> None:

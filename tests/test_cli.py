@@ -431,7 +431,8 @@ def test_too_many_workers_are_refused_unless_oversubscribed(root, capsys, no_lau
     one_line_error(capsys, "4 workers need at least 1.6 GiB", "1.0 GiB is available")
     assert no_launch == []
     with pytest.warns(UserWarning, match="1000 workers on 2 cores"):
-        assert main(["train", "--workers", "1000", "--oversubscribe"]) == 0
+        assert main(["train", "--workers", "1000", "--oversubscribe",
+                     "--strategy", "data"]) == 0
     assert len(no_launch) == 1 and no_launch[0][0][1] == 1000
 
 

@@ -85,9 +85,26 @@ def from_pyg(data: Any, name: str = "pyg", *, split_index: int = 0, seed: int = 
     check_ids(src, n, source=name, locate=field_locator("edge_index[0, {k}]"))
     check_ids(dst, n, source=name, locate=field_locator("edge_index[1, {k}]"))
     graph = Graph.from_edges(src, dst, n)
+    _warn_unused(data, ei.shape[1] - graph.num_edges, name)
     masks, how = _masks(data, labels, split_index, seed, name)
     return assemble(name, graph, features, labels, masks, num_classes,
                     {"format": "pyg", "split": how})
+
+
+def _warn_unused(data: Any, duplicates: int, name: str) -> None:
+    """Warn of what the conversion leaves out: repeated edges (a fullgraph graph
+    holds each edge once, where PyG's sums count a repeat again) and edge weights or
+    attributes (the models read the structure only)."""
+    import warnings
+
+    if duplicates:
+        warnings.warn(f"{name}: {duplicates} repeated edges in edge_index were dropped (each "
+                      "edge counts once here; PyG's sums count a repeat again)", stacklevel=3)
+    unused = [key for key in ("edge_weight", "edge_attr")
+              if getattr(data, key, None) is not None]
+    if unused:
+        warnings.warn(f"{name}: {' and '.join(unused)} not used: fullgraph's models read the "
+                      "graph's structure only", stacklevel=3)
 
 
 def to_pyg(dataset: Dataset) -> Any:
