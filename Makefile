@@ -12,11 +12,14 @@ MAIN := train --dataset cora --normalize-features --model gcn --epochs 200 --str
 
 venv: $(STAMP)
 
-# torch 2.13.0 (the tested version; the package declares >=2.13,<2.14) is installed first:
-# left to the package, pip would pull a CUDA build (several GB); here it is the CPU build.
+# torch 2.13.0 (the tested version; the package declares >=2.13,<2.14) is installed first,
+# its CPU build: PyPI's Linux wheel is the CUDA build (several GB). The CPU build is taken
+# from a wheel pip already finds (a local wheel directory), else from PyTorch's CPU index.
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install --quiet torch==2.13.0
+	$(VENV)/bin/pip install --quiet torch==2.13.0+cpu 2>/dev/null || \
+	    $(VENV)/bin/pip install --quiet torch==2.13.0 --index-url $(TORCH_CPU_INDEX)
 	$(VENV)/bin/pip install --quiet -e '.[test]'
 	rm -f $(VENV)/.installed-*
 	touch $@
@@ -33,7 +36,7 @@ lint: $(STAMP)
 
 # Build the wheel, install it into a fresh venv (CPU torch first) and run $(MAIN) with it.
 install-check: $(STAMP)
-	.ci/install-check $(PYTHON) $(VENV)/bin/pip -- $(MAIN)
+	TORCH_CPU_INDEX=$(TORCH_CPU_INDEX) .ci/install-check $(PYTHON) $(VENV)/bin/pip -- $(MAIN)
 
 bench: $(STAMP)
 	$(VENV)/bin/python -m fullgraph.bench.kernels

@@ -94,3 +94,13 @@ def test_ci_installs_the_wheel_and_runs_the_readme_test_command() -> None:
     assert "make install-check" in steps and "make test" in steps
     assert re.search(r"^make test +# runs the whole test suite", (REPO / "README.md").read_text(),
                      re.MULTILINE)
+
+
+def test_make_and_ci_install_the_cpu_build_of_torch() -> None:
+    """A local +cpu wheel where pip finds one, else PyTorch's CPU index: never PyPI's
+    Linux wheel, the CUDA build."""
+    for path in (REPO / "Makefile", REPO / ".ci" / "install-check"):
+        text = path.read_text()
+        assert "install --quiet torch==2.13.0+cpu" in text or \
+            "install torch==2.13.0+cpu" in text, path
+        assert "--index-url" in text and "download.pytorch.org/whl/cpu" in text, path
