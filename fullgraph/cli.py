@@ -15,13 +15,14 @@ import argparse
 import dataclasses
 import os
 import sys
+import traceback
 import typing
 import warnings
 from typing import TYPE_CHECKING, Any
 
 from fullgraph import __version__, cli_outputs
-from fullgraph.configfile import flag_names
-from fullgraph.errors import FullgraphError
+from fullgraph.configfile import flag_names, normalize
+from fullgraph.errors import ConfigError, FullgraphError
 
 if TYPE_CHECKING:
     from fullgraph.comm.group import Comm
@@ -106,6 +107,10 @@ def config_from_args(args: argparse.Namespace) -> Any:
     from fullgraph.config import config_from_dict, load_config_file, merge
 
     tree = load_config_file(args.config) if args.config else {}
+    if not isinstance(tree, dict):
+        raise ConfigError(f"{args.config}: expected a mapping of sections and options, got "
+                          f"a {type(tree).__name__}")
+    tree = normalize(tree, args.config)  # the file's spellings first: then a flag wins
     overrides: dict[str, dict[str, Any]] = {}
     for key, value in vars(args).items():
         if "." in key and value is not None:
@@ -244,16 +249,45 @@ def main(argv: list[str] | None = None) -> int:
     raw = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(raw)
     args.argv = raw
+    debug = bool(os.environ.get("FULLGRAPH_DEBUG")) or \
+        vars(args).get("train.log_level") == "debug"
+    formatted = warnings.formatwarning
+    if not debug:  # a warning is one line, as an error is: no source file, no code line
+        warnings.formatwarning = _one_line_warning(f"fullgraph {args.command}")
     try:
         return COMMANDS[args.command](args)
-    except (FullgraphError, ValueError, FileNotFoundError) as exc:
-        if os.environ.get("FULLGRAPH_DEBUG") or vars(args).get("train.log_level") == "debug":
-            raise
-        print(f"fullgraph {args.command}: error: {exc}", file=sys.stderr)
+    except (FullgraphError, ValueError, OSError) as exc:
+        if debug:
+            traceback.print_exc()
+        print(f"fullgraph {args.command}: error: {_error_text(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("fullgraph: interrupted", file=sys.stderr)
+        from fullgraph.worker import SUPERVISED_ENV
+
+        if not os.environ.get(SUPERVISED_ENV):  # else the launcher says it, once
+            print("fullgraph: interrupted", file=sys.stderr)
         return 130
+    finally:
+        warnings.formatwarning = formatted
+
+
+def _error_text(exc: BaseException) -> str:
+    """The error's message; an OS error names its file (``[Errno 21] Is a directory:
+    'x'`` becomes ``x: is a directory``)."""
+    if isinstance(exc, OSError) and exc.strerror and not isinstance(exc, FileNotFoundError):
+        where = exc.filename2 or exc.filename
+        what = exc.strerror[0].lower() + exc.strerror[1:]
+        return f"{where}: {what}" if where else what
+    return str(exc)
+
+
+def _one_line_warning(prog: str) -> Any:
+    """A ``warnings.formatwarning`` that gives ``PROG: warning: MESSAGE``."""
+    def fmt(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+            line: str | None = None) -> str:
+        kind = "" if category is UserWarning else f" ({category.__name__})"
+        return f"{prog}: warning{kind}: {message}\n"
+    return fmt
 
 
 def _config_at_log_level(args: argparse.Namespace) -> Any:
@@ -282,6 +316,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         cfg, flags = resolve_config(cfg, datasets.load_for(cfg.data))
         print(f"strategy auto: {' '.join(flags)} (see `fullgraph plan`)", file=sys.stderr)
         args.argv = [*args.argv, *flags]
+    from fullgraph.train import check_outputs
+
+    check_outputs(cfg)
     if launch.under_launcher():
         conflict = launch.torchrun_conflict(cfg.launch.workers)
         if conflict:  # every worker refuses; one says why
@@ -320,7 +357,7 @@ def _train(cfg: Any, status: Any) -> int:
     from fullgraph.allocator import memory_line
     from fullgraph.comm.group import destroy_comm, init_comm
     from fullgraph.report import Reporter
-    from fullgraph.train import check_device, train
+    from fullgraph.train import check_device, check_same_options, train
 
     check_device(cfg.train.device)
     comm = None
@@ -331,6 +368,8 @@ def _train(cfg: Any, status: Any) -> int:
         status.watch(comm.counter)
     rank = comm.rank if comm is not None else 0
     try:
+        if comm is not None:  # under torchrun each host has its own command line
+            check_same_options(cfg, comm)
         dataset = _load_once_per_host(cfg, comm)
         reporter = Reporter(cfg.train.epochs, metrics_out=cfg.train.metrics_out,
                             progress=cfg.train.progress, enabled=rank == 0,
@@ -378,7 +417,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
     root = DataConfig(root=args.root).resolved_root()
     if args.name is not None:
-        datasets.check_name(args.name)  # before the work of generating
+        datasets.check_new_name(args.name)  # before the work of generating
     from fullgraph.launch import available_memory
     from fullgraph.memory import parse_bytes
 
@@ -386,7 +425,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
               else max(256 << 20, (available_memory() or 4 << 30) // 4))
     if args.kind == "rmat":
         name = args.name or f"rmat-{args.vertices}-{args.edges}"
-        datasets.check_name(name)
+        datasets.check_new_name(name)
         path = datasets.processed_dir(root, name)
         a, b, c, d = args.rmat
         out = synthetic.write_rmat(path, args.vertices, args.edges, a=a, b=b, c=c, d=d,
@@ -397,7 +436,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
                                    name=name, memory_bytes=memory)
     else:
         name = args.name or f"sbm-{args.vertices}-{args.classes}"
-        datasets.check_name(name)
+        datasets.check_new_name(name)
         path = datasets.processed_dir(root, name)
         out = synthetic.write_sbm(path, args.vertices, args.classes,
                                   avg_degree=args.avg_degree, homophily=args.homophily,
@@ -425,6 +464,10 @@ def cmd_partition(args: argparse.Namespace) -> int:
     if args.shard_hops and not args.shards:
         raise ValueError("--shard-hops: only with --shards DIR")
     from fullgraph.partition.shards import require_whole
+    from fullgraph.paths import check_output
+
+    if args.out:
+        check_output(args.out, "--out")
 
     data_cfg = DataConfig(dataset=args.dataset, root=args.root, split_seed=args.split_seed)
     dataset = datasets.load(data_cfg.dataset, data_cfg.resolved_root(),
@@ -477,8 +520,10 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    from fullgraph.paths import check_output
     from fullgraph.plots import write_report
 
+    check_output(args.out, "--out", directory=True)
     for path in write_report(args.metrics, args.out):
         print(f"wrote {path}")
     return 0

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
@@ -37,22 +38,36 @@ def _load(args: argparse.Namespace):
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
-    import numpy as np
     import torch
 
-    model, dataset = _load(args)
+    from fullgraph.paths import check_output
+
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    emb_path = None if args.embeddings is None else \
+        Path(args.embeddings or out.with_name(out.stem + "-embeddings.npy"))
+    check_output(out, "--out")
+    if emb_path is not None:
+        check_output(emb_path, "--embeddings")
+    model, dataset = _load(args)
     with torch.no_grad():
         logits = model(dataset.graph, dataset.data.features)
-        np.save(out, logits.argmax(dim=1).numpy())
+        _save_npy(out, logits.argmax(dim=1).numpy())
         print(f"wrote {out}: {logits.shape[0]} class predictions on {dataset.name}")
-        if args.embeddings is not None:
-            emb_path = Path(args.embeddings or out.with_name(out.stem + "-embeddings.npy"))
+        if emb_path is not None:
             emb = model.embed(dataset.graph, dataset.data.features)
-            np.save(emb_path, emb.float().numpy())
+            _save_npy(emb_path, emb.float().numpy())
             print(f"wrote {emb_path}: {emb.shape[0]} x {emb.shape[1]} embeddings")
     return 0
+
+
+def _save_npy(path: Path, array: Any) -> None:
+    """``array`` as an .npy file at exactly ``path`` (``np.save`` given a name adds
+    ``.npy`` to one without it), its parent directories made."""
+    import numpy as np
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as f:
+        np.save(f, array)
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:

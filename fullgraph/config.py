@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import sys
 import types
@@ -145,18 +146,19 @@ class ModelConfig:
         gat_only = [n for n, default in (("heads", 8), ("out_heads", 1), ("attn_dropout", None))
                     if getattr(self, n) != default]
         if gat_only and self.name != "gat":
-            warnings.warn(f"model options {', '.join(gat_only)} have no effect on model "
-                          f"{self.name!r} (they apply to gat)", stacklevel=3)
+            from fullgraph.configfile import flags_of
+
+            warnings.warn(f"{flags_of('model', gat_only)} no effect with --model {self.name} "
+                          "(only with gat)", stacklevel=3)
         _require(not self.batch_norm or self.name == "gin", "model", "batch_norm",
                  self.batch_norm, f"False for model {self.name!r} (batch_norm is GIN's)")
         _require(not (self.batch_norm and self.decoupled), "model", "batch_norm",
                  self.batch_norm, "False with decoupled=True (the coupled GIN has it)")
         if self.hops != 3 and (self.name != "tagcn" or self.decoupled):
-            warnings.warn("model option hops has no effect here (it applies to the coupled "
-                          "tagcn; a decoupled model has --num-props hops)", stacklevel=3)
+            warnings.warn("--hops has no effect here (only with the coupled tagcn; a "
+                          "decoupled model has --num-props hops)", stacklevel=3)
         if self.num_props != 2 and not self.decoupled:
-            warnings.warn("model option num_props has no effect without decoupled=True",
-                          stacklevel=3)
+            warnings.warn("--num-props has no effect without --decoupled", stacklevel=3)
 
     def build_options(self) -> dict[str, Any]:
         """Keyword options for ``fullgraph.models.build_model``."""
@@ -209,10 +211,11 @@ class TrainConfig:
         _require(self.checkpoint_every >= 1, "train", "checkpoint_every", self.checkpoint_every,
                  ">= 1")
         if self.checkpoint_every != 10 and self.checkpoint_dir is None:
-            warnings.warn("train option checkpoint_every has no effect without checkpoint_dir",
+            warnings.warn("--checkpoint-every has no effect without --checkpoint-dir",
                           stacklevel=3)
-        _require(self.lr > 0, "train", "lr", self.lr, "> 0")
-        _require(self.weight_decay >= 0, "train", "weight_decay", self.weight_decay, ">= 0")
+        _require(0 < self.lr < math.inf, "train", "lr", self.lr, "> 0 and finite")
+        _require(0 <= self.weight_decay < math.inf, "train", "weight_decay", self.weight_decay,
+                 ">= 0 and finite")
         _require(self.eval_every >= 1, "train", "eval_every", self.eval_every, ">= 1")
         _require(self.progress in PROGRESS, "train", "progress", self.progress,
                  " | ".join(PROGRESS))
@@ -416,7 +419,7 @@ def _build_section(cls: type, values: dict[str, Any], where: str) -> Any:
                               f"{', '.join(sorted(known))}")
         if not _type_ok(value, hints[key]):
             raise ConfigError(f"{where}.{key}: got {value!r} ({type(value).__name__}); "
-                              f"expected {hints[key]}")
+                              f"expected {_type_name(hints[key])}")
         choices = choices_of(known[key])
         if choices is not None and value not in choices:
             raise ConfigError(f"{where}.{key}: got {value!r}; expected one of "
@@ -427,6 +430,12 @@ def _build_section(cls: type, values: dict[str, Any], where: str) -> Any:
         raise
     except ValueError as exc:  # a strategy's own validation
         raise ConfigError(f"{where}: {exc}") from None
+
+
+def _type_name(hint: Any) -> str:
+    """``int``, ``float | None``, ``tuple[int, ...]``: a type as it is written."""
+    return hint.__name__ if isinstance(hint, type) and not typing.get_args(hint) else \
+        str(hint).replace("typing.", "").replace("NoneType", "None")
 
 
 def _type_ok(value: Any, hint: Any) -> bool:
@@ -471,7 +480,8 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
 
 
 def merge(tree: dict[str, Any], overrides: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """``tree`` with ``overrides`` (section -> key -> value) laid over it."""
+    """``tree`` (sections of fields, as ``configfile.normalize`` gives) with
+    ``overrides`` (section -> key -> value) laid over it."""
     out = {k: dict(v) if isinstance(v, dict) else v for k, v in tree.items()}
     for section, values in overrides.items():
         if values:

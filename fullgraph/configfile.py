@@ -24,6 +24,14 @@ FLAG_NAMES = {("model", "name"): "model", ("launch", "timeout_s"): "timeout",
 RESERVED_FLAGS = ("config", "help", "version", "quiet")
 
 
+def flags_of(section: str, fields: list[str]) -> str:
+    """``--a, --b have`` / ``--a has``: options of ``section`` named by their flags, as
+    the start of a sentence that says what they do."""
+    names = flag_names()
+    flags = ", ".join(f"--{names.get((section, f), f.replace('_', '-'))}" for f in fields)
+    return f"{flags} {'has' if len(fields) == 1 else 'have'}"
+
+
 def flag_names() -> dict[tuple[str, str], str]:
     """(section, field) -> flag, for every section. A strategy's flag that another
     section already uses is namespaced with its section (``--<section>-<field>``), so

@@ -38,10 +38,12 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from fullgraph.comm import shm
 from fullgraph.errors import ConfigError
@@ -214,7 +216,7 @@ def _start(procs: list[subprocess.Popen], argv: list[str], workers: int, run_dir
                    LOCAL_WORLD_SIZE=str(workers), MASTER_ADDR="127.0.0.1",
                    MASTER_PORT=str(port), OMP_NUM_THREADS=str(threads),
                    FULLGRAPH_THREADS=str(threads),
-                   **{RUN_DIR_ENV: str(run_dir), SUPERVISED_ENV: "1"})
+                   **{RUN_DIR_ENV: str(run_dir), SUPERVISED_ENV: str(os.getpid())})
         cmd = [sys.executable, "-m", *argv]  # argv[0]: the module to run
         if rank == 0:
             procs.append(subprocess.Popen(cmd, env=env))
@@ -224,23 +226,40 @@ def _start(procs: list[subprocess.Popen], argv: list[str], workers: int, run_dir
                                               stderr=subprocess.STDOUT))
 
 
+class _Stopped(Exception):
+    """The launcher was sent SIGTERM or SIGHUP (``signum``)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _stop(signum: int, frame: Any) -> None:
+    raise _Stopped(signum)
+
+
 def _supervise(procs: list[subprocess.Popen], run_dir: Path,
                timeout_s: float) -> tuple[int, str]:
     """Wait for all workers; on a failure, stop the rest and name the root cause (the
-    exit code and the text printed)."""
+    exit code and the text printed). Ctrl-C, SIGTERM and SIGHUP stop the workers too."""
     sup = Supervisor(procs, run_dir, timeout_s)
+    handled = (signal.SIGTERM, signal.SIGHUP)
+    main_thread = threading.current_thread() is threading.main_thread()
+    before = {sig: signal.signal(sig, _stop) for sig in handled} if main_thread else {}
     try:
         while sup.step():
             time.sleep(0.05)
-    except KeyboardInterrupt:
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGINT)
-        for p in procs:
-            p.wait()
-        text = f"fullgraph: interrupted; logs in {run_dir}"
+    except (KeyboardInterrupt, _Stopped) as exc:
+        signum = exc.signum if isinstance(exc, _Stopped) else signal.SIGINT
+        _stop_workers(procs, signal.SIGINT if signum == signal.SIGINT else signal.SIGTERM)
+        how = "interrupted" if signum == signal.SIGINT else \
+            f"stopped by {signal.Signals(signum).name}; the workers were stopped"
+        text = f"fullgraph: {how}; logs in {run_dir}"
         print(text, file=sys.stderr)
-        return 130, text
+        return 128 + signum, text
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
     for rank, p in enumerate(procs):
         if p.returncode != 0 and rank not in sup.failed:
             sup.failed[rank] = WorkerExit(rank, p.returncode, rank in sup.killed)
@@ -249,6 +268,21 @@ def _supervise(procs: list[subprocess.Popen], run_dir: Path,
     text, code = describe_failure(list(sup.failed.values()), run_dir)
     print(text, file=sys.stderr)
     return code, text
+
+
+def _stop_workers(procs: list[subprocess.Popen], signum: int) -> None:
+    """Send ``signum`` to the running workers; kill those still running after
+    ``GRACE_S``."""
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signum)
+    deadline = time.monotonic() + GRACE_S
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
 
 
 class Supervisor:

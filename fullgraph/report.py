@@ -76,7 +76,8 @@ class Reporter:
             return
         values = (rec.epoch, rec.loss, rec.train_acc, rec.val_acc, rec.test_acc, rec.epoch_s,
                   rec.forward_s, rec.backward_s, rec.optimizer_s)
-        row = " ".join(_fmt(width, f, v) for (_, width, f), v in zip(TABLE_COLUMNS, values))
+        row = " ".join(_fmt(width, f, v, name != "loss")  # a NaN loss is not a gap
+                       for (name, width, f), v in zip(TABLE_COLUMNS, values))
         if self.bar:
             sys.stderr.write("\r\033[K")
         self._print(row)
@@ -121,7 +122,7 @@ class Reporter:
             self.metrics.flush()
 
 
-def _fmt(width: int, fmt: str, value: float) -> str:
-    if value != value:  # NaN: an epoch without evaluation
+def _fmt(width: int, fmt: str, value: float, gap: bool = True) -> str:
+    if value != value and gap:  # NaN: an epoch without evaluation
         return f"{'-':>{width}}"
     return f"{value:>{width}{fmt}}"

@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
+from torch import Tensor
 
 from fullgraph.adapt import build_adapters
 from fullgraph.adapt import check_options as check_adapt_options
@@ -39,6 +40,7 @@ from fullgraph.ops.spmm import auto_choice, describe_backend, set_auto, set_back
 from fullgraph.parallel import build_strategy
 from fullgraph.parallel.base import EpochHook, Plan, Strategy, section_users
 from fullgraph.partition import PartitionBook, shards
+from fullgraph.paths import check_output
 from fullgraph.profile import EpochProfile, Profiler, split_waiting, summary_lines
 from fullgraph.report import EpochRecord, Reporter
 
@@ -82,6 +84,69 @@ def check_device(name: str) -> None:
         raise ConfigError(f"train.device: got {name!r} but {why}; use --device cpu")
 
 
+def check_outputs(cfg: Config) -> None:
+    """Refuse an output path the run could not write (``--save-model`` a directory, a
+    ``--checkpoint-dir`` that is a file, ...) now, not when it is written after the
+    training.
+
+    Raises:
+        ConfigError: naming the option and the path.
+    """
+    for path, flag, directory in ((cfg.train.save_model, "--save-model", False),
+                                  (cfg.train.metrics_out, "--metrics-out", False),
+                                  (cfg.train.checkpoint_dir, "--checkpoint-dir", True)):
+        if path:
+            check_output(path, flag, directory=directory)
+
+
+PER_PROCESS_OPTIONS = {
+    "data": ("dataset", "root"), "launch": None, "partition": ("file",),
+    "runtime": ("spmm_backend", "threads"), "tensor_parallel": ("spill_dir",),
+    "train": ("device", "metrics_out", "progress", "log_level", "checkpoint_dir", "resume",
+              "save_model")}
+"""Options that may differ between the workers of one run (None: the whole section):
+paths on each host, what a worker prints, its threads and kernel, its device."""
+
+
+def check_same_options(cfg: Config, comm: Comm) -> None:
+    """Refuse a run whose workers were given different options (under torchrun each
+    host has its own command line): a different seed, model or strategy would train
+    different models on the ranks, silently. Collective.
+
+    Raises:
+        ConfigError: on every rank, naming each option that differs and its value on
+            which ranks.
+    """
+    mine = {f"{section}.{key}": value for section, values in cfg.to_dict().items()
+            for key, value in values.items()
+            if section not in PER_PROCESS_OPTIONS or
+            (PER_PROCESS_OPTIONS[section] is not None and
+             key not in PER_PROCESS_OPTIONS[section])}  # type: ignore[operator]
+    every = all_gather_object(mine, comm, "options")
+    diffs = []
+    for key in sorted(set().union(*every)):
+        ranks: dict[str, list[int]] = {}
+        for rank, options in enumerate(every):
+            ranks.setdefault(repr(options.get(key)), []).append(rank)
+        if len(ranks) > 1:
+            diffs.append(f"{key}: " + ", ".join(f"{value} on rank(s) {_ranks(r)}"
+                                                 for value, r in ranks.items()))
+    if diffs:
+        raise ConfigError("the workers were given different options (" + "; ".join(diffs) +
+                          "): give every worker the same command line or config file")
+
+
+def _ranks(ranks: list[int]) -> str:
+    """``0-3, 5``: ranks as ranges."""
+    spans: list[list[int]] = []
+    for r in ranks:
+        if spans and r == spans[-1][1] + 1:
+            spans[-1][1] = r
+        else:
+            spans.append([r, r])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
+
+
 def check_before_launch(cfg: Config, dataset: Dataset, workers: int) -> None:
     """Find the user errors a ``workers``-worker run would hit, before starting any.
 
@@ -94,6 +159,7 @@ def check_before_launch(cfg: Config, dataset: Dataset, workers: int) -> None:
         DataError: the partition file is unreadable or for another graph.
     """
     check_device(cfg.train.device)
+    check_outputs(cfg)
     if cfg.runtime.strategy == "single" and workers > 1:
         raise ConfigError(f"runtime.strategy: 'single' runs on one worker, not {workers}; "
                           "choose a distributed strategy: data, tensor, p2p, task, or auto "
@@ -274,6 +340,9 @@ def _epochs(strategy: Strategy, model: GNN, plan: Plan, optimizer: torch.optim.O
     def is_collective(epoch: int) -> bool:
         return all(getattr(h, "collective_epoch", lambda _: True)(epoch) for h in hooks)
 
+    # under partial reduce a worker's loss is its group's: the ranks may not agree on it
+    partial = any(hasattr(h, "collective_epoch") for h in hooks)
+
     for epoch in range(state.epoch + 1, cfg.train.epochs + 1):
         collective = is_collective(epoch)
         profiler.begin()
@@ -314,10 +383,26 @@ def _epochs(strategy: Strategy, model: GNN, plan: Plan, optimizer: torch.optim.O
             if not both and is_collective(epoch + 1):
                 deferred = (epoch, prof)
             profiler.work = strategy.work(model, plan)  # the plan may have changed
+        if not math.isfinite(stats.loss) and not partial:  # the same on every rank: all stop
+            _diverged(epoch, stats.loss, best[1], best[4] or model.state_dict())
+            break
         ckpt.after_epoch(epoch, model, optimizer, best, records)
     phase("done")
     return _finish(records, profiles, best, time.perf_counter() - start, model, reporter,
-                   strategy.outcome(model, plan))
+                   strategy.outcome(model, plan), restored=state.epoch)
+
+
+def _diverged(epoch: int, loss: float, best_epoch: int, kept: dict[str, Tensor]) -> None:
+    """Say that the training stopped at ``epoch`` on a non-finite loss, and which model
+    is kept (``kept``: its parameters)."""
+    import warnings
+
+    which = f"the model kept is epoch {best_epoch}'s" if best_epoch else \
+        "no epoch was evaluated before it, so the model kept is this one"
+    if not all(bool(torch.isfinite(v).all()) for v in kept.values() if v.is_floating_point()):
+        which += ", and it has non-finite parameters too"
+    warnings.warn(f"epoch {epoch}: the loss is {loss}: the training diverged (a smaller --lr "
+                  f"may help) and stops here; {which}", stacklevel=2)
 
 
 def _between(strategy: Strategy, hooks: Sequence[Any], model: GNN, plan: Plan, epoch: int,
@@ -356,13 +441,17 @@ def _save_model(cfg: Config, result: TrainResult, dataset: Dataset, world: int) 
 
 def _finish(records: list[EpochRecord], profiles: list[list[EpochProfile]], best: tuple,
             total: float, model: GNN, reporter: Reporter,
-            outcome: list[str] | None = None) -> TrainResult:
+            outcome: list[str] | None = None, restored: int = 0) -> TrainResult:
+    """The result and the summary; ``restored``: epochs a checkpoint brought (their
+    records are the result's too, but ``total`` is the time of the epochs after)."""
     if best[4] is not None:
         model.load_state_dict(best[4])
     result = TrainResult(records, best[1], best[0], best[2], best[3], total, model)
-    times = sorted(r.epoch_s for r in records)
+    times = sorted(r.epoch_s for r in records[restored:]) or [float("nan")]
     per_rank = [list(col) for col in zip(*profiles)] if profiles else []
-    timing = f"{len(records)} epochs in {total:.2f} s, median epoch {times[len(times) // 2]:.4f} s"
+    ran = f"{len(records) - restored} epochs ({restored + 1}-{len(records)}, after the " \
+        f"checkpoint)" if restored else f"{len(records)} epochs"
+    timing = f"{ran} in {total:.2f} s, median epoch {times[len(times) // 2]:.4f} s"
     if math.isnan(result.best_val):  # no validation vertices to choose an epoch by
         kept = [f"no validation vertices: the model kept is the last epoch's "
                 f"(epoch {result.best_epoch}): test {result.test_at_best:.2%} "

@@ -28,7 +28,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 RUN_DIR_ENV = "FULLGRAPH_RUN_DIR"
-SUPERVISED_ENV = "FULLGRAPH_SUPERVISED"  # set by the local launcher: it reports failures
+SUPERVISED_ENV = "FULLGRAPH_SUPERVISED"
+"""Set by the local launcher to its process id: it reports failures, and a worker ends
+when the launcher does."""
 HEARTBEAT_S = 0.5
 
 
@@ -102,7 +104,9 @@ class WorkerStatus:
         from fullgraph.errors import FullgraphError
 
         # a user's mistake (bad option, bad file) is one line; a bug keeps its traceback
-        user_error = isinstance(exc, (FullgraphError, ValueError)) and \
+        # (or a file-system error on a named path: a directory where a file goes, ...)
+        user_error = (isinstance(exc, (FullgraphError, ValueError)) or
+                      isinstance(exc, OSError) and exc.filename is not None) and \
             not isinstance(exc, CommError) and not os.environ.get("FULLGRAPH_DEBUG")
         comm_error = exc if isinstance(exc, CommError) else None
         record = {"rank": self.rank, "phase": self.phase, "time": time.time(),
@@ -127,6 +131,7 @@ def run_worker(body: Callable[[WorkerStatus], int]) -> int:
     interpreter's shutdown of a torch process can take seconds under load, which the
     launcher would otherwise count against the other workers' grace period.
     """
+    _end_with_launcher()
     status = WorkerStatus(int(os.environ.get("RANK", "0")), os.environ.get(RUN_DIR_ENV))
     try:
         return body(status)
@@ -137,3 +142,33 @@ def run_worker(body: Callable[[WorkerStatus], int]) -> int:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(1)
+
+
+def _end_with_launcher() -> None:
+    """Make a worker of the local launcher end when the launcher does, whatever ends it
+    (SIGKILL too), rather than train on alone: SIGTERM on the launcher's death (Linux's
+    parent-death signal). On SIGTERM the worker removes its shared-memory files and
+    leaves at once (an exception could land in any finaliser, and be ignored there)."""
+    import signal
+
+    launcher = os.environ.get(SUPERVISED_ENV, "")
+    if not launcher.isdigit() or not sys.platform.startswith("linux"):
+        return
+
+    def leave(signum: int, frame: Any) -> None:
+        from fullgraph.comm import shm
+
+        shm.remove_files(os.getpid())
+        os._exit(128 + signum)
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, leave)
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # no prctl here: the launcher's own handlers remain
+        return
+    if os.getppid() != int(launcher):  # the launcher ended before the line above
+        sys.exit(1)

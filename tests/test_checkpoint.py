@@ -194,7 +194,8 @@ def test_parameters_of_another_program_are_refused_naming_them(tmp_path):
 
 
 def test_checkpoint_every_without_a_directory_warns():
-    with pytest.warns(UserWarning, match="checkpoint_every has no effect without checkpoint_dir"):
+    with pytest.warns(UserWarning,
+                      match="--checkpoint-every has no effect without --checkpoint-dir"):
         TrainConfig(checkpoint_every=5)
 
 

@@ -150,12 +150,12 @@ def test_datasets_describe(root, shared_datasets, capsys):
 
 
 def test_options_of_another_strategy_warn(root, capsys):
-    with pytest.warns(UserWarning, match="tensor_parallel options pipeline have no effect"):
+    with pytest.warns(UserWarning, match="--pipeline has no effect with --strategy single"):
         assert main(["train", "--epochs", "1", "--progress", "off", "--pipeline"]) == 0
 
 
 def test_model_options_without_effect_warn(root):
-    with pytest.warns(UserWarning, match="heads have no effect on model 'gcn'"):
+    with pytest.warns(UserWarning, match="--heads has no effect with --model gcn"):
         assert main(["train", "--epochs", "1", "--progress", "off", "--heads", "4"]) == 0
 
 

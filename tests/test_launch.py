@@ -334,6 +334,49 @@ def test_raising_worker_is_named_not_its_peer(long_run, tmp_path, peer):
     run.assert_no_worker_left()
 
 
+@pytest.mark.dist
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_workers_end_with_their_launcher(long_run, sig):
+    """SIGTERM to the launcher (systemd, a batch system, ``kill PID``) stops its workers
+    and says so; SIGKILL, which it cannot catch, ends them too (the parent-death signal),
+    rather than leaving them to train on alone."""
+    run = long_run(30)
+    run.wait_for_epoch(2)
+    run.proc.send_signal(sig)
+    code, _, err = run.wait(limit_s=30)
+    assert code == 128 + sig if sig == signal.SIGTERM else code == -signal.SIGKILL, err
+    if sig == signal.SIGTERM:
+        assert "fullgraph: stopped by SIGTERM; the workers were stopped; logs in" in err, err
+    deadline = time.monotonic() + 10
+    while [p for p in run.pids.values() if _alive(p)] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    run.assert_no_worker_left()
+    assert "Traceback" not in err, err
+
+
+@pytest.mark.dist
+def test_workers_given_different_options_are_refused(data_root, tmp_path):
+    """Under torchrun each host has its own command line: ranks given another seed (or
+    model, strategy, ...) would train different models. They stop at setup, naming the
+    option and the ranks; a per-host option (here --metrics-out) may differ."""
+    port = free_port()
+    procs = []
+    for rank, seed in ((0, "1"), (1, "2")):
+        env = clean_env(data_root, RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank),
+                        LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        procs.append(subprocess.Popen(
+            fullgraph_cmd() + TRAIN + ["--strategy", "data", "--seed", seed, "--metrics-out",
+                                       str(tmp_path / f"m{rank}.jsonl")],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            preexec_fn=two_cores))
+    for proc in procs:
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode != 0, err
+        assert "the workers were given different options (train.seed: 1 on rank(s) 0, 2 on " \
+               "rank(s) 1)" in err, err
+        assert "metrics_out" not in err
+
+
 # ---------------------------------------------------------------- the run directory, start-up
 
 @pytest.fixture

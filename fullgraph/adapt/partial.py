@@ -136,8 +136,8 @@ class PartialReduce(Adapter):
         return [f"partial  adjust+partial (approximate): halo rows up to K={self.staleness} "
                 f"epochs old past a per-stage deadline of (1 + {self.slack}) x its warm-up "
                 f"time; gradients summed over the ready majority, {late}; every worker "
-                f"synchronised on the first {self.warmup} epochs, every {self.staleness}th "
-                f"after them and the last, and accuracy evaluated on those only"]
+                f"synchronised on the first {self.warmup} epochs, then every {self.staleness} "
+                f"epochs and on the last, and accuracy evaluated on those only"]
 
     def collective_epoch(self, epoch: int) -> bool:
         """True on the full-synchronisation epochs (see the module docstring), counted

@@ -173,6 +173,21 @@ def check_name(name: str, *, path_ok: bool = False) -> str:
     raise ConfigError(msg)
 
 
+def check_new_name(name: str) -> str:
+    """``name`` if a dataset of the user's own may be written under it: a name
+    (``check_name``) that no built-in dataset has, so that ``--dataset cora`` always
+    means Cora.
+
+    Raises:
+        ConfigError: not a name, or a built-in dataset's name.
+    """
+    check_name(name)
+    if name in KNOWN:
+        raise ConfigError(f"dataset name {name!r} is a built-in dataset's (fullgraph datasets "
+                          "lists them); give your data another name")
+    return name
+
+
 def save_processed(dataset: Dataset, root: Path, name: str) -> Path:
     """Write ``dataset`` as the processed dataset ``name`` under ``root``.
 
@@ -265,7 +280,7 @@ def convert(fmt: str, opts: ConvertOptions) -> Dataset:
 
     if fmt not in CONVERT_FORMATS:
         raise ConfigError(f"convert format {fmt!r}; expected one of {', '.join(CONVERT_FORMATS)}")
-    check_name(opts.name)
+    check_new_name(opts.name)
 
     def need(*names: str) -> list[str]:
         absent = [n for n in names if not getattr(opts, n)]

@@ -319,14 +319,16 @@ def build_strategy(cfg: Any) -> Strategy:
     Options of a section the chosen strategy does not read are not ignored silently:
     a warning names them.
     """
+    from fullgraph.configfile import flags_of
+
     name = cfg.runtime.strategy
     for section, users in section_users().items():
         given = cfg.options[section]
         changed = [f.name for f in dataclasses.fields(given)
                    if getattr(given, f.name) != f.default]
         if changed and name not in users:
-            warnings.warn(f"{section} options {', '.join(changed)} have no effect with "
-                          f"strategy {name!r} (they apply to {', '.join(users)})", stacklevel=2)
+            warnings.warn(f"{flags_of(section, changed)} no effect with --strategy {name} "
+                          f"(only with {', '.join(users)})", stacklevel=2)
     return get_strategy(name).from_sections(cfg.options)
 
 

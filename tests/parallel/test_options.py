@@ -51,7 +51,7 @@ def test_a_new_strategy_brings_its_section_and_namespaced_flags(chunky):
         warnings.simplefilter("always")
         strategy = build_strategy(cfg)
     assert isinstance(strategy, Chunky) and strategy.options.num_chunks == 5
-    assert any("tensor_parallel options num_chunks have no effect" in str(w.message)
+    assert any("--num-chunks has no effect" in str(w.message)
                for w in caught)
 
 

@@ -1,0 +1,43 @@
+"""Checks of the paths a run will write, made before the work that fills them.
+
+A model file that cannot be written is found before training, not after it: each
+output option is checked when the run starts, and the error names the option.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from fullgraph.errors import ConfigError
+
+
+def check_output(path: str | Path, option: str, *, directory: bool = False) -> None:
+    """Refuse ``path`` unless it can be written as a file (or made a directory).
+
+    The path may not exist yet: its nearest existing ancestor must be a directory this
+    process may write to (the missing ones are made when written).
+
+    Args:
+        path: where the output goes.
+        option: the option that named it (``--save-model``), for the message.
+        directory: the output is a directory (a file is refused), else a file (a
+            directory is refused).
+
+    Raises:
+        ConfigError: naming the option, the path and what is wrong with it.
+    """
+    p = Path(path).expanduser()
+    if directory and p.exists() and not p.is_dir():
+        raise ConfigError(f"{option} {path}: is a file, not a directory")
+    if not directory and p.is_dir():
+        raise ConfigError(f"{option} {path}: is a directory; give a file name")
+    ancestor = p if directory else p.parent
+    ancestor = ancestor.absolute()
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise ConfigError(f"{option} {path}: {ancestor} is a file, not a directory")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise ConfigError(f"{option} {path}: {ancestor} is not writable")
+    if not directory and p.exists() and not os.access(p, os.W_OK):
+        raise ConfigError(f"{option} {path}: the file is not writable")
