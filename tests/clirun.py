@@ -59,3 +59,13 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def one_line_error(capsys, *needles: str) -> str:
+    """The captured stderr, checked to be one line without a traceback, holding each
+    of ``needles``."""
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    for needle in needles:
+        assert needle in err, err
+    return err

@@ -8,6 +8,7 @@ import sys
 import numpy as np
 import pytest
 import torch
+from clirun import one_line_error
 
 from fullgraph import launch
 from fullgraph.cli import build_parser, main
@@ -359,14 +360,6 @@ def no_launch(monkeypatch):
     for name in ("RANK", "WORLD_SIZE"):
         monkeypatch.delenv(name, raising=False)
     return calls
-
-
-def one_line_error(capsys, *needles: str) -> str:
-    err = capsys.readouterr().err
-    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
-    for needle in needles:
-        assert needle in err, err
-    return err
 
 
 def test_partition_file_is_checked_before_launch(root, tmp_path, capsys, no_launch):

@@ -7,6 +7,7 @@ import json
 
 import numpy as np
 import pytest
+from clirun import one_line_error
 
 from fullgraph.cli import main
 
@@ -23,14 +24,6 @@ epochs: 100
 def root(tmp_path, monkeypatch):
     monkeypatch.setenv("FULLGRAPH_DATA", str(tmp_path / "data"))
     return tmp_path / "data"
-
-
-def one_line_error(capsys, *needles: str) -> str:
-    err = capsys.readouterr().err
-    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
-    for needle in needles:
-        assert needle in err, err
-    return err
 
 
 def printed_config(capsys, *argv: str) -> dict:
