@@ -208,20 +208,40 @@ def write_atomic(path: Path, payload: Any) -> None:
         os.close(fd)
 
 
+def load_file(path: Path, what: str, kind: str) -> Any:
+    """What ``torch.save`` wrote to ``path``, read with ``weights_only=True`` on the CPU.
+
+    Raises:
+        ConfigError: ``{what}: {path} is not a readable {kind}``, saying whether the file
+            is no torch file at all or a damaged one (never torch's advice to read it
+            with ``weights_only=False``, which would run code from the file).
+    """
+    import zipfile
+
+    if not zipfile.is_zipfile(path):
+        raise ConfigError(f"{what}: {path} is not a readable {kind}: not a whole file of "
+                          "torch.save (no zip archive: another kind of file, or one cut short)")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # unpickling errors of every kind
+        first = str(exc).splitlines()[0].split(". ")[0] if str(exc) else type(exc).__name__
+        if "weights_only" in str(exc):
+            first = "it holds objects other than tensors and plain containers"
+        raise ConfigError(f"{what}: {path} is not a readable {kind}: damaged or truncated "
+                          f"({first})") from None
+
+
 def read(directory: str | Path, what: str = "train.resume") -> dict[str, Any]:
     """The checkpoint in ``directory``, loaded with ``weights_only=True``.
 
     Raises:
         ConfigError: there is none, or the file is not a fullgraph checkpoint.
     """
-    path = Path(directory) / FILE_NAME
+    given = Path(directory)
+    path = given if given.is_file() else given / FILE_NAME  # the file itself will do too
     if not path.is_file():
         raise ConfigError(f"{what}: no checkpoint in {directory} ({FILE_NAME} not found)")
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # unpickling errors of every kind
-        raise ConfigError(f"{what}: {path} is not a readable checkpoint: "
-                          f"{str(exc).splitlines()[0]}") from None
+    ckpt = load_file(path, what, "checkpoint")
     if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
         raise ConfigError(f"{what}: {path} is not a fullgraph checkpoint")
     if ckpt.get("version") != VERSION:

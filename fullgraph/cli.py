@@ -33,7 +33,8 @@ exit codes:
   2    usage error: a bad flag or value, config file, dataset or input file (one
        line on stderr), or a missing optional package
   1    a worker failed (the launcher names the rank and its phase first)
-  130  interrupted
+  130  interrupted (Ctrl-C)
+  143  stopped by SIGTERM (129: SIGHUP); the launcher stops its workers
 """
 
 CONVERT_EPILOG = """\
@@ -120,7 +121,13 @@ def config_from_args(args: argparse.Namespace) -> Any:
 
 
 class _Parser(argparse.ArgumentParser):
-    """An argparse parser whose usage errors are one line (not the whole usage)."""
+    """An argparse parser whose usage errors are one line (not the whole usage), and
+    which takes no abbreviated flags: ``--epoch`` is refused, not read as ``--epochs``
+    (an abbreviation unique today could mean another flag when one is added)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> typing.NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
@@ -247,7 +254,10 @@ def main(argv: list[str] | None = None) -> int:
         reexec_with_allocator()
     parser = build_parser()
     raw = list(sys.argv[1:] if argv is None else argv)
-    args = parser.parse_args(raw)
+    args, extra = parser.parse_known_args(raw)
+    if extra:  # named by the subcommand they were given to, whose --help lists its flags
+        parser.exit(2, f"fullgraph {args.command}: error: unrecognized arguments: "
+                    f"{' '.join(extra)} (see fullgraph {args.command} --help)\n")
     args.argv = raw
     debug = bool(os.environ.get("FULLGRAPH_DEBUG")) or \
         vars(args).get("train.log_level") == "debug"
@@ -314,7 +324,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         from fullgraph.planner import resolve_config
 
         cfg, flags = resolve_config(cfg, datasets.load_for(cfg.data))
-        print(f"strategy auto: {' '.join(flags)} (see `fullgraph plan`)", file=sys.stderr)
+        if cfg.train.log_level in ("debug", "info"):  # --quiet: warnings and errors only
+            print(f"strategy auto: {' '.join(flags)} (see `fullgraph plan`)", file=sys.stderr)
         args.argv = [*args.argv, *flags]
     from fullgraph.train import check_outputs
 
@@ -336,6 +347,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         return launch.launch_local(args.argv, cfg.launch.workers, timeout_s=cfg.launch.timeout_s,
                                    run_dir=cfg.launch.run_dir, threads=cfg.runtime.threads,
                                    keep_run_dir=cfg.launch.keep_run_dir)
+    if cfg.launch.run_dir or cfg.launch.keep_run_dir:
+        warnings.warn("--run-dir and --keep-run-dir have no effect with one worker (the run "
+                      "directory is the launcher's, for --workers N)", stacklevel=1)
     return _train(cfg, None)
 
 

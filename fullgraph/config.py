@@ -95,14 +95,23 @@ class DataConfig:
                  self.feature_dtype, " | ".join(FEATURE_DTYPES))
 
     def resolved_root(self) -> Path:
-        """``root``, else ``$FULLGRAPH_DATA``, else the user cache directory."""
-        if self.root:
-            return Path(self.root).expanduser()
-        if os.environ.get("FULLGRAPH_DATA"):
-            return Path(os.environ["FULLGRAPH_DATA"]).expanduser()
-        import platformdirs
+        """``root``, else ``$FULLGRAPH_DATA``, else the user cache directory.
 
-        return Path(platformdirs.user_cache_dir("fullgraph")) / "datasets"
+        Raises:
+            ConfigError: the root is there but is no directory.
+        """
+        if self.root:
+            root, given = Path(self.root).expanduser(), "data.root"
+        elif os.environ.get("FULLGRAPH_DATA"):
+            root, given = Path(os.environ["FULLGRAPH_DATA"]).expanduser(), "$FULLGRAPH_DATA"
+        else:
+            import platformdirs
+
+            root, given = Path(platformdirs.user_cache_dir("fullgraph")) / "datasets", \
+                "the user cache directory"
+        if root.exists() and not root.is_dir():
+            raise ConfigError(f"{given}: the dataset root {root} is a file, not a directory")
+        return root
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -135,8 +144,8 @@ class ModelConfig:
         _require(self.layers >= 1, "model", "layers", self.layers, ">= 1")
         _require(self.num_props >= 1, "model", "num_props", self.num_props, ">= 1")
         _require(self.hops >= 1, "model", "hops", self.hops, ">= 1")
-        _require(self.heads >= 1 and self.out_heads >= 1, "model", "heads",
-                 (self.heads, self.out_heads), ">= 1")
+        _require(self.heads >= 1, "model", "heads", self.heads, ">= 1")
+        _require(self.out_heads >= 1, "model", "out_heads", self.out_heads, ">= 1")
         activations = activation_names()
         _require(self.activation in activations, "model", "activation", self.activation,
                  " | ".join(activations))
@@ -323,6 +332,14 @@ class AdaptConfig:
                  self.late_gradients, " | ".join(LATE_GRADIENTS))
         _require(0 <= self.slack < float("inf"), "adapt", "slack", self.slack,
                  "a finite number >= 0")
+        partial_only = [f.name for f in dataclasses.fields(self)
+                        if f.name in ("staleness", "slack", "late_gradients")
+                        and getattr(self, f.name) != f.default]
+        if partial_only and self.mode != "adjust+partial":
+            from fullgraph.configfile import flags_of
+
+            warnings.warn(f"{flags_of('adapt', partial_only)} no effect without --adapt "
+                          "adjust+partial", stacklevel=3)
         if self.inject is not None:
             from fullgraph.adapt.inject import parse
 

@@ -135,8 +135,9 @@ def check_workers(workers: int, oversubscribe: bool) -> None:
     override = "or --oversubscribe to start them anyway"
     if not oversubscribe and workers > WORKERS_PER_CORE * cores:
         raise ConfigError(f"launch.workers: {workers} workers on {cores} cores is more than "
-                          f"{WORKERS_PER_CORE} per core; use --workers {cores} or fewer, "
-                          f"{override}")
+                          f"{WORKERS_PER_CORE} per core; use --workers "
+                          f"{WORKERS_PER_CORE * cores} or fewer (--workers {cores} or fewer "
+                          f"to give each a core), {override}")
     if not oversubscribe and memory is not None and need > memory:
         raise ConfigError(f"launch.workers: {workers} workers need at least "
                           f"{need / 2**30:.1f} GiB ({WORKER_MEMORY_BYTES // 2**20} MiB each) "

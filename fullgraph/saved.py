@@ -22,6 +22,7 @@ from torch import Tensor, nn
 from fullgraph.checkpoint import (
     dataset_fingerprint,
     differences,
+    load_file,
     load_parameters,
     to_cpu,
     write_atomic,
@@ -178,12 +179,11 @@ def load_model(path: str | Path) -> SavedModel:
         ConfigError: the file is missing or not a saved fullgraph model.
     """
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"model: {path} is a directory, not a model file")
     if not path.is_file():
         raise ConfigError(f"model: {path} not found")
-    try:
-        saved = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # unpickling errors of every kind
-        raise ConfigError(f"model: {path} is not readable: {str(exc).splitlines()[0]}") from None
+    saved = load_file(path, "model", "model file")
     if not isinstance(saved, dict) or saved.get("format") != FORMAT:
         raise ConfigError(f"model: {path} is not a saved fullgraph model")
     if saved.get("version") != VERSION:

@@ -38,7 +38,7 @@ from fullgraph.models.walk import reads_sparse
 from fullgraph.ops import kernels
 from fullgraph.ops.spmm import auto_choice, describe_backend, set_auto, set_backend
 from fullgraph.parallel import build_strategy
-from fullgraph.parallel.base import EpochHook, Plan, Strategy, section_users
+from fullgraph.parallel.base import EpochHook, Plan, Strategy, get_strategy, section_users
 from fullgraph.partition import PartitionBook, shards
 from fullgraph.paths import check_output
 from fullgraph.profile import EpochProfile, Profiler, split_waiting, summary_lines
@@ -170,8 +170,19 @@ def check_before_launch(cfg: Config, dataset: Dataset, workers: int) -> None:
                           f"{dataset.graph.num_nodes} vertices: strategy "
                           f"{cfg.runtime.strategy!r} gives each worker a part of the vertices; "
                           f"use at most {dataset.graph.num_nodes} workers")
+    if cfg.launch.backend == "nccl" and not cfg.train.device.startswith("cuda") and not (
+            cfg.train.device == "auto" and torch.cuda.is_available()):
+        raise ConfigError(f"launch.backend: 'nccl' needs CUDA devices, and the run is on "
+                          f"{'the CPU' if cfg.train.device != 'auto' else 'the CPU (auto)'}; "
+                          "use --backend gloo, or --device cuda")
     check_adapt_options(cfg, workers)
     shards.check_use(dataset, cfg.runtime.strategy, workers)
+    if cfg.runtime.strategy != "single":
+        try:  # what the strategy's setup would refuse, found before any worker starts
+            get_strategy(cfg.runtime.strategy).from_sections(cfg.options).check_launch(
+                build(dataset, cfg), workers)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
     if dataset.shard is not None:
         if cfg.options["partition"].file:
             raise ConfigError(f"partition.file: {cfg.options['partition'].file}: the dataset "
@@ -392,6 +403,11 @@ def _epochs(strategy: Strategy, model: GNN, plan: Plan, optimizer: torch.optim.O
                    strategy.outcome(model, plan), restored=state.epoch)
 
 
+def _pct(share: float) -> str:
+    """``81.20%``, or ``n/a`` for a split without vertices (NaN)."""
+    return "n/a" if math.isnan(share) else f"{share:.2%}"
+
+
 def _diverged(epoch: int, loss: float, best_epoch: int, kept: dict[str, Tensor]) -> None:
     """Say that the training stopped at ``epoch`` on a non-finite loss, and which model
     is kept (``kept``: its parameters)."""
@@ -454,14 +470,14 @@ def _finish(records: list[EpochRecord], profiles: list[list[EpochProfile]], best
     timing = f"{ran} in {total:.2f} s, median epoch {times[len(times) // 2]:.4f} s"
     if math.isnan(result.best_val):  # no validation vertices to choose an epoch by
         kept = [f"no validation vertices: the model kept is the last epoch's "
-                f"(epoch {result.best_epoch}): test {result.test_at_best:.2%} "
-                f"(train {result.train_at_best:.2%})",
-                f"final test accuracy {result.test_at_best:.2%} (test accuracy at epoch "
+                f"(epoch {result.best_epoch}): test {_pct(result.test_at_best)} "
+                f"(train {_pct(result.train_at_best)})",
+                f"final test accuracy {_pct(result.test_at_best)} (test accuracy at epoch "
                 f"{result.best_epoch}, the last); {timing}"]
     else:
-        kept = [f"best epoch {result.best_epoch}: val {result.best_val:.2%}, "
-                f"test {result.test_at_best:.2%} (train {result.train_at_best:.2%})",
-                f"final test accuracy {result.test_at_best:.2%} (test accuracy at epoch "
+        kept = [f"best epoch {result.best_epoch}: val {_pct(result.best_val)}, "
+                f"test {_pct(result.test_at_best)} (train {_pct(result.train_at_best)})",
+                f"final test accuracy {_pct(result.test_at_best)} (test accuracy at epoch "
                 f"{result.best_epoch}, the best validation accuracy); {timing}"]
     reporter.summary(
         summary_lines(per_rank) + (outcome or []) + kept,

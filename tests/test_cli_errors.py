@@ -143,3 +143,94 @@ def test_warnings_are_one_line_in_the_flags_names(tmp_path):
     assert "fullgraph train: warning: --pipeline has no effect with --strategy single" in \
         run.stderr
     assert ".py:" not in run.stderr, run.stderr  # no source file and line
+
+
+def test_more_inputs_that_are_one_line(root, tmp_path, capsys):
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    np.save(tmp_path / "x.npy", np.zeros(3))
+    cases = [
+        (["train", "--strategy", "data", "--workers", "2", "--epochs", "1",
+          "--partition-file", str(tmp_path / "x.npy")], "an .npy array, not an .npz archive"),
+        (["train", "--strategy", "tensor", "--nn-device", "gpu"], "expected cpu, cuda or cuda:N"),
+        (["datasets", "--root", str(afile)], "is a file, not a directory"),
+        (["generate", "rmat", "--vertices", "0"], "out of range; found 0; expected an integer"),
+        (["generate", "rmat", "--vertices", "9", "--rmat", "-1", "1", "0.5", "0.5"],
+         "found a = -1.0"),
+        (["train", "--model", "gat", "--heads", "0"], "model.heads: got 0; expected >= 1"),
+        (["evaluate", "--model", str(tmp_path)], "is a directory, not a model file"),
+        (["evaluate", "--model", str(afile)], "not a whole file of torch.save"),
+    ]
+    for argv, needle in cases:
+        assert main(argv) == 2, argv
+        one_line_error(capsys, needle)
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--backend", "nccl", "--strategy", "data"], "'nccl' needs CUDA devices"),
+    (["--strategy", "tensor", "--shares", "1,2,3"], "gives 3 shares for 2 workers"),
+    (["--model", "gin", "--batch-norm", "--strategy", "p2p"], "batch normalisation"),
+    (["--strategy", "tensor", "--spill-dir", "spill", "--model", "gat"], "edge weights"),
+])
+def test_what_a_strategy_refuses_is_found_before_launch(root, capsys, monkeypatch, args,
+                                                        needle):
+    from fullgraph import launch
+
+    monkeypatch.setattr(launch, "launch_local", lambda *a, **k: pytest.fail("launched"))
+    assert main(["train", "--workers", "2", "--epochs", "1", *args]) == 2
+    one_line_error(capsys, needle)
+
+
+def test_options_without_effect_warn(root):
+    with pytest.warns(UserWarning, match="--staleness, --slack have no effect without --adapt "
+                                         "adjust\\+partial"):
+        assert main(["train", "--epochs", "1", "--progress", "off", "--staleness", "5",
+                     "--slack", "0.9"]) == 0
+    with pytest.warns(UserWarning, match="--run-dir and --keep-run-dir have no effect with "
+                                         "one worker"):
+        assert main(["train", "--epochs", "1", "--progress", "off", "--run-dir", "rd"]) == 0
+
+
+def test_a_checkpoint_file_may_be_given_for_its_directory(root, tmp_path, capsys):
+    ckpt = tmp_path / "ckpt"
+    base = ["train", "--epochs", "4", "--progress", "off", "--checkpoint-dir", str(ckpt),
+            "--checkpoint-every", "2"]
+    assert main(base[:2] + ["2"] + base[3:]) == 0
+    capsys.readouterr()
+    assert main(base + ["--resume", str(ckpt / "checkpoint.pt")]) == 0
+    assert "2 epochs (3-4, after the checkpoint) in" in capsys.readouterr().out
+
+
+def test_a_split_without_vertices_is_reported_as_not_applicable(root, capsys):
+    assert main(["generate", "rmat", "--vertices", "3", "--edges", "20", "--name", "tiny"]) == 0
+    assert main(["train", "--dataset", "tiny", "--epochs", "2", "--progress", "off"]) == 0
+    out = capsys.readouterr().out
+    assert "nan%" not in out and "n/a" in out
+
+
+def test_a_partition_book_is_readable_by_others(root, tmp_path):
+    import os
+    import stat
+
+    book = tmp_path / "book.npz"
+    assert main(["partition", "--parts", "2", "--partitioner", "chunk", "--out", str(book)]) == 0
+    umask = os.umask(0)
+    os.umask(umask)
+    assert stat.S_IMODE(book.stat().st_mode) == 0o666 & ~umask
+
+
+def test_flags_are_not_abbreviated(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["train", "--epoch", "1"])
+    assert exit_.value.code == 2
+    one_line_error(capsys, "unrecognized arguments: --epoch 1 (see fullgraph train --help)")
+
+
+def test_convert_options_of_another_format_warn(root, tmp_path):
+    (tmp_path / "e.txt").write_text("0 1\n1 2\n2 0\n")
+    np.save(tmp_path / "x.npy", np.ones((3, 2), dtype=np.float32))
+    np.save(tmp_path / "y.npy", np.array([0, 1, 0]))
+    with pytest.warns(UserWarning, match="convert edgelist: --input has no effect"):
+        assert main(["convert", "edgelist", "--name", "g", "--edges", str(tmp_path / "e.txt"),
+                     "--features", str(tmp_path / "x.npy"), "--labels",
+                     str(tmp_path / "y.npy"), "--input", "somewhere"]) == 0

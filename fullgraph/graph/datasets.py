@@ -289,6 +289,16 @@ def convert(fmt: str, opts: ConvertOptions) -> Dataset:
                                        ", ".join(f"--{n}" for n in absent))
         return [getattr(opts, n) for n in names]
 
+    read = {"edgelist": ("edges", "features", "labels", "masks", "binary", "symmetrize",
+                         "seed"),
+            "neutronstar": ("edges", "features", "labels", "masks", "binary", "symmetrize"),
+            "ogb": ("input",)}[fmt]
+    unused = [f.name for f in dataclasses.fields(opts) if f.name not in
+              (*read, "name", "num_classes") and getattr(opts, f.name) != f.default]
+    if unused:
+        warnings.warn(f"convert {fmt}: {', '.join('--' + n for n in unused)} "
+                      f"{'has' if len(unused) == 1 else 'have'} no effect on this format",
+                      stacklevel=2)
     if fmt == "edgelist":
         edges, features, labels = need("edges", "features", "labels")
         return edgelist.load_edgelist(edges, features, labels,

@@ -639,7 +639,11 @@ def _child_seeds(seed: int, count: int) -> list[int]:
 
 def _check_probabilities(a: float, b: float, c: float, d: float) -> None:
     probs = (a, b, c, d)
-    if any(not (0.0 <= p <= 1.0) for p in probs) or abs(sum(probs) - 1.0) > 1e-6:
+    bad = [f"{name} = {p}" for name, p in zip("abcd", probs) if not 0.0 <= p <= 1.0]
+    if bad:
+        raise ValidationError("R-MAT probabilities must be in [0, 1]", field="a, b, c, d",
+                              found=", ".join(bad), expected="0 <= each <= 1, a sum of 1")
+    if abs(sum(probs) - 1.0) > 1e-6:
         raise ValidationError("R-MAT probabilities must be in [0, 1] and sum to 1",
                               field="a, b, c, d", found=f"{probs} (sum {sum(probs):.6g})",
                               expected="a + b + c + d == 1")
@@ -647,8 +651,9 @@ def _check_probabilities(a: float, b: float, c: float, d: float) -> None:
 
 def _check_count(value: int, name: str, *, minimum: int) -> None:
     if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < minimum:
-        raise ValidationError("must be an integer", field=name, found=value,
-                              expected=f">= {minimum}")
+        raise ValidationError("out of range" if isinstance(value, (int, np.integer))
+                              and not isinstance(value, bool) else "must be an integer",
+                              field=name, found=value, expected=f"an integer >= {minimum}")
 
 
 def _check_choice(value: str, name: str, choices: tuple[str, ...]) -> None:

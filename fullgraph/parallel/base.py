@@ -153,6 +153,14 @@ class Strategy(ABC, Generic[PlanT]):
         """Whether the strategy runs on several workers (False: exactly one)."""
         return True
 
+    def check_launch(self, program: StageProgram, workers: int) -> None:
+        """Refuse, before any worker starts, what ``setup`` would refuse of ``program``
+        on ``workers`` workers (nothing by default).
+
+        Raises:
+            ValueError: naming the option or model that cannot run so.
+        """
+
     @abstractmethod
     def setup(self, dataset: Dataset, program: StageProgram, device: torch.device,
               comm: Comm | None = None, dtype: torch.dtype = torch.float32) -> PlanT:

@@ -131,13 +131,16 @@ class P2PParallel(RowPartitioned[P2PPlan]):
     options: Options
 
     # ------------------------------------------------------------------ setup
-    def setup(self, dataset: Dataset, program: StageProgram, device: torch.device,
-              comm: Comm | None = None, dtype: torch.dtype = torch.float32) -> P2PPlan:
+    def check_launch(self, program: StageProgram, workers: int) -> None:
         if program.reduces_rows:
             raise ValueError(f"strategy p2p cannot run model {program.name!r} with batch "
                              "normalisation (batch_norm=True): p2p computes T stages in bins "
                              "of rows, and the statistics need all rows at once; use strategy "
                              "single, data or tensor")
+
+    def setup(self, dataset: Dataset, program: StageProgram, device: torch.device,
+              comm: Comm | None = None, dtype: torch.dtype = torch.float32) -> P2PPlan:
+        self.check_launch(program, 1 if comm is None else comm.world_size)
         if comm is None:
             from fullgraph.comm.group import single_comm
 

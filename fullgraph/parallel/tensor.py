@@ -158,6 +158,10 @@ class TensorParallel(DistributedStrategy[ColumnPlan]):
                                           "2GB; unset: a quarter of the available memory")
 
         def __post_init__(self) -> None:
+            dev = self.nn_device
+            if dev is not None and dev not in ("cpu", "cuda") and not (
+                    dev.startswith("cuda:") and dev[5:].isdigit()):
+                raise ValueError(f"nn_device {dev!r}; expected cpu, cuda or cuda:N")
             if self.column_split not in COLUMN_SPLITS:
                 raise ValueError(f"column_split {self.column_split!r}; expected balanced or even")
             if self.device_memory is not None:
@@ -236,6 +240,13 @@ class TensorParallel(DistributedStrategy[ColumnPlan]):
         self._place_rows(program, plan, row_counts, rows_device, dtype)
         return plan
 
+    def check_launch(self, program: StageProgram, workers: int) -> None:
+        self.options.share_list(workers)  # one share per worker
+        if self.options.spill_dir is not None and has_edge_stage(program):
+            raise ValueError("tensor_parallel.spill_dir: the model learns edge weights "
+                             "(attention), whose gradient needs whole rows; spill works with "
+                             "fixed edge weights (GCN, GraphSAGE, GIN, TAGCN)")
+
     def _spill(self, program: StageProgram, device: torch.device,
                rows_device: torch.device) -> Spill | None:
         opts = self.options
@@ -247,10 +258,7 @@ class TensorParallel(DistributedStrategy[ColumnPlan]):
         if where:
             raise ValueError(f"tensor_parallel.spill_dir keeps matrices in host files; the "
                              f"run computes on {where[0]}: use --device cpu")
-        if has_edge_stage(program):
-            raise ValueError("tensor_parallel.spill_dir: the model learns edge weights "
-                             "(attention), whose gradient needs whole rows; spill works with "
-                             "fixed edge weights (GCN, GraphSAGE, GIN, TAGCN)")
+        self.check_launch(program, 1)
         memory = (parse_bytes(opts.spill_memory) if opts.spill_memory is not None
                   else max(1, available_ram() // 4))
         return Spill(opts.spill_dir, memory)

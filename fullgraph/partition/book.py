@@ -180,6 +180,9 @@ class PartitionBook:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)  # as a plain open() would make it, not mkstemp's 0600
         try:
             with os.fdopen(fd, "wb") as f:
                 np.savez(f, format=np.array(FORMAT_NAME),
@@ -245,7 +248,11 @@ def _read_fields(path: Path) -> dict[str, np.ndarray]:
         raise CacheError("partition book file is missing", source=path,
                          hint="partition the graph and save the book first")
     try:
-        with np.load(path, allow_pickle=False) as npz:
+        loaded = np.load(path, allow_pickle=False)
+        if not isinstance(loaded, np.lib.npyio.NpzFile):  # a single array (.npy)
+            raise CacheError("not a partition book: an .npy array, not an .npz archive",
+                             source=path, hint=_REBUILD_HINT)
+        with loaded as npz:
             missing = [name for name in _FIELDS if name not in npz.files]
             if missing:
                 raise CacheError("not a partition book: field missing", source=path,
