@@ -129,7 +129,7 @@ def fit(data: Any = "cora", *, model: str = "gcn", strategy: str = "single",
     options["dataset"] = str(data) if isinstance(data, (str, Path)) else \
         data.name if isinstance(data, Dataset) else "pyg"
     cfg = config_from_options(options)
-    with _own_random_state(cfg.train.device):
+    with _own_random_state():
         if isinstance(data, (str, Path)):
             dataset = None
         else:
@@ -149,13 +149,10 @@ def fit(data: Any = "cora", *, model: str = "gcn", strategy: str = "single",
 
 
 @contextlib.contextmanager
-def _own_random_state(device: str) -> Iterator[None]:
-    """Restore torch's generators after the block (the CPU's, and every CUDA device's
-    unless the run is on the CPU): a run seeds them, and the caller's draws should not
-    depend on having called fit."""
-    cuda = device != "cpu" and torch.cuda.is_available()
-    devices = list(range(torch.cuda.device_count())) if cuda else []
-    with torch.random.fork_rng(devices=devices):
+def _own_random_state() -> Iterator[None]:
+    """Restore torch's CPU generator after the block: a run seeds it (and reads no
+    other), and the caller's draws should not depend on having called fit."""
+    with torch.random.fork_rng(devices=[]):
         yield
 
 
@@ -240,9 +237,10 @@ def _fit_launched(cfg: Any, dataset: Any, verbose: bool) -> FitResult:
     from fullgraph import launch
     from fullgraph.config import DataConfig
     from fullgraph.graph import datasets, store
-    from fullgraph.train import build, check_before_launch
+    from fullgraph.train import build, check_before_launch, check_outputs
 
     launch.check_workers(cfg.launch.workers, cfg.launch.oversubscribe)
+    check_outputs(cfg)  # the model file is written here, after the workers
     given = cfg  # what the result reports (not the temporary directory below)
     in_memory = dataset is not None
     with tempfile.TemporaryDirectory(prefix="fullgraph-fit-") as tmp:
@@ -265,6 +263,8 @@ def _fit_launched(cfg: Any, dataset: Any, verbose: bool) -> FitResult:
                 timeout_s=cfg.launch.timeout_s, run_dir=cfg.launch.run_dir,
                 threads=cfg.runtime.threads, keep_run_dir=cfg.launch.keep_run_dir,
                 module=__name__)
+        if code == 130:  # Ctrl-C: the workers are stopped; the caller sees its interrupt
+            raise KeyboardInterrupt
         if code != 0:
             cause = failure.splitlines()[0].removeprefix("fullgraph: ") if failure else \
                 f"exit code {code}"

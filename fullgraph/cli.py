@@ -255,9 +255,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     raw = list(sys.argv[1:] if argv is None else argv)
     args, extra = parser.parse_known_args(raw)
-    if extra:  # named by the subcommand they were given to, whose --help lists its flags
-        parser.exit(2, f"fullgraph {args.command}: error: unrecognized arguments: "
-                    f"{' '.join(extra)} (see fullgraph {args.command} --help)\n")
+    if extra:  # named by the (sub)command they were given to, whose --help lists its flags
+        before = extra[0] in raw and raw.index(extra[0]) < raw.index(args.command)
+        prog = "fullgraph" if before else f"fullgraph {args.command}"
+        parser.exit(2, f"{prog}: error: unrecognized arguments: {' '.join(extra)} "
+                    f"(see {prog} --help)\n")
     args.argv = raw
     debug = bool(os.environ.get("FULLGRAPH_DEBUG")) or \
         vars(args).get("train.log_level") == "debug"
@@ -329,7 +331,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         args.argv = [*args.argv, *flags]
     from fullgraph.train import check_outputs
 
-    check_outputs(cfg)
+    if not launch.under_launcher() or os.environ.get("RANK", "0") == "0":
+        check_outputs(cfg)  # where they are written: by rank 0 alone
     if launch.under_launcher():
         conflict = launch.torchrun_conflict(cfg.launch.workers)
         if conflict:  # every worker refuses; one says why

@@ -206,6 +206,8 @@ def run_local(argv: list[str], workers: int, *, timeout_s: float, run_dir: str |
         shm.remove_files(p.pid)
     if code == 0 and temporary and not keep_run_dir:
         shutil.rmtree(path, ignore_errors=True)
+    if code - 128 in (signal.SIGTERM, signal.SIGHUP):  # the workers are stopped: now this
+        os.kill(os.getpid(), code - 128)  # process's own handler, or its default end
     return code, text
 
 
@@ -242,25 +244,42 @@ def _stop(signum: int, frame: Any) -> None:
 def _supervise(procs: list[subprocess.Popen], run_dir: Path,
                timeout_s: float) -> tuple[int, str]:
     """Wait for all workers; on a failure, stop the rest and name the root cause (the
-    exit code and the text printed). Ctrl-C, SIGTERM and SIGHUP stop the workers too."""
+    exit code and the text printed).
+
+    Ctrl-C, SIGTERM and SIGHUP stop the workers too (a signal this process ignores,
+    as SIGHUP under nohup, stays ignored). Further signals wait while the workers
+    stop (``run_local`` then sends SIGTERM or SIGHUP to this process again, for its own
+    handler or, by default, its end).
+    """
     sup = Supervisor(procs, run_dir, timeout_s)
-    handled = (signal.SIGTERM, signal.SIGHUP)
     main_thread = threading.current_thread() is threading.main_thread()
-    before = {sig: signal.signal(sig, _stop) for sig in handled} if main_thread else {}
+    before: dict[int, Any] = {}
+    if main_thread:
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            if signal.getsignal(sig) is signal.SIG_DFL:
+                before[sig] = signal.signal(sig, _stop)
+    stopped_by: int | None = None
     try:
-        while sup.step():
-            time.sleep(0.05)
-    except (KeyboardInterrupt, _Stopped) as exc:
-        signum = exc.signum if isinstance(exc, _Stopped) else signal.SIGINT
-        _stop_workers(procs, signal.SIGINT if signum == signal.SIGINT else signal.SIGTERM)
-        how = "interrupted" if signum == signal.SIGINT else \
-            f"stopped by {signal.Signals(signum).name}; the workers were stopped"
+        try:
+            while sup.step():
+                time.sleep(0.05)
+        except (KeyboardInterrupt, _Stopped) as exc:
+            stopped_by = exc.signum if isinstance(exc, _Stopped) else int(signal.SIGINT)
+            if main_thread:  # no second signal may cut the stop short
+                for held in (int(signal.SIGINT), *before):
+                    before.setdefault(held, signal.getsignal(held))
+                    signal.signal(held, signal.SIG_IGN)
+            _stop_workers(procs, signal.SIGINT if stopped_by == signal.SIGINT
+                          else signal.SIGTERM)
+    finally:
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
+    if stopped_by is not None:
+        how = "interrupted" if stopped_by == signal.SIGINT else \
+            f"stopped by {signal.Signals(stopped_by).name}; the workers were stopped"
         text = f"fullgraph: {how}; logs in {run_dir}"
         print(text, file=sys.stderr)
-        return 128 + signum, text
-    finally:
-        for sig, handler in before.items():
-            signal.signal(sig, handler)
+        return 128 + stopped_by, text
     for rank, p in enumerate(procs):
         if p.returncode != 0 and rank not in sup.failed:
             sup.failed[rank] = WorkerExit(rank, p.returncode, rank in sup.killed)

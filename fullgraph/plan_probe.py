@@ -77,7 +77,7 @@ def measure(cfg: Any, labels: list[str], features: int, classes: int,
     epochs: dict[str, list[float]] = {label: [] for label in labels}
     for _ in range(ROUNDS):
         for label in labels:
-            torch.manual_seed(0)  # every worker builds the same ring
+            torch.random.default_generator.manual_seed(0)  # every worker, the same ring
             dataset = tiny_dataset(features, classes, RING_PER_WORKER * comm.world_size)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")

@@ -4,7 +4,7 @@ Full-graph training: one optimiser step (Adam) per epoch, evaluation on the trai
 validation and test masks after it, and the model with the best validation accuracy
 kept (its test accuracy is the reported result; without validation vertices, the
 last epoch's). Fixed seeds give identical results
-on CPU: parameters come from ``torch.manual_seed(seed)`` and every dropout mask is
+on CPU: parameters come from the CPU generator seeded by ``seed``, and every dropout mask is
 keyed by (seed, epoch, stage, vertex), see ``fullgraph.ops.dropout``. So a run
 resumed from a checkpoint (``fullgraph.checkpoint``) goes on bit for bit.
 """
@@ -257,7 +257,9 @@ def configure_runtime(cfg: Config) -> None:
 
 def build(dataset: Dataset, cfg: Config) -> GNN:
     """The model ``cfg.model`` describes, initialised from ``cfg.train.seed``."""
-    torch.manual_seed(cfg.train.seed)
+    # the CPU generator only: the parameters are drawn on the CPU, and every dropout mask is
+    # keyed, so no other generator is read (nor reseeded under a caller of fit)
+    torch.random.default_generator.manual_seed(cfg.train.seed)
     return build_model(cfg.model.name, dataset.data.num_features, cfg.model.hidden,
                        dataset.data.num_classes, **cfg.model.build_options())
 
@@ -395,6 +397,8 @@ def _epochs(strategy: Strategy, model: GNN, plan: Plan, optimizer: torch.optim.O
                 deferred = (epoch, prof)
             profiler.work = strategy.work(model, plan)  # the plan may have changed
         if not math.isfinite(stats.loss) and not partial:  # the same on every rank: all stop
+            if best[4] is None:  # no model was kept before: the one kept is this epoch's
+                best = (best[0], epoch, acc["test"], acc["train"], None)
             _diverged(epoch, stats.loss, best[1], best[4] or model.state_dict())
             break
         ckpt.after_epoch(epoch, model, optimizer, best, records)
@@ -404,8 +408,9 @@ def _epochs(strategy: Strategy, model: GNN, plan: Plan, optimizer: torch.optim.O
 
 
 def _pct(share: float) -> str:
-    """``81.20%``, or ``n/a`` for a split without vertices (NaN)."""
-    return "n/a" if math.isnan(share) else f"{share:.2%}"
+    """``81.20%``, or ``n/a`` for a split without vertices (NaN) or an accuracy never
+    measured (-1)."""
+    return "n/a" if math.isnan(share) or share < 0 else f"{share:.2%}"
 
 
 def _diverged(epoch: int, loss: float, best_epoch: int, kept: dict[str, Tensor]) -> None:
@@ -413,8 +418,8 @@ def _diverged(epoch: int, loss: float, best_epoch: int, kept: dict[str, Tensor])
     is kept (``kept``: its parameters)."""
     import warnings
 
-    which = f"the model kept is epoch {best_epoch}'s" if best_epoch else \
-        "no epoch was evaluated before it, so the model kept is this one"
+    which = f"the model kept is epoch {best_epoch}'s" if best_epoch != epoch else \
+        "no model was kept before it, so the model kept is this one"
     if not all(bool(torch.isfinite(v).all()) for v in kept.values() if v.is_floating_point()):
         which += ", and it has non-finite parameters too"
     warnings.warn(f"epoch {epoch}: the loss is {loss}: the training diverged (a smaller --lr "
@@ -465,9 +470,12 @@ def _finish(records: list[EpochRecord], profiles: list[list[EpochProfile]], best
     result = TrainResult(records, best[1], best[0], best[2], best[3], total, model)
     times = sorted(r.epoch_s for r in records[restored:]) or [float("nan")]
     per_rank = [list(col) for col in zip(*profiles)] if profiles else []
-    ran = f"{len(records) - restored} epochs ({restored + 1}-{len(records)}, after the " \
-        f"checkpoint)" if restored else f"{len(records)} epochs"
-    timing = f"{ran} in {total:.2f} s, median epoch {times[len(times) // 2]:.4f} s"
+    if restored == len(records):
+        timing = f"no epochs after the checkpoint of epoch {restored}"
+    else:
+        ran = f"{len(records) - restored} epochs ({restored + 1}-{len(records)}, after the " \
+            f"checkpoint)" if restored else f"{len(records)} epochs"
+        timing = f"{ran} in {total:.2f} s, median epoch {times[len(times) // 2]:.4f} s"
     if math.isnan(result.best_val):  # no validation vertices to choose an epoch by
         kept = [f"no validation vertices: the model kept is the last epoch's "
                 f"(epoch {result.best_epoch}): test {_pct(result.test_at_best)} "

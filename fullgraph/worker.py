@@ -161,7 +161,8 @@ def _end_with_launcher() -> None:
         shm.remove_files(os.getpid())
         os._exit(128 + signum)
 
-    if threading.current_thread() is threading.main_thread():
+    if threading.current_thread() is threading.main_thread() and \
+            signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
         signal.signal(signal.SIGTERM, leave)
     try:
         import ctypes

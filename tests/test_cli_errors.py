@@ -234,3 +234,30 @@ def test_convert_options_of_another_format_warn(root, tmp_path):
         assert main(["convert", "edgelist", "--name", "g", "--edges", str(tmp_path / "e.txt"),
                      "--features", str(tmp_path / "x.npy"), "--labels",
                      str(tmp_path / "y.npy"), "--input", "somewhere"]) == 0
+
+
+def test_resuming_a_finished_run_says_no_epoch_ran(root, tmp_path, capsys):
+    ckpt = tmp_path / "ckpt"
+    argv = ["train", "--epochs", "2", "--progress", "off", "--checkpoint-dir", str(ckpt),
+            "--checkpoint-every", "2"]
+    assert main(argv) == 0
+    capsys.readouterr()
+    assert main(argv + ["--resume", str(ckpt)]) == 0
+    out = capsys.readouterr().out
+    assert "no epochs after the checkpoint of epoch 2" in out and "nan" not in out, out
+
+
+def test_tensor_shares_and_spill_are_checked_for_the_whole_run(tmp_path):
+    """The shares are one per worker; the spill check alone does not count them."""
+    from fullgraph.config import config_from_dict
+    from fullgraph.models import build_model
+    from fullgraph.parallel.base import get_strategy
+
+    cfg = config_from_dict({"tensor_parallel": {"shares": "1,3",
+                                                "spill_dir": str(tmp_path / "spill")}})
+    strategy = get_strategy("tensor").from_sections(cfg.options)
+    strategy.check_launch(build_model("gcn", 8, 4, 3), 2)
+    with pytest.raises(ValueError, match="gives 2 shares for 3 workers"):
+        strategy.check_launch(build_model("gcn", 8, 4, 3), 3)
+    with pytest.raises(ValueError, match="edge weights"):
+        strategy.check_launch(build_model("gat", 8, 4, 3), 2)

@@ -197,11 +197,17 @@ def _epoch_of(run_dir: Path, rank: int) -> int:
     return int(found.group(1)) if found else 0
 
 
+def _nohup() -> None:
+    """preexec_fn: two cores, and SIGHUP ignored, as under nohup."""
+    two_cores()
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+
 class LongRun:
     """A launcher running ``LONG_RUN`` in the background; kills what is left on exit."""
 
     def __init__(self, data_root: Path, tmp_path: Path, timeout_s: float, strategy: str,
-                 workers: int, **env: str) -> None:
+                 workers: int, ignore_hup: bool = False, **env: str) -> None:
         self.run_dir = tmp_path / "run"
         self.ranks = range(workers)
         self.out, self.err = tmp_path / "stdout", tmp_path / "stderr"
@@ -211,7 +217,8 @@ class LongRun:
                                               "--workers", str(workers),
                                               "--timeout", str(timeout_s),
                                               "--run-dir", str(self.run_dir)],
-                env=clean_env(data_root, **env), stdout=out, stderr=err, preexec_fn=two_cores)
+                env=clean_env(data_root, **env), stdout=out, stderr=err,
+                preexec_fn=_nohup if ignore_hup else two_cores)
         self.pids: dict[int, int] = {}
 
     def wait_for_epoch(self, epoch: int, limit_s: float = 90) -> None:
@@ -246,8 +253,10 @@ class LongRun:
 def long_run(data_root, tmp_path):
     runs: list[LongRun] = []
 
-    def start(timeout_s: float, strategy: str = "data", workers: int = 2, **env: str) -> LongRun:
-        runs.append(LongRun(data_root, tmp_path, timeout_s, strategy, workers, **env))
+    def start(timeout_s: float, strategy: str = "data", workers: int = 2,
+              ignore_hup: bool = False, **env: str) -> LongRun:
+        runs.append(LongRun(data_root, tmp_path, timeout_s, strategy, workers, ignore_hup,
+                            **env))
         return runs[-1]
 
     yield start
@@ -344,7 +353,7 @@ def test_workers_end_with_their_launcher(long_run, sig):
     run.wait_for_epoch(2)
     run.proc.send_signal(sig)
     code, _, err = run.wait(limit_s=30)
-    assert code == 128 + sig if sig == signal.SIGTERM else code == -signal.SIGKILL, err
+    assert code == -sig, err  # SIGTERM: the workers stopped, then the launcher's default end
     if sig == signal.SIGTERM:
         assert "fullgraph: stopped by SIGTERM; the workers were stopped; logs in" in err, err
     deadline = time.monotonic() + 10
@@ -352,6 +361,27 @@ def test_workers_end_with_their_launcher(long_run, sig):
         time.sleep(0.1)
     run.assert_no_worker_left()
     assert "Traceback" not in err, err
+
+
+@pytest.mark.dist
+def test_an_ignored_hangup_stays_ignored_and_a_second_signal_waits(long_run):
+    """Under nohup the launcher keeps running through SIGHUP; SIGTERM, SIGTERM and Ctrl-C
+    in a row stop it once, cleanly, with SIGTERM's exit status."""
+    run = long_run(30, ignore_hup=True)
+    run.wait_for_epoch(2)
+    run.proc.send_signal(signal.SIGHUP)
+    time.sleep(2)
+    assert run.proc.poll() is None, run.err.read_text()
+    for sig in (signal.SIGTERM, signal.SIGTERM, signal.SIGINT):
+        run.proc.send_signal(sig)
+        time.sleep(0.2)
+    code, _, err = run.wait(limit_s=30)
+    assert code == -signal.SIGTERM, err  # the launcher ends by the signal, as by default
+    assert err.count("stopped by SIGTERM") == 1 and "Traceback" not in err, err
+    deadline = time.monotonic() + 10
+    while [p for p in run.pids.values() if _alive(p)] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    run.assert_no_worker_left()
 
 
 @pytest.mark.dist

@@ -144,6 +144,6 @@ def test_adapt_adjust_builds_the_balancer_for_tensor_only():
     with pytest.raises(ConfigError, match="works on --strategy data .* or tensor .* "
                                           "the run uses 'single'"):
         build_adapters(single, SingleProcess(), model, plan, 0, 1, lambda e: None)
-    injected = dataclasses.replace(single, adapt=AdaptConfig(inject="sleep:ranks=2"))
+    injected = dataclasses.replace(cfg, adapt=AdaptConfig(inject="sleep:ranks=2"))
     with pytest.raises(ConfigError, match=r"ranks \[2\] do not exist with 2 worker"):
         check_before_launch(injected, dataset(), 2)

@@ -242,6 +242,9 @@ class TensorParallel(DistributedStrategy[ColumnPlan]):
 
     def check_launch(self, program: StageProgram, workers: int) -> None:
         self.options.share_list(workers)  # one share per worker
+        self._check_spill(program)
+
+    def _check_spill(self, program: StageProgram) -> None:
         if self.options.spill_dir is not None and has_edge_stage(program):
             raise ValueError("tensor_parallel.spill_dir: the model learns edge weights "
                              "(attention), whose gradient needs whole rows; spill works with "
@@ -258,7 +261,7 @@ class TensorParallel(DistributedStrategy[ColumnPlan]):
         if where:
             raise ValueError(f"tensor_parallel.spill_dir keeps matrices in host files; the "
                              f"run computes on {where[0]}: use --device cpu")
-        self.check_launch(program, 1)
+        self._check_spill(program)
         memory = (parse_bytes(opts.spill_memory) if opts.spill_memory is not None
                   else max(1, available_ram() // 4))
         return Spill(opts.spill_dir, memory)

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-import tempfile
+import secrets
 import zipfile
 from pathlib import Path
 from typing import Any, Sequence
@@ -179,10 +179,9 @@ class PartitionBook:
         """
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.fchmod(fd, 0o666 & ~umask)  # as a plain open() would make it, not mkstemp's 0600
+        tmp_name = str(path.parent / f".{path.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
+        # the mode a plain open() gives (0666 less the umask), not mkstemp's 0600
+        fd = os.open(tmp_name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
         try:
             with os.fdopen(fd, "wb") as f:
                 np.savez(f, format=np.array(FORMAT_NAME),
