@@ -340,6 +340,7 @@ def cmd_train(args: argparse.Namespace) -> int:
                 print(f"fullgraph {args.command}: error: {conflict}", file=sys.stderr)
             return 2
         return launch.run_worker(lambda status: _train(cfg, status))
+    launch.check_threads(cfg.runtime.threads, cfg.launch.workers)
     if cfg.launch.workers > 1:
         from fullgraph.graph import datasets
         from fullgraph.train import check_before_launch

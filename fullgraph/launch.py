@@ -148,6 +148,16 @@ def check_workers(workers: int, oversubscribe: bool) -> None:
                       "slower than it would on a core of its own", stacklevel=2)
 
 
+def check_threads(threads: int | None, workers: int) -> None:
+    """Warn when ``--threads`` per worker times the local workers outnumber the cores
+    (each thread then waits for a core; unset, the launcher shares the cores out)."""
+    cores = available_cores()
+    if threads and threads * workers > cores:
+        warnings.warn(f"--threads {threads} x {workers} worker(s) on {cores} cores: the "
+                      "threads share cores and each runs slower; leave --threads unset to "
+                      "share the cores out", stacklevel=2)
+
+
 def torchrun_conflict(workers: int) -> str | None:
     """Why ``--workers`` contradicts the launcher's WORLD_SIZE, or None when it does not."""
     world = os.environ.get("WORLD_SIZE", "1")

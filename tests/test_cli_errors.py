@@ -261,3 +261,11 @@ def test_tensor_shares_and_spill_are_checked_for_the_whole_run(tmp_path):
         strategy.check_launch(build_model("gcn", 8, 4, 3), 3)
     with pytest.raises(ValueError, match="edge weights"):
         strategy.check_launch(build_model("gat", 8, 4, 3), 2)
+
+
+def test_more_threads_than_cores_warn(root, monkeypatch):
+    from fullgraph import launch
+
+    monkeypatch.setattr(launch, "available_cores", lambda: 2)
+    with pytest.warns(UserWarning, match="--threads 4 x 1 worker\\(s\\) on 2 cores"):
+        assert main(["train", "--epochs", "1", "--progress", "off", "--threads", "4"]) == 0
