@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import re
 import sys
 import traceback
 import typing
@@ -117,7 +118,15 @@ def config_from_args(args: argparse.Namespace) -> Any:
         if "." in key and value is not None:
             section, name = key.split(".", 1)
             overrides.setdefault(section, {})[name] = value
-    return config_from_dict(merge(tree, overrides), source=args.config or "command line")
+    try:
+        return config_from_dict(merge(tree, overrides), source=args.config or "command line")
+    except ConfigError as exc:  # a value the file gave (not a flag): name the file too
+        text = str(exc)
+        found = re.match(r"(\w+)\.(\w+): ", text)
+        if args.config and found and not text.startswith(str(args.config)) and \
+                found.group(2) not in overrides.get(found.group(1), {}):
+            raise ConfigError(f"{args.config}: {text}") from None
+        raise
 
 
 class _Parser(argparse.ArgumentParser):

@@ -269,3 +269,12 @@ def test_more_threads_than_cores_warn(root, monkeypatch):
     monkeypatch.setattr(launch, "available_cores", lambda: 2)
     with pytest.warns(UserWarning, match="--threads 4 x 1 worker\\(s\\) on 2 cores"):
         assert main(["train", "--epochs", "1", "--progress", "off", "--threads", "4"]) == 0
+
+
+def test_a_bad_value_from_a_config_file_names_the_file(tmp_path, capsys):
+    cfg = tmp_path / "neg.toml"
+    cfg.write_text("[train]\nepochs = -3\n")
+    assert main(["train", "--config", str(cfg)]) == 2
+    one_line_error(capsys, f"{cfg}: train.epochs: got -3")
+    assert main(["train", "--config", str(cfg), "--epochs", "-4"]) == 2  # the flag's value
+    assert str(cfg) not in one_line_error(capsys, "train.epochs: got -4")
