@@ -111,6 +111,16 @@ def candidate_config(cfg: Any, cand: P.Candidate) -> Any:
     return dataclasses.replace(cfg, runtime=runtime, options=options)
 
 
+def one_process(cfg: Any) -> Any:
+    """``cfg`` for a run in this one process: without the options that describe the
+    whole run's workers (a partition file of W parts, one tensor share per worker)."""
+    options = dict(cfg.options)
+    for section, field in (("partition", "file"), ("tensor_parallel", "shares")):
+        if section in options and getattr(options[section], field) is not None:
+            options[section] = dataclasses.replace(options[section], **{field: None})
+    return dataclasses.replace(cfg, options=options)
+
+
 def executor_overhead(cfg: Any, cand: P.Candidate, feat_dim: int, classes: int) -> float:
     """Seconds of one epoch (training step and evaluation) of ``cand``'s executor at world
     size 1 on ``tiny_dataset`` (see ``executor_overheads``)."""
@@ -124,7 +134,7 @@ def tiny_run(cfg: Any, cand: P.Candidate, dataset: Dataset) -> Any:
     data = dataset.data
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        strategy = build_strategy(candidate_config(cfg, cand))
+        strategy = build_strategy(one_process(candidate_config(cfg, cand)))
         program = build_model(cfg.model.name, data.num_features, cfg.model.hidden,
                               data.num_classes, **cfg.model.build_options())
         plan = strategy.setup(dataset, program, torch.device("cpu"), None)

@@ -184,7 +184,8 @@ def summary_lines(profiles: list[list[EpochProfile]]) -> list[str]:
                      "edges": per_rank[-1].edges_local + per_rank[-1].edges_redundant,
                      "redundant": per_rank[-1].edges_redundant,
                      "edge_dims": per_rank[-1].edge_dims})
-    lines = ["per-rank medians per epoch:",
+    lines = ["per-rank medians per epoch (bytes: means, peak and saved: maxima, edges: one "
+             "forward pass; an evaluated epoch's time and bytes include its evaluation):",
              "rank  compute_s   cpu_s  comm_s  wait_s  wall_s   sent_MB   recv_MB  peak_MB"
              "  saved_MB     edges  redundant"]
     for r in rows:

@@ -195,6 +195,21 @@ def test_cli_plan_on_cora_prints_every_strategy_and_a_recommendation(cora_env, c
     assert len(rec) == 2 and "--strategy " in rec[0]
 
 
+def test_cli_plan_takes_the_partition_and_shares_the_run_will_use(cora_env, capsys,
+                                                                  monkeypatch, tmp_path):
+    """A partition file of W parts and one tensor share per worker describe the run, not
+    the planner's one-process calibration (which refused them)."""
+    monkeypatch.setattr(planner, "probe",
+                        lambda cfg, labels, *a: Probe(dict.fromkeys(labels, 1e-3), 0.01))
+    book = tmp_path / "book.npz"
+    assert main(["partition", "--dataset", "cora", "--parts", "2", "--partitioner", "chunk",
+                 "--out", str(book)]) == 0
+    capsys.readouterr()
+    assert main(["plan", "--dataset", "cora", "--workers", "2", "--partition-file", str(book),
+                 "--shares", "1,3"]) == 0
+    assert "recommended:" in capsys.readouterr().out
+
+
 def test_strategy_auto_is_resolved_before_the_workers_launch(cora_env, monkeypatch, capsys):
     from fullgraph import launch
 
