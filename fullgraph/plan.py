@@ -140,6 +140,10 @@ class PlanRates:
             stands for what the counts leave out (dropout's random numbers,
             activations, the loss, the executor's per-row work), which grows with the
             graph like the counted work.
+        worker_bytes: a launched worker's peak resident size before it loads the
+            dataset (interpreter, libraries, the communicator, compiled kernels): the
+            probe's workers' peak on their tiny ring (0: not measured; the planning
+            process's own size stands for it).
     """
 
     edge: float
@@ -153,6 +157,7 @@ class PlanRates:
     fixed: float = 0.0
     rounds_paid: int = 0
     calibration: float = 1.0
+    worker_bytes: int = 0
 
 
 def _mem(**values: int) -> dict[str, int]:

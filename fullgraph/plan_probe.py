@@ -29,6 +29,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import torch
+
 EPOCHS = 6
 """Epochs per run of a candidate; the first is left out of the median."""
 ROUNDS = 3
@@ -124,6 +126,7 @@ def main(argv: list[str]) -> int:
     from fullgraph.comm.primitives import all_gather_object, barrier
     from fullgraph.config import config_from_dict
     from fullgraph.plan_measure import workload_seconds
+    from fullgraph.profile import peak_memory_bytes
 
     out_path, config_path, *labels = argv
     spec = json.loads(Path(config_path).read_text())
@@ -136,6 +139,10 @@ def main(argv: list[str]) -> int:
         status.watch(comm.counter)
         try:
             times = measure(cfg, labels, spec["features"], spec["classes"], comm)
+            # a worker's size after training on the ring, before the workload and link
+            # measurements below allocate their own buffers
+            peak = max(all_gather_object(peak_memory_bytes(torch.device("cpu")), comm,
+                                         "probe"))
             barrier(comm, "probe")  # every worker at once
             concurrent = max(all_gather_object(workload_seconds(), comm, "probe"))
             per_byte = link_seconds(comm)
@@ -143,7 +150,7 @@ def main(argv: list[str]) -> int:
             destroy_comm(comm)
         if comm.rank == 0:
             Path(out_path).write_text(json.dumps({"fixed": times, "workload": concurrent,
-                                                  "byte": per_byte}))
+                                                  "byte": per_byte, "peak": peak}))
         return 0
 
     return launch.run_worker(body)
@@ -159,11 +166,14 @@ class Probe:
             all workers running it at once.
         byte: seconds per byte received in an all-to-all (``link_seconds``; 0: not
             measured).
+        peak: the largest peak resident size of the probe's workers, in bytes (0: not
+            measured).
     """
 
     fixed: dict[str, float]
     workload: float
     byte: float = 0.0
+    peak: int = 0
 
 
 def probe(cfg: Any, labels: list[str], features: int, classes: int) -> Probe:
@@ -189,7 +199,7 @@ def probe(cfg: Any, labels: list[str], features: int, classes: int) -> Probe:
             raise RuntimeError(f"the planner's probe workers failed (exit {code})")
         got = json.loads(out.read_text())
         return Probe({k: float(v) for k, v in got["fixed"].items()}, float(got["workload"]),
-                      float(got["byte"]))
+                      float(got["byte"]), int(got.get("peak", 0)))
 
 
 if __name__ == "__main__":

@@ -131,7 +131,7 @@ def measured_rates(cfg: Any, dataset: Dataset,
             with _as_worker(cfg):
                 alone = workload_seconds()
             rates = replace(rates, slowdown=max(1.0, measured.workload / alone),
-                            byte=measured.byte or rates.byte)
+                            byte=measured.byte or rates.byte, worker_bytes=measured.peak)
             ring = tiny_dataset(feat, classes, RING_PER_WORKER * workers)
             program = _program(ring, cfg)
             graph, _ = propagation_inputs(program, ring.graph)
@@ -281,7 +281,9 @@ def plan_run(cfg: Any, dataset: Dataset, *, base_rss: int | None = None,
     if overheads:
         rates, per_candidate = measured_rates(cfg, dataset, rates)
     estimates = price(cfg, dataset, rates, per_candidate)
-    process = (base_rss if base_rss is not None else rss_bytes()) + dataset_bytes(dataset)
+    # a launched worker's own size where the probe measured it, else this process's
+    base = max(base_rss if base_rss is not None else rss_bytes(), rates.worker_bytes)
+    process = base + dataset_bytes(dataset)
     ram = available_ram() // workers
     budget = device_budget(cfg)
     for e in estimates:
