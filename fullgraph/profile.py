@@ -246,9 +246,15 @@ def _slowest_lines(profiles: list[list[EpochProfile]], rows: list[dict[str, Any]
                 "waiting could not be told from transfer"]
     slowest = max(rows, key=lambda r: r["compute"])
     others = [r["wait"] for r in rows if r is not slowest]
-    lines = [f"slowest rank {slowest['rank']}: compute {slowest['compute']:.3f} s per epoch, "
-             f"the others waited {min(others):.3f}-{max(others):.3f} s for it "
-             f"(it waited {slowest['wait']:.3f} s)"]
+    if slowest["wait"] >= min(others) > 0:  # it waited as long as some other: no one rank
+        lines = [f"no clear slowest rank: the one with the most compute (rank "  # held all
+                 f"{slowest['rank']}, {slowest['compute']:.3f} s per epoch) waited "
+                 f"{slowest['wait']:.3f} s itself, the others {min(others):.3f}-"
+                 f"{max(others):.3f} s (workers sharing cores take turns being late)"]
+    else:
+        lines = [f"slowest rank {slowest['rank']}: compute {slowest['compute']:.3f} s per "
+                 f"epoch, the others waited {min(others):.3f}-{max(others):.3f} s for it "
+                 f"(it waited {slowest['wait']:.3f} s)"]
     moved: dict[str, float] = {}
     waited: dict[str, float] = {}
     for per_rank in profiles:

@@ -128,14 +128,20 @@ def rank_rows(log: RunLog) -> list[RankRow]:
 def slowest_rank(log: RunLog, rows: list[RankRow]) -> int | None:
     """The rank the others waited for (largest compute), or None.
 
-    None with one worker, or when waiting could not be told from transfer (the
-    ranks' communication calls did not match; ``waiting_split`` is False).
+    None with one worker, when waiting could not be told from transfer (the ranks'
+    communication calls did not match; ``waiting_split`` is False), or when the rank
+    with the most compute waited as long as another (no one rank held the others up,
+    as ``profile.summary_lines`` says).
     """
     if len(rows) < 2:
         return None
     if not all(r.get("waiting_split", False) for recs in log.ranks.values() for r in recs):
         return None
-    return max(rows, key=lambda r: r.compute_s).rank
+    slowest = max(rows, key=lambda r: r.compute_s)
+    others = [r.wait_s for r in rows if r is not slowest]
+    if slowest.wait_s >= min(others) > 0:
+        return None
+    return slowest.rank
 
 
 def phases(rows: list[RankRow]) -> list[str]:

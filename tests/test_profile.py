@@ -40,6 +40,17 @@ def test_split_waiting_takes_the_least_time_as_transfer():
     assert any(line.startswith("slowest rank 1: compute 0.870 s") for line in lines), lines
 
 
+def test_no_slowest_rank_is_named_when_the_busiest_waited_as_long_as_another():
+    """Workers sharing cores take turns being late: the rank with the most compute
+    waited as long as another, so nobody is the one the others waited for."""
+    ranks = [_record(0, 1.3, [("halo", 0.5), ("grad-sync", 0.02)]),  # compute 0.78, waits 0.4
+             _record(1, 1.0, [("halo", 0.1), ("grad-sync", 0.25)]),  # 0.65, waits 0.23
+             _record(2, 1.0, [("halo", 0.35), ("grad-sync", 0.02)])]  # 0.63, waits 0.25
+    lines = summary_lines([[p] for p in split_waiting(ranks)])
+    assert any(line.startswith("no clear slowest rank") for line in lines), lines
+    assert not any(line.startswith("slowest rank") for line in lines), lines
+
+
 def test_summary_counts_injected_slowdowns_and_plan_switches_per_rank():
     a, b = _record(0, 1.0, []), _record(0, 1.0, [])
     a.events = [{"kind": "inject", "what": "sleep"}, {"kind": "adjust", "switched": True}]
