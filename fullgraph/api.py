@@ -212,7 +212,7 @@ def _fit_here(cfg: Any, dataset: Any, verbose: bool, prepared: Any = None) -> Fi
 
     from fullgraph.graph import datasets
     from fullgraph.report import Reporter
-    from fullgraph.train import check_before_launch, train
+    from fullgraph.train import check_before_launch, check_outputs, train
 
     if prepared is not None:
         dataset = prepared
@@ -220,6 +220,7 @@ def _fit_here(cfg: Any, dataset: Any, verbose: bool, prepared: Any = None) -> Fi
         dataset = datasets.load_for(cfg.data)
     else:
         dataset = _with_data_options(dataset, cfg)
+    check_outputs(cfg)
     check_before_launch(cfg, dataset, 1)
     reporter = Reporter(cfg.train.epochs, metrics_out=cfg.train.metrics_out,
                         progress=cfg.train.progress if verbose else "off",

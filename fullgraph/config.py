@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from fullgraph.errors import ConfigError
-from fullgraph.fields import choices_of, option
+from fullgraph.fields import choices_of, is_device_name, option
 
 FEATURE_DTYPES = ("stored", "float32", "bfloat16", "float16")
 PROGRESS = ("auto", "on", "off")
@@ -231,7 +231,7 @@ class TrainConfig:
         _require(self.log_level in LOG_LEVELS, "train", "log_level", self.log_level,
                  " | ".join(LOG_LEVELS))
         dev = self.device
-        _require(dev in ("cpu", "cuda", "auto") or dev.startswith("cuda:"), "train", "device",
+        _require(is_device_name(dev, auto=True), "train", "device",
                  dev, "cpu | cuda | cuda:N | auto")
 
 

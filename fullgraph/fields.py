@@ -38,3 +38,10 @@ def choices_of(f: dataclasses.Field) -> tuple[str, ...] | None:
     if choices is None:
         return None
     return tuple(choices() if callable(choices) else choices)
+
+
+def is_device_name(name: str, *, auto: bool = False) -> bool:
+    """Whether ``name`` names a device an option may take: cpu, cuda or cuda:N (and
+    ``auto`` where ``auto`` is True)."""
+    return name in ("cpu", "cuda") or (auto and name == "auto") or (
+        name.startswith("cuda:") and name[5:].isdigit())

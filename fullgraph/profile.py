@@ -30,6 +30,8 @@ from typing import Any
 
 import torch
 
+from fullgraph.runlog import slowest
+
 WAIT_PHASE = "wait"
 """Phase of the barrier strategies call before the gradient sync (split like any call)."""
 
@@ -244,17 +246,18 @@ def _slowest_lines(profiles: list[list[EpochProfile]], rows: list[dict[str, Any]
     if not all(p.waiting_split for per_rank in profiles for p in per_rank):
         return ["slowest rank unknown: the ranks' communication calls did not match, so "
                 "waiting could not be told from transfer"]
-    slowest = max(rows, key=lambda r: r["compute"])
-    others = [r["wait"] for r in rows if r is not slowest]
-    if slowest["wait"] >= min(others) > 0:  # it waited as long as some other: no one rank
-        lines = [f"no clear slowest rank: the one with the most compute (rank "  # held all
-                 f"{slowest['rank']}, {slowest['compute']:.3f} s per epoch) waited "
-                 f"{slowest['wait']:.3f} s itself, the others {min(others):.3f}-"
+    at, clear = slowest([r["compute"] for r in rows], [r["wait"] for r in rows])
+    slowest_row = rows[at]
+    others = [r["wait"] for r in rows if r is not slowest_row]
+    if not clear:
+        lines = [f"no clear slowest rank: the one with the most compute (rank "
+                 f"{slowest_row['rank']}, {slowest_row['compute']:.3f} s per epoch) waited "
+                 f"{slowest_row['wait']:.3f} s itself, the others {min(others):.3f}-"
                  f"{max(others):.3f} s (workers sharing cores take turns being late)"]
     else:
-        lines = [f"slowest rank {slowest['rank']}: compute {slowest['compute']:.3f} s per "
-                 f"epoch, the others waited {min(others):.3f}-{max(others):.3f} s for it "
-                 f"(it waited {slowest['wait']:.3f} s)"]
+        lines = [f"slowest rank {slowest_row['rank']}: compute {slowest_row['compute']:.3f} "
+                 f"s per epoch, the others waited {min(others):.3f}-{max(others):.3f} s for "
+                 f"it (it waited {slowest_row['wait']:.3f} s)"]
     moved: dict[str, float] = {}
     waited: dict[str, float] = {}
     for per_rank in profiles:

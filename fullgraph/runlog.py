@@ -10,6 +10,7 @@ records do not break the report.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -125,6 +126,16 @@ def rank_rows(log: RunLog) -> list[RankRow]:
             for rank, recs in sorted(log.ranks.items())]
 
 
+def slowest(compute: Sequence[float], wait: Sequence[float]) -> tuple[int, bool]:
+    """Of ranks with these median compute and waiting seconds: the index of the one
+    with the most compute, and whether it is the one the others waited for (False
+    where it waited as long as another: workers sharing cores take turns being late,
+    and no one rank holds the others up)."""
+    i = max(range(len(compute)), key=lambda r: compute[r])
+    others = [w for r, w in enumerate(wait) if r != i]
+    return i, not (others and wait[i] >= min(others) > 0)
+
+
 def slowest_rank(log: RunLog, rows: list[RankRow]) -> int | None:
     """The rank the others waited for (largest compute), or None.
 
@@ -137,11 +148,8 @@ def slowest_rank(log: RunLog, rows: list[RankRow]) -> int | None:
         return None
     if not all(r.get("waiting_split", False) for recs in log.ranks.values() for r in recs):
         return None
-    slowest = max(rows, key=lambda r: r.compute_s)
-    others = [r.wait_s for r in rows if r is not slowest]
-    if slowest.wait_s >= min(others) > 0:
-        return None
-    return slowest.rank
+    at, clear = slowest([r.compute_s for r in rows], [r.wait_s for r in rows])
+    return rows[at].rank if clear else None
 
 
 def phases(rows: list[RankRow]) -> list[str]:

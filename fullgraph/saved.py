@@ -109,12 +109,9 @@ class SavedModel(nn.Module):
                              f"{str(param.dtype).replace('torch.', '')} (use .float())")
         n = int(features.shape[0])
         if not isinstance(graph, Graph):
-            edge_index = torch.as_tensor(graph)
-            if edge_index.dim() != 2 or edge_index.shape[0] != 2 or \
-                    edge_index.dtype.is_floating_point or edge_index.dtype == torch.bool:
-                raise ValueError("edge_index must be a (2, E) integer tensor (row 0 sources, "
-                                 f"row 1 destinations); got {str(edge_index.dtype)[6:]} "
-                                 f"{tuple(edge_index.shape)}")
+            from fullgraph.graph.formats.pyg import edge_index_array
+
+            edge_index = edge_index_array(graph, "model input")
             graph = Graph.from_edges(edge_index[0], edge_index[1], n)
         if graph.num_nodes != n:
             raise ValueError(f"the graph has {graph.num_nodes} vertices but features have {n} rows")

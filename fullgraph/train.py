@@ -150,8 +150,11 @@ def _ranks(ranks: list[int]) -> str:
 def check_before_launch(cfg: Config, dataset: Dataset, workers: int) -> None:
     """Find the user errors a ``workers``-worker run would hit, before starting any.
 
-    Checks the device, the optional packages the options need (pymetis for METIS
-    partitions, numba for the numba SpMM) and a partition file against the dataset.
+    Checks the device and backend, what the strategy would refuse of this model, graph
+    and worker count (``Strategy.check_launch``), the optional packages the options
+    need (pymetis for METIS partitions, numba for the numba SpMM) and a partition file
+    against the dataset. The output paths are the caller's to check
+    (``check_outputs``: they are written where the caller runs).
 
     Raises:
         ConfigError: an option needs a missing package, or the partition file has
@@ -159,17 +162,6 @@ def check_before_launch(cfg: Config, dataset: Dataset, workers: int) -> None:
         DataError: the partition file is unreadable or for another graph.
     """
     check_device(cfg.train.device)
-    check_outputs(cfg)
-    if cfg.runtime.strategy == "single" and workers > 1:
-        raise ConfigError(f"runtime.strategy: 'single' runs on one worker, not {workers}; "
-                          "choose a distributed strategy: data, tensor, p2p, task, or auto "
-                          "(the planner's choice)")
-    parts = section_users()["partition"]
-    if cfg.runtime.strategy in parts and workers > dataset.graph.num_nodes:
-        raise ConfigError(f"launch.workers: {workers} workers for a graph of "
-                          f"{dataset.graph.num_nodes} vertices: strategy "
-                          f"{cfg.runtime.strategy!r} gives each worker a part of the vertices; "
-                          f"use at most {dataset.graph.num_nodes} workers")
     if cfg.launch.backend == "nccl" and not cfg.train.device.startswith("cuda") and not (
             cfg.train.device == "auto" and torch.cuda.is_available()):
         raise ConfigError(f"launch.backend: 'nccl' needs CUDA devices, and the run is on "
@@ -177,26 +169,23 @@ def check_before_launch(cfg: Config, dataset: Dataset, workers: int) -> None:
                           "use --backend gloo, or --device cuda")
     check_adapt_options(cfg, workers)
     shards.check_use(dataset, cfg.runtime.strategy, workers)
-    if cfg.runtime.strategy != "single":
-        try:  # what the strategy's setup would refuse, found before any worker starts
-            get_strategy(cfg.runtime.strategy).from_sections(cfg.options).check_launch(
-                build(dataset, cfg), workers)
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from None
+    program = build(dataset, cfg)
+    try:  # what the strategy's setup would refuse, found before any worker starts
+        get_strategy(cfg.runtime.strategy).from_sections(cfg.options).check_launch(
+            program, dataset.graph.num_nodes, workers)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     if dataset.shard is not None:
         if cfg.options["partition"].file:
             raise ConfigError(f"partition.file: {cfg.options['partition'].file}: the dataset "
                               "is per-part shards, which carry their own partition; leave "
                               "out --partition-file")
-        check_shard_hops(cfg, dataset, build(dataset, cfg))
+        check_shard_hops(cfg, dataset, program)
         if cfg.runtime.strategy == "tensor" and cfg.adapt.mode != "off":
             raise ConfigError(f"adapt.mode: --adapt {cfg.adapt.mode} with --strategy tensor "
                               "moves rows between workers, and on per-part shards a worker "
                               "holds only its own block of feature rows; train without "
                               "--adapt, or on the unsharded dataset")
-    if cfg.runtime.strategy == "task":  # chunk grids the graph or the P group cannot hold
-        from fullgraph.parallel.task import TaskParallel
-        TaskParallel(cfg.options["task_parallel"]).check_sizes(dataset.graph.num_nodes, workers)
     if cfg.train.resume:  # a checkpoint of another run: refused before any worker starts
         from fullgraph.checkpoint import check_resumable
 
@@ -204,7 +193,7 @@ def check_before_launch(cfg: Config, dataset: Dataset, workers: int) -> None:
     if cfg.runtime.spmm_backend == "numba" and not kernels.HAVE_NUMBA:
         raise MissingExtraError(missing_message("numba", "runtime.spmm_backend: 'numba'") +
                                 " (or use --spmm-backend torch)")
-    if cfg.runtime.strategy not in parts or workers < 2 \
+    if cfg.runtime.strategy not in section_users()["partition"] or workers < 2 \
             or dataset.shard is not None:  # shards carry their partition
         return
     opts = cfg.options["partition"]

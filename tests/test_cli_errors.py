@@ -256,11 +256,11 @@ def test_tensor_shares_and_spill_are_checked_for_the_whole_run(tmp_path):
     cfg = config_from_dict({"tensor_parallel": {"shares": "1,3",
                                                 "spill_dir": str(tmp_path / "spill")}})
     strategy = get_strategy("tensor").from_sections(cfg.options)
-    strategy.check_launch(build_model("gcn", 8, 4, 3), 2)
+    strategy.check_launch(build_model("gcn", 8, 4, 3), 100, 2)
     with pytest.raises(ValueError, match="gives 2 shares for 3 workers"):
-        strategy.check_launch(build_model("gcn", 8, 4, 3), 3)
+        strategy.check_launch(build_model("gcn", 8, 4, 3), 100, 3)
     with pytest.raises(ValueError, match="edge weights"):
-        strategy.check_launch(build_model("gat", 8, 4, 3), 2)
+        strategy.check_launch(build_model("gat", 8, 4, 3), 100, 2)
 
 
 def test_more_threads_than_cores_warn(root, monkeypatch):

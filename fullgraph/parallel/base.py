@@ -153,9 +153,10 @@ class Strategy(ABC, Generic[PlanT]):
         """Whether the strategy runs on several workers (False: exactly one)."""
         return True
 
-    def check_launch(self, program: StageProgram, workers: int) -> None:
+    def check_launch(self, program: StageProgram, num_nodes: int, workers: int) -> None:
         """Refuse, before any worker starts, what ``setup`` would refuse of ``program``
-        on ``workers`` workers (nothing by default).
+        on a graph of ``num_nodes`` vertices and ``workers`` workers (nothing by
+        default).
 
         Raises:
             ValueError: naming the option or model that cannot run so.

@@ -131,7 +131,8 @@ class P2PParallel(RowPartitioned[P2PPlan]):
     options: Options
 
     # ------------------------------------------------------------------ setup
-    def check_launch(self, program: StageProgram, workers: int) -> None:
+    def check_launch(self, program: StageProgram, num_nodes: int, workers: int) -> None:
+        super().check_launch(program, num_nodes, workers)
         if program.reduces_rows:
             raise ValueError(f"strategy p2p cannot run model {program.name!r} with batch "
                              "normalisation (batch_norm=True): p2p computes T stages in bins "
@@ -140,7 +141,8 @@ class P2PParallel(RowPartitioned[P2PPlan]):
 
     def setup(self, dataset: Dataset, program: StageProgram, device: torch.device,
               comm: Comm | None = None, dtype: torch.dtype = torch.float32) -> P2PPlan:
-        self.check_launch(program, 1 if comm is None else comm.world_size)
+        self.check_launch(program, dataset.graph.num_nodes,
+                          1 if comm is None else comm.world_size)
         if comm is None:
             from fullgraph.comm.group import single_comm
 

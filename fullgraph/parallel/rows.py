@@ -17,6 +17,7 @@ from fullgraph.comm import primitives as prim
 from fullgraph.comm.group import Comm
 from fullgraph.graph.csr import Graph
 from fullgraph.graph.data import Dataset, Shard
+from fullgraph.models.stages import StageProgram
 from fullgraph.parallel.base import DistributedStrategy, PlanT
 from fullgraph.parallel.rowplan import RowPlan
 from fullgraph.partition import PartitionBook, PartitionOptions, partition
@@ -35,6 +36,12 @@ class RowPartitioned(DistributedStrategy[PlanT]):
     def from_sections(cls, sections: Mapping[str, Any]) -> RowPartitioned:
         assert cls.section is not None, f"{cls.__name__} declares no section"
         return cls(sections[cls.section], sections["partition"])
+
+    def check_launch(self, program: StageProgram, num_nodes: int, workers: int) -> None:
+        if workers > num_nodes:
+            raise ValueError(f"{workers} workers for a graph of {num_nodes} vertices: strategy "
+                             f"{self.name!r} gives each worker a part of the vertices; use at "
+                             f"most {num_nodes} workers")
 
     @staticmethod
     def owned_targets(dataset: Dataset, owned: Tensor, device: torch.device) -> dict[str, Any]:

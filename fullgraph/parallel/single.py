@@ -48,11 +48,16 @@ class SingleProcess(Strategy[SinglePlan]):
     name = "single"
     distributed = False
 
+    def check_launch(self, program: StageProgram, num_nodes: int, workers: int) -> None:
+        if workers > 1:
+            raise ValueError(f"strategy 'single' runs on one worker, not {workers}; choose a "
+                             "distributed strategy: data, tensor, p2p, task, or auto (the "
+                             "planner's choice)")
+
     def setup(self, dataset: Dataset, program: StageProgram, device: torch.device,
               comm: Comm | None = None, dtype: torch.dtype = torch.float32) -> SinglePlan:
-        if comm is not None and comm.world_size > 1:
-            raise ValueError(f"strategy 'single' runs on one worker, not {comm.world_size}; "
-                             "choose a distributed strategy (e.g. --strategy data)")
+        self.check_launch(program, dataset.graph.num_nodes,
+                          1 if comm is None else comm.world_size)
         graph, norms = propagation_inputs(program, dataset.graph, dtype)
         graph = graph.to(device)
         graph.transpose()  # build the backward CSR once, outside the timed epochs

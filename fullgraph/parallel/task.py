@@ -303,6 +303,9 @@ class TaskParallel(DistributedStrategy[TaskPlan]):
             out_gids=None if out_gids is None else out_gids.to(device),
             split=split, recompute=self.options.recompute)
 
+    def check_launch(self, program: StageProgram, num_nodes: int, workers: int) -> None:
+        self.check_sizes(num_nodes, workers)
+
     def check_sizes(self, num_vertices: int, workers: int | None = None) -> None:
         """Refuse subgraph and chunk counts the graph (or, in the data form with a
         given split, the P group) cannot hold; called before launch and in setup."""

@@ -37,7 +37,7 @@ import torch
 
 from fullgraph.comm.group import Comm
 from fullgraph.comm.placement import check_counts, even_counts, share_counts
-from fullgraph.fields import option
+from fullgraph.fields import is_device_name, option
 from fullgraph.graph.data import Dataset
 from fullgraph.memory import MemoryAccount, parse_bytes
 from fullgraph.models.stages import StageProgram, propagation_inputs
@@ -158,10 +158,8 @@ class TensorParallel(DistributedStrategy[ColumnPlan]):
                                           "2GB; unset: a quarter of the available memory")
 
         def __post_init__(self) -> None:
-            dev = self.nn_device
-            if dev is not None and dev not in ("cpu", "cuda") and not (
-                    dev.startswith("cuda:") and dev[5:].isdigit()):
-                raise ValueError(f"nn_device {dev!r}; expected cpu, cuda or cuda:N")
+            if self.nn_device is not None and not is_device_name(self.nn_device):
+                raise ValueError(f"nn_device {self.nn_device!r}; expected cpu, cuda or cuda:N")
             if self.column_split not in COLUMN_SPLITS:
                 raise ValueError(f"column_split {self.column_split!r}; expected balanced or even")
             if self.device_memory is not None:
@@ -240,7 +238,7 @@ class TensorParallel(DistributedStrategy[ColumnPlan]):
         self._place_rows(program, plan, row_counts, rows_device, dtype)
         return plan
 
-    def check_launch(self, program: StageProgram, workers: int) -> None:
+    def check_launch(self, program: StageProgram, num_nodes: int, workers: int) -> None:
         self.options.share_list(workers)  # one share per worker
         self._check_spill(program)
 

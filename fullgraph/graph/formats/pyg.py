@@ -74,10 +74,7 @@ def from_pyg(data: Any, name: str = "pyg", *, split_index: int = 0, seed: int = 
         raise FormatError("y needs one label per vertex", source=name, field="y",
                           found=labels.shape[0], expected=n)
     num_classes = check_labels(labels, num_classes, source=name, locate=field_locator("y[{k}]"))
-    ei = _numpy(edge_index)
-    if ei.ndim != 2 or ei.shape[0] != 2 or ei.dtype.kind not in "iu":
-        raise FormatError("edge_index must be a (2, E) integer tensor", source=name,
-                          field="edge_index", found=f"{ei.dtype} {ei.shape}")
+    ei = edge_index_array(edge_index, name)
     if ei.shape[1] == 0:
         raise ValidationError("the graph has no edges", source=name, field="edge_index",
                               found="0 edges", expected="at least one edge")
@@ -89,6 +86,20 @@ def from_pyg(data: Any, name: str = "pyg", *, split_index: int = 0, seed: int = 
     masks, how = _masks(data, labels, split_index, seed, name)
     return assemble(name, graph, features, labels, masks, num_classes,
                     {"format": "pyg", "split": how})
+
+
+def edge_index_array(edge_index: Any, name: str) -> np.ndarray:
+    """``edge_index`` (a tensor, array or list) as a (2, E) integer array.
+
+    Raises:
+        FormatError: it is not (2, E) or not integers (an (E, 2) array, say).
+    """
+    ei = _numpy(edge_index)
+    if ei.ndim != 2 or ei.shape[0] != 2 or ei.dtype.kind not in "iu":
+        raise FormatError("edge_index must be a (2, E) integer tensor (row 0 sources, row 1 "
+                          "destinations)", source=name, field="edge_index",
+                          found=f"{ei.dtype} {ei.shape}")
+    return ei
 
 
 def _warn_unused(data: Any, duplicates: int, name: str) -> None:
