@@ -40,10 +40,10 @@ PY
       timeout 200 python3 -m fullgraph.bench.gpu --out "$OUT" --steps attention ;;
     beyond)
       timeout 300 python3 -m fullgraph.bench.gpu --out "$OUT" --steps beyond ;;
-    models)  # FUSED=0: the dropout mask unfused (FULLGRAPH_FUSED_DROPOUT), to compare
+    models)  # TRITON=0: torch ops where the Triton kernels run (FULLGRAPH_TRITON), to compare
       for size in ${MODEL_SIZES:-1000000:20000000 4000000:80000000}; do
         set -- ${size/:/ }
-        FULLGRAPH_FUSED_DROPOUT=${FUSED:-1} timeout 200 python3 -m fullgraph.bench.models \
+        FULLGRAPH_TRITON=${TRITON:-auto} timeout 200 python3 -m fullgraph.bench.models \
           --device cuda --vertices $1 --edges $2 --threads 16 --rounds 2 --epochs 3 \
           --models ${MODELS:-gcn,gat} --cache /tmp/fullgraph-bench \
           2>&1 | grep -v Warning | tee -a "$OUT/models.log"

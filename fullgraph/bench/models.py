@@ -253,8 +253,12 @@ def profile_table(step: Callable[[], None], device: str, rows: int) -> str:
         activities.append(ProfilerActivity.CUDA)
     with profile(activities=activities) as prof:
         step()
-    key = "self_cuda_time_total" if device.startswith("cuda") else "self_cpu_time_total"
-    return str(prof.key_averages().table(sort_by=key, row_limit=rows))
+    table = prof.key_averages()
+    if not device.startswith("cuda"):
+        return str(table.table(sort_by="self_cpu_time_total", row_limit=rows))
+    # the device's time first; then the host's, which shows launches and Python
+    return (f"{table.table(sort_by='self_cuda_time_total', row_limit=rows)}\n"
+            f"by self CPU time:\n{table.table(sort_by='self_cpu_time_total', row_limit=rows)}")
 
 
 def model_times(ds: Any, model: str, args: argparse.Namespace) -> dict[str, list[float]]:

@@ -19,16 +19,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-import os
-import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import Tensor
 
-from fullgraph.ops import gemm, kernels, padded
+from fullgraph.ops import gemm, gpu_kernels, kernels, padded
 
 _M32 = 0xFFFFFFFF
 
@@ -158,11 +155,13 @@ def _apply_mask(x: Tensor, keys: Tensor, seed: int, p: float, *,
         kernels.keyed_dropout(x.detach().contiguous().numpy(), keys.contiguous().numpy(), seed,
                               p, kernels.scalar_of(scale, x.dtype), out.detach().numpy())
         return out
-    fused = _fused(x.device)
-    if fused is not None:
+    if gpu_kernels.available(x.device) and x.dim() == 2 and x.stride(1) == 1 \
+            and x.dtype.is_floating_point and keep_threshold(p) <= _M32:
         into = x if inplace else out if out is not None else torch.empty_like(
             x, memory_format=torch.contiguous_format)
-        if _apply_fused(fused, x, keys, seed, p, scale, into):
+        if into.stride(1) == 1 and gpu_kernels.dropout_into(
+                x.detach(), keys.to(device=x.device, dtype=torch.int64).contiguous(),
+                int(seed) & _M32, keep_threshold(p), scale, into.detach()):
             return into
     rows, cols = x.shape
     step = max(1, MASK_BLOCK // max(1, cols))
@@ -181,51 +180,6 @@ def _apply_mask(x: Tensor, keys: Tensor, seed: int, p: float, *,
         _apply_mask(x[lo:hi], keys[lo:hi], seed, p, inplace=inplace,
                     out=None if inplace else out[lo:hi])  # type: ignore[index]
     return x if inplace else out  # type: ignore[return-value]
-
-
-FUSED_DEVICES = ("cuda",)
-"""Devices whose torch path applies the mask as one compiled kernel: ``torch.compile``
-fuses the hash, the comparison and the product, so x is read once and the output
-written once, with no (R, D) temporaries and one launch for the whole tensor.
-Elsewhere, and after compiling fails (once, with a warning), the int32 steps above,
-a block of rows at a time. ``FULLGRAPH_FUSED_DROPOUT=0`` switches it off (to compare)."""
-FUSED_BACKEND = "inductor"
-_FUSED: dict[str, Any] = {}
-
-
-def _mask_into(x: Tensor, row_hash: Tensor, least: int, scale: float, out: Tensor) -> None:
-    """out = x * scale where the hash of (row, column) reaches ``least``, else 0: the
-    reference hash (``entry_hashes``), traced whole by ``torch.compile``."""
-    cols = torch.arange(x.shape[1], device=x.device, dtype=torch.int64)
-    keep = entry_hashes(row_hash[:, None], cols[None, :]) >= least
-    out.copy_(torch.where(keep, x * scale, torch.zeros((), dtype=x.dtype, device=x.device)))
-
-
-def _fused(device: torch.device) -> Callable[..., None] | None:
-    """The compiled ``_mask_into`` for ``device``, or None (see ``FUSED_DEVICES``)."""
-    if device.type not in FUSED_DEVICES or os.environ.get("FULLGRAPH_FUSED_DROPOUT") == "0":
-        return None
-    fn = _FUSED.get(device.type)
-    if fn is None:
-        fn = _FUSED[device.type] = torch.compile(_mask_into, dynamic=True, fullgraph=True,
-                                                 backend=FUSED_BACKEND)
-    return fn or None
-
-
-def _apply_fused(fn: Callable[..., None], x: Tensor, keys: Tensor, seed: int, p: float,
-                 scale: float, out: Tensor) -> bool:
-    """Run the compiled mask into ``out``; False (and never again on this device type,
-    with a warning) where compiling or running it fails."""
-    rows = row_hashes(keys.to(device=x.device, dtype=torch.int64), int(seed) & _M32)
-    try:
-        fn(x.detach(), rows, keep_threshold(p), scale, out.detach())
-    except Exception as err:  # a compiler missing or failing: the unfused ops still work
-        _FUSED[x.device.type] = False
-        warnings.warn(f"keyed dropout: the compiled mask failed on {x.device.type} "
-                      f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}); "
-                      "unfused torch ops from now on", RuntimeWarning, stacklevel=3)
-        return False
-    return True
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fullgraph.graph.csr import Graph
-from fullgraph.ops import kernels
+from fullgraph.ops import gpu_kernels, kernels
 from fullgraph.ops.spmm import current_backend
 
 
@@ -110,6 +110,8 @@ def attention_softmax(graph: Graph, s_src: Tensor, s_dst: Tensor,
     if kernels.HAVE_NUMBA and s_src.device.type == "cpu" and s_dst.device.type == "cpu" \
             and current_backend() != "torch":
         return _AttentionSoftmax.apply(s_src, s_dst, graph, float(negative_slope))
+    if gpu_kernels.available(s_src.device):
+        return _TritonAttention.apply(s_src, s_dst, graph, float(negative_slope))
     if _segmented(s_src):
         return _SegmentedAttention.apply(s_src, s_dst, graph, float(negative_slope))
     src, dst = graph.edges()
@@ -123,11 +125,54 @@ class _SegmentedAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, s_src: Tensor, s_dst: Tensor, graph: Graph, slope: float) -> Tensor:
-        src, dst = graph.edges()
-        scores = F.leaky_relu(s_src[src] + s_dst[dst], slope)
-        exp = (scores - _segment_max(scores, graph)[dst]).exp()
-        del scores
-        out = exp.div_(_segment_sum(exp, dst, graph.num_dst, graph.indptr)[dst])
+        ctx.graph, ctx.slope = graph, slope
+        out = _attention_torch(s_src, s_dst, graph, slope)
+        ctx.save_for_backward(s_src, s_dst, out)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out: Tensor):
+        s_src, s_dst, alpha = ctx.saved_tensors
+        return (*_attention_backward_torch(s_src, s_dst, alpha, grad_out, ctx.graph,
+                                           ctx.slope), None, None)
+
+
+def _attention_torch(s_src: Tensor, s_dst: Tensor, graph: Graph, slope: float) -> Tensor:
+    src, dst = graph.edges()
+    scores = F.leaky_relu(s_src[src] + s_dst[dst], slope)
+    exp = (scores - _segment_max(scores, graph)[dst]).exp()
+    del scores
+    return exp.div_(_segment_sum(exp, dst, graph.num_dst, graph.indptr)[dst])
+
+
+def _attention_backward_torch(s_src: Tensor, s_dst: Tensor, alpha: Tensor, grad_out: Tensor,
+                              graph: Graph, slope: float) -> tuple[Tensor, Tensor]:
+    """(grad of s_src, grad of s_dst) of ``_attention_torch``, from its output."""
+    src, dst = graph.edges()
+    d = alpha * grad_out
+    dot = _segment_sum(d, dst, graph.num_dst, graph.indptr)
+    d -= alpha * dot[dst]  # gradient of the softmax input
+    positive = (s_src[src] + s_dst[dst]) > 0
+    d = torch.where(positive, d, d * slope)  # through the LeakyReLU
+    grad_dst = _segment_sum(d, dst, graph.num_dst, graph.indptr)
+    t = graph.transpose()  # each source's out-edges, as segments
+    grad_src = _segment_sum(d[t.perm], t.graph.dst_index(), graph.num_src, t.graph.indptr)
+    return grad_src, grad_dst
+
+
+class _TritonAttention(torch.autograd.Function):
+    """Attention weights from Triton kernels (``gpu_kernels``): one program per
+    destination computes its in-edges' weights (online maximum, then the sum and the
+    weights), and in the backward pass their pre-activation gradients and its sum; the
+    sources' sums are segments of the transposed CSR. No atomics: the same sums in the
+    same order every run. Where a kernel fails, the torch ops above."""
+
+    @staticmethod
+    def forward(ctx, s_src: Tensor, s_dst: Tensor, graph: Graph, slope: float) -> Tensor:
+        s_src, s_dst = s_src.detach().contiguous(), s_dst.detach().contiguous()
+        out = gpu_kernels.attention_forward(graph.indptr, graph.indices, s_src, s_dst, slope)
+        if out is None:
+            out = _attention_torch(s_src, s_dst, graph, slope)
         ctx.graph, ctx.slope = graph, slope
         ctx.save_for_backward(s_src, s_dst, out)
         return out
@@ -136,15 +181,18 @@ class _SegmentedAttention(torch.autograd.Function):
     def backward(ctx, grad_out: Tensor):
         s_src, s_dst, alpha = ctx.saved_tensors
         graph = ctx.graph
-        src, dst = graph.edges()
-        d = alpha * grad_out
-        dot = _segment_sum(d, dst, graph.num_dst, graph.indptr)
-        d -= alpha * dot[dst]  # gradient of the softmax input
-        positive = (s_src[src] + s_dst[dst]) > 0
-        d = torch.where(positive, d, d * ctx.slope)  # through the LeakyReLU
-        grad_dst = _segment_sum(d, dst, graph.num_dst, graph.indptr)
-        t = graph.transpose()  # each source's out-edges, as segments
-        grad_src = _segment_sum(d[t.perm], t.graph.dst_index(), graph.num_src, t.graph.indptr)
+        grad_out = grad_out.contiguous()
+        got = gpu_kernels.attention_backward(graph.indptr, graph.indices, s_src, s_dst, alpha,
+                                             grad_out, ctx.slope)
+        grad_src = None
+        if got is not None:
+            d_pre, grad_dst = got
+            t = graph.transpose()
+            # per source, the sum of d_pre over its out-edges, read through the permutation
+            grad_src = gpu_kernels.spmm_heads(t.graph.indptr, t.perm, d_pre, None, 1)
+        if grad_src is None:
+            grad_src, grad_dst = _attention_backward_torch(s_src, s_dst, alpha, grad_out,
+                                                           graph, ctx.slope)
         return grad_src, grad_dst, None, None
 
 

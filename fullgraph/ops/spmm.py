@@ -29,7 +29,7 @@ from torch import Tensor
 
 from fullgraph.extras import MissingExtraError, missing_message
 from fullgraph.graph.csr import Graph, Transposed
-from fullgraph.ops import kernels, padded
+from fullgraph.ops import gpu_kernels, kernels, padded
 
 if TYPE_CHECKING:
     from fullgraph.ops.select import Choice
@@ -188,8 +188,22 @@ def transposed_aggregate(graph: Graph, grad_out: Tensor, weight: Tensor | None,
         if wide is not None:
             return padded.rows_of(_transposed_numba(t, wide, weight), grad_out.shape[1])
         return _transposed_numba(t, grad_out.contiguous(), weight)
+    if weight is not None and (heads := _heads(weight)) > 1 \
+            and _triton_takes(grad_out, heads):
+        # the forward's weights read through the permutation, all heads in one pass
+        out = gpu_kernels.spmm_heads(t.graph.indptr, t.graph.indices, grad_out.contiguous(),
+                                     weight.detach().to(grad_out.dtype).contiguous(), heads,
+                                     perm=t.perm)
+        if out is not None:
+            return out
     w_t = None if weight is None else weight[t.perm]
     return aggregate(t.graph, grad_out, w_t, "sum")
+
+
+def _triton_takes(x: Tensor, heads: int) -> bool:
+    """Whether ``gpu_kernels``' multi-head kernels take ``x``'s columns in ``heads``."""
+    return (gpu_kernels.available(x.device) and x.dim() == 2 and x.shape[1] % heads == 0
+            and gpu_kernels.fits(heads, x.shape[1] // heads))
 
 
 def transposed_rows_into(graph: Graph, grad_out: Tensor, weight: Tensor | None, lo: int,
@@ -245,6 +259,12 @@ def edge_dot(graph: Graph, a: Tensor, b: Tensor, heads: int = 1) -> Tensor:
     chans = a.shape[1] // heads
     if chans == 0:  # a worker's column slice may be empty
         return a.new_zeros(graph.num_edges, heads)
+    if _triton_takes(a, heads) and b.shape == (graph.num_src, a.shape[1]) \
+            and a.shape[0] == graph.num_dst:
+        dots = gpu_kernels.sddmm_heads(graph.indptr, graph.indices, a.detach().contiguous(),
+                                       b.detach().contiguous(), heads)
+        if dots is not None:
+            return dots
     src, dst = graph.edges()
     return (a[dst].view(-1, heads, chans) * b[src].view(-1, heads, chans)).sum(-1)
 
@@ -307,6 +327,12 @@ def _transposed_numba(t: Transposed, g: Tensor, weight: Tensor) -> Tensor:
 
 def _aggregate_torch(graph: Graph, x: Tensor, weight: Tensor | None, reduce: str) -> Tensor:
     heads = _heads(weight)
+    if heads > 1 and _triton_takes(x, heads):  # all heads in one pass, not H products
+        assert weight is not None
+        out = gpu_kernels.spmm_heads(graph.indptr, graph.indices, x.detach(),
+                                     weight.detach().to(x.dtype).contiguous(), heads)
+        if out is not None:
+            return out
     if weight is None:
         values = torch.ones(graph.num_edges, 1, dtype=x.dtype, device=x.device)
     else:

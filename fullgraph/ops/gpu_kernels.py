@@ -1,0 +1,414 @@
+"""Triton kernels for the GPU: keyed dropout, GAT's attention and multi-head SpMM.
+
+On a GPU the CPU's numba kernels do not run, and the same work from torch ops costs
+many passes over (R, D) or (E, H) temporaries: the dropout hash took 11 elementwise
+kernels per mask, and GAT's attention and its weighted SpMM gathered (E, D) rows
+and scattered their gradients with atomics (not deterministic, and sorted in the
+backward of an index). Each kernel here makes one pass, per row of the CSR by
+destination where it reduces over edges, so the sums are in a fixed order and a run
+is reproducible:
+
+- ``dropout_into``: the keyed mask (``ops.dropout``'s hash, the same bits) applied to
+  x in one read and one write;
+- ``attention_forward`` / ``attention_backward``: GAT's softmax over each
+  destination's in-edges of ``leaky_relu(s_src[src] + s_dst[dst])``, with an online
+  maximum, and its backward (the source side's sums as segments of the transposed
+  CSR, ``segment_rows``);
+- ``spmm_heads``: ``out[i, h] = sum over in-edges e of w[e, h] * x[src(e), h]`` for
+  H heads of C columns each, in place of H sparse products of C columns; over the
+  transposed CSR it reads the forward's weights through the edge permutation;
+- ``sddmm_heads``: ``out[e, h] = <a[dst(e), h], b[src(e), h]>``, the weights' gradient.
+
+Triton is optional (it comes with torch's CUDA builds). ``available(device)`` says
+whether these run: on CUDA tensors where Triton imports, unless
+``FULLGRAPH_TRITON=0``. A kernel that fails to compile or launch warns once and the
+torch ops take over for the rest of the process. ``FULLGRAPH_TRITON=interpret`` with
+``TRITON_INTERPRET=1`` (set before the first import) runs them on CPU tensors through
+Triton's interpreter: the tests check them so on a machine without a GPU.
+"""
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+import warnings
+from collections.abc import Callable
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+from torch import Tensor
+
+HAVE_TRITON = importlib.util.find_spec("triton") is not None
+"""Triton ships with torch's CUDA builds; the CPU build has none. It is imported on
+the first kernel's launch, never by a run on the CPU."""
+
+_FAILED: list[str] = []
+
+
+def available(device: torch.device) -> bool:
+    """Whether the kernels here serve tensors on ``device`` (see the module's doc)."""
+    mode = os.environ.get("FULLGRAPH_TRITON", "auto")
+    if not HAVE_TRITON or mode == "0" or _FAILED:
+        return False
+    if device.type == "cuda":
+        return True
+    return mode == "interpret" and device.type == "cpu"
+
+
+def guarded(name: str, fn: Callable[[], Any]) -> Any:
+    """``fn()``; None (and the kernels off from now on, with one warning) where Triton
+    fails to compile or launch it. Errors of torch (a device out of memory, say) pass."""
+    try:
+        return fn()
+    except torch.OutOfMemoryError:
+        raise
+    except Exception as err:  # the compiler or driver refused: the torch ops still work
+        _FAILED.append(name)
+        first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        warnings.warn(f"Triton kernel {name} failed ({type(err).__name__}: {first}); "
+                      "torch ops from now on", RuntimeWarning, stacklevel=3)
+        return None
+
+
+def _acc(t: Tensor) -> Any:
+    """The accumulation type of the kernels for ``t``: float64 for float64, else float32."""
+    import triton.language as tl
+
+    return tl.float64 if t.dtype == torch.float64 else tl.float32
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+# The column blocks of the per-row kernels: BLOCK_H heads of BLOCK_C (a power of two
+# at least C) columns, at most MAX_WIDTH columns per program.
+MAX_WIDTH = 128
+EDGES = 32
+"""Edges per step of the per-row loops."""
+
+
+def _head_blocks(heads: int, chans: int) -> tuple[int, int]:
+    block_c = _pow2(chans)
+    block_h = max(1, min(_pow2(heads), MAX_WIDTH // block_c))
+    return block_h, block_c
+
+
+def fits(heads: int, chans: int) -> bool:
+    """Whether ``spmm_heads`` / ``sddmm_heads`` take heads of ``chans`` columns."""
+    return heads > 0 and 0 < chans <= MAX_WIDTH
+
+
+@functools.cache
+def _kernels() -> SimpleNamespace:
+    """The kernels, defined (and Triton imported) on first use."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit(do_not_specialize=["seed", "least"])  # (1 would become a constant)
+    def _dropout_kernel(x_ptr, out_ptr, keys_ptr, seed, scale_ptr, rows, cols, stride_x,
+                        stride_o, least, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+        r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+        c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+        rm = r < rows
+        cm = c < cols
+        # the row's hash (``dropout.row_hashes``): its key's low word with the seed,
+        # mixed, plus its high word times a constant, mixed again
+        key = tl.load(keys_ptr + r, mask=rm, other=0)
+        g = (key & 0xFFFFFFFF).to(tl.uint32) ^ seed.to(tl.uint32)
+        g ^= g >> 16
+        g *= 0x85EBCA6B
+        g ^= g >> 13
+        g *= 0xC2B2AE35
+        g ^= g >> 16
+        g += ((key >> 32) & 0xFFFFFFFF).to(tl.uint32) * 0x27D4EB2F
+        g ^= g >> 16
+        g *= 0x85EBCA6B
+        g ^= g >> 13
+        g *= 0xC2B2AE35
+        g ^= g >> 16
+        # the entry's: the row's plus the column times the golden ratio, mixed
+        h = g[:, None] + (c.to(tl.uint32) * 0x9E3779B9)[None, :]
+        h ^= h >> 16
+        h *= 0x85EBCA6B
+        h ^= h >> 13
+        h *= 0xC2B2AE35
+        h ^= h >> 16
+        keep = h.to(tl.int64) >= least
+        r64 = r.to(tl.int64)[:, None]
+        m = rm[:, None] & cm[None, :]
+        x = tl.load(x_ptr + r64 * stride_x + c[None, :], mask=m, other=0.0)
+        scale = tl.load(scale_ptr)
+        tl.store(out_ptr + r64 * stride_o + c[None, :], tl.where(keep, x * scale, 0.0), mask=m)
+
+    @triton.jit
+    def _attention_fwd_kernel(indptr_ptr, indices_ptr, s_src_ptr, s_dst_ptr, out_ptr, heads,
+                              slope_ptr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr,
+                              ACC: tl.constexpr):
+        i = tl.program_id(0).to(tl.int64)
+        slope = tl.load(slope_ptr)  # (a float argument would be float32)
+        start = tl.load(indptr_ptr + i)
+        end = tl.load(indptr_ptr + i + 1)
+        hh = tl.arange(0, BLOCK_H)
+        hm = hh < heads
+        sd = tl.load(s_dst_ptr + i * heads + hh, mask=hm, other=0.0).to(ACC)
+        peak = tl.full([BLOCK_H], float("-inf"), ACC)
+        total = tl.zeros([BLOCK_H], ACC)
+        for e0 in range(start, end, BLOCK_E):  # online maximum and sum
+            e = e0 + tl.arange(0, BLOCK_E)
+            em = e < end
+            j = tl.load(indices_ptr + e, mask=em, other=0).to(tl.int64)
+            m = em[:, None] & hm[None, :]
+            z = tl.load(s_src_ptr + j[:, None] * heads + hh[None, :], mask=m,
+                        other=0.0).to(ACC) + sd[None, :]
+            z = tl.where(z > 0, z, z * slope)
+            z = tl.where(m, z, float("-inf"))
+            new_peak = tl.maximum(peak, tl.max(z, axis=0))
+            safe = tl.where(new_peak == float("-inf"), 0.0, new_peak)
+            total = total * tl.exp(peak - safe) + tl.sum(tl.exp(z - safe[None, :]), axis=0)
+            peak = new_peak
+        safe = tl.where(peak == float("-inf"), 0.0, peak)
+        total = tl.where(hm, total, 1.0)  # (heads past H: no division by zero)
+        for e0 in range(start, end, BLOCK_E):
+            e = e0 + tl.arange(0, BLOCK_E)
+            em = e < end
+            j = tl.load(indices_ptr + e, mask=em, other=0).to(tl.int64)
+            m = em[:, None] & hm[None, :]
+            z = tl.load(s_src_ptr + j[:, None] * heads + hh[None, :], mask=m,
+                        other=0.0).to(ACC) + sd[None, :]
+            z = tl.where(z > 0, z, z * slope)
+            alpha = tl.exp(z - safe[None, :]) / total[None, :]
+            tl.store(out_ptr + e.to(tl.int64)[:, None] * heads + hh[None, :],
+                     alpha.to(out_ptr.dtype.element_ty), mask=m)
+
+    @triton.jit
+    def _attention_bwd_kernel(indptr_ptr, indices_ptr, s_src_ptr, s_dst_ptr, alpha_ptr,
+                              grad_ptr, d_pre_ptr, grad_dst_ptr, heads, slope_ptr,
+                              BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr,
+                              ACC: tl.constexpr):
+        i = tl.program_id(0).to(tl.int64)
+        slope = tl.load(slope_ptr)  # (a float argument would be float32)
+        start = tl.load(indptr_ptr + i)
+        end = tl.load(indptr_ptr + i + 1)
+        hh = tl.arange(0, BLOCK_H)
+        hm = hh < heads
+        sd = tl.load(s_dst_ptr + i * heads + hh, mask=hm, other=0.0).to(ACC)
+        dot = tl.zeros([BLOCK_H], ACC)
+        for e0 in range(start, end, BLOCK_E):  # sum of alpha * grad per head
+            e = e0 + tl.arange(0, BLOCK_E)
+            m = (e < end)[:, None] & hm[None, :]
+            off = e.to(tl.int64)[:, None] * heads + hh[None, :]
+            a = tl.load(alpha_ptr + off, mask=m, other=0.0).to(ACC)
+            g = tl.load(grad_ptr + off, mask=m, other=0.0).to(ACC)
+            dot += tl.sum(a * g, axis=0)
+        acc = tl.zeros([BLOCK_H], ACC)
+        for e0 in range(start, end, BLOCK_E):
+            e = e0 + tl.arange(0, BLOCK_E)
+            em = e < end
+            m = em[:, None] & hm[None, :]
+            off = e.to(tl.int64)[:, None] * heads + hh[None, :]
+            a = tl.load(alpha_ptr + off, mask=m, other=0.0).to(ACC)
+            g = tl.load(grad_ptr + off, mask=m, other=0.0).to(ACC)
+            j = tl.load(indices_ptr + e, mask=em, other=0).to(tl.int64)
+            z = tl.load(s_src_ptr + j[:, None] * heads + hh[None, :], mask=m,
+                        other=0.0).to(ACC) + sd[None, :]
+            d = a * (g - dot[None, :])
+            d = tl.where(z > 0, d, d * slope)
+            d = tl.where(m, d, 0.0)
+            acc += tl.sum(d, axis=0)
+            tl.store(d_pre_ptr + off, d.to(d_pre_ptr.dtype.element_ty), mask=m)
+        tl.store(grad_dst_ptr + i * heads + hh, acc.to(grad_dst_ptr.dtype.element_ty), mask=hm)
+
+    @triton.jit
+    def _spmm_heads_kernel(indptr_ptr, indices_ptr, perm_ptr, w_ptr, x_ptr, out_ptr, heads,
+                           chans, HAS_W: tl.constexpr, HAS_PERM: tl.constexpr,
+                           BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr,
+                           BLOCK_C: tl.constexpr, ACC: tl.constexpr):
+        i = tl.program_id(0).to(tl.int64)
+        hh = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+        cc = tl.arange(0, BLOCK_C)
+        hm = hh < heads
+        cm = hm[:, None] & (cc < chans)[None, :]
+        width = heads * chans
+        col = hh[:, None] * chans + cc[None, :]
+        start = tl.load(indptr_ptr + i)
+        end = tl.load(indptr_ptr + i + 1)
+        acc = tl.zeros([BLOCK_H, BLOCK_C], ACC)
+        for e0 in range(start, end, BLOCK_E):
+            e = e0 + tl.arange(0, BLOCK_E)
+            em = e < end
+            j = tl.load(indices_ptr + e, mask=em, other=0).to(tl.int64)
+            m = em[:, None, None] & cm[None, :, :]
+            x = tl.load(x_ptr + j[:, None, None] * width + col[None, :, :], mask=m,
+                        other=0.0).to(ACC)
+            if HAS_W:
+                if HAS_PERM:
+                    eid = tl.load(perm_ptr + e, mask=em, other=0).to(tl.int64)
+                else:
+                    eid = e.to(tl.int64)
+                w = tl.load(w_ptr + eid[:, None] * heads + hh[None, :],
+                            mask=em[:, None] & hm[None, :], other=0.0).to(ACC)
+                x = x * w[:, :, None]
+            acc += tl.sum(x, axis=0)
+        tl.store(out_ptr + i * width + col, acc.to(out_ptr.dtype.element_ty), mask=cm)
+
+    @triton.jit
+    def _sddmm_heads_kernel(indptr_ptr, indices_ptr, a_ptr, b_ptr, out_ptr, heads, chans,
+                            BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr,
+                            BLOCK_C: tl.constexpr, ACC: tl.constexpr):
+        i = tl.program_id(0).to(tl.int64)
+        hh = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+        cc = tl.arange(0, BLOCK_C)
+        hm = hh < heads
+        cm = hm[:, None] & (cc < chans)[None, :]
+        width = heads * chans
+        col = hh[:, None] * chans + cc[None, :]
+        a = tl.load(a_ptr + i * width + col, mask=cm, other=0.0).to(ACC)
+        start = tl.load(indptr_ptr + i)
+        end = tl.load(indptr_ptr + i + 1)
+        for e0 in range(start, end, BLOCK_E):
+            e = e0 + tl.arange(0, BLOCK_E)
+            em = e < end
+            j = tl.load(indices_ptr + e, mask=em, other=0).to(tl.int64)
+            b = tl.load(b_ptr + j[:, None, None] * width + col[None, :, :],
+                        mask=em[:, None, None] & cm[None, :, :], other=0.0).to(ACC)
+            dot = tl.sum(b * a[None, :, :], axis=2)
+            tl.store(out_ptr + e.to(tl.int64)[:, None] * heads + hh[None, :],
+                     dot.to(out_ptr.dtype.element_ty), mask=em[:, None] & hm[None, :])
+
+    return SimpleNamespace(dropout=_dropout_kernel, attention_fwd=_attention_fwd_kernel,
+                           attention_bwd=_attention_bwd_kernel, spmm=_spmm_heads_kernel,
+                           sddmm=_sddmm_heads_kernel)
+
+
+_scales: dict[tuple[float, torch.dtype, torch.device], Tensor] = {}
+
+
+def _scale_tensor(scale: float, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """``scale`` as a one-entry tensor of ``dtype`` on ``device``, made once (a host to
+    device copy per call would wait for the device). Kernels read float constants so:
+    a float argument is float32, which rounds a float64 run's constants."""
+    key = (scale, dtype, device)
+    if key not in _scales:
+        _scales[key] = torch.tensor([scale], dtype=dtype, device=device)
+    return _scales[key]
+
+
+def dropout_into(x: Tensor, keys: Tensor, seed: int, least: int, scale: float,
+                 out: Tensor) -> bool:
+    """``out = x * scale`` where the hash of (``seed``, the row's key, the column)
+    reaches ``least``, else 0 (x (R, D) with unit column stride, ``keys`` (R,) int64,
+    ``seed`` in [0, 2**32); the hash of ``ops.dropout``); False where the kernel failed
+    (see ``guarded``)."""
+    rows, cols = x.shape
+    if rows == 0 or cols == 0:
+        return True
+    scale_t = _scale_tensor(scale, x.dtype, x.device)
+    block_c = min(128, _pow2(cols))
+    block_r = max(1, 4096 // block_c)
+    grid = (_cdiv(rows, block_r), _cdiv(cols, block_c))
+
+    def launch() -> bool:
+        k = _kernels()
+        k.dropout[grid](x, out, keys, seed, scale_t, rows, cols, x.stride(0), out.stride(0),
+                        least, BLOCK_R=block_r, BLOCK_C=block_c)
+        return True
+
+    return bool(guarded("dropout", launch))
+
+
+def attention_forward(indptr: Tensor, indices: Tensor, s_src: Tensor, s_dst: Tensor,
+                      slope: float) -> Tensor | None:
+    """(E, H) softmax weights of ``leaky_relu(s_src[src] + s_dst[dst])`` over each
+    destination's in-edges; None where the kernel failed."""
+    heads = s_src.shape[1]
+    out = torch.empty(indices.numel(), heads, dtype=s_src.dtype, device=s_src.device)
+    rows = indptr.numel() - 1
+    if rows == 0 or out.numel() == 0:
+        return out
+
+    def launch() -> Tensor:
+        k = _kernels()
+        k.attention_fwd[(rows,)](indptr, indices, s_src, s_dst, out, heads,
+                                 _scale_tensor(slope, s_src.dtype, s_src.device),
+                                       BLOCK_E=EDGES, BLOCK_H=_pow2(heads), ACC=_acc(s_src))
+        return out
+
+    return guarded("attention", launch)
+
+
+def attention_backward(indptr: Tensor, indices: Tensor, s_src: Tensor, s_dst: Tensor,
+                       alpha: Tensor, grad: Tensor, slope: float
+                       ) -> tuple[Tensor, Tensor] | None:
+    """(d_pre (E, H), grad_dst (N_dst, H)): the gradient of the pre-activation scores
+    and its sums per destination; None where the kernel failed."""
+    heads = s_src.shape[1]
+    d_pre = torch.empty_like(alpha)
+    grad_dst = torch.zeros_like(s_dst)
+    rows = indptr.numel() - 1
+    if rows == 0 or alpha.numel() == 0:
+        return d_pre, grad_dst
+
+    def launch() -> tuple[Tensor, Tensor]:
+        k = _kernels()
+        k.attention_bwd[(rows,)](indptr, indices, s_src, s_dst, alpha, grad, d_pre,
+                                       grad_dst, heads,
+                                 _scale_tensor(slope, s_src.dtype, s_src.device), BLOCK_E=EDGES,
+                                       BLOCK_H=_pow2(heads), ACC=_acc(s_src))
+        return d_pre, grad_dst
+
+    return guarded("attention backward", launch)
+
+
+def spmm_heads(indptr: Tensor, indices: Tensor, x: Tensor, weight: Tensor | None,
+               heads: int, perm: Tensor | None = None) -> Tensor | None:
+    """(N_dst, H * C): per row i, the sum over its edges e of ``weight[e', h]`` times
+    ``x[indices[e], h]`` (H heads of C columns; e' = ``perm[e]`` where given, the
+    weights being in another CSR's edge order; no weight: a plain sum). None where the
+    kernel failed."""
+    width = x.shape[1]
+    chans = width // heads
+    rows = indptr.numel() - 1
+    out = torch.empty(rows, width, dtype=x.dtype, device=x.device)
+    if rows == 0 or width == 0:
+        return out
+    block_h, block_c = _head_blocks(heads, chans)
+    grid = (rows, _cdiv(heads, block_h))
+    w = weight if weight is not None else x  # (unread without HAS_W)
+    p = perm if perm is not None else indices
+
+    def launch() -> Tensor:
+        k = _kernels()
+        k.spmm[grid](indptr, indices, p, w, x, out, heads, chans,
+                                 HAS_W=weight is not None, HAS_PERM=perm is not None,
+                                 BLOCK_E=EDGES, BLOCK_H=block_h, BLOCK_C=block_c, ACC=_acc(x))
+        return out
+
+    return guarded("spmm", launch)
+
+
+def sddmm_heads(indptr: Tensor, indices: Tensor, a: Tensor, b: Tensor,
+                heads: int) -> Tensor | None:
+    """(E, H): ``<a[i, h], b[indices[e], h]>`` for each edge e of row i and head h (H
+    heads of C columns); None where the kernel failed."""
+    width = a.shape[1]
+    chans = width // heads
+    rows = indptr.numel() - 1
+    out = torch.empty(indices.numel(), heads, dtype=a.dtype, device=a.device)
+    if rows == 0 or out.numel() == 0:
+        return out
+    block_h, block_c = _head_blocks(heads, chans)
+    grid = (rows, _cdiv(heads, block_h))
+
+    def launch() -> Tensor:
+        k = _kernels()
+        k.sddmm[grid](indptr, indices, a, b, out, heads, chans, BLOCK_E=EDGES,
+                                  BLOCK_H=block_h, BLOCK_C=block_c, ACC=_acc(a))
+        return out
+
+    return guarded("sddmm", launch)
