@@ -26,7 +26,12 @@ def pytest_configure(config: pytest.Config) -> None:
     the suite pass on the CPU unnoticed."""
     if config.getoption("--device"):
         os.environ[DEVICE_ENV] = config.getoption("--device")
-    _check_test_device(os.environ.get(DEVICE_ENV, "cpu") or "cpu")
+    device = os.environ.get(DEVICE_ENV, "cpu") or "cpu"
+    _check_test_device(device)
+    if device == "cpu":
+        # the GPU kernels' tests (tests/ops/test_gpu_kernels.py) run through Triton's
+        # interpreter here, which Triton reads when it is first imported
+        os.environ.setdefault("TRITON_INTERPRET", "1")
     if "FULLGRAPH_CACHE_DIR" not in os.environ:
         import tempfile
 
