@@ -318,7 +318,7 @@ def _masked_pair(x: Tensor, g: Tensor, keys: Tensor, seed: int, p: float,
                               g.numpy(), over_x)
         return
     assert not over_x, "the ReLU fold is numba's kernel"
-    out.copy_(_apply_mask(x, keys, seed, p))
+    _apply_mask(x, keys, seed, p, out=out)
     _apply_mask(g, keys, seed, p, inplace=True)
 
 

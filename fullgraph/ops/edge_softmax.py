@@ -6,11 +6,13 @@ stability. A destination's in-edges must all be present in ``graph`` (they are: 
 CSR-by-destination block always holds whole rows), so the softmax needs no
 communication in any executor.
 
-Without numba (and on a GPU) the per-destination maximum and sums are torch
-scatters by destination, or, where ``SEGMENTED`` says so for the device, segment
-reductions over the CSR offsets (``torch.segment_reduce``); GAT's attention weights
-then also take their backward sums over each destination's in-edges and over each
-source's out-edges (the transposed CSR) as segments.
+On a GPU with Triton, GAT's attention weights are ``gpu_kernels``' (one program per
+destination row, no atomics). Without numba and without those, the
+per-destination maximum and sums are torch scatters by destination, or, where
+``SEGMENTED`` says so for the device, segment reductions over the CSR offsets
+(``torch.segment_reduce``); GAT's attention weights then also take their backward
+sums over each destination's in-edges and over each source's out-edges (the
+transposed CSR) as segments.
 
 Shapes: E edges, H heads.
 """
@@ -110,7 +112,7 @@ def attention_softmax(graph: Graph, s_src: Tensor, s_dst: Tensor,
     if kernels.HAVE_NUMBA and s_src.device.type == "cpu" and s_dst.device.type == "cpu" \
             and current_backend() != "torch":
         return _AttentionSoftmax.apply(s_src, s_dst, graph, float(negative_slope))
-    if gpu_kernels.available(s_src.device):
+    if gpu_kernels.available(s_src.device) and s_src.dtype == s_dst.dtype:
         return _TritonAttention.apply(s_src, s_dst, graph, float(negative_slope))
     if _segmented(s_src):
         return _SegmentedAttention.apply(s_src, s_dst, graph, float(negative_slope))
@@ -182,15 +184,17 @@ class _TritonAttention(torch.autograd.Function):
         s_src, s_dst, alpha = ctx.saved_tensors
         graph = ctx.graph
         grad_out = grad_out.contiguous()
-        got = gpu_kernels.attention_backward(graph.indptr, graph.indices, s_src, s_dst, alpha,
-                                             grad_out, ctx.slope)
-        grad_src = None
+        got: tuple[Tensor, Tensor] | None = None
+        grad_src: Tensor | None = None
+        if gpu_kernels.available(alpha.device):  # (switched off since the forward pass?)
+            got = gpu_kernels.attention_backward(graph.indptr, graph.indices, s_src, s_dst,
+                                                 alpha, grad_out.to(alpha.dtype), ctx.slope)
         if got is not None:
             d_pre, grad_dst = got
             t = graph.transpose()
             # per source, the sum of d_pre over its out-edges, read through the permutation
             grad_src = gpu_kernels.spmm_heads(t.graph.indptr, t.perm, d_pre, None, 1)
-        if grad_src is None:
+        if grad_src is None or got is None:
             grad_src, grad_dst = _attention_backward_torch(s_src, s_dst, alpha, grad_out,
                                                            graph, ctx.slope)
         return grad_src, grad_dst, None, None

@@ -21,10 +21,11 @@ is reproducible:
 
 Triton is optional (it comes with torch's CUDA builds). ``available(device)`` says
 whether these run: on CUDA tensors where Triton imports, unless
-``FULLGRAPH_TRITON=0``. A kernel that fails to compile or launch warns once and the
-torch ops take over for the rest of the process. ``FULLGRAPH_TRITON=interpret`` with
-``TRITON_INTERPRET=1`` (set before the first import) runs them on CPU tensors through
-Triton's interpreter: the tests check them so on a machine without a GPU.
+``FULLGRAPH_TRITON=0`` (or off). A kernel that fails to compile or launch warns once,
+and the torch ops take over from all of them for the rest of the process.
+``FULLGRAPH_TRITON=interpret`` with ``TRITON_INTERPRET=1`` (set before the first
+import) runs them on CPU tensors through Triton's interpreter: the tests check them so
+on a machine without a GPU.
 """
 from __future__ import annotations
 
@@ -48,18 +49,23 @@ _FAILED: list[str] = []
 
 def available(device: torch.device) -> bool:
     """Whether the kernels here serve tensors on ``device`` (see the module's doc)."""
-    mode = os.environ.get("FULLGRAPH_TRITON", "auto")
-    if not HAVE_TRITON or mode == "0" or _FAILED:
+    mode = os.environ.get("FULLGRAPH_TRITON", "auto").strip().lower()
+    if not HAVE_TRITON or mode in ("0", "off", "false", "no") or _FAILED:
         return False
     if device.type == "cuda":
         return True
     return mode == "interpret" and device.type == "cpu"
 
 
-def guarded(name: str, fn: Callable[[], Any]) -> Any:
-    """``fn()``; None (and the kernels off from now on, with one warning) where Triton
-    fails to compile or launch it. Errors of torch (a device out of memory, say) pass."""
+def guarded(name: str, fn: Callable[[], Any], device: torch.device) -> Any:
+    """``fn()`` with ``device`` current (Triton launches on the current CUDA device, not
+    on its tensors'); None (and every kernel here off from now on, with one warning)
+    where Triton fails to compile or launch it. Errors of torch (a device out of
+    memory, say) pass."""
     try:
+        if device.type == "cuda":
+            with torch.cuda.device(device):
+                return fn()
         return fn()
     except torch.OutOfMemoryError:
         raise
@@ -319,7 +325,7 @@ def dropout_into(x: Tensor, keys: Tensor, seed: int, least: int, scale: float,
                         least, BLOCK_R=block_r, BLOCK_C=block_c)
         return True
 
-    return bool(guarded("dropout", launch))
+    return bool(guarded("dropout", launch, x.device))
 
 
 def attention_forward(indptr: Tensor, indices: Tensor, s_src: Tensor, s_dst: Tensor,
@@ -339,7 +345,7 @@ def attention_forward(indptr: Tensor, indices: Tensor, s_src: Tensor, s_dst: Ten
                                        BLOCK_E=EDGES, BLOCK_H=_pow2(heads), ACC=_acc(s_src))
         return out
 
-    return guarded("attention", launch)
+    return guarded("attention", launch, s_src.device)
 
 
 def attention_backward(indptr: Tensor, indices: Tensor, s_src: Tensor, s_dst: Tensor,
@@ -362,7 +368,7 @@ def attention_backward(indptr: Tensor, indices: Tensor, s_src: Tensor, s_dst: Te
                                        BLOCK_H=_pow2(heads), ACC=_acc(s_src))
         return d_pre, grad_dst
 
-    return guarded("attention backward", launch)
+    return guarded("attention backward", launch, s_src.device)
 
 
 def spmm_heads(indptr: Tensor, indices: Tensor, x: Tensor, weight: Tensor | None,
@@ -389,7 +395,7 @@ def spmm_heads(indptr: Tensor, indices: Tensor, x: Tensor, weight: Tensor | None
                                  BLOCK_E=EDGES, BLOCK_H=block_h, BLOCK_C=block_c, ACC=_acc(x))
         return out
 
-    return guarded("spmm", launch)
+    return guarded("spmm", launch, x.device)
 
 
 def sddmm_heads(indptr: Tensor, indices: Tensor, a: Tensor, b: Tensor,
@@ -411,4 +417,4 @@ def sddmm_heads(indptr: Tensor, indices: Tensor, a: Tensor, b: Tensor,
                                   BLOCK_H=block_h, BLOCK_C=block_c, ACC=_acc(a))
         return out
 
-    return guarded("sddmm", launch)
+    return guarded("sddmm", launch, a.device)

@@ -15,7 +15,9 @@ Backends: ``torch`` (``torch.sparse.mm`` on a CSR tensor: CPU and CUDA) and ``nu
 (parallel CSR loops, CPU). ``auto`` is torch on GPU and, on CPU, whichever measured
 faster on this machine (``fullgraph.ops.select``: timed once, remembered in the
 user cache directory). The SDDMM of the weight gradient uses numba on CPU when
-installed (torch's fallback materialises an (E, D) product).
+installed (torch's fallback materialises an (E, D) product). On a GPU with Triton,
+weights with several heads (GAT) take ``gpu_kernels``' SpMM, forward and transposed,
+and the SDDMM is its kernel too.
 
 Shapes: N_dst, N_src vertices, E edges, D = H * C feature columns.
 """
@@ -260,7 +262,7 @@ def edge_dot(graph: Graph, a: Tensor, b: Tensor, heads: int = 1) -> Tensor:
     if chans == 0:  # a worker's column slice may be empty
         return a.new_zeros(graph.num_edges, heads)
     if _triton_takes(a, heads) and b.shape == (graph.num_src, a.shape[1]) \
-            and a.shape[0] == graph.num_dst:
+            and a.shape[0] == graph.num_dst and a.dtype == b.dtype:
         dots = gpu_kernels.sddmm_heads(graph.indptr, graph.indices, a.detach().contiguous(),
                                        b.detach().contiguous(), heads)
         if dots is not None:
@@ -327,7 +329,7 @@ def _transposed_numba(t: Transposed, g: Tensor, weight: Tensor) -> Tensor:
 
 def _aggregate_torch(graph: Graph, x: Tensor, weight: Tensor | None, reduce: str) -> Tensor:
     heads = _heads(weight)
-    if heads > 1 and _triton_takes(x, heads):  # all heads in one pass, not H products
+    if heads > 1 and reduce == "sum" and _triton_takes(x, heads):  # not H products
         assert weight is not None
         out = gpu_kernels.spmm_heads(graph.indptr, graph.indices, x.detach(),
                                      weight.detach().to(x.dtype).contiguous(), heads)

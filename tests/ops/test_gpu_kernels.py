@@ -60,6 +60,9 @@ def random_graph(n_dst=40, n_src=50, edges=300, seed=0, empty_rows=True) -> Grap
     g = torch.Generator().manual_seed(seed)
     src = torch.randint(0, n_src, (edges,), generator=g)
     dst = torch.randint(0, n_dst, (edges,), generator=g)
+    # row 3 a hub of 100 more in-edges: its loops take several steps of EDGES
+    src = torch.cat([src, torch.randint(0, n_src, (100,), generator=g)])
+    dst = torch.cat([dst, torch.full((100,), 3)])
     if empty_rows:  # rows 0 and 7 without in-edges
         keep = (dst != 0) & (dst != 7)
         src, dst = src[keep], dst[keep]
@@ -131,11 +134,14 @@ def test_attention_is_the_torch_one(monkeypatch, heads):
         assert torch.equal(g, a)
 
 
-@pytest.mark.parametrize("heads,chans", [(8, 8), (3, 5), (2, 64)])
+@pytest.mark.parametrize("heads,chans", [(8, 8), (3, 5), (2, 64), (16, 16)])
 def test_spmm_and_sddmm_heads_are_the_torch_ones(monkeypatch, heads, chans):
     """The multi-head weighted SpMM forward and backward (the transposed one reads
     the weights through the permutation) and the weights' gradient (SDDMM)."""
     graph = random_graph()
+    assert int(graph.in_degrees().max()) > gpu_kernels.EDGES
+    if heads * chans > gpu_kernels.MAX_WIDTH:  # several programs per row
+        assert gpu_kernels._head_blocks(heads, chans)[0] < heads
     gen = torch.Generator().manual_seed(chans)
     x = torch.randn(graph.num_src, heads * chans, generator=gen, dtype=torch.float64)
     w = torch.rand(graph.num_edges, heads, generator=gen, dtype=torch.float64)
