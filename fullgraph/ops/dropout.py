@@ -155,13 +155,14 @@ def _apply_mask(x: Tensor, keys: Tensor, seed: int, p: float, *,
         kernels.keyed_dropout(x.detach().contiguous().numpy(), keys.contiguous().numpy(), seed,
                               p, kernels.scalar_of(scale, x.dtype), out.detach().numpy())
         return out
+    least = keep_threshold(p)
     if gpu_kernels.available(x.device) and x.dim() == 2 and x.stride(1) == 1 \
-            and x.dtype.is_floating_point and keep_threshold(p) <= _M32:
+            and x.dtype.is_floating_point and least <= _M32:
         into = x if inplace else out if out is not None else torch.empty_like(
             x, memory_format=torch.contiguous_format)
         if into.stride(1) == 1 and gpu_kernels.dropout_into(
                 x.detach(), keys.to(device=x.device, dtype=torch.int64).contiguous(),
-                int(seed) & _M32, keep_threshold(p), scale, into.detach()):
+                int(seed) & _M32, least, scale, into.detach()):
             return into
     rows, cols = x.shape
     step = max(1, MASK_BLOCK // max(1, cols))

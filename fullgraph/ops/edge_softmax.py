@@ -194,7 +194,7 @@ class _TritonAttention(torch.autograd.Function):
             t = graph.transpose()
             # per source, the sum of d_pre over its out-edges, read through the permutation
             grad_src = gpu_kernels.spmm_heads(t.graph.indptr, t.perm, d_pre, None, 1)
-        if grad_src is None or got is None:
+        if grad_src is None:
             grad_src, grad_dst = _attention_backward_torch(s_src, s_dst, alpha, grad_out,
                                                            graph, ctx.slope)
         return grad_src, grad_dst, None, None
