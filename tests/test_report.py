@@ -64,12 +64,21 @@ def test_readme_report_of_a_two_worker_run_marks_the_slowest_rank(readme_api_run
     page = report(metrics, out, capsys, argv)
     lines = [json.loads(line) for line in metrics.read_text().splitlines()]
     compute: dict[int, list[float]] = {}
+    wait: dict[int, list[float]] = {}
     for rec in lines:
         if rec["event"] == "rank_epoch":
             compute.setdefault(rec["rank"], []).append(rec["compute_s"])
+            wait.setdefault(rec["rank"], []).append(rec["wait_s"])
     median = {rank: sorted(v)[len(v) // 2] for rank, v in compute.items()}
     slowest = max(median, key=median.get)
-    assert f"<td>{slowest} (slowest)</td>" in page and page.count("(slowest)") == 1
+    waited = {rank: sorted(v)[len(v) // 2] for rank, v in wait.items()}  # (as the report)
+    others = [w for rank, w in waited.items() if rank != slowest]
+    if waited[slowest] >= min(others) > 0:
+        # the rank with the most compute waited as long as the other: no one rank held
+        # the other up (two workers sharing the cores take turns), and none is named
+        assert "(slowest)" not in page
+    else:
+        assert f"<td>{slowest} (slowest)</td>" in page and page.count("(slowest)") == 1
     summary = lines[-1]
     assert f"test accuracy {summary['test_acc']:.2%} at the best-validation epoch " \
            f"{summary['best_epoch']}" in page
