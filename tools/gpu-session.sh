@@ -54,7 +54,7 @@ PY
         set -- ${size/:/ }
         FULLGRAPH_TRITON=${TRITON:-auto} timeout 200 python3 -m fullgraph.bench.models \
           --device cuda --vertices $1 --edges $2 --threads 16 --rounds 2 --epochs 3 \
-          --models ${MODELS:-gcn,gat} --cache /tmp/fullgraph-bench \
+          --models ${MODELS:-gcn,gat} --roofline --cache /tmp/fullgraph-bench \
           2>&1 | grep -v Warning | tee -a "$OUT/models.log"
       done ;;
     profile)  # where one epoch of each system goes on the device (torch.profiler)

@@ -15,6 +15,7 @@ beforehand for GAT.
     python -m fullgraph.bench.models --tables attention   # fused GAT attention vs torch ops
     python -m fullgraph.bench.models --vertices 20000 --edges 400000 --epochs 2   # quick
     python -m fullgraph.bench.models --device cuda --models gcn,gat   # on the GPU
+    python -m fullgraph.bench.models --models gcn --roofline   # GCN against its bound
 
 On ``--device cuda`` both systems train on the GPU, each step ends with a device
 synchronisation, and a system that runs out of device memory is reported as such
@@ -197,6 +198,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", type=int, default=0, metavar="N",
                    help="after the table, the N operators of most time in one epoch of each "
                         "system (0: no profile)")
+    p.add_argument("--roofline", action="store_true",
+                   help="after the table, GCN's epoch against its bound: the GEMMs at the "
+                        "device's measured GEMM rate and the SpMMs at its read bandwidth "
+                        "(both measured before and after the models, as bench.kernels does)")
     p.add_argument("--hugepages", choices=("on", "off"), default="on",
                    help="torch tensors on transparent huge pages, both systems (default: on "
                         "where the kernel offers them, as the fullgraph command does)")
@@ -223,8 +228,11 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(attention_table(ds, args)) + "\n", flush=True)
     if "models" not in tables:
         return 0
+    roofline = args.roofline and "gcn" in args.models.split(",")
+    before = device_ceilings(args.device) if roofline else None
     print("| model | fullgraph epoch, s | PyG epoch, s | fullgraph / PyG |")
     print("| --- | --- | --- | --- |")
+    gcn_epoch = None
     for model in args.models.split(","):
         times = model_times(ds, model, args)
         got = {k: statistics.median(v) if v else None for k, v in times.items()}
@@ -232,6 +240,10 @@ def main(argv: list[str] | None = None) -> int:
         cells = ["out of memory" if t is None else f"{t:.3f}" for t in (ours, theirs)]
         ratio = f"{ours / theirs:.2f}" if ours is not None and theirs is not None else "-"
         print(f"| {model} | {cells[0]} | {cells[1]} | {ratio} |", flush=True)
+        gcn_epoch = ours if model == "gcn" else gcn_epoch
+    if roofline:
+        print("\n" + roofline_line(gcn_epoch, ds.graph, args, before,
+                                   device_ceilings(args.device)), flush=True)
     if args.profile:
         for model in args.models.split(","):
             for name, make in (("fullgraph", ours_step), ("PyG", pyg_step)):
@@ -240,6 +252,48 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"\n{name} {model}, one epoch after {WARMUPS} warm-ups:\n"
                           f"{profile_table(step, args.device, args.profile)}", flush=True)
     return 0
+
+
+def device_ceilings(device: str) -> dict[str, float]:
+    """The device's read bandwidth (GB/s: a 1 GiB float32 sum) and float32 GEMM rate
+    (GFLOP/s: a (200,000 x 256) by (256 x 256) product, the shape of GCN's layers), the
+    two rates ``bench.kernels.roofline`` divides by. On CUDA, timed with events, at the
+    matmul precision torch is set to (float32 unless TF32 was allowed)."""
+    from fullgraph.bench.kernels import gemm_rate, memory_bandwidth
+
+    if not device.startswith("cuda"):
+        return {"read_GBps": memory_bandwidth()["read_GBps"], "gemm_GFLOPs": gemm_rate()}
+    from fullgraph.bench.gpu import cuda_time
+
+    dev = torch.device(device)
+    n = 1 << 28
+    a = torch.rand(n, device=dev)
+    t_read = cuda_time(lambda: a.sum())
+    del a
+    rows, k = 200_000, 256
+    x, w = torch.randn(rows, k, device=dev), torch.randn(k, k, device=dev)
+    t_mm = cuda_time(lambda: x @ w)
+    return {"read_GBps": 4 * n / t_read / 1e9, "gemm_GFLOPs": 2 * rows * k * k / t_mm / 1e9}
+
+
+def roofline_line(epoch: float | None, graph: Any, args: argparse.Namespace,
+                  before: dict[str, float], after: dict[str, float]) -> str:
+    """GCN's median epoch against ``bench.kernels.roofline`` for this graph and these
+    widths, at the mean of the rates measured before and after the models."""
+    from fullgraph.bench.kernels import roofline
+
+    rec = {"read_GBps": before["read_GBps"], "read_after_GBps": after["read_GBps"],
+           "gemm_GFLOPs": before["gemm_GFLOPs"], "gemm_after_GFLOPs": after["gemm_GFLOPs"]}
+    widths = argparse.Namespace(features=args.features, hidden=args.hidden, classes=CLASSES)
+    r = roofline(rec, graph.num_dst, graph.num_edges, widths)
+    bound = (f"roofline {r['roofline_s']:.4f} s: GEMM {r['roofline_gemm_s']:.4f} + SpMM "
+             f"{r['roofline_spmm_s']:.4f} at {r['roofline_GBps']:.1f} GB/s read and "
+             f"{r['roofline_GFLOPs']:.1f} GFLOP/s (before {before['read_GBps']:.1f} / "
+             f"{before['gemm_GFLOPs']:.1f}, after {after['read_GBps']:.1f} / "
+             f"{after['gemm_GFLOPs']:.1f})")
+    if epoch is None:
+        return f"GCN epoch: out of memory; {bound}"
+    return f"GCN epoch {epoch:.4f} s, {epoch / r['roofline_s']:.2f}x its {bound}"
 
 
 WARMUPS = 2
