@@ -52,7 +52,7 @@ PY
     models)  # TRITON=0: torch ops where the Triton kernels run (FULLGRAPH_TRITON), to compare
       for size in ${MODEL_SIZES:-1000000:20000000 4000000:80000000}; do
         set -- ${size/:/ }
-        FULLGRAPH_TRITON=${TRITON:-auto} timeout 200 python3 -m fullgraph.bench.models \
+        FULLGRAPH_TRITON=${TRITON:-auto} timeout ${MODEL_TIMEOUT:-200} python3 -m fullgraph.bench.models \
           --device cuda --vertices $1 --edges $2 --threads 16 --rounds 2 --epochs 3 \
           --models ${MODELS:-gcn,gat} --roofline --cache /tmp/fullgraph-bench \
           2>&1 | grep -v Warning | tee -a "$OUT/models.log"
