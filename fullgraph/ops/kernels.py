@@ -55,6 +55,10 @@ threads no thread gets more than a few percent above its share of the edges. (A
 constant rather than a multiple of the thread count: numba cannot cache a kernel
 that asks for the thread count.)"""
 
+SUM_CHUNKS = 16
+"""Row ranges of ``column_sums``, summed in parallel: fixed, so that the sums' bits do
+not depend on the thread count (numba cannot cache a kernel that asks for it)."""
+
 PREFETCH_EDGES = 16
 """The SpMM kernels ask the CPU for the source row of the edge this many edges ahead
 while they sum the current one: a row gathered from a graph far larger than the
@@ -475,6 +479,32 @@ if HAVE_NUMBA:
         h = (h * 0xC2B2AE35) & m32
         h ^= h >> 16
         return h
+
+    @njit(parallel=True, cache=True, nogil=True)
+    def column_sums(x, out, rows_per_sum):  # pragma: no cover - numba
+        """out[c] += the sum of x[:, c] over the rows of the 2-D ``x`` (rows read in
+        order, columns contiguous). The rows fall into ``SUM_CHUNKS`` equal ranges summed
+        in parallel, each in runs of ``rows_per_sum`` rows whose sums are added in turn;
+        the ranges' sums are then added to ``out`` in order. The chunks do not depend on
+        the thread count, so neither do the bits."""
+        n, d = x.shape
+        chunks = SUM_CHUNKS
+        step = (n + chunks - 1) // chunks
+        parts = np.zeros((chunks, d), dtype=x.dtype)
+        for b in prange(chunks):
+            acc = parts[b]
+            run = np.empty(d, dtype=x.dtype)
+            for lo in range(b * step, min(n, (b + 1) * step), rows_per_sum):
+                for c in range(d):
+                    run[c] = 0
+                for r in range(lo, min(n, (b + 1) * step, lo + rows_per_sum)):
+                    for c in range(d):
+                        run[c] += x[r, c]
+                for c in range(d):
+                    acc[c] += run[c]
+        for b in range(chunks):
+            for c in range(d):
+                out[c] += parts[b, c]
 
     @njit(parallel=True, cache=True, nogil=True)
     def masked_cross_entropy(logits, labels, mask, grad, partial,

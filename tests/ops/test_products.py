@@ -246,13 +246,18 @@ def test_masked_cross_entropy_names_a_bad_label(fused, monkeypatch):
         kl.masked_cross_entropy(logits[:, 0], labels, mask)
 
 
+@pytest.mark.parametrize("path", ["numba", "gemv"])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("rows", [0, 5, 3000, 2 * 8192 + 17])
 @pytest.mark.parametrize("cols", [1, 47, 256])
-def test_column_sums_equal_torch(dtype, rows, cols, monkeypatch):
-    """``gemm.column_sums`` (GEMVs over blocks of rows, on the CPU) equals ``sum(0)``,
-    added into ``out`` too; a transposed or a grad-requiring input takes torch's sum."""
+def test_column_sums_equal_torch(dtype, rows, cols, path, monkeypatch):
+    """``gemm.column_sums`` (numba's runs of rows, or GEMVs over blocks of rows without
+    numba, on the CPU) equals ``sum(0)``, added into ``out`` too, also for padded rows;
+    a transposed or a grad-requiring input takes torch's sum."""
+    if path == "numba" and not kernels.HAVE_NUMBA:
+        pytest.skip("numba is not installed")
     monkeypatch.setattr(gemm, "SUM_MIN_ROWS", 16)
+    monkeypatch.setattr(kernels, "HAVE_NUMBA", path == "numba")
     gen = torch.Generator().manual_seed(rows + cols)
     x = torch.randn(rows, cols, generator=gen, dtype=dtype).to(TEST_DEVICE)
     exact = x.double().sum(0)
@@ -268,9 +273,29 @@ def test_column_sums_equal_torch(dtype, rows, cols, monkeypatch):
     base = torch.arange(cols, dtype=dtype, device=TEST_DEVICE)
     check(gemm.column_sums(x, out=base.clone()), base.double() + exact)
     check(gemm.column_sums(x.t().contiguous().t()), exact)  # column-major: torch's sum
+    wide = torch.full((rows, cols + 5), float("nan"), dtype=dtype, device=TEST_DEVICE)
+    wide[:, :cols] = x
+    check(gemm.column_sums(wide[:, :cols]), exact)  # padded rows: the padding unread
+    other = torch.float32 if dtype == torch.float64 else torch.float64
+    got = gemm.column_sums(x, out=base.to(other))  # an out of another dtype
+    assert got.dtype == other
+    assert bool(((got.double() - base.double() - exact).abs() <= bound + 1e-5).all())
     w = x.clone().requires_grad_()
     gemm.column_sums(w).sum().backward()
     assert w.grad is not None and bool((w.grad == 1).all())
+
+
+@pytest.mark.skipif(not kernels.HAVE_NUMBA, reason="numba is not installed")
+def test_column_sums_bits_do_not_depend_on_the_thread_count(monkeypatch):
+    """numba's column sums split the rows into fixed chunks, not one per thread."""
+    monkeypatch.setattr(gemm, "SUM_MIN_ROWS", 16)
+    x = torch.randn(50_003, 33, generator=torch.Generator().manual_seed(0))
+    sums = []
+    for threads in (1, 2):
+        kernels.set_threads(threads)
+        sums.append(gemm.column_sums(x))
+    kernels.set_threads(torch.get_num_threads())
+    assert torch.equal(sums[0], sums[1])
 
 
 def test_add_bias_matches_the_broadcast_add():
