@@ -128,11 +128,11 @@ def column_sums(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tenso
     gradient). On the CPU, for float32 / float64 rows whose columns are contiguous
     (padded rows, ``ops.padded``, too), numba's ``kernels.column_sums``: every run of
     ``SUM_ROWS`` rows summed apart, the runs' sums added in turn, in the same order for
-    any thread count. It reads at the memory's speed on every host measured: on a
-    2-core AMD EPYC (Zen 4) with torch 2.13, 1M x 256 float32 rows in 8,192-row blocks
-    took 33-41 ms against 123-135 ms for a GEMV with a ones vector per block (which a
-    2-core Xeon ran at its read bandwidth) and 64-70 ms for ``x.sum(0)``
-    (BENCHMARKS.md). Without numba, the GEMV; elsewhere ``x.sum(0)``."""
+    any thread count. On a 2-core AMD EPYC (Zen 4) with torch 2.13 it summed 1M x 256
+    float32 rows in 8,192-row blocks in 39-40 ms, the host's read bandwidth, against
+    123-124 ms for a GEMV with a ones vector per block (which a 2-core Xeon ran at its
+    read bandwidth) and 63-71 ms for ``x.sum(0)`` (BENCHMARKS.md). Without numba, the
+    GEMV; elsewhere ``x.sum(0)``."""
     if (x.dim() != 2 or x.device.type != "cpu" or x.shape[0] < SUM_MIN_ROWS
             or x.dtype not in (torch.float32, torch.float64) or x.stride(1) != 1
             or x.requires_grad and torch.is_grad_enabled()):
