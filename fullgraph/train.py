@@ -35,7 +35,7 @@ from fullgraph.graph.sparse import density, is_sparse
 from fullgraph.models import build_model
 from fullgraph.models.base import GNN
 from fullgraph.models.walk import reads_sparse
-from fullgraph.ops import kernels
+from fullgraph.ops import gpu_kernels, kernels
 from fullgraph.ops.spmm import auto_choice, describe_backend, set_auto, set_backend
 from fullgraph.parallel import build_strategy
 from fullgraph.parallel.base import EpochHook, Plan, Strategy, get_strategy, section_users
@@ -503,6 +503,7 @@ def _header_lines(dataset: Dataset, model: GNN, cfg: Config, device: torch.devic
     held = "" if sh is None else (
         f"; per-part shards ({sh.parts} parts, {sh.hops} hops): this worker's part holds "
         f"{x.shape[0]} feature rows and {dataset.graph.num_edges} edges")
+    gpu = "" if device.type == "cpu" else f"gpu kernels {gpu_kernels.describe(device)}, "
     return [
         f"dataset  {s['name']}: {s['vertices']} vertices, {s['edges']} edges, "
         f"{s['features']} features{layout}, {s['classes']} classes "
@@ -510,7 +511,7 @@ def _header_lines(dataset: Dataset, model: GNN, cfg: Config, device: torch.devic
         f"model    {model.name}: {cfg.model.layers} layers, hidden {cfg.model.hidden}, "
         f"{params} parameters, stages {model.signature()}",
         f"run      strategy {cfg.runtime.strategy}, {world} worker(s), device {device}, "
-        f"{torch.get_num_threads()} threads, spmm {describe_backend(device)}, "
+        f"{torch.get_num_threads()} threads, spmm {describe_backend(device)}, {gpu}"
         f"lr {cfg.train.lr}, weight decay {cfg.train.weight_decay}, seed {cfg.train.seed}, "
         f"setup {setup_s:.2f} s",
     ]

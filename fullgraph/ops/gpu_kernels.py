@@ -30,6 +30,7 @@ on a machine without a GPU.
 from __future__ import annotations
 
 import functools
+import importlib.metadata
 import importlib.util
 import os
 import warnings
@@ -55,6 +56,25 @@ def available(device: torch.device) -> bool:
     if device.type == "cuda":
         return True
     return mode == "interpret" and device.type == "cpu"
+
+
+def describe(device: torch.device) -> str:
+    """What serves GAT's attention, its multi-head SpMM and dropout on ``device``, for a
+    run's header: Triton with its version, or the torch ops and why."""
+    if available(device):
+        try:
+            version = importlib.metadata.version("triton")
+        except importlib.metadata.PackageNotFoundError:  # pragma: no cover - odd installs
+            version = "(version unknown)"
+        return f"Triton {version}" + (" (interpreter)" if device.type == "cpu" else "")
+    if not HAVE_TRITON:
+        return "torch ops (Triton is not installed)"
+    if _FAILED:
+        return f"torch ops (Triton kernel {_FAILED[0]} failed)"
+    mode = os.environ.get("FULLGRAPH_TRITON", "auto").strip()
+    if mode.lower() in ("0", "off", "false", "no"):
+        return f"torch ops (FULLGRAPH_TRITON={mode})"
+    return "torch ops (Triton kernels run on CUDA devices)"
 
 
 def guarded(name: str, fn: Callable[[], Any], device: torch.device) -> Any:
