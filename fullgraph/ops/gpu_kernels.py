@@ -62,10 +62,13 @@ def describe(device: torch.device) -> str:
     """What serves GAT's attention, its multi-head SpMM and dropout on ``device``, for a
     run's header: Triton with its version, or the torch ops and why."""
     if available(device):
-        try:
-            version = importlib.metadata.version("triton")
-        except importlib.metadata.PackageNotFoundError:  # pragma: no cover - odd installs
-            version = "(version unknown)"
+        version = "(version unknown)"
+        for dist in ("triton", "pytorch-triton"):  # (the second: torch's nightly builds)
+            try:
+                version = importlib.metadata.version(dist)
+                break
+            except importlib.metadata.PackageNotFoundError:
+                continue
         return f"Triton {version}" + (" (interpreter)" if device.type == "cpu" else "")
     if not HAVE_TRITON:
         return "torch ops (Triton is not installed)"
