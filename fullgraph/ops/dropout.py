@@ -294,10 +294,11 @@ CPU: a block of 256 float32 columns (8 MiB) stays in a last-level cache between 
 mask and the product that reads it."""
 
 MASK_BLOCK = 1 << 25
-"""Entries (rows x columns) of the mask computed at once by the torch path (GPUs, or
-no numba), whose hash holds several int64 temporaries of that size (256 MiB each);
-on a GPU it is also the size of the backward's row blocks, so an epoch launches a
-few large kernels rather than thousands of small ones. Not yet measured on a GPU."""
+"""Entries (rows x columns) of the mask computed at once by the torch path (a GPU
+without Triton, or a CPU without numba), whose hash holds two int32 temporaries of
+that size (128 MiB each). On a GPU it is also the size of the backward's row blocks,
+so an epoch launches a few large kernels rather than thousands of small ones (the
+H200's GCN epoch of BENCHMARKS.md ran so)."""
 
 
 def _block_rows(cols: int, device: torch.device) -> int:
