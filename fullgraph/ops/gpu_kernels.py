@@ -47,6 +47,13 @@ the first kernel's launch, never by a run on the CPU."""
 
 _FAILED: list[str] = []
 
+FP_FUSION = True
+"""Whether the compiler may fuse a product and a sum into one rounding (FMA), passed to
+every launch. Triton 3.9 warns when neither a launch nor ``TRITON_DEFAULT_FP_FUSION``
+says, and its default is to turn off in 3.10; the kernels were measured and checked
+on the GPU with fusion on (Triton 3.6's default), so they ask for it and keep the same
+rounding whatever Triton's version."""
+
 
 def available(device: torch.device) -> bool:
     """Whether the kernels here serve tensors on ``device`` (see the module's doc)."""
@@ -345,7 +352,7 @@ def dropout_into(x: Tensor, keys: Tensor, seed: int, least: int, scale: float,
     def launch() -> bool:
         k = _kernels()
         k.dropout[grid](x, out, keys, seed, scale_t, rows, cols, x.stride(0), out.stride(0),
-                        least, BLOCK_R=block_r, BLOCK_C=block_c)
+                        least, BLOCK_R=block_r, BLOCK_C=block_c, enable_fp_fusion=FP_FUSION)
         return True
 
     return bool(guarded("dropout", launch, x.device))
@@ -365,7 +372,8 @@ def attention_forward(indptr: Tensor, indices: Tensor, s_src: Tensor, s_dst: Ten
         k = _kernels()
         k.attention_fwd[(rows,)](indptr, indices, s_src, s_dst, out, heads,
                                  _scale_tensor(slope, s_src.dtype, s_src.device),
-                                       BLOCK_E=EDGES, BLOCK_H=_pow2(heads), ACC=_acc(s_src))
+                                 BLOCK_E=EDGES, BLOCK_H=_pow2(heads), ACC=_acc(s_src),
+                                 enable_fp_fusion=FP_FUSION)
         return out
 
     return guarded("attention", launch, s_src.device)
@@ -386,9 +394,9 @@ def attention_backward(indptr: Tensor, indices: Tensor, s_src: Tensor, s_dst: Te
     def launch() -> tuple[Tensor, Tensor]:
         k = _kernels()
         k.attention_bwd[(rows,)](indptr, indices, s_src, s_dst, alpha, grad, d_pre,
-                                       grad_dst, heads,
-                                 _scale_tensor(slope, s_src.dtype, s_src.device), BLOCK_E=EDGES,
-                                       BLOCK_H=_pow2(heads), ACC=_acc(s_src))
+                                 grad_dst, heads, _scale_tensor(slope, s_src.dtype, s_src.device),
+                                 BLOCK_E=EDGES, BLOCK_H=_pow2(heads), ACC=_acc(s_src),
+                                 enable_fp_fusion=FP_FUSION)
         return d_pre, grad_dst
 
     return guarded("attention backward", launch, s_src.device)
@@ -414,8 +422,8 @@ def spmm_heads(indptr: Tensor, indices: Tensor, x: Tensor, weight: Tensor | None
     def launch() -> Tensor:
         k = _kernels()
         k.spmm[grid](indptr, indices, p, w, x, out, heads, chans,
-                                 HAS_W=weight is not None, HAS_PERM=perm is not None,
-                                 BLOCK_E=EDGES, BLOCK_H=block_h, BLOCK_C=block_c, ACC=_acc(x))
+                     HAS_W=weight is not None, HAS_PERM=perm is not None, BLOCK_E=EDGES,
+                     BLOCK_H=block_h, BLOCK_C=block_c, ACC=_acc(x), enable_fp_fusion=FP_FUSION)
         return out
 
     return guarded("spmm", launch, x.device)
@@ -437,7 +445,7 @@ def sddmm_heads(indptr: Tensor, indices: Tensor, a: Tensor, b: Tensor,
     def launch() -> Tensor:
         k = _kernels()
         k.sddmm[grid](indptr, indices, a, b, out, heads, chans, BLOCK_E=EDGES,
-                                  BLOCK_H=block_h, BLOCK_C=block_c, ACC=_acc(a))
+                      BLOCK_H=block_h, BLOCK_C=block_c, ACC=_acc(a), enable_fp_fusion=FP_FUSION)
         return out
 
     return guarded("sddmm", launch, a.device)
