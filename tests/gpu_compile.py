@@ -38,7 +38,7 @@ class _Recorder:
 
 def record() -> list:
     """The wrappers' launches, for float32 and float64, int32 and int64 indices, every
-    SpMM variant, seeds on both sides of 2**31."""
+    SpMM variant, one head and one column a head, seeds on both sides of 2**31."""
     kernels = gpu_kernels._kernels()
     launches: list = []
     gpu_kernels._kernels = lambda: SimpleNamespace(  # type: ignore[assignment]
@@ -51,22 +51,29 @@ def record() -> list:
                                      torch.empty_like(x))
         for index_dtype in (torch.int32, torch.int64):
             indices = torch.tensor([0, 2, 1, 1, 0], dtype=index_dtype)
-            s = torch.randn(3, 4, dtype=dtype)
-            alpha = gpu_kernels.attention_forward(indptr, indices, s, s, 0.2)
-            assert alpha is not None
-            gpu_kernels.attention_backward(indptr, indices, s, s, alpha, alpha, 0.2)
+            for heads in (4, 1):  # (1: GAT's output layer, a constant to the launcher)
+                s = torch.randn(3, heads, dtype=dtype)
+                alpha = gpu_kernels.attention_forward(indptr, indices, s, s, 0.2)
+                assert alpha is not None
+                gpu_kernels.attention_backward(indptr, indices, s, s, alpha, alpha, 0.2)
             w = torch.randn(5, 2, dtype=dtype)
             perm = torch.tensor([4, 3, 2, 1, 0], dtype=index_dtype)
             for weight, p in ((w, None), (w, perm), (None, None)):
                 gpu_kernels.spmm_heads(indptr, indices, x, weight, 2, perm=p)
+            gpu_kernels.spmm_heads(indptr, indices, x[:, :1], None, 1)  # one column
             gpu_kernels.sddmm_heads(indptr, indices, x, x, 2)
+            gpu_kernels.sddmm_heads(indptr, indices, x, x, 8)  # one column a head
     assert not gpu_kernels._FAILED, gpu_kernels._FAILED
     return launches
 
 
 def signature(fn, args, keywords) -> tuple[dict, dict, dict]:
     """Triton's signature, constants and compiler options for one launch, its values
-    typed as Triton's launcher types them."""
+    typed as Triton's launcher types them: a tensor as a pointer to its dtype, an int
+    as i32 or i64 by its value, an int equal to 1 as the constant 1 unless the kernel
+    says ``do_not_specialize``. (The launcher's divisibility-by-16 hints on pointers
+    and ints are not given: they let the compiler vectorise, not change what it
+    accepts.)"""
     sig, const = {}, {}
     values = iter(args)
     for i, name in enumerate(fn.arg_names):
@@ -76,8 +83,11 @@ def signature(fn, args, keywords) -> tuple[dict, dict, dict]:
         v = next(values)
         if isinstance(v, torch.Tensor):
             sig[name] = "*" + _TYPES[v.dtype]
-        elif isinstance(v, bool):
-            sig[name] = "i1"
+        elif not isinstance(v, int) or isinstance(v, bool):
+            raise TypeError(f"{fn.fn.__name__}: argument {name} is a {type(v).__name__}; "
+                            "this check types tensors and ints only")
+        elif v == 1 and not getattr(fn.params[i], "do_not_specialize", False):
+            sig[name], const[(i,)] = "constexpr", 1
         else:
             sig[name] = "i32" if -2**31 <= v < 2**31 else "i64"
     options = {k: v for k, v in keywords.items() if k not in fn.arg_names}

@@ -129,10 +129,13 @@ def column_sums(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tenso
     (padded rows, ``ops.padded``, too), numba's ``kernels.column_sums``: every run of
     ``SUM_ROWS`` rows summed apart, the runs' sums added in turn, in the same order for
     any thread count. On a 2-core AMD EPYC (Zen 4) with torch 2.13 it summed 1M x 256
-    float32 rows in 8,192-row blocks in 39-40 ms, the host's read bandwidth, against
-    123-124 ms for a GEMV with a ones vector per block (which a 2-core Xeon ran at its
-    read bandwidth) and 63-71 ms for ``x.sum(0)`` (BENCHMARKS.md). Without numba, the
-    GEMV; elsewhere ``x.sum(0)``."""
+    float32 rows in 8,192-row blocks in 39-40 ms, about 80 % of the host's read
+    bandwidth, against 123-124 ms for a GEMV with a ones vector per block (which a
+    2-core Xeon ran at its read bandwidth) and 63-71 ms for ``x.sum(0)``
+    (BENCHMARKS.md). Without numba, the GEMV; elsewhere ``x.sum(0)``."""
+    if out is not None and out.shape != (x.shape[-1],):
+        raise ValueError(f"column_sums: out must be ({x.shape[-1]},) for rows of "
+                         f"{tuple(x.shape)}, got {tuple(out.shape)}")
     if (x.dim() != 2 or x.device.type != "cpu" or x.shape[0] < SUM_MIN_ROWS
             or x.dtype not in (torch.float32, torch.float64) or x.stride(1) != 1
             or x.requires_grad and torch.is_grad_enabled()):
@@ -143,7 +146,7 @@ def column_sums(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tenso
     if kernels.HAVE_NUMBA:
         into = out if out.dtype == x.dtype and out.is_contiguous() else torch.zeros_like(
             out, dtype=x.dtype, memory_format=torch.contiguous_format)
-        kernels.column_sums(x.detach().numpy(), into.numpy(), SUM_ROWS)
+        kernels.column_sums(_whole_rows(x.detach()).numpy(), into.numpy(), SUM_ROWS)
         return out if into is out else out.add_(into)
     ones = _ones.get(x.dtype)
     if ones is None:
@@ -153,6 +156,19 @@ def column_sums(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tenso
         block = x[lo:lo + SUM_ROWS]
         out.add_(torch.mv(block.t(), ones[:block.shape[0]], out=part))
     return out
+
+
+def _whole_rows(x: torch.Tensor) -> torch.Tensor:
+    """Rows of ``x`` (unit column stride) seen at their stride, padding included, where
+    the storage holds the last row's padding too (padded rows, ``ops.padded``): a
+    C-contiguous array, whose loops numba vectorises, where the strided view took
+    twice as long (1 thread, 200,000 rows of 256 at stride 264). Else ``x``."""
+    rows, stride = x.shape[0], x.stride(0)
+    if stride <= x.shape[1] or rows == 0:
+        return x
+    if x.storage_offset() + rows * stride > x.untyped_storage().nbytes() // x.element_size():
+        return x
+    return x.as_strided((rows, stride), (stride, 1))
 
 
 class _AddBias(torch.autograd.Function):

@@ -482,12 +482,14 @@ if HAVE_NUMBA:
 
     @njit(parallel=True, cache=True, nogil=True)
     def column_sums(x, out, rows_per_sum):  # pragma: no cover - numba
-        """out[c] += the sum of x[:, c] over the rows of the 2-D ``x`` (rows read in
-        order, columns contiguous). The rows fall into ``SUM_CHUNKS`` equal ranges summed
-        in parallel, each in runs of ``rows_per_sum`` rows whose sums are added in turn;
-        the ranges' sums are then added to ``out`` in order. The chunks do not depend on
-        the thread count, so neither do the bits."""
-        n, d = x.shape
+        """out[c] += the sum of x[:, c] over the rows of the 2-D ``x``, for the first
+        ``out.shape[0]`` columns (x's rows may be longer: padded rows, passed whole so
+        that numba compiles the contiguous case). The rows fall into ``SUM_CHUNKS``
+        equal ranges summed in parallel, each in runs of ``rows_per_sum`` rows whose
+        sums are added in turn; the ranges' sums are then added to ``out`` in order.
+        The chunks do not depend on the thread count, so neither do the bits."""
+        n = x.shape[0]
+        d = out.shape[0]
         chunks = SUM_CHUNKS
         step = (n + chunks - 1) // chunks
         parts = np.zeros((chunks, d), dtype=x.dtype)

@@ -280,6 +280,8 @@ def test_column_sums_equal_torch(dtype, rows, cols, path, monkeypatch):
     got = gemm.column_sums(x, out=base.to(other))  # an out of another dtype
     assert got.dtype == other
     assert bool(((got.double() - base.double() - exact).abs() <= bound + 1e-5).all())
+    with pytest.raises(ValueError, match=r"out must be"):
+        gemm.column_sums(x, out=torch.zeros(cols + 1, dtype=dtype, device=TEST_DEVICE))
     w = x.clone().requires_grad_()
     gemm.column_sums(w).sum().backward()
     assert w.grad is not None and bool((w.grad == 1).all())
