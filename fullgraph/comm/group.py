@@ -99,11 +99,7 @@ class ByteCounter:
 
     def total(self) -> dict[str, Any]:
         """The sum over all phases, with the same keys as one phase of ``snapshot``."""
-        out: dict[str, Any] = {"sent": 0, "recv": 0, "calls": 0, "seconds": 0.0}
-        for counts in self.snapshot().values():
-            for key in out:
-                out[key] += counts[key]
-        return out
+        return sum_phases(self.snapshot())
 
     def reset(self) -> None:
         """Forget every phase and call."""
@@ -117,6 +113,15 @@ class ByteCounter:
         """Forget the phases whose names start with ``prefix`` (one sub-group's)."""
         for phase in [p for p in self._phases if p.startswith(prefix)]:
             del self._phases[phase]
+
+
+def sum_phases(snapshot: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The sum of a ``ByteCounter.snapshot``'s phases: {"sent", "recv", "calls", "seconds"}."""
+    out: dict[str, Any] = {"sent": 0, "recv": 0, "calls": 0, "seconds": 0.0}
+    for counts in snapshot.values():
+        for key in out:
+            out[key] += counts[key]
+    return out
 
 
 @dataclass

@@ -50,7 +50,7 @@ from collections.abc import Sequence
 from typing import Any, cast
 
 from fullgraph.comm import primitives as prim
-from fullgraph.comm.group import ByteCounter, Comm
+from fullgraph.comm.group import ByteCounter, Comm, sum_phases
 
 
 class GroupCounter:
@@ -77,11 +77,7 @@ class GroupCounter:
 
     def total(self) -> dict[str, Any]:
         """The sum over this sub-group's phases."""
-        out: dict[str, Any] = {"sent": 0, "recv": 0, "calls": 0, "seconds": 0.0}
-        for counts in self.snapshot().values():
-            for key in out:
-                out[key] += counts[key]
-        return out
+        return sum_phases(self.snapshot())
 
     def reset(self) -> None:
         """Forget this sub-group's phases (the world's other phases stay)."""
