@@ -135,8 +135,8 @@ def choose_layout(x: Tensor, mode: str) -> Tensor:
 
 
 def cat_rows(parts: list[Tensor]) -> Tensor:
-    """The CSR ``parts`` stacked by rows."""
-    ptrs, offset = [torch.zeros(1, dtype=torch.int64)], 0
+    """The CSR ``parts`` stacked by rows (on their device)."""
+    ptrs, offset = [torch.zeros(1, dtype=torch.int64, device=parts[0].crow_indices().device)], 0
     for p in parts:
         ptrs.append(p.crow_indices()[1:] + offset)
         offset += int(p.crow_indices()[-1])

@@ -35,7 +35,7 @@ from torch import Tensor
 
 from fullgraph.comm.placement import RowColLayout, even_counts, rows_to_cols
 from fullgraph.graph.csr import Graph
-from fullgraph.graph.sparse import row_range
+from fullgraph.graph.sparse import cat_rows, is_sparse, row_range
 from fullgraph.models.stages import StageContext, StageProgram
 from fullgraph.models.walk import BlockRows, Carry, Runner, describe, last_readers, needs_row_sums
 from fullgraph.ops.spmm import spmm, spmm_add_
@@ -139,7 +139,8 @@ class PiecesRunner(PlacementRunner):
         for k, (lo, hi) in enumerate(pieces.local):
             rows = BlockRows(StageContext(plan.gids[lo:hi], self.ctx.seed, self.ctx.training,
                                            row_sum=self.ctx.row_sum))
-            local = Carry(layer_inputs={s: carry.layer_inputs[s][lo:hi] for s in outside})
+            local = Carry(layer_inputs={s: row_range(carry.layer_inputs[s], lo, hi)
+                                         for s in outside})
             y = Runner.transform_run(rows, stages, program, row_range(h, lo, hi), local)
             for s in kept:
                 made[s].append(local.layer_inputs[s])
@@ -152,7 +153,7 @@ class PiecesRunner(PlacementRunner):
             total = (spmm(graph, cols, weight) if total is None
                      else spmm_add_(total, graph, cols, weight))
         for s, parts in made.items():  # layer inputs read after the P stage: whole again
-            carry.layer_inputs[s] = torch.cat(parts)
+            carry.layer_inputs[s] = cat_rows(parts) if is_sparse(parts[0]) else torch.cat(parts)
         self.on_rows, self.first_done = False, nxt
         if total is None:  # keep every hand-off in the graph: its backward is collective
             return _Depends.apply(torch.cat(handed), plan.norms[norm])

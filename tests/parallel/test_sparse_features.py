@@ -140,7 +140,9 @@ CASES = [("data", "gcn", {"data_parallel": {"mode": "depcomm"}}),
          ("tensor", "gat", {"tensor_parallel": {"device_memory": "60KB", "pipeline": True}}),
          ("task", "gcn", {}),
          ("task", "gat", {"task_parallel": {"recompute": True, "subgraphs": 2}}),
-         ("task", "sage", {"task_parallel": {"split": "1:2"}})]
+         ("task", "sage", {"task_parallel": {"split": "1:2"}}),
+         # hand-offs in pieces keep SAGE's layer input (CSR rows) piece by piece
+         ("task", "sage", {"task_parallel": {"split": "1:2", "pieces": 2}})]
 
 
 def _strategies_world(comm: Comm, refs: dict[str, list[float]]) -> None:
