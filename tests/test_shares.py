@@ -17,6 +17,7 @@ from fullgraph.adapt.shares import (
     WINDOW,
     ShareBalancer,
     changed,
+    floor_share,
     target_shares,
 )
 from fullgraph.comm.placement import check_counts, even_counts, share_counts
@@ -96,6 +97,21 @@ def test_no_thrash_when_speeds_are_equal_or_drift_a_little():
     assert len(switches) == 1 and switches[0] == pytest.approx([2 / 3, 1 / 3], abs=0.01)
     assert decisions.index(switches[0]) == WINDOW // 2  # the median's delay
     assert balancer.shares == switches[0]
+
+
+def test_many_workers_get_a_floor_their_number_allows():
+    """21 workers at 5 % each would exceed the whole: the floor is half an equal share."""
+    assert floor_share(2) == MIN_SHARE and floor_share(24) == pytest.approx(1 / 48)
+
+    class Plan:
+        shares = None
+        comm = type("C", (), {"world_size": 24})()
+
+    balancer = ShareBalancer(Recorder(), Plan(), lambda e: None)
+    shares = balancer.decide([1.0] * 23 + [0.01], 2)  # one worker nearly stopped
+    assert shares is not None and sum(shares) == pytest.approx(1.0)
+    assert shares[23] == pytest.approx(1 / 48) and shares[0] == pytest.approx((1 - 1 / 48) / 23)
+    assert "share >= 2.1%" in balancer.header()[0]
 
 
 def dataset():

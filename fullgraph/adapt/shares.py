@@ -14,7 +14,7 @@ After every epoch (``between_epochs``, collective):
   compute seconds;
 - each worker's speed is the median of the last ``WINDOW`` epochs (damping noise),
   the first ``WARMUP`` epochs left out;
-  the target shares are the speeds normalised, none below ``MIN_SHARE``;
+  the target shares are the speeds normalised, none below ``floor_share``;
 - the plan is switched (``TensorParallel.replan``) only when some worker's share
   changes by more than ``THRESHOLD`` of itself, so equal speeds never re-plan.
 
@@ -39,7 +39,8 @@ WINDOW = 5
 WARMUP = 1
 """First epochs not measured (one-time costs: lazily built indexes, allocator growth)."""
 MIN_SHARE = 0.05
-"""No worker's share falls below this fraction of the whole."""
+"""No worker's share falls below this fraction of the whole, or half an equal share
+where that is less (21 workers and more: ``floor_share``)."""
 THRESHOLD = 0.1
 """Re-plan only when a worker's share changes by more than this fraction of itself."""
 
@@ -63,6 +64,12 @@ def target_shares(speeds: Sequence[float], min_share: float = MIN_SHARE) -> list
         if not low:
             return shares
         floor |= low
+
+
+def floor_share(world: int) -> float:
+    """The least share of a worker among ``world``: ``MIN_SHARE``, or half an equal share
+    where that is less, so that the floors of all workers never exceed the whole."""
+    return min(MIN_SHARE, 0.5 / world)
 
 
 def changed(current: Sequence[float], target: Sequence[float],
@@ -103,13 +110,14 @@ class ShareBalancer(Adapter):
         world = plan.comm.world_size
         given = plan.shares if plan.shares is not None else (1.0,) * world
         self.shares = [w / sum(given) for w in given]
+        self.min_share = floor_share(world)
         self.history: list[list[float]] = []
         self.smooth: list[float] = []
 
     def header(self) -> list[str]:
         return [f"adapt    adjust (exact): tensor rows and columns re-split after every epoch "
                 f"in proportion to each worker's measured compute speed (median of {WINDOW} "
-                f"epochs, share >= {MIN_SHARE:.0%}, re-planned on a change over "
+                f"epochs, share >= {self.min_share:.1%}, re-planned on a change over "
                 f"{THRESHOLD:.0%})"]
 
     def measure(self, model: Any, plan: Any, profile: Any) -> list[float]:
@@ -131,7 +139,7 @@ class ShareBalancer(Adapter):
         self.smooth = [statistics.median(h[r] for h in self.history) for r in range(len(speeds))]
         if self.speeds_for is not None:
             self.smooth = [float(s) for s in self.speeds_for(epoch, self.smooth)]
-        target = target_shares(self.smooth)
+        target = target_shares(self.smooth, self.min_share)
         if not changed(self.shares, target):
             return None
         self.shares = target
