@@ -165,8 +165,12 @@ class PartialReduce(Adapter):
             self.outbox.reap()
             self.halo.stats.blocked_s += time.perf_counter() - start
             self._forget(epoch)
-        if self.plan.clock is not None and self.collective_epoch(epoch + 1):
-            self.plan.clock.take()  # the adjuster, run after this epoch, measures it alone
+        # the adjuster, run after this epoch, measures it alone; but where the previous
+        # epoch was partial its adjustment runs at the start of this one, on that
+        # epoch's clock, and empties the clock itself
+        deferred = self.sync and not self.collective_epoch(epoch - 1)
+        if self.plan.clock is not None and self.collective_epoch(epoch + 1) and not deferred:
+            self.plan.clock.take()
 
     def before_forward(self) -> None:
         self.t_step = self.t_prev = time.perf_counter()

@@ -158,11 +158,27 @@ def _losses(result) -> list[float]:
 
 
 def _exact_world(comm: Comm, refs: dict[str, list[float]]) -> None:
+    from fullgraph.adapt.adjuster import OnlineAdjuster
+
+    measured: list[tuple[int, dict[str, float]]] = []
+    original = OnlineAdjuster.measure
+
+    def measure(self, plan, profile):
+        measured.append((profile.epoch, dict(plan.clock.units)))
+        return original(self, plan, profile)
+
+    OnlineAdjuster.measure = measure  # (this rank's process only)
     dataset = sbm(240, 3, seed=2)
     for model, expected in refs.items():
+        measured.clear()
         cfg = _config(model, 8, slack=1e6, staleness=2)
         got = _losses(train(dataset, cfg, comm=comm, dtype=torch.float64))
         torch.testing.assert_close(torch.tensor(got), torch.tensor(expected))
+        # every adjustment measures one epoch's stages, the deferred ones (of the
+        # partial epochs 4 and 6, run at the start of 5 and 7) too
+        assert [e for e, _ in measured] == [1, 2, 4, 6, 7], measured
+        assert all(units == measured[0][1] and units.get("T") for _, units in measured), \
+            measured
 
 
 @pytest.mark.dist
