@@ -160,11 +160,12 @@ def _losses(result) -> list[float]:
 def _exact_world(comm: Comm, refs: dict[str, list[float]]) -> None:
     from fullgraph.adapt.adjuster import OnlineAdjuster
 
-    measured: list[tuple[int, dict[str, float]]] = []
+    measured: list[tuple[int, dict[str, float], tuple[int, ...]]] = []
     original = OnlineAdjuster.measure
 
     def measure(self, plan, profile):
-        measured.append((profile.epoch, dict(plan.clock.units)))
+        cached = tuple(plan.deps.cached.nonzero()[:, 0].tolist())  # the plan measured
+        measured.append((profile.epoch, dict(plan.clock.units), cached))
         return original(self, plan, profile)
 
     OnlineAdjuster.measure = measure  # (this rank's process only)
@@ -176,9 +177,10 @@ def _exact_world(comm: Comm, refs: dict[str, list[float]]) -> None:
         torch.testing.assert_close(torch.tensor(got), torch.tensor(expected))
         # every adjustment measures one epoch's stages, the deferred ones (of the
         # partial epochs 4 and 6, run at the start of 5 and 7) too
-        assert [e for e, _ in measured] == [1, 2, 4, 6, 7], measured
-        assert all(units == measured[0][1] and units.get("T") for _, units in measured), \
-            measured
+        assert [e for e, _, _ in measured] == [1, 2, 4, 6, 7], measured
+        per_plan: dict[tuple[int, ...], dict[str, float]] = {}
+        assert all(units.get("T") and per_plan.setdefault(cached, units) == units
+                   for _, units, cached in measured), measured
 
 
 @pytest.mark.dist
