@@ -54,6 +54,8 @@ import torch
 from torch import Tensor
 
 from fullgraph.adapt.base import Adapter, Note
+from fullgraph.comm import primitives as prim
+from fullgraph.comm.group import Comm
 from fullgraph.comm.primitives import CommError
 from fullgraph.comm.stale import POINTS_PER_EPOCH, EpochStats, Point, StaleHalo
 from fullgraph.comm.tagged import (
@@ -107,8 +109,11 @@ class PartialReduce(Adapter):
         self.strategy = strategy
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.hops = parameter_hops(model, self.params)
+        # (on a shard the in-edges of other parts' vertices are the other workers')
         self.counts = bfs_counts(plan.graph, plan.source.train_mask, plan.book.part_of,
-                                 comm.world_size, max(self.hops, default=0))
+                                 comm.world_size, max(self.hops, default=0),
+                                 comm if plan.shard is not None and comm.world_size > 1
+                                 else None)
         self.store = store_of(comm) if comm.world_size > 1 else None
         self.prefix = f"fullgraph/partial/{next(_RUNS)}/"
         self.outbox = Outbox()
@@ -400,18 +405,29 @@ def parameter_hops(model: Any, params: list[Tensor]) -> list[int]:
 
 
 def bfs_counts(graph: Any, train_mask: Tensor, part_of: Tensor, world: int,
-               max_hops: int) -> np.ndarray:
+               max_hops: int, comm: Comm | None = None) -> np.ndarray:
     """(world, max_hops + 1): per worker k and hop h, n_k^(h), the vertices worker k
-    owns within h in-edge hops of the training vertices (a backward BFS, §5.3)."""
+    owns within h in-edge hops of the training vertices (a backward BFS, §5.3).
+
+    With ``comm`` (collective: a per-part shard, whose ``graph`` holds the in-edges of
+    its own vertices but not all of the others'), each worker follows the in-edges of
+    the frontier vertices it owns and the vertices reached are combined over the
+    workers at every hop, which gives the counts of the whole graph on every worker."""
     reached = train_mask.numpy().astype(bool).copy()
     owner = part_of.numpy()
     counts = np.zeros((world, max_hops + 1), dtype=np.int64)
     frontier = np.flatnonzero(reached)
     for h in range(max_hops + 1):
         counts[:, h] = np.bincount(owner[reached], minlength=world)[:world]
-        if h == max_hops or frontier.size == 0:
+        if h == max_hops or frontier.size == 0:  # (the same on every worker)
             continue
+        if comm is not None:
+            frontier = frontier[owner[frontier] == comm.rank]
         _, src, _ = in_edges(graph, frontier.astype(np.int64))
+        if comm is not None:
+            hit = torch.zeros(reached.size, dtype=torch.uint8)
+            hit[torch.from_numpy(src.astype(np.int64))] = 1
+            src = np.flatnonzero(prim.all_reduce_(hit, comm, PHASE, op="max").numpy())
         src = np.unique(src)
         frontier = src[~reached[src]]
         reached[frontier] = True

@@ -46,6 +46,38 @@ def test_bfs_counts_per_owner_and_hop():
     assert counts.tolist() == [[1, 2, 2, 2], [1, 2, 3, 3]]
 
 
+def _shard_counts_world(comm: Comm, want: np.ndarray) -> None:
+    from fullgraph.checkpoint import dataset_fingerprint
+    from fullgraph.models.stages import propagation_inputs
+    from fullgraph.partition import partition
+    from fullgraph.partition.shards import loop_free_in_degree, part_dataset
+
+    ds = sbm(200, 3, avg_degree=4.0, num_features=5, seed=1)
+    book = partition(ds.graph, comm.world_size, "random", seed=0)
+    model = build_model("gcn", 5, 4, 3, num_layers=2)
+    part = part_dataset(ds, book, comm.rank, 2, loop_free_in_degree(ds.graph), 0.0,
+                        dataset_fingerprint(ds))
+    graph, _ = propagation_inputs(model, part.graph, torch.float32, part.shard.in_degree)
+    alone = bfs_counts(graph, part.data.train_mask, book.part_of, comm.world_size, 2)
+    assert not np.array_equal(alone, want)  # the shard alone misses other parts' in-edges
+    got = bfs_counts(graph, part.data.train_mask, book.part_of, comm.world_size, 2, comm)
+    np.testing.assert_array_equal(got, want, err_msg=f"rank {comm.rank}")
+
+
+@pytest.mark.dist
+def test_bfs_counts_on_shards_equal_the_whole_graphs(tmp_path):
+    """On per-part shards the workers follow the in-edges of the vertices they own and
+    combine what they reach (formula 13's counts, the same on every worker)."""
+    from fullgraph.models.stages import propagation_inputs
+    from fullgraph.partition import partition
+
+    ds = sbm(200, 3, avg_degree=4.0, num_features=5, seed=1)
+    book = partition(ds.graph, 3, "random", seed=0)
+    whole, _ = propagation_inputs(build_model("gcn", 5, 4, 3, num_layers=2), ds.graph)
+    run_ranks(_shard_counts_world, 3, tmp_path,
+              bfs_counts(whole, ds.data.train_mask, book.part_of, 3, 2))
+
+
 def test_coverage_factors_scale_the_ready_sum_to_every_worker():
     counts = np.array([[10, 20], [30, 60], [0, 20]])
     assert coverage_factors(counts, [0, 1, 2]) == [1.0, 1.0]

@@ -260,6 +260,33 @@ def test_depcache_needs_as_many_hops_as_layers(tmp_path):
     run_ranks(check_too_few_hops, 2, tmp_path, str(tmp_path))
 
 
+def check_partial_on_shards(comm, tmp: str, ref: list[float]):
+    """``--adapt adjust+partial`` on shards, with a slack no deadline passes: its halo,
+    its gradient reduce and its coverage counts (combined over the parts) as on the
+    whole graph, so the run equals the single process."""
+    from test_partial import _config, _losses
+
+    from fullgraph.train import train
+
+    cfg = _config("gcn", 8, slack=1e6, staleness=2)
+    cfg = dataclasses.replace(cfg, options={**cfg.options,
+                                            "partition": PartitionOptions(method="metis")})
+    got = _losses(train(own_part(comm, tmp), cfg, comm=comm, dtype=torch.float64))
+    torch.testing.assert_close(torch.tensor(got), torch.tensor(ref))
+
+
+@pytest.mark.dist
+def test_partial_reduce_on_shards_equals_single_process(tmp_path):
+    from test_partial import _config, _losses
+
+    from fullgraph.train import train
+
+    _write(tmp_path, 3, 2)
+    ref = _losses(train(make_dataset(), _config("gcn", 8, mode="off", strategy="single"),
+                        dtype=torch.float64))
+    run_ranks(check_partial_on_shards, 3, tmp_path, str(tmp_path), ref)
+
+
 def against_single(comm, whole, mine, runs) -> list:
     """Train each (label, model name, decoupled, strategy) of ``runs`` on ``mine`` and
     compare with the single process on ``whole``; the plans, in order."""
