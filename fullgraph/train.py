@@ -298,6 +298,9 @@ def train(dataset: Dataset, cfg: Config, *, reporter: Reporter | None = None,
     profiler = Profiler(comm, device, strategy.work(model, plan))
     hooks = [*adapters, *build_adapters(cfg, strategy, model, plan, rank, world, profiler.note)]
     strategy.step_hooks = [h for h in hooks if hasattr(h, "on_loss")]
+    if state.records:
+        for hook in hooks:
+            getattr(hook, "resumed", lambda _: None)(state.records)
     try:
         reporter.header(_header_lines(dataset, model, cfg, device, setup_s, world)
                         + strategy.describe(model, plan) + (header or [])

@@ -142,7 +142,25 @@ def test_net_spec_and_its_checks():
 def test_net_injection_without_an_own_interface_is_refused(monkeypatch):
     monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
     with pytest.raises(ValueError, match="GLOO_SOCKET_IFNAME does not name"):
-        Injector(parse("net:rate=1mbit"), 0, 5, lambda e: None)
+        Injector(parse("net:rate=1mbit,p=0,at=3"), 0, 5, lambda e: None)
+    # a worker the item never slows needs no link of its own (nor a CPU throttle)
+    inj = Injector(parse("net:rate=1mbit,p=0,at=3,ranks=1;cpu:p=0,at=2,ranks=1"), 0, 5,
+                   lambda e: None, world=2)
+    assert not inj.events and inj.shaper is None and inj.throttle is None
+
+
+def test_auto_sleep_after_a_resume_uses_the_restored_clean_epochs():
+    """Resumed after epoch 6: the slowdown at 7 is twice the mean of the restored
+    epochs that no worker's slowdown touched (not 0 s for want of epochs run here)."""
+    from fullgraph.report import EpochRecord
+
+    inj = Injector(parse("sleep:p=0,n=3,at=7,ranks=0;sleep:p=0,n=1,at=4,ranks=1"), 0, 10,
+                   lambda e: None, world=2)
+    walls = {1: 0.2, 2: 0.4, 3: 0.3, 4: 9.0, 5: 0.1, 6: 0.5}
+    inj.resumed([EpochRecord(e, 1.0, 0.0, 0.0, 0.0, w, 0.0, 0.0, 0.0)
+                 for e, w in walls.items()])
+    inj.before_epoch(7)
+    assert inj.injected and inj.sleep_s == pytest.approx(2 * 1.5 / 5)
 
 
 SHAPE = """

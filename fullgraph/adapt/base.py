@@ -10,7 +10,7 @@ ends), so a report can show cause and effect.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from torch import Tensor
@@ -24,6 +24,10 @@ class Adapter:
     def header(self) -> list[str]:
         """Run header lines describing what this adapter does."""
         return []
+
+    def resumed(self, records: Sequence[Any]) -> None:
+        """Called once before the first epoch of a resumed run with the ``EpochRecord``
+        of every epoch before it (the checkpoint's, as rank 0 measured them)."""
 
     def before_epoch(self, epoch: int) -> None:
         """Called before the training step of ``epoch``."""

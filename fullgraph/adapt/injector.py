@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -58,10 +59,11 @@ class Injector(Adapter):
                        for first, last in schedule(spec, r, epochs)
                        for e in range(first, last + 1)}
         self.clean = True
-        self.throttle = Throttle(core_for(rank)) if any(s.kind == "cpu" for s in specs) \
-            else None
-        self.shaper = LinkShaper(link_device()) if any(s.kind == "net" for s in specs) \
-            else None
+        # only where this worker has such a slowdown: a link to shape needs root and an
+        # interface of its own, which the other workers need not have
+        kinds = {spec.kind for spec, _, _ in self.events}
+        self.throttle = Throttle(core_for(rank)) if "cpu" in kinds else None
+        self.shaper = LinkShaper(link_device()) if "net" in kinds else None
         self.sleep_s = 0.0
         self.injected = False
         self.clean_walls: list[float] = []
@@ -99,6 +101,13 @@ class Injector(Adapter):
                 self.throttle.stop()
             if load:
                 self.throttle.start(load)
+
+    def resumed(self, records: Sequence[Any]) -> None:
+        """``s=auto`` after a resume: the restored epochs without a slowdown count as
+        clean epochs measured here (their times are rank 0's, which synchronous
+        training keeps close to every worker's)."""
+        self.clean_walls = [r.epoch_s for r in records if r.epoch not in self.anyone] \
+            + self.clean_walls
 
     def _auto_seconds(self) -> float:
         walls = self.clean_walls
