@@ -32,6 +32,9 @@ CUDA tensors on a gloo group (several workers sharing one GPU, where NCCL refuse
 two ranks on one device) are staged through host memory: each primitive copies its
 buffer to the host, runs the collective there and copies the result back. gloo runs
 only broadcast and all-reduce on CUDA tensors itself, and through host memory too.
+The other way round, host tensors on an NCCL group (the counts, sizes and rates of
+setup, evaluation and the runtime) are staged through ``comm.device``, since NCCL
+takes device memory only.
 
 Sub-groups (``fullgraph.comm.subgroup``) use the same primitives: ``comm.rank``,
 ``src`` and block indices are ranks in ``comm.group``; the p2p paths translate them
@@ -151,10 +154,21 @@ def _peer(comm: Comm, group_rank: int) -> int:
     return dist.get_global_rank(comm.group, group_rank)
 
 
-def _staged(comm: Comm, tensor: Tensor) -> bool:
-    """True when ``tensor`` lives on a GPU and ``comm``'s backend is gloo: the call
-    goes through a host copy (see the module docstring)."""
-    return tensor.device.type != "cpu" and dist.get_backend(comm.group) == "gloo"
+def _staged(comm: Comm, tensor: Tensor) -> torch.device | None:
+    """The device ``comm``'s backend needs ``tensor``'s copy on, None where it takes the
+    tensor where it is: the host for a CUDA tensor on gloo, ``comm.device`` for a host
+    tensor on NCCL (see the module docstring)."""
+    backend = dist.get_backend(comm.group)
+    if tensor.device.type != "cpu" and backend == "gloo":
+        return torch.device("cpu")
+    if tensor.device.type == "cpu" and backend == "nccl":
+        return comm.device
+    return None
+
+
+def _on(tensor: Tensor, device: torch.device | None) -> Tensor:
+    """``tensor`` on ``device`` (itself where None: not staged)."""
+    return tensor if device is None else tensor.to(device)
 
 
 def _require_contiguous(tensor: Tensor, name: str) -> None:
@@ -272,7 +286,7 @@ def all_reduce_(tensor: Tensor, comm: Comm, phase: str, op: ReduceOp | str = "su
 
 def _backend_all_reduce(tensor: Tensor, comm: Comm, phase: str, dist_op: Any) -> Tensor:
     nbytes = 2 * (comm.world_size - 1) * tensor.nbytes // comm.world_size
-    buf = tensor.cpu() if _staged(comm, tensor) else tensor
+    buf = _on(tensor, _staged(comm, tensor))
     with _guarded(comm, phase, "all_reduce", nbytes, nbytes):
         _wait(dist.all_reduce(buf, op=dist_op, group=comm.group, async_op=True), comm)
     if buf is not tensor:
@@ -328,7 +342,7 @@ def broadcast_(tensor: Tensor, src: int, comm: Comm, phase: str) -> Tensor:
     _require_contiguous(tensor, "broadcast_")
     sent = (comm.world_size - 1) * tensor.nbytes if comm.rank == src else 0
     recv = 0 if comm.rank == src else tensor.nbytes
-    buf = tensor.cpu() if _staged(comm, tensor) else tensor
+    buf = _on(tensor, _staged(comm, tensor))
     with _guarded(comm, phase, "broadcast", sent, recv):
         work = dist.broadcast(buf, src=_peer(comm, src), group=comm.group, async_op=True)
         _wait(work, comm)
@@ -533,9 +547,8 @@ def _start_collective(flat: list[Tensor], recv_numel: list[int], comm: Comm) -> 
     as_bytes = [t.view(torch.uint8) if t.numel() else torch.empty(0, dtype=torch.uint8,
                                                                     device=device) for t in flat]
     inp = torch.cat(as_bytes)
-    staged = _staged(comm, inp)
-    if staged:
-        inp = inp.cpu()
+    inp = _on(inp, _staged(comm, inp))
+    staged = inp.device != device
     out = torch.empty(sum(recv_numel) * itemsize, dtype=torch.uint8, device=inp.device)
     work = dist.all_to_all_single(out, inp, output_split_sizes=[n * itemsize for n in recv_numel],
                                   input_split_sizes=[t.numel() for t in as_bytes],
@@ -630,9 +643,9 @@ def _all_to_all_collective(flat: list[Tensor], recv_numel: list[int],
 def _all_to_all_p2p(flat: list[Tensor], recv_numel: list[int], comm: Comm) -> list[Tensor]:
     """The same exchange as isend/irecv pairs; empty blocks send no message."""
     dtype, device = flat[0].dtype, flat[0].device
-    staged = _staged(comm, flat[0])
-    if staged:
-        flat = [t.cpu() for t in flat]
+    where = _staged(comm, flat[0])
+    staged = where is not None
+    flat = [_on(t, where) for t in flat]
     out = [torch.empty(n, dtype=dtype, device=flat[0].device) for n in recv_numel]
     ops = []
     for p in range(comm.world_size):

@@ -182,3 +182,18 @@ def test_comm_error_message_and_pickling():
                         "(timeout 5s): RuntimeError: Connection closed by peer")
     again = pickle.loads(pickle.dumps(err))
     assert isinstance(again, RuntimeError) and str(again) == str(err) and again.rank == 2
+
+
+def test_host_tensors_go_to_the_device_on_nccl_and_cuda_tensors_to_the_host_on_gloo(
+        monkeypatch):
+    """Which copy a collective makes (``_staged``): NCCL takes device memory only (the
+    counts of an evaluation are host tensors), gloo runs on host copies of CUDA
+    tensors; the rest is taken where it is. The NCCL groups cannot be made here."""
+    from fullgraph.comm import primitives as prim
+
+    host, gpu = torch.zeros(2), torch.zeros(2, device="meta")  # (no copy is made)
+    comm = Comm(rank=0, world_size=2, group=object(), device=torch.device("cuda", 1))
+    for backend, tensor, want in (("nccl", host, torch.device("cuda", 1)), ("nccl", gpu, None),
+                                  ("gloo", gpu, torch.device("cpu")), ("gloo", host, None)):
+        monkeypatch.setattr(dist, "get_backend", lambda group, b=backend: b)
+        assert prim._staged(comm, tensor) == want, (backend, tensor.device)
