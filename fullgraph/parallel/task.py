@@ -221,7 +221,8 @@ class TaskParallel(DistributedStrategy[TaskPlan]):
         graph, norms = propagation_inputs(program, stored, dtype)
         n = graph.num_dst
         self.check_sizes(n)
-        split, machine = self._split(program, graph.num_dst, graph.num_edges, comm, dtype)
+        split, machine = self._split(program, graph.num_dst, graph.num_edges, comm, dtype,
+                                     device)
         row_counts = even_counts(n, split.num_t) + [0] * split.num_p
         if shard is not None:  # each T worker's block of feature rows, from their parts
             dataset = assemble(dataset, comm, contiguous_blocks(row_counts), stored)
@@ -320,12 +321,12 @@ class TaskParallel(DistributedStrategy[TaskPlan]):
             check_row_chunks(opts.chunks, opts.subgraphs, split.num_p)
 
     def _split(self, program: StageProgram, num_vertices: int, num_edges: int, comm: Comm,
-               dtype: torch.dtype) -> tuple[TaskSplit, str]:
+               dtype: torch.dtype, device: torch.device) -> tuple[TaskSplit, str]:
         """The group sizes: given, or from the scheduling model (collective)."""
         given = parse_split(self.options.split, comm.world_size)
         if given is not None:
             return given, ""
-        machine = measure_machine(comm)
+        machine = measure_machine(comm, device=device)
         itemsize = torch.empty(0, dtype=dtype).element_size()
         t_time, p_time = predict_times(program, num_vertices, num_edges, machine,
                                        self.options.gamma, itemsize)

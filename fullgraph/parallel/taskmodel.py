@@ -125,19 +125,33 @@ def choose_split(world_size: int, t_time: float, p_time: float) -> TaskSplit:
     return TaskSplit(world_size - num_p, num_p, t_time, p_time, "auto")
 
 
-def measure_machine(comm: Comm, size: int = 512, copy_mib: int = 64) -> Machine:
-    """GEMM rate and copy bandwidth measured on rank 0 and broadcast (collective)."""
+def measure_machine(comm: Comm, size: int = 512, copy_mib: int = 64,
+                    device: torch.device | str = "cpu") -> Machine:
+    """GEMM rate and copy bandwidth measured on rank 0 and broadcast (collective), on
+    ``device``, where the workers compute (a GPU's rates are not its host's). On a GPU
+    the GEMM is 4x ``size`` on a side, a size the device is not idle for."""
     rates = torch.zeros(2, dtype=torch.float64)
+    device = torch.device(device)
     if comm.rank == 0:
-        a, b = torch.randn(size, size), torch.randn(size, size)
-        src = torch.empty(copy_mib * 2**18)  # float32: copy_mib MiB
+        cuda = device.type == "cuda"
+        size = 4 * size if cuda else size
+
+        def sync() -> None:
+            if cuda:
+                torch.cuda.synchronize(device)
+
+        a, b = torch.randn(size, size, device=device), torch.randn(size, size, device=device)
+        src = torch.empty(copy_mib * 2**18, device=device)  # float32: copy_mib MiB
         dst = torch.empty_like(src)
         best_gemm = best_copy = float("inf")
         for _ in range(3):
+            sync()
             t0 = time.perf_counter()
             a @ b
+            sync()
             t1 = time.perf_counter()
             dst.copy_(src)
+            sync()
             t2 = time.perf_counter()
             best_gemm, best_copy = min(best_gemm, t1 - t0), min(best_copy, t2 - t1)
         rates[0] = 2 * size**3 / max(best_gemm, 1e-9)
