@@ -108,7 +108,8 @@ def test_many_workers_get_a_floor_their_number_allows():
         comm = type("C", (), {"world_size": 24})()
 
     balancer = ShareBalancer(Recorder(), Plan(), lambda e: None)
-    shares = balancer.decide([1.0] * 23 + [0.01], 2)  # one worker nearly stopped
+    assert balancer.decide([1.0] * 23 + [0.01], 5) is None  # resumed after 4: warm-up
+    shares = balancer.decide([1.0] * 23 + [0.01], 6)  # one worker nearly stopped
     assert shares is not None and sum(shares) == pytest.approx(1.0)
     assert shares[23] == pytest.approx(1 / 48) and shares[0] == pytest.approx((1 - 1 / 48) / 23)
     assert "share >= 2.1%" in balancer.header()[0]

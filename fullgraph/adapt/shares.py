@@ -37,7 +37,8 @@ from fullgraph.models.walk import describe
 WINDOW = 5
 """Epochs whose measured speeds are combined (median) for one decision."""
 WARMUP = 1
-"""First epochs not measured (one-time costs: lazily built indexes, allocator growth)."""
+"""First epochs not measured (one-time costs: lazily built indexes, allocator growth),
+counted from the first epoch the process runs (after a resume, its first too)."""
 MIN_SHARE = 0.05
 """No worker's share falls below this fraction of the whole, or half an equal share
 where that is less (21 workers and more: ``floor_share``)."""
@@ -113,6 +114,7 @@ class ShareBalancer(Adapter):
         self.min_share = floor_share(world)
         self.history: list[list[float]] = []
         self.smooth: list[float] = []
+        self.start: int | None = None
 
     def header(self) -> list[str]:
         return [f"adapt    adjust (exact): tensor rows and columns re-split after every epoch "
@@ -133,7 +135,9 @@ class ShareBalancer(Adapter):
     def decide(self, speeds: Sequence[float], epoch: int) -> list[float] | None:
         """Record this epoch's measured speeds; the new shares (now current), or None
         to keep the current ones."""
-        if epoch <= WARMUP and self.speeds_for is None:
+        if self.start is None:
+            self.start = epoch  # the first epoch this process runs (a resume: later)
+        if epoch - self.start < WARMUP and self.speeds_for is None:
             return None
         self.history = (self.history + [list(speeds)])[-WINDOW:]
         self.smooth = [statistics.median(h[r] for h in self.history) for r in range(len(speeds))]
