@@ -109,17 +109,39 @@ def candidates(workers: int) -> list[P.Candidate]:
     return [P.Candidate("single", "single")] if workers == 1 else list(P.CANDIDATES)
 
 
-def measured_rates(cfg: Any, dataset: Dataset,
-                   rates: P.PlanRates) -> tuple[P.PlanRates, dict[str, P.PlanRates]]:
+def refusals(cfg: Any, dataset: Dataset) -> dict[str, str]:
+    """Per candidate whose strategy refuses this model, graph or worker count before a
+    launch (``Strategy.check_launch``: p2p and batch normalisation, say), its reason
+    (the message's first clause). The planner neither runs nor recommends them."""
+    from fullgraph.parallel import build_strategy
+
+    workers = cfg.launch.workers
+    program = _program(dataset, cfg)
+    out = {}
+    for cand in candidates(workers):
+        with warnings.catch_warnings():  # (options that do not apply to the candidate)
+            warnings.simplefilter("ignore")
+            strategy = build_strategy(candidate_config(cfg, cand))
+        try:
+            strategy.check_launch(program, dataset.graph.num_nodes, workers)
+        except ValueError as err:
+            out[cand.label] = str(err).split(": ")[0]
+    return out
+
+
+def measured_rates(cfg: Any, dataset: Dataset, rates: P.PlanRates,
+                   skip: frozenset[str] = frozenset()
+                   ) -> tuple[P.PlanRates, dict[str, P.PlanRates]]:
     """``rates`` with what is measured by running the executors: the calibration of each
     candidate's graph work (``calibration``; the base rates get the median), and for
     several workers the probe's slowdown of workers sharing this machine, its cost of
     a received byte and of an exchange round; per candidate, its fixed cost per epoch
     -- at the real worker count by ``plan_probe`` (falling back to one process, with a
-    warning, if its workers fail), in this process for one worker."""
+    warning, if its workers fail), in this process for one worker. The candidates
+    labelled in ``skip`` (``refusals``) are not run."""
     feat, classes = dataset.data.num_features, dataset.data.num_classes
     workers = cfg.launch.workers
-    cands = candidates(workers)
+    cands = [c for c in candidates(workers) if c.label not in skip]
     factors, ring_epochs = _calibrate(cfg, dataset, rates, cands)
     rates = replace(rates, calibration=statistics.median(factors.values()))
     if workers > 1:
@@ -278,8 +300,9 @@ def plan_run(cfg: Any, dataset: Dataset, *, base_rss: int | None = None,
     rates = rates or plan_rates(dataset.graph, workers, _worker_threads(cfg),
                                 cfg.runtime.spmm_backend)
     per_candidate = None
+    refused = refusals(cfg, dataset)
     if overheads:
-        rates, per_candidate = measured_rates(cfg, dataset, rates)
+        rates, per_candidate = measured_rates(cfg, dataset, rates, frozenset(refused))
     estimates = price(cfg, dataset, rates, per_candidate)
     # a launched worker's own size where the probe measured it, else this process's
     base = max(base_rss if base_rss is not None else rss_bytes(), rates.worker_bytes)
@@ -292,6 +315,9 @@ def plan_run(cfg: Any, dataset: Dataset, *, base_rss: int | None = None,
         hybrid = _price_the_trial(estimates)
         if hybrid is not None:
             _mark_fit(hybrid, process, ram, budget)
+    for e in estimates:
+        if e.candidate.label in refused:
+            e.fits, e.why_not = False, refused[e.candidate.label]
     fitting = [e for e in estimates if e.fits] or estimates
     best = min(fitting, key=lambda e: e.seconds)
     return PlanResult(estimates, best, rates, process, ram, budget, workers)
@@ -386,7 +412,7 @@ def explain(result: PlanResult) -> list[str]:
     return [f"recommended: {best.candidate.label} ({' '.join(candidate_flags(best.candidate))})",
             f"why: the fastest predicted epoch that fits, {best.seconds * 1e3:.1f} ms ({nxt}); "
             f"it moves {_fmt(best.bytes_moved)} and needs {_fmt(best.peak.total)} per worker"
-            + (f"; does not fit: {', '.join(skipped)}" if skipped else "")]
+            + (f"; left out (NO above): {', '.join(skipped)}" if skipped else "")]
 
 
 def resolve_auto(cfg: Any, dataset: Dataset) -> tuple[P.Candidate, list[str]]:

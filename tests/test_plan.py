@@ -152,6 +152,28 @@ def test_plan_prices_every_candidate_and_marks_what_does_not_fit(monkeypatch):
     assert "nothing fits" in lines[-2]
 
 
+def test_a_strategy_that_refuses_the_model_is_left_out_not_fatal(monkeypatch):
+    """GIN with batch normalisation: p2p refuses it before a launch, so the plan marks
+    it NO, never runs it (calibration, probe) and recommends among the others."""
+    dataset = tiny_dataset(F, C, n=24)
+    cfg = tiny_cfg(2, partition={"method": "chunk"}, model={"name": "gin", "batch_norm": True})
+    assert planner.refusals(cfg, dataset) == {
+        "p2p": "strategy p2p cannot run model 'gin' with batch normalisation (batch_norm=True)"}
+    ran: list[list[str]] = []
+
+    def measured(cfg, dataset, rates, skip):
+        ran.append([c.label for c in P.CANDIDATES if c.label not in skip])
+        return rates, {}
+
+    monkeypatch.setattr(planner, "measured_rates", measured)
+    result = planner.plan_run(cfg, dataset, base_rss=0, rates=RATES)
+    assert ran == [[c.label for c in P.CANDIDATES if c.label != "p2p"]]
+    (p2p,) = [e for e in result.estimates if e.candidate.label == "p2p"]
+    assert not p2p.fits and "batch normalisation" in p2p.why_not
+    assert result.recommended.fits and result.recommended.candidate.label != "p2p"
+    assert "left out (NO above): p2p" in planner.explain(result)[1]
+
+
 def test_device_budget_leaves_chunked_tensor_as_the_one_that_fits():
     dataset = tiny_dataset(F, C, n=24)
     free = planner.plan_run(tiny_cfg(2, partition={"method": "chunk"}), dataset, base_rss=0,

@@ -137,7 +137,7 @@ class P2PParallel(RowPartitioned[P2PPlan]):
             raise ValueError(f"strategy p2p cannot run model {program.name!r} with batch "
                              "normalisation (batch_norm=True): p2p computes T stages in bins "
                              "of rows, and the statistics need all rows at once; use strategy "
-                             "single, data or tensor")
+                             "single, data, tensor or task")
 
     def setup(self, dataset: Dataset, program: StageProgram, device: torch.device,
               comm: Comm | None = None, dtype: torch.dtype = torch.float32) -> P2PPlan:
