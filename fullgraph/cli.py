@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from fullgraph import __version__, cli_outputs
 from fullgraph.configfile import flag_names, normalize
-from fullgraph.errors import ConfigError, FullgraphError
+from fullgraph.errors import ConfigError, FullgraphError, ValidationError
 
 if TYPE_CHECKING:
     from fullgraph.comm.group import Comm
@@ -142,6 +142,17 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
+def _seed(text: str) -> int:
+    """An argparse type: a seed, an integer in [0, 2**63)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value < 2**63:
+        raise argparse.ArgumentTypeError(f"expected an integer in [0, 2**63), got {text!r}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="fullgraph", description="Full-graph GNN training across many workers.",
@@ -180,7 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
                        default=(0.57, 0.19, 0.19, 0.05), help="rmat: quadrant probabilities")
     p_gen.add_argument("--homophily", type=float, default=0.8, help="sbm: intra-block fraction")
     p_gen.add_argument("--symmetrize", action=argparse.BooleanOptionalAction, default=False)
-    p_gen.add_argument("--seed", type=int, default=0)
+    p_gen.add_argument("--seed", type=_seed, default=0)
     p_gen.add_argument("--feature-dtype", choices=("float32", "float16", "bfloat16"),
                        default="float32", help="how features are stored (default: float32)")
     p_gen.add_argument("--self-loops", choices=("remove", "keep", "add"), default="remove",
@@ -201,8 +212,8 @@ def build_parser() -> argparse.ArgumentParser:
     p_part.add_argument("--root", help="dataset root (default: $FULLGRAPH_DATA or user cache)")
     p_part.add_argument("--parts", type=int, required=True, help="number of parts (workers)")
     p_part.add_argument("--partitioner", default="metis", help="chunk, random, metis, ...")
-    p_part.add_argument("--seed", type=int, default=0)
-    p_part.add_argument("--split-seed", type=int, default=0,
+    p_part.add_argument("--seed", type=_seed, default=0)
+    p_part.add_argument("--split-seed", type=_seed, default=0,
                         help="split of a dataset with random splits (as train's)")
     p_part.add_argument("--out", help="where to write the partition book (.npz)")
     p_part.add_argument("--report", action="store_true",
@@ -239,7 +250,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="masks (.npy (3, N) bool for edgelist; text for neutronstar)")
     p_conv.add_argument("--symmetrize", action=argparse.BooleanOptionalAction, default=False)
     p_conv.add_argument("--input", help="ogb: directory in the OGB raw layout")
-    p_conv.add_argument("--seed", type=int, default=0, help="split seed when no masks are given")
+    p_conv.add_argument("--seed", type=_seed, default=0, help="split seed when no masks are given")
     p_conv.add_argument("--sparse-features", choices=("auto", "on", "off"), default="auto",
                         help="store the features as CSR (their non-zeros): on, off, or auto "
                         "(on at 5%% non-zeros or fewer and 64+ columns)")
@@ -440,7 +451,7 @@ def cmd_datasets(args: argparse.Namespace) -> int:
 
 def cmd_generate(args: argparse.Namespace) -> int:
     from fullgraph.config import DataConfig
-    from fullgraph.graph import datasets, synthetic
+    from fullgraph.graph import datasets
 
     root = DataConfig(root=args.root).resolved_root()
     if args.name is not None:
@@ -450,6 +461,26 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
     memory = (parse_bytes(args.memory) if args.memory is not None
               else max(256 << 20, (available_memory() or 4 << 30) // 4))
+    try:
+        return _generate(args, root, memory)
+    except ValidationError as err:  # named as its flag, not as the function's argument
+        flag = GENERATE_FLAGS.get(err.field or "")
+        if flag is None:
+            raise
+        raise ValidationError(err.problem, field=flag, found=err.found,
+                              expected=err.expected, hint=err.hint) from None
+
+
+GENERATE_FLAGS = {"num_nodes": "--vertices", "num_edges": "--edges",
+                  "num_features": "--features", "num_classes": "--classes",
+                  "avg_degree": "--avg-degree", "homophily": "--homophily",
+                  "a, b, c, d": "--rmat A B C D", "seed": "--seed"}
+"""``generate``'s flags by the names ``graph.synthetic`` checks them under."""
+
+
+def _generate(args: argparse.Namespace, root: Any, memory: int) -> int:
+    from fullgraph.graph import datasets, synthetic
+
     if args.kind == "rmat":
         name = args.name or f"rmat-{args.vertices}-{args.edges}"
         datasets.check_new_name(name)

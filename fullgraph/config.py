@@ -56,6 +56,11 @@ def activation_names() -> tuple[str, ...]:
     return tuple(ACTIVATIONS)
 
 
+def _require_seed(section: str, name: str, value: Any) -> None:
+    _require(isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**63,
+             section, name, value, "an integer in [0, 2**63)")
+
+
 def _require(cond: bool, section: str, name: str, value: Any, expected: str) -> None:
     if not cond:
         raise ConfigError(f"{section}.{name}: got {value!r}; expected {expected}")
@@ -89,6 +94,7 @@ class DataConfig:
 
     def __post_init__(self) -> None:
         _require(bool(self.dataset), "data", "dataset", self.dataset, "a dataset name or path")
+        _require_seed("data", "split_seed", self.split_seed)
         _require(self.sparse_features in SPARSE_FEATURES, "data", "sparse_features",
                  self.sparse_features, " | ".join(SPARSE_FEATURES))
         _require(self.feature_dtype in FEATURE_DTYPES, "data", "feature_dtype",
@@ -217,6 +223,7 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         _require(self.epochs >= 1, "train", "epochs", self.epochs, ">= 1")
+        _require_seed("train", "seed", self.seed)
         _require(self.checkpoint_every >= 1, "train", "checkpoint_every", self.checkpoint_every,
                  ">= 1")
         if self.checkpoint_every != 10 and self.checkpoint_dir is None:

@@ -154,7 +154,13 @@ def test_more_inputs_that_are_one_line(root, tmp_path, capsys):
           "--partition-file", str(tmp_path / "x.npy")], "an .npy array, not an .npz archive"),
         (["train", "--strategy", "tensor", "--nn-device", "gpu"], "expected cpu, cuda or cuda:N"),
         (["datasets", "--root", str(afile)], "is a file, not a directory"),
-        (["generate", "rmat", "--vertices", "0"], "out of range; found 0; expected an integer"),
+        (["generate", "rmat", "--vertices", "0"],
+         "--vertices: out of range; found 0; expected an integer"),
+        (["generate", "sbm", "--vertices", "3"], "--vertices: out of range; found 3"),
+        (["train", "--strategy", "data", "--workers", "2", "--partitioner", "random",
+          "--partition-seed", "-1"], "partition seed: got -1; expected an integer >= 0"),
+        (["train", "--seed", "99999999999999999999"], "train.seed: got 99999999999999999999"),
+        (["train", "--split-seed", "-2"], "data.split_seed: got -2"),
         (["generate", "rmat", "--vertices", "9", "--rmat", "-1", "1", "0.5", "0.5"],
          "found a = -1.0"),
         (["train", "--model", "gat", "--heads", "0"], "model.heads: got 0; expected >= 1"),
@@ -164,6 +170,13 @@ def test_more_inputs_that_are_one_line(root, tmp_path, capsys):
     for argv, needle in cases:
         assert main(argv) == 2, argv
         one_line_error(capsys, needle)
+    for argv in (["generate", "rmat", "--vertices", "9", "--seed", "-3"],
+                 ["partition", "--parts", "2", "--seed", "-5"],
+                 ["partition", "--parts", "2", "--split-seed", "x"]):
+        with pytest.raises(SystemExit) as stop:  # argparse's own usage error
+            main(argv)
+        assert stop.value.code == 2
+        assert "expected an integer in [0, 2**63)" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("args, needle", [

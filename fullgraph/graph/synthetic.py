@@ -92,6 +92,7 @@ def _rmat_blocks(num_nodes: int, num_edges: int, a: float, b: float, c: float, d
     _check_probabilities(a, b, c, d)
     _check_count(num_nodes, "num_nodes", minimum=1)
     _check_count(num_edges, "num_edges", minimum=0)
+    _check_count(seed, "seed", minimum=0)
     scale = (num_nodes - 1).bit_length()
     all_in_range = num_nodes == 1 << scale
     accept = 1.0 if all_in_range else _in_range_probability(num_nodes - 1, scale, (a, b, c, d))
@@ -446,6 +447,7 @@ class _SBM:
                  train: float, val: float, feature_dtype: str) -> None:
         _check_sbm_args(num_nodes, num_classes, avg_degree, homophily, num_features,
                         feature_noise)
+        _check_count(seed, "seed", minimum=0)
         _check_choice(feature_dtype, "feature_dtype", tuple(FEATURE_DTYPES))
         _check_choice(self_loops, "self_loops", ("remove", "keep", "add"))
         self.num_nodes, self.num_classes, self.num_features = num_nodes, num_classes, num_features

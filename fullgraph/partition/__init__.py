@@ -50,6 +50,13 @@ def register_partitioner(name: str) -> Callable[[F], F]:
     return register
 
 
+def check_seed(seed: int) -> None:
+    """Refuse (ValueError) a partitioner seed that is not an integer >= 0, which every
+    partitioner takes (numpy's generators refuse negative seeds)."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"partition seed: got {seed!r}; expected an integer >= 0")
+
+
 def partition(graph: Graph, num_parts: int, method: str, *, seed: int = 0,
               **opts: Any) -> PartitionBook:
     """Partition ``graph`` into ``num_parts`` parts with the partitioner ``method``.
@@ -65,14 +72,15 @@ def partition(graph: Graph, num_parts: int, method: str, *, seed: int = 0,
         The partition book. A warning is issued when some part is empty.
 
     Raises:
-        ValueError: unknown ``method`` (the message lists the known ones) or
-            ``num_parts`` out of range.
+        ValueError: unknown ``method`` (the message lists the known ones),
+            ``num_parts`` out of range or a negative ``seed``.
         TypeError: an option the partitioner does not take.
     """
     if method not in PARTITIONERS:
         raise ValueError(f"unknown partitioner {method!r}; known: "
                          f"{', '.join(sorted(PARTITIONERS))}")
     check_num_parts(num_parts, graph.num_nodes)
+    check_seed(seed)
     book = PARTITIONERS[method](graph, num_parts, seed=seed, **opts)
     if book.num_parts != num_parts or book.num_nodes != graph.num_nodes:
         raise RuntimeError(f"partitioner {method!r} returned {book!r} for {num_parts} "

@@ -29,3 +29,8 @@ class PartitionOptions:
     file: str | None = option(None, "reuse a partition book written by `fullgraph partition`; "
                                  "unset: partition at start")
     seed: int = option(0, "partitioner seed")
+
+    def __post_init__(self) -> None:
+        from fullgraph.partition import check_seed
+
+        check_seed(self.seed)
