@@ -11,6 +11,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from fullgraph.errors import ConfigError
+
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     """Add the ``predict`` and ``evaluate`` subcommands."""
@@ -45,29 +47,41 @@ def cmd_predict(args: argparse.Namespace) -> int:
     out = Path(args.out)
     emb_path = None if args.embeddings is None else \
         Path(args.embeddings or out.with_name(out.stem + "-embeddings.npy"))
-    check_output(out, "--out")
+    check_output(args.out, "--out")
     if emb_path is not None:
         check_output(emb_path, "--embeddings")
+        if emb_path.expanduser().absolute() == out.expanduser().absolute():
+            raise ConfigError(f"--embeddings {emb_path}: the same file as --out; give "
+                              "another name (or --embeddings alone, for OUT-embeddings.npy)")
     model, dataset = _load(args)
-    with torch.no_grad():
+    with torch.no_grad():  # both computed before either is written
         logits = model(dataset.graph, dataset.data.features)
-        _save_npy(out, logits.argmax(dim=1).numpy())
-        print(f"wrote {out}: {logits.shape[0]} class predictions on {dataset.name}")
-        if emb_path is not None:
-            emb = model.embed(dataset.graph, dataset.data.features)
-            _save_npy(emb_path, emb.float().numpy())
-            print(f"wrote {emb_path}: {emb.shape[0]} x {emb.shape[1]} embeddings")
+        emb = None if emb_path is None else model.embed(dataset.graph, dataset.data.features)
+    _save_npy(out, logits.argmax(dim=1).numpy())
+    print(f"wrote {out}: {logits.shape[0]} class predictions on {dataset.name}")
+    if emb_path is not None and emb is not None:
+        _save_npy(emb_path, emb.float().numpy())
+        print(f"wrote {emb_path}: {emb.shape[0]} x {emb.shape[1]} embeddings")
     return 0
 
 
 def _save_npy(path: Path, array: Any) -> None:
     """``array`` as an .npy file at exactly ``path`` (``np.save`` given a name adds
-    ``.npy`` to one without it), its parent directories made."""
+    ``.npy`` to one without it), its parent directories made; written beside it first
+    and renamed over it, so a stopped run never leaves half a file."""
+    import os
+
     import numpy as np
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "wb") as f:
-        np.save(f, array)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            np.save(f, array)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:

@@ -27,6 +27,8 @@ def check_output(path: str | Path, option: str, *, directory: bool = False) -> N
         ConfigError: naming the option, the path and what is wrong with it.
     """
     p = Path(path).expanduser()
+    if not directory and str(path).endswith(("/", os.sep)):
+        raise ConfigError(f"{option} {path}: names a directory; give a file name")
     if directory and p.exists() and not p.is_dir():
         raise ConfigError(f"{option} {path}: is a file, not a directory")
     if not directory and p.is_dir():

@@ -109,6 +109,21 @@ def test_predict_writes_the_file_it_names(root, tmp_path, capsys):
     assert np.load(tmp_path / "preds-embeddings.npy").shape == (2708, 16)
     assert main(["predict", "--model", str(model), "--out", str(tmp_path)]) == 2
     one_line_error(capsys, "is a directory; give a file name")
+    assert main(["predict", "--model", str(model), "--out", f"{tmp_path}/new/"]) == 2
+    one_line_error(capsys, "names a directory; give a file name")
+    assert main(["predict", "--model", str(model), "--out", str(out), "--embeddings",
+                 str(out)]) == 2
+    one_line_error(capsys, "the same file as --out")
+    assert np.load(out).shape == (2708,)  # the predictions are still there
+    # a model without a hidden layer has no embeddings: refused before anything is written
+    one = tmp_path / "one.pt"
+    assert main(["train", "--epochs", "1", "--progress", "off", "--layers", "1",
+                 "--save-model", str(one)]) == 0
+    capsys.readouterr()
+    assert main(["predict", "--model", str(one), "--out", str(tmp_path / "p1.npy"),
+                 "--embeddings"]) == 2
+    assert not (tmp_path / "p1.npy").exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
 
 
 def test_partition_and_report_outputs_are_checked(root, tmp_path, capsys):
