@@ -136,6 +136,55 @@ def check_same_options(cfg: Config, comm: Comm) -> None:
                           "): give every worker the same command line or config file")
 
 
+def check_same_start(epoch: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                     comm: Comm) -> None:
+    """Refuse a run whose workers start from different points: ``--resume`` given to some
+    workers only, or checkpoints of other epochs or contents on the hosts (the path may
+    differ per host; what it holds may not). Compares the epoch resumed after (0: a
+    fresh start) and, where a worker resumed, a digest of the restored parameters and
+    optimiser state. Collective.
+
+    Raises:
+        ConfigError: on every rank, naming the start of each group of ranks.
+    """
+    digest = _state_digest(model, optimizer) if epoch else ""
+    every = all_gather_object((epoch, digest), comm, "options")
+    if len(set(every)) == 1:
+        return
+    groups: dict[tuple[int, str], list[int]] = {}
+    for rank, start in enumerate(every):
+        groups.setdefault(start, []).append(rank)
+    named = [(f"a checkpoint of epoch {e} ({d[:8]})" if e else "a fresh start")
+             + f" on rank(s) {_ranks(r)}" for (e, d), r in groups.items()]
+    raise ConfigError("the workers start from different points (" + "; ".join(named) +
+                      "): give every worker the same --resume checkpoint, or none")
+
+
+def _state_digest(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> str:
+    """A hash of the parameters' and the optimiser's tensors and numbers."""
+    import hashlib
+
+    h = hashlib.sha256()
+
+    def add(obj: Any) -> None:
+        if isinstance(obj, Tensor):
+            h.update(obj.detach().cpu().reshape(-1).contiguous().view(torch.uint8).numpy().tobytes()
+                     if obj.numel() else b"")
+        elif isinstance(obj, dict):
+            for key in sorted(obj, key=str):
+                h.update(str(key).encode())
+                add(obj[key])
+        elif isinstance(obj, (list, tuple)):
+            for item in obj:
+                add(item)
+        else:
+            h.update(repr(obj).encode())
+
+    add(model.state_dict())
+    add(optimizer.state_dict()["state"])
+    return h.hexdigest()
+
+
 def _ranks(ranks: list[int]) -> str:
     """``0-3, 5``: ranks as ranges."""
     spans: list[list[int]] = []
@@ -295,6 +344,8 @@ def train(dataset: Dataset, cfg: Config, *, reporter: Reporter | None = None,
     rank = comm.rank if comm is not None else 0
     ckpt = Checkpointer(dataset, cfg, rank, dtype, run_facts(cfg, world, plan))
     state = ckpt.resume(model, optimizer)
+    if comm is not None and comm.world_size > 1:
+        check_same_start(state.epoch, model, optimizer, comm)
     profiler = Profiler(comm, device, strategy.work(model, plan))
     hooks = [*adapters, *build_adapters(cfg, strategy, model, plan, rank, world, profiler.note)]
     strategy.step_hooks = [h for h in hooks if hasattr(h, "on_loss")]

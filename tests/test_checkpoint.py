@@ -217,3 +217,30 @@ def test_failed_write_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
     assert (tmp_path / checkpoint.FILE_NAME).read_bytes() == before
     assert [p.name for p in tmp_path.iterdir()] == [checkpoint.FILE_NAME]
     assert checkpoint.read(tmp_path)["epoch"] == STOP
+
+
+def _mixed_starts(comm, out: str) -> None:
+    """Rank 0 resumes the 2-worker checkpoint; rank 1 starts afresh, then resumes a copy
+    whose parameters differ (another host's checkpoint of the same epoch)."""
+    out_dir, ds = Path(out), make_dataset()
+    for other in (None, out_dir / "stop2-other"):
+        mine = out_dir / "stop2" if comm.rank == 0 else other
+        with pytest.raises(ConfigError) as err:
+            train(ds, config("data", EPOCHS, None, resume=mine), comm=comm)
+        want = ("a fresh start on rank(s) 1" if other is None else
+                f"a checkpoint of epoch {STOP} (")
+        assert "the workers start from different points" in str(err.value), err.value
+        assert want in str(err.value) and "give every worker the same --resume" in str(
+            err.value), err.value
+
+
+@pytest.mark.dist
+def test_workers_resuming_from_different_points_are_refused(two_worker_runs, tmp_path):
+    """Under torchrun each host names its own checkpoint: a worker given none, or one
+    holding other parameters, would average its gradients into another model."""
+    out, _ = two_worker_runs
+    saved = checkpoint.read(out / "stop2")
+    first = next(iter(saved["model"]))
+    saved["model"][first] = saved["model"][first] + 1.0
+    checkpoint.write_atomic(out / "stop2-other" / checkpoint.FILE_NAME, saved)
+    run_ranks(_mixed_starts, 2, tmp_path, str(out))
