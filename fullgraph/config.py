@@ -289,8 +289,14 @@ class LaunchConfig:
         _require(self.workers >= 1, "launch", "workers", self.workers, ">= 1")
         _require(self.backend in BACKENDS, "launch", "backend", self.backend,
                  " | ".join(BACKENDS))
-        _require(self.timeout_s > 0, "launch", "timeout_s", self.timeout_s, "> 0")
+        _require(TIMEOUT_MIN_S <= self.timeout_s <= TIMEOUT_MAX_S, "launch", "timeout_s",
+                 self.timeout_s, f"seconds in [{TIMEOUT_MIN_S:g}, {TIMEOUT_MAX_S:g}]")
 
+
+TIMEOUT_MIN_S, TIMEOUT_MAX_S = 1.0, 1e6
+"""``--timeout``'s range: a worker's heartbeat is written every half second (less than
+that reads a busy worker as hung), and torch's process groups overflow their clocks
+far beyond 1e6 s (11 days)."""
 
 ADAPT_MODES = ("off", "adjust", "adjust+partial")
 LATE_GRADIENTS = ("reuse", "rescale")

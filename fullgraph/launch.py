@@ -374,12 +374,21 @@ class Supervisor:
             beat = read_json(self.dir / f"heartbeat-rank{rank}")
             age = time.time() - beat["time"] if beat else float("inf")
             silent = "no heartbeat yet" if beat is None else f"no heartbeat for {age:.0f} s"
-            if beat is not None and age > self.timeout or waited is not None and age > 3.0:
+            # a worker past its training may go quiet while its interpreter shuts down
+            allowed = max(self.timeout, EXIT_GRACE_S) if beat and beat["phase"] == "done" \
+                else self.timeout
+            if beat is not None and age > allowed or waited is not None and age > 3.0:
                 out.append((rank, silent + _stopped_note(self.procs[rank].pid)))
             elif waited is not None and beat is not None and beat["entered"] < waited["entered"]:
                 out.append((rank, f"it never reached the {waited['inside']} that rank "
                                   f"{waited['rank']} timed out waiting in"))
         return out
+
+
+EXIT_GRACE_S = 60.0
+"""How long a worker that finished its training (phase ``done``) may send no heartbeat
+while it exits (torch's teardown took 2-3 s on a 2-core VM), when ``--timeout`` is
+shorter."""
 
 
 def read_json(path: Path) -> dict | None:

@@ -176,6 +176,8 @@ def test_more_inputs_that_are_one_line(root, tmp_path, capsys):
           "--partition-seed", "-1"], "partition seed: got -1; expected an integer >= 0"),
         (["train", "--seed", "99999999999999999999"], "train.seed: got 99999999999999999999"),
         (["train", "--split-seed", "-2"], "data.split_seed: got -2"),
+        (["train", "--timeout", "inf"], "launch.timeout_s: got inf; expected seconds in [1, "),
+        (["train", "--timeout", "0.4"], "launch.timeout_s: got 0.4"),
         (["generate", "rmat", "--vertices", "9", "--rmat", "-1", "1", "0.5", "0.5"],
          "found a = -1.0"),
         (["train", "--model", "gat", "--heads", "0"], "model.heads: got 0; expected >= 1"),

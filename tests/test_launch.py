@@ -525,6 +525,21 @@ def test_supervisor_finds_the_rank_that_never_reached_the_collective(tmp_path):
     assert "Traceback" not in text
 
 
+def test_a_worker_that_finished_may_be_quiet_while_it_exits(tmp_path):
+    """Past its training (phase "done") a worker's interpreter shuts down without
+    heartbeats for a few seconds: a short --timeout must not kill it then."""
+    from fullgraph.launch import EXIT_GRACE_S, Supervisor
+
+    now = time.time()
+    for rank, (age, phase) in {0: (5.0, "done"), 1: (5.0, "epoch 9 training step"),
+                               2: (EXIT_GRACE_S + 1, "done")}.items():
+        (tmp_path / f"heartbeat-rank{rank}").write_text(json.dumps(
+            {"time": now - age, "phase": phase, "entered": 3, "inside": None}))
+    sup = Supervisor([FakeWorker(), FakeWorker(), FakeWorker()], tmp_path, timeout_s=2)
+    sup.step()
+    assert sorted(sup.failed) == [1, 2]
+
+
 @pytest.mark.parametrize("version", [1, 2])
 def test_cgroup_memory_limit_reads_v1_and_v2(tmp_path, version):
     """The limit of the process's own cgroup, in either hierarchy; none where it is
