@@ -216,6 +216,8 @@ def run_local(argv: list[str], workers: int, *, timeout_s: float, run_dir: str |
         shm.remove_files(p.pid)
     if code == 0 and temporary and not keep_run_dir:
         shutil.rmtree(path, ignore_errors=True)
+    elif code == 0 and temporary:  # kept, but the user did not name it
+        print(f"fullgraph: run directory kept: {path}", file=sys.stderr)
     if code - 128 in (signal.SIGTERM, signal.SIGHUP):  # the workers are stopped: now this
         os.kill(os.getpid(), code - 128)  # process's own handler, or its default end
     return code, text

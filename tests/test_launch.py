@@ -431,8 +431,8 @@ def test_temporary_run_dir_is_removed_unless_kept_or_failed(temp_root, capsys):
                         keep_run_dir=True) == 0
     kept = list(temp_root.glob("fullgraph-run-*"))
     assert len(kept) == 1
+    assert f"run directory kept: {kept[0]}" in capsys.readouterr().err  # where it is
     shutil.rmtree(kept[0])
-    capsys.readouterr()
     assert launch_local(["datasets", "no-such-dataset"], 1, timeout_s=30, run_dir=None,
                         threads=1) == 1
     kept = list(temp_root.glob("fullgraph-run-*"))
