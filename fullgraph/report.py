@@ -64,12 +64,22 @@ class Reporter:
             path.parent.mkdir(parents=True, exist_ok=True)
             self.metrics = path.open("w")
         self.start = time.perf_counter()
+        self.first = 1  # the first epoch this process runs
 
     def header(self, lines: list[str], record: dict[str, Any]) -> None:
         if not self.enabled:
             return
         self._print(*lines, " ".join(f"{name:>{width}}" for name, width, _ in TABLE_COLUMNS))
         self._write({"event": "run", **record})
+
+    def restored(self, records: list[EpochRecord]) -> None:
+        """The epochs a checkpoint brought, into the metrics file only (marked
+        ``"restored": true``), so that a resumed run's file holds the whole history."""
+        if not self.enabled:
+            return
+        for rec in records:
+            self._write({"event": "epoch", **asdict(rec), "restored": True})
+        self.first = len(records) + 1
 
     def epoch(self, rec: EpochRecord) -> None:
         if not self.enabled:
@@ -85,7 +95,9 @@ class Reporter:
             done = rec.epoch / self.total
             fill = int(30 * done)
             elapsed = time.perf_counter() - self.start
-            eta = elapsed / done - elapsed if done else 0.0
+            # from the epochs run here (after a resume, not the restored ones)
+            here = (rec.epoch - self.first + 1) / max(1, self.total - self.first + 1)
+            eta = elapsed / here - elapsed if here > 0 else 0.0
             sys.stderr.write(f"\r[{'#' * fill}{'.' * (30 - fill)}] {rec.epoch}/{self.total} "
                              f"loss {rec.loss:.4f} val {rec.val_acc:.2%} eta {eta:.0f}s")
             sys.stderr.flush()

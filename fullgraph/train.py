@@ -361,6 +361,8 @@ def train(dataset: Dataset, cfg: Config, *, reporter: Reporter | None = None,
                          "program": model.signature(), "device": str(device), "workers": world,
                          "threads": torch.get_num_threads(), "setup_s": setup_s,
                          "resumed_after": state.epoch})
+        if state.records:
+            reporter.restored(state.records)
         result = _epochs(strategy, model, plan, optimizer, cfg, state, ckpt, profiler, hooks,
                          reporter, comm, phase)
     except BaseException:  # the hooks let go without waiting on peers: the error stands

@@ -85,9 +85,14 @@ def test_killed_run_resumes_from_the_last_checkpoint(runs):
     assert (f"resume   from {tmp / 'ckpt'} after epoch {saved_epoch} (saved by strategy data "
             "on 2 worker(s))") in resumed.stdout
     before = {r["epoch"]: r["loss"] for r in events(tmp / "killed.jsonl", "epoch")}
-    after = {r["epoch"]: r["loss"] for r in events(tmp / "resumed.jsonl", "epoch")}
+    epochs = events(tmp / "resumed.jsonl", "epoch")
+    after = {r["epoch"]: r["loss"] for r in epochs if not r.get("restored")}
     assert sorted(after) == list(range(saved_epoch + 1, EPOCHS + 1))
     assert KILL_AT in before and after[KILL_AT] == before[KILL_AT]  # bit-equal
+    # the checkpoint's epochs come first, marked, with the killed run's numbers
+    restored = {r["epoch"]: r["loss"] for r in epochs if r.get("restored")}
+    assert [r["epoch"] for r in epochs] == list(range(1, EPOCHS + 1))
+    assert restored == {e: before[e] for e in range(1, saved_epoch + 1)}
     assert sorted(p.name for p in (tmp / "ckpt").iterdir()) == [FILE_NAME]  # no stale file
     assert read(tmp / "ckpt")["epoch"] == EPOCHS
 
