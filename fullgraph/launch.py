@@ -47,7 +47,14 @@ from typing import Any
 
 from fullgraph.comm import shm
 from fullgraph.errors import ConfigError
-from fullgraph.worker import HEARTBEAT_S, RUN_DIR_ENV, SUPERVISED_ENV, WorkerStatus, run_worker  # noqa: F401
+from fullgraph.worker import (  # noqa: F401
+    EVERY_EPOCH,
+    HEARTBEAT_S,
+    RUN_DIR_ENV,
+    SUPERVISED_ENV,
+    WorkerStatus,
+    run_worker,
+)
 
 WORKERS_PER_CORE = 4
 """More local workers than this per core are refused without ``oversubscribe``."""
@@ -445,4 +452,6 @@ def _report(f: WorkerExit, run_dir: Path) -> dict:
     else:
         how = f"signal {-f.returncode}" if f.returncode < 0 else f"exit code {f.returncode}"
         record.update(error=f"worker died ({how}) without a report")
+        if phase.startswith(EVERY_EPOCH):  # written by its heartbeat: up to HEARTBEAT_S old
+            record["phase"] = f"{phase} or later"
     return record
