@@ -480,6 +480,38 @@ def _type_ok(value: Any, hint: Any) -> bool:
     return isinstance(value, hint)
 
 
+def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object's pairs as a dict, refusing a key given twice (json keeps the last)."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"key {key!r} is given twice")
+        out[key] = value
+    return out
+
+
+def yaml_load_unique(text: str) -> Any:
+    """``yaml.safe_load``, refusing a mapping key given twice (PyYAML keeps the last,
+    so the first would be dropped without a word)."""
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    def mapping(loader: Any, node: Any, deep: bool = False) -> dict[Any, Any]:
+        seen = set()
+        for key_node, _ in node.value:
+            key = loader.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise ValueError(f"key {key!r} is given twice (again on line "
+                                 f"{key_node.start_mark.line + 1})")
+            seen.add(key)
+        return loader.construct_mapping(node, deep)
+
+    Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, mapping)
+    return yaml.load(text, Loader=Loader)  # noqa: S506 (a SafeLoader)
+
+
 def load_config_file(path: str | Path) -> dict[str, Any]:
     """Read a YAML (``.yaml``/``.yml``), TOML (``.toml``) or JSON file into dicts."""
     path = Path(path)
@@ -488,9 +520,7 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
     text = path.read_text()
     try:
         if path.suffix in (".yaml", ".yml"):
-            import yaml
-
-            tree = yaml.safe_load(text) or {}
+            tree = yaml_load_unique(text) or {}
         elif path.suffix == ".toml":
             if sys.version_info >= (3, 11):
                 import tomllib
@@ -498,14 +528,14 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
                 import tomli as tomllib
             tree = tomllib.loads(text)
         elif path.suffix == ".json":
-            tree = json.loads(text)
+            tree = json.loads(text, object_pairs_hook=_unique_pairs)
         else:
             raise ConfigError(f"{path}: unknown config format {path.suffix!r}; "
                               "expected .yaml, .yml, .toml or .json")
     except ConfigError:
         raise
     except Exception as exc:  # parser errors carry line numbers in their text
-        raise ConfigError(f"{path}: cannot parse: {exc}") from None
+        raise ConfigError(f"{path}: cannot parse: {' '.join(str(exc).split())}") from None
     return tree
 
 

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from fullgraph import plan as P
+from fullgraph.errors import ConfigError
 from fullgraph.graph.data import Dataset
 from fullgraph.graph.sparse import nbytes
 from fullgraph.launch import threads_per_worker
@@ -83,7 +84,11 @@ def _program(dataset: Dataset, cfg: Any) -> StageProgram:
 def _book(cfg: Any, dataset: Dataset, workers: int) -> PartitionBook:
     opts = cfg.options["partition"]
     if opts.file:
-        return PartitionBook.load(opts.file, num_nodes=dataset.graph.num_nodes)
+        book = PartitionBook.load(opts.file, num_nodes=dataset.graph.num_nodes)
+        if book.num_parts != workers:  # (as train refuses it)
+            raise ConfigError(f"partition.file: {opts.file} has {book.num_parts} parts but "
+                              f"there are {workers} workers")
+        return book
     return partition(dataset.graph, workers, opts.method, seed=opts.seed)
 
 

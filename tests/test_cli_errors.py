@@ -301,6 +301,16 @@ def test_more_threads_than_cores_warn(root, monkeypatch):
         assert main(["train", "--epochs", "1", "--progress", "off", "--threads", "4"]) == 0
 
 
+def test_a_key_given_twice_in_a_config_file_is_refused(tmp_path, capsys):
+    """YAML and JSON parsers keep the last of two equal keys: the first would be lost."""
+    for name, text in (("dup.yaml", "model: gcn\nepochs: 3\nmodel: gat\n"),
+                       ("dup.json", '{"train": {"lr": 0.1, "lr": 0.2}}')):
+        path = tmp_path / name
+        path.write_text(text)
+        assert main(["config", "--print", "--config", str(path)]) == 2
+        one_line_error(capsys, "is given twice")
+
+
 def test_a_bad_value_from_a_config_file_names_the_file(tmp_path, capsys):
     cfg = tmp_path / "neg.toml"
     cfg.write_text("[train]\nepochs = -3\n")

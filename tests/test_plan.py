@@ -174,6 +174,16 @@ def test_a_strategy_that_refuses_the_model_is_left_out_not_fatal(monkeypatch):
     assert "left out (NO above): p2p" in planner.explain(result)[1]
 
 
+def test_a_partition_file_of_another_worker_count_is_refused(tmp_path):
+    from fullgraph.errors import ConfigError
+
+    dataset = tiny_dataset(F, C, n=24)
+    planner.partition(dataset.graph, 3, "chunk").save(tmp_path / "book.npz")
+    cfg = tiny_cfg(2, partition={"file": str(tmp_path / "book.npz")})
+    with pytest.raises(ConfigError, match="has 3 parts but there are 2 workers"):
+        planner.plan_run(cfg, dataset, base_rss=0, rates=RATES, overheads=False)
+
+
 def test_device_budget_leaves_chunked_tensor_as_the_one_that_fits():
     dataset = tiny_dataset(F, C, n=24)
     free = planner.plan_run(tiny_cfg(2, partition={"method": "chunk"}), dataset, base_rss=0,

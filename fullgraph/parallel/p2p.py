@@ -220,7 +220,8 @@ class P2PParallel(RowPartitioned[P2PPlan]):
 
     def describe(self, model: StageProgram, plan: P2PPlan) -> list[str]:
         spans = " | ".join(f"{ph.start}-{ph.stop - 1}" for ph in plan.phases)
-        limits = "/".join(str(n) for n in plan.limits)
+        owned = int(plan.rows.owned.numel())  # a limit above the part's rows: one bin
+        limits = "/".join(str(n) if n < owned else "all" for n in plan.limits)
         rounds = "/".join(str(ph.rounds) for ph in plan.phases)
         source = (f"partition file {self.partition.file}" if self.partition.file
                   else f"partitioner {self.partition.method}")
