@@ -10,6 +10,7 @@ records do not break the report.
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -70,12 +71,18 @@ def read_run_log(path: str | Path) -> RunLog:
                         hint="write one with `fullgraph train --metrics-out FILE`")
     run: dict[str, Any] | None = None
     log = RunLog(path, {}, [])
-    for n, line in enumerate(path.read_text().splitlines(), 1):
+    text = path.read_text()
+    lines = text.splitlines()
+    for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
             record = json.loads(line)
         except json.JSONDecodeError as exc:
+            if n == len(lines) and not text.endswith("\n"):  # a run stopped mid-write
+                warnings.warn(f"{path}: line {n} was cut off (the run stopped while writing "
+                              f"it); read up to line {n - 1}", stacklevel=2)
+                break
             raise DataError("not a JSON line", source=path, line=n, found=str(exc)) from None
         if not isinstance(record, dict) or "event" not in record:
             raise DataError("not a metrics record", source=path, line=n,

@@ -16,6 +16,7 @@ import pytest
 
 import fullgraph
 from fullgraph.cli import main
+from fullgraph.errors import DataError
 from fullgraph.graph.synthetic import sbm
 from fullgraph.plots import FIGURE_PX, FIGURES
 from fullgraph.runlog import read_run_log
@@ -107,6 +108,16 @@ def test_report_of_a_one_worker_run(tmp_path, capsys) -> None:
     assert len(read_run_log(metrics).epochs) == 4 and not read_run_log(metrics).ranks
     page = report(metrics, tmp_path / "report", capsys)
     assert "strategy single, 1 worker(s)" in page and "(slowest)" not in page
+
+
+def test_a_last_line_cut_off_by_a_stopped_run_is_left_out(tmp_path) -> None:
+    metrics = tmp_path / "cut.jsonl"
+    metrics.write_text('{"event": "run"}\n{"event": "epoch", "epoch": 1}\n{"event": "ep')
+    with pytest.warns(UserWarning, match="line 3 was cut off"):
+        assert [e["epoch"] for e in read_run_log(metrics).epochs] == [1]
+    metrics.write_text('{"event": "run"}\n{"event": "ep\n{"event": "epoch", "epoch": 1}\n')
+    with pytest.raises(DataError, match="not a JSON line"):  # not the last: damaged
+        read_run_log(metrics)
 
 
 def test_without_matplotlib_one_line_says_how_to_install_it(tmp_path, capsys,
