@@ -219,6 +219,11 @@ def test_options_without_effect_warn(root):
     with pytest.warns(UserWarning, match="--run-dir and --keep-run-dir have no effect with "
                                          "one worker"):
         assert main(["train", "--epochs", "1", "--progress", "off", "--run-dir", "rd"]) == 0
+    from fullgraph.partition import PartitionOptions
+
+    with pytest.warns(UserWarning, match="--partitioner chunk / --partition-seed 0 have no "
+                                         "effect with --partition-file b.npz"):
+        PartitionOptions(method="chunk", file="b.npz")
 
 
 def test_a_checkpoint_file_may_be_given_for_its_directory(root, tmp_path, capsys):

@@ -1,6 +1,7 @@
 """Options shared by every strategy that splits the graph by rows."""
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 from fullgraph.fields import option
@@ -34,3 +35,7 @@ class PartitionOptions:
         from fullgraph.partition import check_seed
 
         check_seed(self.seed)
+        if self.file is not None and (self.method != "metis" or self.seed != 0):
+            warnings.warn(f"--partitioner {self.method} / --partition-seed {self.seed} have no "
+                          f"effect with --partition-file {self.file} (the file's partition is "
+                          "used)", stacklevel=3)
