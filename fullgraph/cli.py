@@ -179,19 +179,29 @@ def build_parser() -> argparse.ArgumentParser:
     p_data.add_argument("--root", help="dataset root (default: $FULLGRAPH_DATA or user cache)")
 
     p_gen = sub.add_parser("generate", help="write a synthetic dataset into the root")
-    p_gen.add_argument("kind", choices=("rmat", "sbm"))
+    p_gen.add_argument("kind", choices=("rmat", "sbm"),
+                       help="rmat: a power-law (R-MAT) graph with random or degree-band "
+                       "labels; sbm: a stochastic block model whose edges and features carry "
+                       "the class")
     p_gen.add_argument("--name", help="dataset name (default: derived from the parameters)")
     p_gen.add_argument("--root", help="dataset root (default: $FULLGRAPH_DATA or user cache)")
-    p_gen.add_argument("--vertices", type=int, default=10_000)
-    p_gen.add_argument("--edges", type=int, default=100_000, help="rmat: edges to draw")
-    p_gen.add_argument("--avg-degree", type=float, default=10.0, help="sbm: expected degree")
-    p_gen.add_argument("--features", type=int, default=128)
-    p_gen.add_argument("--classes", type=int, default=16)
+    p_gen.add_argument("--vertices", type=int, default=10_000,
+                       help="number of vertices (default: 10000)")
+    p_gen.add_argument("--edges", type=int, default=100_000,
+                       help="rmat: edges to draw (default: 100000)")
+    p_gen.add_argument("--avg-degree", type=float, default=10.0,
+                       help="sbm: expected degree (default: 10)")
+    p_gen.add_argument("--features", type=int, default=128,
+                       help="feature columns (default: 128)")
+    p_gen.add_argument("--classes", type=int, default=16, help="classes (default: 16)")
     p_gen.add_argument("--rmat", type=float, nargs=4, metavar=("A", "B", "C", "D"),
-                       default=(0.57, 0.19, 0.19, 0.05), help="rmat: quadrant probabilities")
-    p_gen.add_argument("--homophily", type=float, default=0.8, help="sbm: intra-block fraction")
-    p_gen.add_argument("--symmetrize", action=argparse.BooleanOptionalAction, default=False)
-    p_gen.add_argument("--seed", type=_seed, default=0)
+                       default=(0.57, 0.19, 0.19, 0.05),
+                       help="rmat: quadrant probabilities (default: 0.57 0.19 0.19 0.05)")
+    p_gen.add_argument("--homophily", type=float, default=0.8,
+                       help="sbm: intra-block fraction (default: 0.8)")
+    p_gen.add_argument("--symmetrize", action=argparse.BooleanOptionalAction, default=False,
+                       help="add the reverse of every edge (default: no)")
+    p_gen.add_argument("--seed", type=_seed, default=0, help="seed of the draws (default: 0)")
     p_gen.add_argument("--feature-dtype", choices=("float32", "float16", "bfloat16"),
                        default="float32", help="how features are stored (default: float32)")
     p_gen.add_argument("--self-loops", choices=("remove", "keep", "add"), default="remove",
