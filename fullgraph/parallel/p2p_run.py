@@ -235,6 +235,12 @@ class Forward:
             if incoming is not None and mode.eager:
                 incoming.through(ph.fwd_wait[b])
             x = loader.get(b, lambda blk=blk, h=h_prev, hl=halo, j=joined: _load(blk, h, hl, j))
+            if incoming is not None and incoming.done < len(incoming.pending) and \
+                    joined is not None and x.untyped_storage().data_ptr() == \
+                    joined.untyped_storage().data_ptr():
+                # a view of the buffer later rounds land in (eager schedules): what the
+                # stages save of it must not change under them
+                x = x.clone()
             self._prefetch(loader, ph, b + 1, incoming, h_prev, halo, joined)
             entry = self._compute(ph, blk, x, keep and ph.needs_grad, grad_in)
             self._keep(out, blk, entry, saved if keep and ph.needs_grad else None)

@@ -79,6 +79,34 @@ def test_p2p_matches_single(tmp_path, world_size):
     run_ranks(check_all, world_size, tmp_path, CASES[world_size])
 
 
+def check_band(comm):
+    """A path graph in bins of 4: an inner bin reads one run of local rows and no pushed
+    row, a view of the buffer the next rounds land in; the eager schedules run it
+    before they arrive, and GAT's attention saves its input for the backward."""
+    import dataclasses
+
+    from fullgraph.graph.csr import Graph
+
+    ds = make_dataset()
+    n = ds.graph.num_nodes
+    path = Graph.from_edges(np.arange(n - 1), np.arange(1, n), n, symmetrize=True)
+    dataset = dataclasses.replace(ds, graph=path)
+    ref_model = make_model("gat", False, 9, 3)
+    ref_losses, (ref_out, _), _ = run_epochs(SingleProcess(), dataset, ref_model, None)
+    for schedule in ("multi-level", "inter-layer"):
+        model = make_model("gat", False, 9, 3)
+        strategy = P2PParallel(P2PParallel.Options(schedule=schedule, bin_size=4),
+                               PartitionOptions(method="chunk"))
+        losses, (out, gids), _ = run_epochs(strategy, dataset, model, comm)
+        torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), msg=schedule)
+        torch.testing.assert_close(out, ref_out[gids], msg=schedule)
+
+
+@pytest.mark.dist
+def test_eager_bins_reading_a_buffer_still_being_filled(tmp_path):
+    run_ranks(check_band, 2, tmp_path)
+
+
 def check_bytes(comm, schedule):
     """Each link moves |V_i^remote| x dims x itemsize bytes per direction, no more."""
     dataset = make_dataset()
