@@ -38,7 +38,7 @@ from fullgraph.models.stages import (
     StageProgram,
     Transform,
 )
-from fullgraph.ops.dropout import deferred_output, mark_sole
+from fullgraph.ops.dropout import deferred_output, mark_sole, marks_of, restore_marks
 
 
 @dataclass(frozen=True)
@@ -385,13 +385,19 @@ def recomputed_transform_run(runner: Runner, stages: list[int], program: StagePr
                       and src not in stages})
     opened = [s for s in stages if infos[s].opens_layer]
 
+    inputs = (h, *(carry.layer_inputs[i] for i in outside))
+    # a keyed dropout's record on an input (``ops.dropout``): the recomputation gets
+    # unpacked copies of the inputs, which must read as the originals did
+    marks = [marks_of(t) for t in inputs]
+
     def region(x: Tensor, *layer_inputs: Tensor) -> tuple[Tensor, ...]:
+        for t, mark in zip((x, *layer_inputs), marks):
+            restore_marks(t, mark)
         local = Carry(layer_inputs=dict(zip(outside, layer_inputs)))
         out = Runner.transform_run(runner, stages, program, x, local)
         return (out, *(local.layer_inputs[s] for s in opened))
 
-    outs = torch.utils.checkpoint.checkpoint(
-        region, h, *(carry.layer_inputs[i] for i in outside), use_reentrant=False)
+    outs = torch.utils.checkpoint.checkpoint(region, *inputs, use_reentrant=False)
     for s, value in zip(opened, outs[1:]):
         carry.layer_inputs[s] = value
     return outs[0]

@@ -21,6 +21,7 @@ import dataclasses
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -254,6 +255,23 @@ def mark_sole(t: Tensor) -> None:
     rec = dropped_from(t)
     if rec is not None and not rec.sole:
         setattr(t, _DROPPED_ATTR, dataclasses.replace(rec, sole=True))
+
+
+_MARKS = (_DROPPED_ATTR, _RELU_ATTR)
+
+
+def marks_of(t: Tensor) -> dict[str, Any]:
+    """What this module has noted on ``t`` (its ``Dropped`` record, that it is a ReLU's
+    output), to be put on another tensor of the same rows with ``restore_marks``."""
+    return {name: getattr(t, name) for name in _MARKS if hasattr(t, name)}
+
+
+def restore_marks(t: Tensor, marks: dict[str, Any]) -> None:
+    """Note ``marks`` (from ``marks_of``) on ``t``: a recomputation's inputs are new
+    tensor objects (``torch.utils.checkpoint`` unpacks saved copies), without the
+    attributes the stages read."""
+    for name, value in marks.items():
+        setattr(t, name, value)
 
 
 def dropped_from(t: Tensor) -> Dropped | None:

@@ -299,6 +299,26 @@ def test_row_blocks_match_single(tmp_path, world_size):
     run_ranks(check_row_blocks, world_size, tmp_path, CASES + [("gin:bn", False)])
 
 
+@cpu_only("row blocks read host (memory-mapped) features; on a GPU the rows live there")
+@pytest.mark.parametrize("name", ["sage", "gcn"])
+def test_a_run_in_one_row_block_is_recomputed_as_it_ran(name):
+    """Rows that fit one block are recomputed whole (``recomputed_transform_run``):
+    SAGE's root weight reads the dropout output made before the run, whose record the
+    recomputation's copy of it must carry too (it crashed in the backward)."""
+    from adjust_checks import config, dataset
+
+    from fullgraph.comm.group import single_comm
+    from fullgraph.train import train
+
+    ref_losses, ref_params = reference(name)
+    got = train(dataset(), config(name, "tensor"), comm=single_comm(), dtype=torch.float64,
+                strategy=TensorParallel(TensorParallel.Options(row_block=1000)))
+    torch.testing.assert_close(torch.tensor([r.loss for r in got.epochs]),
+                               torch.tensor(ref_losses))
+    for k, p in got.model.named_parameters():
+        torch.testing.assert_close(p, ref_params[k], msg=k)
+
+
 def test_row_blocks_hold_no_hidden_rows():
     """A blocked decoupled MLP keeps no (N, hidden) tensor for its backward: what
     autograd saves is the input rows and the parameters, however wide the hidden layer."""
