@@ -318,7 +318,8 @@ class TensorParallel(DistributedStrategy[ColumnPlan]):
             raise ValueError("tensor parallelism on per-part shards keeps its row blocks: "
                              "each worker holds only its own block's feature rows")
         plan.shares, plan.col_counts = shares, cols
-        dtype = plan.features.dtype
+        # the run's dtype: with ``row_block`` the features are a view in their stored one
+        dtype = plan.row_dtype or plan.features.dtype
         self._place_rows(program, plan, rows, plan.features.device, dtype)
 
     @property
@@ -337,8 +338,11 @@ class TensorParallel(DistributedStrategy[ColumnPlan]):
                           "chunks to a GPU", UserWarning, stacklevel=2)
         if not self._chunked:
             return
-        widest = max((plan.layout(program.stages[i.index].in_dim).local_cols(plan.comm.rank)
-                      for i in describe(program) if i.is_propagate), default=1)
+        # the widest slice of any worker, so that every worker cuts the same chunks (the
+        # pipelined exchanges go chunk by chunk; shares and an even split differ per rank)
+        widest = max((plan.layout(program.stages[i.index].in_dim).local_cols(r)
+                      for i in describe(program) if i.is_propagate
+                      for r in range(plan.comm.world_size)), default=1)
         itemsize = torch.empty(0, dtype=dtype).element_size()
         budget = parse_bytes(opts.device_memory) if opts.device_memory is not None else None
         count = None if budget is not None else (opts.num_chunks or 4)

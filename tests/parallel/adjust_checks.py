@@ -211,9 +211,15 @@ class Built:
 
 CHUNKS, PIPELINE, PLAIN = (TensorParallel.Options(num_chunks=3),
                            TensorParallel.Options(pipeline=True), TensorParallel.Options())
+# a budget cuts chunks for the widest worker's slice, the same chunks on every worker
+# whatever the shares; row blocks read the features in their stored dtype (float32 in a
+# float64 run) and a switch keeps the run's
+BUDGET_PIPELINE = TensorParallel.Options(pipeline=True, device_memory="3000")
+ROW_BLOCKS = TensorParallel.Options(row_block=10)
 SHARE_CASES = {  # chunked and pipelined propagation re-cut with the rows too
     2: [("gcn", False, "forced", CHUNKS), ("gat", True, "forced", PLAIN),
-        ("sage", False, "counts", PLAIN), ("gin", True, "inject", PLAIN)],
+        ("sage", False, "counts", PLAIN), ("gin", True, "inject", PLAIN),
+        ("gcn", True, "forced", BUDGET_PIPELINE), ("sage", False, "forced", ROW_BLOCKS)],
     3: [("gat", False, "forced", PLAIN), ("gcn", True, "forced", PIPELINE),
         ("gin", False, "counts", CHUNKS), ("sage", True, "inject", PLAIN)],
 }
