@@ -58,7 +58,8 @@ def spread_chunks(indptr: Tensor, row_counts: list[int], dim: int, itemsize: int
         Per chunk, its ``(start, stop)`` ranges, one per worker with rows in it.
 
     Raises:
-        ValueError: when a single destination (with its in-edges) exceeds the budget.
+        ValueError: when a single destination (with its in-edges), or one row of every
+            worker's block, exceeds the budget.
     """
     ptr = indptr.cpu().numpy().astype(np.int64)
     n = ptr.size - 1
@@ -79,6 +80,12 @@ def spread_chunks(indptr: Tensor, row_counts: list[int], dim: int, itemsize: int
                          f"with its {int(ptr[v + 1] - ptr[v])} in-edges "
                          f"({int(row_cost[v]) + 8} bytes at {dim} columns); raise --device-memory")
     summed = _summed(cum, offsets)
+    least = int(np.diff(summed).max(initial=0)) + 8  # one local row of every block
+    if least > budget:
+        raise ValueError(f"device memory budget of {budget} bytes cannot hold a chunk, which "
+                         f"takes a row of each of the {len(row_counts)} workers' blocks "
+                         f"({least} bytes at {dim} columns); raise --device-memory to "
+                         f"{least} or more")
     count = max(1, int(np.ceil((int(summed[-1]) + 8) / budget)))
     while True:
         cuts = _cuts(summed, count)

@@ -73,6 +73,25 @@ def test_budget_too_small_for_one_vertex_is_refused():
         chunk_ranges(graph().indptr, 10, dim=4)
 
 
+def test_a_budget_that_holds_a_vertex_but_not_a_row_of_every_block_is_refused():
+    """Every chunk takes a row of each worker's block: where the budget holds the largest
+    vertex but not such a row set, the chunks would overrun it (they did, silently)."""
+    g = graph()
+    ptr, dim, item = g.indptr.numpy(), 3, 8
+    cost = np.diff(ptr) * (12 + item + dim * item) + (8 + dim * item)
+    budget = int(cost.max()) + 8 + 10
+    assert spread_chunks(g.indptr, [g.num_dst], dim, item, budget=budget)  # one block: fits
+    with pytest.raises(ValueError, match=r"a row of each of the 3 workers' blocks \((\d+) "
+                                         r"bytes at 3 columns\); raise --device-memory to \1"):
+        spread_chunks(g.indptr, [17, 17, 16], dim, item, budget=budget)
+    least = int(str(pytest.raises(ValueError, spread_chunks, g.indptr, [17, 17, 16], dim,
+                                  item, budget=budget).value).split(" to ")[1].split()[0])
+    chunks = spread_chunks(g.indptr, [17, 17, 16], dim, item, budget=least)
+    worst = max(sum(chunk_footprint(b - a, int(ptr[b] - ptr[a]), dim, item) for a, b in c)
+                - 8 * (len(c) - 1) for c in chunks)
+    assert worst <= least
+
+
 @pytest.mark.parametrize("num_chunks", [1, 3, 7])
 def test_chunked_spmm_matches_spmm_and_its_gradients(num_chunks):
     g = graph(seed=num_chunks)
