@@ -333,6 +333,15 @@ def train(dataset: Dataset, cfg: Config, *, reporter: Reporter | None = None,
     strategy = strategy or build_strategy(cfg)
     shards.check_use(dataset, strategy.name, comm.world_size if comm is not None else 1)
     model = build(dataset, cfg).to(strategy.model_device(device), dtype)
+    if cfg.model.residual and (comm is None or comm.rank == 0) and not any(
+            getattr(s, "residual", False) for s in model.stages):
+        import warnings
+
+        warnings.warn("--residual has no effect here: it adds a layer's input to its output "
+                      "where the layer keeps its width, and no layer of this model does "
+                      f"({dataset.data.num_features} features, --hidden {cfg.model.hidden}, "
+                      f"{dataset.data.num_classes} classes, --layers {cfg.model.layers})",
+                      stacklevel=2)
     check_shard_hops(cfg, dataset, model)
     phase("setup")
     t_setup = time.perf_counter()

@@ -219,6 +219,9 @@ def test_options_without_effect_warn(root):
     with pytest.warns(UserWarning, match="--run-dir and --keep-run-dir have no effect with "
                                          "one worker"):
         assert main(["train", "--epochs", "1", "--progress", "off", "--run-dir", "rd"]) == 0
+    with pytest.warns(UserWarning, match="--residual has no effect here: .* no layer of this "
+                                         "model does \\(1433 features, --hidden 16, 7 classes"):
+        assert main(["train", "--epochs", "1", "--progress", "off", "--residual"]) == 0
     from fullgraph.partition import PartitionOptions
 
     with pytest.warns(UserWarning, match="--partitioner chunk / --partition-seed 0 have no "
