@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from fullgraph import __version__, cli_outputs
 from fullgraph.configfile import flag_names, normalize
 from fullgraph.errors import ConfigError, FullgraphError, ValidationError
+from fullgraph.fields import SEED_RANGE, is_seed
 
 if TYPE_CHECKING:
     from fullgraph.comm.group import Comm
@@ -148,8 +149,8 @@ def _seed(text: str) -> int:
         value = int(text)
     except ValueError:
         value = -1
-    if not 0 <= value < 2**63:
-        raise argparse.ArgumentTypeError(f"expected an integer in [0, 2**63), got {text!r}")
+    if not is_seed(value):
+        raise argparse.ArgumentTypeError(f"expected {SEED_RANGE}, got {text!r}")
     return value
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from fullgraph.errors import ConfigError
-from fullgraph.fields import choices_of, is_device_name, option
+from fullgraph.fields import SEED_RANGE, TIMEOUT_MAX_S, choices_of, is_device_name, is_seed, option
 
 FEATURE_DTYPES = ("stored", "float32", "bfloat16", "float16")
 PROGRESS = ("auto", "on", "off")
@@ -57,8 +57,7 @@ def activation_names() -> tuple[str, ...]:
 
 
 def _require_seed(section: str, name: str, value: Any) -> None:
-    _require(isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**63,
-             section, name, value, "an integer in [0, 2**63)")
+    _require(is_seed(value), section, name, value, SEED_RANGE)
 
 
 def _require(cond: bool, section: str, name: str, value: Any, expected: str) -> None:
@@ -293,10 +292,9 @@ class LaunchConfig:
                  self.timeout_s, f"seconds in [{TIMEOUT_MIN_S:g}, {TIMEOUT_MAX_S:g}]")
 
 
-TIMEOUT_MIN_S, TIMEOUT_MAX_S = 1.0, 1e6
-"""``--timeout``'s range: a worker's heartbeat is written every half second (less than
-that reads a busy worker as hung), and torch's process groups overflow their clocks
-far beyond 1e6 s (11 days)."""
+TIMEOUT_MIN_S = 1.0
+"""``--timeout``'s lower end: a worker's heartbeat is written every half second (less
+than that reads a busy worker as hung). The upper end is ``fields.TIMEOUT_MAX_S``."""
 
 ADAPT_MODES = ("off", "adjust", "adjust+partial")
 LATE_GRADIENTS = ("reuse", "rescale")

@@ -45,3 +45,18 @@ def is_device_name(name: str, *, auto: bool = False) -> bool:
     ``auto`` where ``auto`` is True)."""
     return name in ("cpu", "cuda") or (auto and name == "auto") or (
         name.startswith("cuda:") and name[5:].isdigit())
+
+
+SEED_RANGE = "an integer in [0, 2**63)"
+"""What every seed option takes (numpy's and torch's generators take 64-bit seeds;
+negative ones are refused by numpy), as error messages say it."""
+
+
+def is_seed(value: Any) -> bool:
+    """Whether ``value`` is a seed an option may take: an int (not a bool) in [0, 2**63)."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**63
+
+
+TIMEOUT_MAX_S = 1e6
+"""The longest timeout a run or a process group takes, in seconds (11 days): torch's
+process groups overflow their clocks far beyond it."""

@@ -173,7 +173,7 @@ def test_more_inputs_that_are_one_line(root, tmp_path, capsys):
          "--vertices: out of range; found 0; expected an integer"),
         (["generate", "sbm", "--vertices", "3"], "--vertices: out of range; found 3"),
         (["train", "--strategy", "data", "--workers", "2", "--partitioner", "random",
-          "--partition-seed", "-1"], "partition seed: got -1; expected an integer >= 0"),
+          "--partition-seed", "-1"], "partition seed: got -1; expected an integer in [0, 2**63)"),
         (["train", "--seed", "99999999999999999999"], "train.seed: got 99999999999999999999"),
         (["train", "--split-seed", "-2"], "data.split_seed: got -2"),
         (["train", "--timeout", "inf"], "launch.timeout_s: got inf; expected seconds in [1, "),

@@ -25,6 +25,7 @@ import torch
 
 from fullgraph.comm import primitives as prim
 from fullgraph.comm import shm as shm_transport
+from fullgraph.fields import TIMEOUT_MAX_S
 
 DEFAULT_TIMEOUT_S = 300.0
 """Default limit in seconds on every blocking collective (and on process-group setup)."""
@@ -228,8 +229,9 @@ def init_comm(*, backend: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_
         ValueError: inconsistent arguments or a missing environment variable.
         CommError: the backend failed while setting up.
     """
-    if not 0 < timeout_s <= 1e6:
-        raise ValueError(f"init_comm: timeout_s must be > 0 and at most 1e6, got {timeout_s}")
+    if not 0 < timeout_s <= TIMEOUT_MAX_S:
+        raise ValueError(f"init_comm: timeout_s must be > 0 and at most {TIMEOUT_MAX_S:.0f} s, "
+                         f"got {timeout_s}")
     world_size = world_size if world_size is not None else _env_int("WORLD_SIZE", 1) or 1
     backend, dev = _resolve_backend_device(backend, device)
     if world_size == 1:

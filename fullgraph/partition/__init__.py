@@ -17,6 +17,7 @@ from __future__ import annotations
 import warnings
 from typing import Any, Callable, TypeVar
 
+from fullgraph.fields import SEED_RANGE, is_seed
 from fullgraph.graph.csr import Graph
 from fullgraph.partition.book import PartitionBook, check_num_parts
 from fullgraph.partition.chunk import chunk_partition
@@ -51,10 +52,10 @@ def register_partitioner(name: str) -> Callable[[F], F]:
 
 
 def check_seed(seed: int) -> None:
-    """Refuse (ValueError) a partitioner seed that is not an integer >= 0, which every
-    partitioner takes (numpy's generators refuse negative seeds)."""
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise ValueError(f"partition seed: got {seed!r}; expected an integer >= 0")
+    """Refuse (ValueError) a partitioner seed that is not a seed every partitioner takes
+    (``fields.is_seed``: numpy's generators refuse negative seeds)."""
+    if not is_seed(seed):
+        raise ValueError(f"partition seed: got {seed!r}; expected {SEED_RANGE}")
 
 
 def partition(graph: Graph, num_parts: int, method: str, *, seed: int = 0,

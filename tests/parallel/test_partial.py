@@ -263,9 +263,10 @@ def _straggler_world(comm: Comm, late: str) -> None:
             stale += e["stale_peers"]
             beyond.append(e["blocked_s"] - e["baseline_wait_s"] - e["slack_s"])
     assert stale > 0  # (a plan that caches all of rank 2's rows on a worker needs none)
-    # typically the fast ones block no longer than they did without a straggler plus
-    # the slack (a few ms over it on a loaded machine)
-    assert sorted(beyond)[len(beyond) // 2] < 0.05, beyond
+    # the fast ones block about as long as they did without a straggler plus the slack:
+    # a few ms over it on a quiet machine, up to ~0.1 s with 3 ranks on 2 loaded cores;
+    # waiting for rank 2 would put the median near its 0.6 s delay
+    assert sorted(beyond)[len(beyond) // 2] < 0.15, beyond
     runs = "".join("x" if x else "." for x in left_out)
     assert "x" * K not in runs and "x" in runs, runs  # brought back within K epochs
     if late == "rescale":
