@@ -4,6 +4,7 @@ built-in datasets, and warnings in the flags' names."""
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -73,6 +74,16 @@ def test_output_paths_are_checked_before_training(root, tmp_path, capsys, flag, 
     assert "final test accuracy" not in captured.out  # refused before any epoch
     err = captured.err
     assert "Traceback" not in err and f"{flag} {path}: " in err and expect in err, err
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux's /proc")
+def test_an_output_where_no_file_can_be_made_is_refused_before_training(root, capsys):
+    """/proc refuses new files even to root, for whom ``os.access`` says yes."""
+    path = "/proc/fullgraph-metrics.jsonl"
+    assert main(["train", "--epochs", "1", "--progress", "off", "--metrics-out", path]) == 2
+    captured = capsys.readouterr()
+    assert "final test accuracy" not in captured.out
+    assert f"--metrics-out {path}: /proc is not writable" in captured.err, captured.err
 
 
 def test_a_file_system_error_is_one_line(root, tmp_path, capsys):
