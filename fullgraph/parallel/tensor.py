@@ -166,6 +166,9 @@ class TensorParallel(DistributedStrategy[ColumnPlan]):
                 parse_bytes(self.device_memory)  # raises on a bad size
             if self.num_chunks is not None and self.num_chunks < 1:
                 raise ValueError(f"num_chunks must be >= 1, got {self.num_chunks}")
+            if self.num_chunks is not None and self.device_memory is not None:
+                raise ValueError("give device_memory or num_chunks, not both: the budget "
+                                 "decides how many chunks there are")
             if self.shares is not None:
                 parse_shares(self.shares)
             if self.row_block is not None and self.row_block < 1:
@@ -351,6 +354,11 @@ class TensorParallel(DistributedStrategy[ColumnPlan]):
         per_chunk = None if budget is None else budget // 2 if plan.prefetch else budget
         ranges = spread_chunks(plan.graph.indptr, plan.row_counts, widest, itemsize,
                                budget=per_chunk, num_chunks=count)
+        if opts.num_chunks is not None and budget is None and len(ranges) < opts.num_chunks:
+            warnings.warn(f"tensor_parallel num_chunks {opts.num_chunks}: a chunk holds at "
+                          f"least one row of a worker's block, the largest has "
+                          f"{max(plan.row_counts)} rows; cut into {len(ranges)} chunks",
+                          UserWarning, stacklevel=2)
         plan.chunks = build_chunks(plan.graph.to("cpu"), ranges)
         plan.account = MemoryAccount(budget)
         if opts.pipeline:

@@ -365,3 +365,22 @@ def test_backward_reads_the_plans_edge_weights_in_the_transposes_order():
         strategy.loss(strategy.forward(model, plan, training=True, seed=seed), plan).backward()
     ordered = [entry[2] for entry in plan.graph.transpose()._ordered]
     assert ordered and ordered[0] is not None
+
+
+def check_more_chunks_than_rows(comm):
+    dataset = make_dataset()  # 67 vertices
+    model = make_model("gcn", True, 9, 3)
+    with pytest.warns(UserWarning, match="num_chunks 1000: a chunk holds at least one row"):
+        _, _, plan = run_epochs(TensorParallel(TensorParallel.Options(num_chunks=1000)),
+                                dataset, model, comm)
+    assert len(plan.chunks) == 67
+
+
+@pytest.mark.dist
+def test_more_chunks_than_rows_warn_with_the_count_cut(tmp_path):
+    run_ranks(check_more_chunks_than_rows, 1, tmp_path)
+
+
+def test_a_chunk_count_and_a_budget_are_not_both_taken():
+    with pytest.raises(ValueError, match="give device_memory or num_chunks, not both"):
+        TensorParallel.Options(device_memory="1MB", num_chunks=4)
