@@ -127,6 +127,9 @@ class P2PParallel(RowPartitioned[P2PPlan]):
                 parse_bytes(self.bin_memory)  # raises on a bad size
             if self.bin_size is not None and self.bin_size < 1:
                 raise ValueError(f"bin_size must be >= 1, got {self.bin_size}")
+            if self.bin_size is not None and self.bin_memory is not None:
+                raise ValueError("give bin_memory or bin_size, not both: the memory decides "
+                                 "how many vertices a bin holds")
 
     options: Options
 

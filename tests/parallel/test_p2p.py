@@ -255,6 +255,7 @@ def test_bin_memory_sets_each_phase_limit():
     ({"schedule": "pipelined"}, "p2p schedule 'pipelined'"),
     ({"bin_size": 0}, "bin_size must be >= 1"),
     ({"bin_memory": "lots"}, "lots"),
+    ({"bin_memory": "1MB", "bin_size": 100}, "give bin_memory or bin_size, not both"),
 ])
 def test_bad_options_are_refused(bad, match):
     with pytest.raises(ValueError, match=match):
