@@ -122,18 +122,52 @@ def check_same_options(cfg: Config, comm: Comm) -> None:
             if section not in PER_PROCESS_OPTIONS or
             (PER_PROCESS_OPTIONS[section] is not None and
              key not in PER_PROCESS_OPTIONS[section])}  # type: ignore[operator]
-    every = all_gather_object(mine, comm, "options")
-    diffs = []
-    for key in sorted(set().union(*every)):
-        ranks: dict[str, list[int]] = {}
-        for rank, options in enumerate(every):
-            ranks.setdefault(repr(options.get(key)), []).append(rank)
-        if len(ranks) > 1:
-            diffs.append(f"{key}: " + ", ".join(f"{value} on rank(s) {_ranks(r)}"
-                                                 for value, r in ranks.items()))
+    diffs = _differing(all_gather_object(mine, comm, "options"))
     if diffs:
         raise ConfigError("the workers were given different options (" + "; ".join(diffs) +
                           "): give every worker the same command line or config file")
+
+
+def check_same_data(dataset: Dataset, comm: Comm) -> None:
+    """Refuse a run whose workers loaded different data: under torchrun each host reads
+    its own copy of the dataset and of ``--partition-file``, and a stale copy trains
+    a wrong model with no error. Compares the sizes, split sizes and digests of the row
+    offsets and labels (a shard: the whole dataset's fingerprint, recorded when the
+    shards were written; partition files: ``rows.partition_book``). Collective.
+
+    Raises:
+        ConfigError: on every rank, naming each fact that differs and its value on
+            which ranks.
+    """
+    from fullgraph.checkpoint import digest
+
+    sh = dataset.shard
+    if sh is not None:
+        mine: dict[str, Any] = {**sh.fingerprint, "parts": sh.parts}
+    else:
+        g, d = dataset.graph, dataset.data
+        mine = {"vertices": g.num_nodes, "edges": g.num_edges, "features": d.num_features,
+                "classes": d.num_classes, "row offsets": digest(g.indptr),
+                "labels": digest(d.labels),
+                **{f"{k} vertices": int(m.sum()) for k, m in
+                   (("train", d.train_mask), ("val", d.val_mask), ("test", d.test_mask))}}
+    diffs = _differing(all_gather_object(mine, comm, "setup"))
+    if diffs:
+        raise ConfigError("the workers loaded different data (" + "; ".join(diffs) + "): "
+                          "give every host the same dataset")
+
+
+def _differing(every: list[dict[str, Any]]) -> list[str]:
+    """``key: A on rank(s) 0-2, B on rank(s) 3`` for each key whose values differ."""
+    diffs = []
+    for key in sorted(set().union(*every)):
+        ranks: dict[str, list[int]] = {}
+        for rank, values in enumerate(every):
+            ranks.setdefault(repr(values.get(key)), []).append(rank)
+        if len(ranks) > 1:
+            diffs.append(f"{key}: " + ", ".join(f"{value} on rank(s) {_ranks(r)}"
+                                                 for value, r in ranks.items()))
+    return diffs
 
 
 def check_same_start(epoch: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
@@ -343,6 +377,8 @@ def train(dataset: Dataset, cfg: Config, *, reporter: Reporter | None = None,
                       f"{dataset.data.num_classes} classes, --layers {cfg.model.layers})",
                       stacklevel=2)
     check_shard_hops(cfg, dataset, model)
+    if comm is not None and comm.world_size > 1:
+        check_same_data(dataset, comm)
     phase("setup")
     t_setup = time.perf_counter()
     plan = strategy.setup(dataset, model, device, comm, dtype=dtype)

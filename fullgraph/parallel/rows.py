@@ -72,6 +72,7 @@ def partition_book(dataset: Dataset, comm: Comm, opts: PartitionOptions) -> Part
         if book.num_parts != comm.world_size:
             raise ValueError(f"partition file {opts.file} has {book.num_parts} "
                              f"parts but there are {comm.world_size} workers")
+        _check_same_book(book, opts.file, comm)
         return book
     part_of = torch.zeros(dataset.graph.num_nodes, dtype=torch.int64)
     if comm.rank == 0:
@@ -79,6 +80,25 @@ def partition_book(dataset: Dataset, comm: Comm, opts: PartitionOptions) -> Part
                             seed=opts.seed).part_of.to(torch.int64)
     prim.broadcast_(part_of, 0, comm, "setup")  # every worker uses rank 0's partition
     return PartitionBook.from_assignment(part_of, comm.world_size)
+
+
+def _check_same_book(book: PartitionBook, path: str, comm: Comm) -> None:
+    """Refuse partition files whose contents differ between the workers (each host
+    reads its own copy under torchrun; two assignments would leave vertices owned
+    twice or never). Collective."""
+    import hashlib
+
+    part_of = book.part_of.to(torch.int64).contiguous()
+    mine = hashlib.blake2b(part_of.numpy().data, digest_size=16).hexdigest()
+    every = prim.all_gather_object(mine, comm, "setup")
+    if len(set(every)) > 1:
+        groups: dict[str, list[int]] = {}
+        for rank, d in enumerate(every):
+            groups.setdefault(d, []).append(rank)
+        named = "; ".join(f"{d[:8]} on rank(s) {', '.join(map(str, r))}"
+                          for d, r in groups.items())
+        raise ValueError(f"partition file {path}: its contents differ between the workers "
+                         f"({named}); give every host the same file")
 
 
 def check_shard_rows(shard: Shard | None, rows: RowPlan, what: str) -> None:

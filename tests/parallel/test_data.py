@@ -305,3 +305,34 @@ def test_a_split_equal_to_a_pure_mode_is_timed_once_under_its_name():
     empty = torch.zeros(0, dtype=torch.bool)
     assert _twins({"hybrid": empty, "depcomm": empty, "depcache": empty.clone()}, comm) == \
         {"depcache": "depcomm", "hybrid": "depcomm"}
+
+
+def check_different_data_is_refused(comm, out: str):
+    """Under torchrun each host reads its own copies: a partition file or a dataset
+    that differs on one host is refused on every rank, naming the ranks."""
+    from fullgraph.errors import ConfigError
+    from fullgraph.partition import PartitionBook
+    from fullgraph.train import check_same_data
+
+    dataset = make_dataset()
+    n = dataset.graph.num_nodes
+    part_of = torch.arange(n) % 2
+    if comm.rank == 1:
+        part_of[0] = 1 - part_of[0]  # a stale copy on the second host
+    path = f"{out}/book{comm.rank}.json"
+    PartitionBook.from_assignment(part_of, 2).save(path)
+    with pytest.raises(ValueError, match=r"partition file .*book\d\.json: its contents differ "
+                                         r"between the workers \(\w+ on rank\(s\) 0; \w+ on "
+                                         r"rank\(s\) 1\); give every host the same file"):
+        partition_book(dataset, comm, PartitionOptions(file=path))
+    check_same_data(dataset, comm)  # the same data passes
+    if comm.rank == 1:
+        dataset.data.train_mask[dataset.data.train_mask.nonzero()[0]] = False
+    with pytest.raises(ConfigError, match=r"the workers loaded different data \(train "
+                                          r"vertices: \d+ on rank\(s\) 0, \d+ on rank\(s\) 1\)"):
+        check_same_data(dataset, comm)
+
+
+@pytest.mark.dist
+def test_workers_with_different_data_are_refused(tmp_path):
+    run_ranks(check_different_data_is_refused, 2, tmp_path, str(tmp_path))
