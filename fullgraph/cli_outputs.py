@@ -28,7 +28,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
             p.add_argument("--out", required=True, metavar="FILE",
                            help="where to write the (N,) int64 predictions (.npy)")
             p.add_argument("--embeddings", nargs="?", const="", metavar="FILE",
-                           help="also write the last hidden layer's (N, hidden) rows (.npy) "
+                           help="also write the last hidden layer's (N, hidden) rows (hidden x "
+                                "heads for GAT) (.npy) "
                            "to FILE (default: OUT with -embeddings before .npy)")
 
 

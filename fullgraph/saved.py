@@ -76,12 +76,16 @@ class SavedModel(nn.Module):
         return self._run(graph, features, stop=None)
 
     def embed(self, graph: Graph | Tensor, features: Tensor) -> Tensor:
-        """The last hidden layer's rows (the input of the last layer), (N, hidden).
+        """The last hidden layer's rows (the input of the last layer), (N, hidden), or
+        (N, hidden x heads) for a coupled GAT, whose heads are concatenated.
 
         Raises:
             ValueError: the model has one layer, so no hidden layer.
         """
-        starts = [s.index for s in self.program.stages if isinstance(s, LayerInput)]
+        # the template opens each of the num_layers layers with a LayerInput; a decoupled
+        # propagation may add its own after them (TAGCN's, which keeps the filter's input)
+        starts = [s.index for s in self.program.stages
+                  if isinstance(s, LayerInput)][:self.program.num_layers]
         if len(starts) < 2:
             raise ValueError("a one-layer model has no hidden layer to take embeddings from")
         return self._run(graph, features, stop=starts[-1])

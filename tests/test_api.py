@@ -316,3 +316,23 @@ def test_the_worker_entry_point_alone_says_what_it_is(monkeypatch, capsys) -> No
     monkeypatch.delenv(RESULT_ENV, raising=False)
     assert _worker_main(["train", "--epochs", "1"]) == 2
     assert "use `fullgraph train`" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["gcn", "sage", "gat", "gin", "tagcn"])
+@pytest.mark.parametrize("decoupled", [False, True])
+def test_embeddings_are_the_last_hidden_layer(name, decoupled) -> None:
+    """(N, hidden) for every model and form; a decoupled TAGCN's filter opens with a
+    dropout-free LayerInput of its own, which is not a layer (it gave (N, classes))."""
+    from fullgraph.models import build_model
+    from fullgraph.saved import SavedModel
+
+    ds = sbm(40, 3, num_features=6, seed=2)
+    for layers in (1, 2):
+        program = build_model(name, 6, 8, 3, num_layers=layers, decoupled=decoupled)
+        model = SavedModel(program, {}).eval()
+        if layers == 1:
+            with pytest.raises(ValueError, match="a one-layer model has no hidden layer"):
+                model.embed(ds.graph, ds.data.features)
+        else:
+            width = 8 * 8 if name == "gat" and not decoupled else 8  # 8 heads, concatenated
+            assert model.embed(ds.graph, ds.data.features).shape == (40, width)
