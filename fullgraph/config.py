@@ -126,7 +126,7 @@ class ModelConfig:
     the coupled TAGCN's only (its decoupled form has ``num_props`` hops)."""
 
     name: str = option("gcn", "model architecture", choices=model_names)
-    hidden: int = option(16, "hidden width (per head for gat)")
+    hidden: int = option(16, "hidden width (per head for the coupled gat)")
     layers: int = option(2, "number of layers")
     dropout: float = option(0.5, "dropout probability between layers")
     input_dropout: float | None = option(None, "dropout on the input features; unset: "
@@ -164,6 +164,13 @@ class ModelConfig:
 
             warnings.warn(f"{flags_of('model', gat_only)} no effect with --model {self.name} "
                           "(only with gat)", stacklevel=3)
+        heads = [n for n in gat_only if n != "attn_dropout"]
+        if heads and self.name == "gat" and self.decoupled:
+            from fullgraph.configfile import flags_of
+
+            warnings.warn(f"{flags_of('model', heads)} no effect with --decoupled: the "
+                          "decoupled gat computes one attention head over the MLP's output "
+                          "(and --hidden is the MLP's width, not per head)", stacklevel=3)
         _require(not self.batch_norm or self.name == "gin", "model", "batch_norm",
                  self.batch_norm, f"False for model {self.name!r} (batch_norm is GIN's)")
         _require(not (self.batch_norm and self.decoupled), "model", "batch_norm",

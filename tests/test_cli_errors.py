@@ -238,6 +238,11 @@ def test_options_without_effect_warn(root):
     with pytest.warns(UserWarning, match="--partitioner chunk / --partition-seed 0 have no "
                                          "effect with --partition-file b.npz"):
         PartitionOptions(method="chunk", file="b.npz")
+    from fullgraph.config import ModelConfig
+
+    with pytest.warns(UserWarning, match="--heads, --out-heads have no effect with --decoupled: "
+                                         "the decoupled gat computes one attention head"):
+        ModelConfig(name="gat", decoupled=True, heads=2, out_heads=3)
 
 
 def test_a_checkpoint_file_may_be_given_for_its_directory(root, tmp_path, capsys):
