@@ -50,7 +50,13 @@ Shapes: N = number of vertices, E = number of edges, P = number of parts.
 """
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import os
+import sys
+import tempfile
 import warnings
+from collections.abc import Iterator
 from typing import Any, Literal
 
 import numpy as np
@@ -146,10 +152,57 @@ def _run_metis(xadj: np.ndarray, adjncy: np.ndarray, vweights: np.ndarray | None
             xadj.astype(idx_dtype, copy=False), adjncy.astype(idx_dtype, copy=False))}
     else:  # pragma: no cover - old pymetis
         graph_args = {"xadj": xadj, "adjncy": adjncy}
-    result = pymetis.part_graph(
-        num_parts, **graph_args, options=options, recursive=recursive,
-        vweights=None if vweights is None else vweights.astype(idx_dtype, copy=False))
+    with _metis_messages() as said:
+        result = pymetis.part_graph(
+            num_parts, **graph_args, options=options, recursive=recursive,
+            vweights=None if vweights is None else vweights.astype(idx_dtype, copy=False))
+    if said:  # e.g. "***Cannot bisect a graph with 0 vertices!" on tiny or empty graphs
+        warnings.warn(f"METIS: {'; '.join(said)} (the partition it returned is valid and "
+                      "is used)", stacklevel=3)
     return np.array(result.vertex_part, dtype=np.int64)
+
+
+@contextlib.contextmanager
+def _metis_messages() -> Iterator[list[str]]:
+    """Catch what the METIS library prints to the process's standard output (its C
+    code writes messages there) and give back its ``***`` lines, de-duplicated, so that
+    they reach the user as one warning instead of in the middle of the output. Other
+    text printed meanwhile is passed on to standard output."""
+    said: list[str] = []
+    sys.stdout.flush()
+    try:
+        saved = os.dup(1)
+    except OSError:  # no file descriptor 1 (an embedded interpreter): leave it alone
+        yield said
+        return
+    with tempfile.TemporaryFile() as caught:
+        os.dup2(caught.fileno(), 1)
+        try:
+            yield said
+        finally:
+            libc_flush()
+            os.dup2(saved, 1)
+            os.close(saved)
+            caught.seek(0)
+            text = caught.read().decode(errors="replace")
+    other = []
+    for line in text.splitlines():
+        msg = line.strip().lstrip("*").strip()
+        if line.lstrip().startswith("***"):
+            if msg and msg not in said:
+                said.append(msg)
+        elif line:
+            other.append(line)
+    if other:
+        sys.stdout.write("\n".join(other) + "\n")
+
+
+def libc_flush() -> None:
+    """Flush the C library's standard output buffers (METIS prints with printf)."""
+    try:
+        ctypes.CDLL(None).fflush(None)
+    except (OSError, AttributeError):  # no C library to ask
+        pass
 
 
 def _spread_isolated(part_of: np.ndarray, xadj: np.ndarray, num_parts: int) -> None:

@@ -256,3 +256,16 @@ def test_metis_without_pymetis(monkeypatch) -> None:
         metis_partition(graph, 2)
     with pytest.raises(ValueError, match="constraints must be one of"):
         metis_partition(graph, 1, constraints="edges")  # type: ignore[arg-type]
+
+
+def test_what_metis_prints_becomes_one_warning(capfd) -> None:
+    """METIS's C code prints ``***`` lines to the process's standard output (here: a
+    10-vertex graph of self loops in 7 parts); they arrive as one warning instead."""
+    pytest.importorskip("pymetis")
+    loops = np.arange(10)
+    graph = Graph.from_edges(loops, loops, 10, self_loops="keep")
+    with pytest.warns(UserWarning, match=r"METIS: .*Cannot bisect .*\(the partition it "
+                                         r"returned is valid and is used\)"):
+        book = partition(graph, 7, "metis")
+    assert "***" not in capfd.readouterr().out
+    assert sorted(np.bincount(book.part_of.numpy(), minlength=7)) == [1, 1, 1, 1, 2, 2, 2]
