@@ -19,6 +19,7 @@ Shapes: N = number of vertices, F = feature dimension, E = number of edges.
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -107,8 +108,12 @@ def load_edgelist(edges: PathLike, features: PathLike, labels: PathLike, *,
 
 
 def read_edges(path: PathLike, num_nodes: int, *,
-               binary_dtype: str | np.dtype | type | None = None) -> tuple[np.ndarray, np.ndarray]:
+               binary_dtype: str | np.dtype | type | None = None,
+               fixed_width: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """Read and range-check an edge file; return ``(src, dst)`` int64 arrays.
+
+    ``fixed_width``: the format fixes ``binary_dtype`` (NeutronStar's uint32), so the
+    file is not compared with the other width.
 
     Raises:
         FormatError: bad token (text), truncated file or the other width (binary).
@@ -121,7 +126,8 @@ def read_edges(path: PathLike, num_nodes: int, *,
         locate_dst: Locator = text_locator(path, comments=True, column="dst")
     else:
         pairs = read_binary_pairs(path, binary_dtype)
-        check_binary_width(path, pairs, num_nodes)
+        if not fixed_width:
+            check_binary_width(path, pairs, num_nodes)
         locate_src = field_locator("edge {k} (src)")
         locate_dst = field_locator("edge {k} (dst)")
     if pairs.shape[0] == 0:
@@ -160,12 +166,15 @@ def read_binary_pairs(path: PathLike, dtype: str | np.dtype | type) -> np.ndarra
 
 
 def check_binary_width(path: PathLike, pairs: np.ndarray, num_nodes: int) -> None:
-    """Refuse a binary edge file that reads right only at the other integer width.
+    """Refuse a binary edge file that reads right only at the other integer width, and
+    warn of one that reads right at both.
 
-    Little-endian int64 pairs of ids below 2**32 read as uint32 give a zero high word
-    in every second 32-bit word, i.e. every edge points to vertex 0; uint32 pairs
-    read as int64 give ids of ``src + dst * 2**32``, far beyond ``num_nodes``. Either
-    way the file also reads as valid pairs of the other width, which names it.
+    uint32 pairs read as int64 give ids of ``src + dst * 2**32``, far beyond
+    ``num_nodes``: refused, naming the width that fits. Little-endian int64 pairs of
+    ids below 2**32 read as uint32 give a zero high word in every second 32-bit word,
+    i.e. every edge points to vertex 0; but so does a real uint32 file of edges that
+    all point to vertex 0, which reads as valid int64 pairs too. That one is read at
+    the width given, with a warning naming the other reading.
 
     Args:
         path: the edge file (for the message).
@@ -174,6 +183,9 @@ def check_binary_width(path: PathLike, pairs: np.ndarray, num_nodes: int) -> Non
 
     Raises:
         FormatError: the records fit the other width and not the given one.
+
+    Warns:
+        UserWarning: uint32 records whose destinations are all 0 (they fit int64 too).
     """
     other = _other_width(pairs.dtype)
     if other is None or pairs.size == 0 or pairs.nbytes % (2 * other.itemsize):
@@ -184,11 +196,14 @@ def check_binary_width(path: PathLike, pairs: np.ndarray, num_nodes: int) -> Non
     if pairs.dtype.itemsize < other.itemsize:
         if (pairs[:, 1] != 0).any():
             return
-        found = f"every destination id (every second {pairs.dtype} word) is 0"
-    else:
-        if _ids_in_range(pairs, num_nodes):
-            return
-        found = f"ids up to {int(pairs.max())} for {num_nodes} vertices"
+        warnings.warn(f"{path}: every destination id (every second {pairs.dtype} word) is 0, "
+                      f"as when a file of {other} pairs is read as {pairs.dtype}; read as "
+                      f"{pairs.dtype} as given (if it holds {other} pairs, convert with "
+                      f"--binary {other})", stacklevel=2)
+        return
+    if _ids_in_range(pairs, num_nodes):
+        return
+    found = f"ids up to {int(pairs.max())} for {num_nodes} vertices"
     raise FormatError(f"binary edge file does not look like {pairs.dtype} pairs", source=path,
                       found=found, expected=f"{pairs.dtype} src, dst pairs",
                       hint=f"it reads as valid {other} pairs: convert with --binary {other} "

@@ -72,7 +72,7 @@ def load_neutronstar(edge_file: PathLike, feature_file: PathLike, label_file: Pa
     labels, num_classes = read_labels(label_file, n, num_classes)
     masks = read_masks(mask_file, n)
     check_masks(masks, labels, [str(mask_file)] * 3)
-    src, dst = read_edges(edge_file, n, binary_dtype=np.uint32)
+    src, dst = read_edges(edge_file, n, binary_dtype=np.uint32, fixed_width=True)
     graph = Graph.from_edges(src, dst, n, symmetrize=symmetrize)
     info = {"format": "neutronstar", "source": str(Path(edge_file).parent),
             "split": f"mask file {mask_file}"}

@@ -176,6 +176,15 @@ def test_truncated_edge_file(tmp_path: Path) -> None:
     assert err.value.source == str(paths[0])
 
 
+def test_edges_that_all_point_to_vertex_0_are_read(tmp_path: Path, recwarn) -> None:
+    """The format fixes uint32, so a file that reads as int64 too is not questioned."""
+    edges = np.array([[3, 0], [5, 0]], dtype=np.uint32).tobytes()
+    ds = load_neutronstar(*_write(tmp_path, edges=edges))
+    src, dst = ds.graph.edges()
+    assert sorted(zip(src.tolist(), dst.tolist())) == [(3, 0), (5, 0)]
+    assert not [w for w in recwarn if "destination" in str(w.message)]
+
+
 def test_edge_id_out_of_range(tmp_path: Path) -> None:
     edges = np.array([[0, 1], [N + 5, 2]], dtype=np.uint32).tobytes()
     with pytest.raises(ValidationError, match="out of range") as err:
