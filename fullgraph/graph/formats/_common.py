@@ -172,6 +172,10 @@ def as_features(x: np.ndarray, *, source: PathLike, field: str = "features") -> 
     if x.ndim != 2:
         raise FormatError("features must be a 2-D array", source=source, field=field,
                           found=x.shape, expected="(N, F)")
+    if x.shape[1] == 0:
+        raise FormatError("features have no columns", source=source, field=field,
+                          found=x.shape, expected="(N, F) with F >= 1",
+                          hint="for a graph without vertex features, give a column of ones")
     if x.dtype == np.float16 or x.dtype == np.float32:
         return x
     if x.dtype.kind in "fiub":

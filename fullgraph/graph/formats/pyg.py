@@ -154,6 +154,10 @@ def _sparse_features(x: Any, name: str) -> Tensor:
         raise FormatError("features must be a 2-D array (sparse in both dimensions)",
                           source=name, field="x", found=f"{tuple(t.shape)} {t.layout}",
                           expected="(N, F)")
+    if t.shape[1] == 0:
+        raise FormatError("features have no columns", source=name, field="x",
+                          found=tuple(t.shape), expected="(N, F) with F >= 1",
+                          hint="for a graph without vertex features, give a column of ones")
     t = t.detach().cpu()
     if t.layout == torch.sparse_coo:
         t = t.coalesce()

@@ -171,3 +171,12 @@ def test_empty_train_mask() -> None:
 def test_empty_graph() -> None:
     with pytest.raises(ValidationError, match="no edges"):
         from_pyg(_tiny(edge_index=torch.zeros(2, 0, dtype=torch.long)))
+
+
+@pytest.mark.parametrize("layout", ["dense", "csr"])
+def test_features_without_columns_are_refused(layout) -> None:
+    """(N, 0) features were taken, and training failed later with a reshape error."""
+    x = torch.zeros(5, 0)
+    x = x.to_sparse_csr() if layout == "csr" else x
+    with pytest.raises(FormatError, match="features have no columns.*column of ones"):
+        from_pyg(_tiny(x=x))
