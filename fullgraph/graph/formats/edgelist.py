@@ -19,7 +19,6 @@ Shapes: N = number of vertices, F = feature dimension, E = number of edges.
 from __future__ import annotations
 
 import os
-import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -166,15 +165,15 @@ def read_binary_pairs(path: PathLike, dtype: str | np.dtype | type) -> np.ndarra
 
 
 def check_binary_width(path: PathLike, pairs: np.ndarray, num_nodes: int) -> None:
-    """Refuse a binary edge file that reads right only at the other integer width, and
-    warn of one that reads right at both.
+    """Refuse a binary edge file that reads right only at the other integer width.
 
-    uint32 pairs read as int64 give ids of ``src + dst * 2**32``, far beyond
-    ``num_nodes``: refused, naming the width that fits. Little-endian int64 pairs of
-    ids below 2**32 read as uint32 give a zero high word in every second 32-bit word,
-    i.e. every edge points to vertex 0; but so does a real uint32 file of edges that
-    all point to vertex 0, which reads as valid int64 pairs too. That one is read at
-    the width given, with a warning naming the other reading.
+    Little-endian int64 pairs of ids below 2**32 read as uint32 give a zero high word
+    in every second 32-bit word, i.e. every edge points to vertex 0; uint32 pairs
+    read as int64 give ids of ``src + dst * 2**32``, far beyond ``num_nodes``. Either
+    way the file also reads as valid pairs of the other width, which names it. (A real
+    uint32 file whose edges all point to vertex 0 reads as int64 pairs too: it is
+    refused with both readings named, as such a graph is far less likely than the
+    mix-up; as text it is read.)
 
     Args:
         path: the edge file (for the message).
@@ -183,9 +182,6 @@ def check_binary_width(path: PathLike, pairs: np.ndarray, num_nodes: int) -> Non
 
     Raises:
         FormatError: the records fit the other width and not the given one.
-
-    Warns:
-        UserWarning: uint32 records whose destinations are all 0 (they fit int64 too).
     """
     other = _other_width(pairs.dtype)
     if other is None or pairs.size == 0 or pairs.nbytes % (2 * other.itemsize):
@@ -196,18 +192,18 @@ def check_binary_width(path: PathLike, pairs: np.ndarray, num_nodes: int) -> Non
     if pairs.dtype.itemsize < other.itemsize:
         if (pairs[:, 1] != 0).any():
             return
-        warnings.warn(f"{path}: every destination id (every second {pairs.dtype} word) is 0, "
-                      f"as when a file of {other} pairs is read as {pairs.dtype}; read as "
-                      f"{pairs.dtype} as given (if it holds {other} pairs, convert with "
-                      f"--binary {other})", stacklevel=2)
-        return
-    if _ids_in_range(pairs, num_nodes):
-        return
-    found = f"ids up to {int(pairs.max())} for {num_nodes} vertices"
+        found = f"every destination id (every second {pairs.dtype} word) is 0"
+        star = ("; if every edge really points to vertex 0, write the edges as text "
+                "'src dst' lines")
+    else:
+        if _ids_in_range(pairs, num_nodes):
+            return
+        found = f"ids up to {int(pairs.max())} for {num_nodes} vertices"
+        star = ""
     raise FormatError(f"binary edge file does not look like {pairs.dtype} pairs", source=path,
                       found=found, expected=f"{pairs.dtype} src, dst pairs",
                       hint=f"it reads as valid {other} pairs: convert with --binary {other} "
-                      f"(binary_dtype={str(other)!r})")
+                      f"(binary_dtype={str(other)!r}){star}")
 
 
 def _other_width(dt: np.dtype) -> np.dtype | None:

@@ -140,21 +140,17 @@ def test_truncated_binary_file(tmp_path: Path, dtype: str, size: int) -> None:
     assert "multiple of" in err.value.expected
 
 
-def test_int64_file_read_as_uint32_warns(tmp_path: Path) -> None:
-    """int64 pairs read as uint32 point every edge to vertex 0, as a real uint32 file of
-    such edges does (which also reads as int64): read as given, with a warning."""
+def test_int64_file_read_as_uint32_is_refused(tmp_path: Path) -> None:
     x, y = _files(tmp_path)
     path = tmp_path / "edges.bin"
     np.stack([SRC, DST], axis=1).astype("<i8").tofile(path)
-    with pytest.warns(UserWarning, match="every destination id .* is 0, as when a file of "
-                                         "int64 pairs is read as uint32.*--binary int64"):
+    with pytest.raises(FormatError, match="does not look like uint32") as err:
         load_edgelist(path, x, y, binary_dtype="uint32")
-    star = tmp_path / "star.bin"
-    np.array([[3, 0], [5, 0]], dtype="<u4").tofile(star)
-    with pytest.warns(UserWarning, match="every destination id"):
-        graph = load_edgelist(star, x, y, binary_dtype="uint32").graph
-    assert graph.num_edges == 2 and graph.indices[graph.indptr[0]:graph.indptr[1]].tolist() \
-        == [3, 5]  # the in-edges of vertex 0
+    assert err.value.source == str(path)
+    assert "--binary int64" in str(err.value)
+    assert "every destination id" in err.value.found
+    # the rare real file of edges that all point to vertex 0 has a way through: text
+    assert "write the edges as text" in str(err.value)
 
 
 def test_uint32_file_read_as_int64_is_refused(tmp_path: Path) -> None:
