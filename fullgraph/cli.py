@@ -259,8 +259,12 @@ def build_parser() -> argparse.ArgumentParser:
     p_conv.add_argument("--labels", help="labels (.npy for edgelist; text for neutronstar)")
     p_conv.add_argument("--masks",
                         help="masks (.npy (3, N) bool for edgelist; text for neutronstar)")
-    p_conv.add_argument("--symmetrize", action=argparse.BooleanOptionalAction, default=False)
+    p_conv.add_argument("--symmetrize", action=argparse.BooleanOptionalAction, default=None,
+                        help="add the reverse of every edge (default: no; for ogb yes, as its "
+                        "graphs are usually made undirected)")
     p_conv.add_argument("--input", help="ogb: directory in the OGB raw layout")
+    p_conv.add_argument("--split-scheme", metavar="NAME",
+                        help="ogb: the split/ sub-directory to read (default: the only one)")
     p_conv.add_argument("--seed", type=_seed, default=0, help="split seed when no masks are given")
     p_conv.add_argument("--sparse-features", choices=("auto", "on", "off"), default="auto",
                         help="store the features as CSR (their non-zeros): on, off, or auto "
@@ -577,7 +581,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
     opts = datasets.ConvertOptions(
         name=args.name, edges=args.edges, features=args.features, labels=args.labels,
         masks=args.masks, input=args.input, binary=args.binary, symmetrize=args.symmetrize,
-        seed=args.seed, num_classes=args.num_classes)
+        seed=args.seed, split_scheme=args.split_scheme, num_classes=args.num_classes)
     ds = datasets.convert(args.format, opts)
     ds.data = dataclasses.replace(ds.data, features=choose_layout(ds.data.features,
                                                                   args.sparse_features))

@@ -118,3 +118,24 @@ def test_names_that_are_paths_are_refused(root, tmp_path, capsys, name):
     assert rc == 2 and "is not a name" in _one_line_error(capsys)
     written = [p for p in tmp_path.rglob("*") if p.suffix not in (".npy", ".<i8")]
     assert written == [], written
+
+
+def test_ogb_takes_symmetrize_and_split_scheme(root, tmp_path, capsys):
+    """OGB graphs are made undirected unless --no-symmetrize (which was ignored), and a
+    directory with several split schemes is read with --split-scheme (no flag had it)."""
+    raw, n = tmp_path / "og", 10
+    (raw / "raw").mkdir(parents=True)
+    (raw / "raw" / "edge.csv").write_text("".join(f"{i},{(i + 1) % n}\n" for i in range(n)))
+    (raw / "raw" / "node-feat.csv").write_text("1,2,3\n" * n)
+    (raw / "raw" / "node-label.csv").write_text("".join(f"{i % 3}\n" for i in range(n)))
+    for scheme in ("random", "time"):
+        (raw / "split" / scheme).mkdir(parents=True)
+        for split, ids in (("train", "0\n1\n2\n3\n"), ("valid", "4\n5\n"), ("test", "6\n7\n")):
+            (raw / "split" / scheme / f"{split}.csv").write_text(ids)
+    ogb = ["convert", "ogb", "--input", str(raw)]
+    assert main([*ogb, "--name", "a"]) == 2
+    assert "choose one with --split-scheme" in _one_line_error(capsys)
+    for flags, edges in (([], 2 * n), (["--symmetrize"], 2 * n), (["--no-symmetrize"], n)):
+        assert main([*ogb, "--name", "b", "--split-scheme", "time", *flags]) == 0
+        out, err = capsys.readouterr()
+        assert f"{n} vertices, {edges} edges" in out and "no effect" not in err, (flags, out)

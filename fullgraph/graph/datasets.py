@@ -251,8 +251,11 @@ class ConvertOptions:
         input: ogb: directory in the OGB raw layout (default: None).
         binary: edgelist: binary (src, dst) records of this dtype (``uint32`` or
             ``int64``) instead of text (default: None, text).
-        symmetrize: edgelist: add the reverse of every edge (default: False).
+        symmetrize: add the reverse of every edge (default: None: no for edgelist and
+            neutronstar; yes for ogb, whose graphs are usually made undirected).
         seed: edgelist: split seed when no masks are given (default: 0).
+        split_scheme: ogb: the sub-directory of ``split/`` to read (default: None, the
+            only one there).
         num_classes: number of classes (default: None, max label + 1).
     """
 
@@ -263,8 +266,9 @@ class ConvertOptions:
     masks: str | None = None
     input: str | None = None
     binary: str | None = None
-    symmetrize: bool = False
+    symmetrize: bool | None = None
     seed: int = 0
+    split_scheme: str | None = None
     num_classes: int | None = None
 
 
@@ -292,7 +296,7 @@ def convert(fmt: str, opts: ConvertOptions) -> Dataset:
     read = {"edgelist": ("edges", "features", "labels", "masks", "binary", "symmetrize",
                          "seed"),
             "neutronstar": ("edges", "features", "labels", "masks", "binary", "symmetrize"),
-            "ogb": ("input",)}[fmt]
+            "ogb": ("input", "symmetrize", "split_scheme")}[fmt]
     unused = [f.name for f in dataclasses.fields(opts) if f.name not in
               (*read, "name", "num_classes") and getattr(opts, f.name) != f.default]
     if unused:
@@ -302,7 +306,8 @@ def convert(fmt: str, opts: ConvertOptions) -> Dataset:
     if fmt == "edgelist":
         edges, features, labels = need("edges", "features", "labels")
         return edgelist.load_edgelist(edges, features, labels,
-                                      binary_dtype=opts.binary, symmetrize=opts.symmetrize,
+                                      binary_dtype=opts.binary,
+                                      symmetrize=bool(opts.symmetrize),
                                       masks=opts.masks, seed=opts.seed, name=opts.name,
                                       num_classes=opts.num_classes)
     if fmt == "neutronstar":
@@ -311,10 +316,13 @@ def convert(fmt: str, opts: ConvertOptions) -> Dataset:
             raise ConfigError(f"convert neutronstar: --binary {opts.binary}: the edge file "
                               "of this format is always uint32 pairs")
         return neutronstar.load_neutronstar(edges, features, labels, masks,
-                                            symmetrize=opts.symmetrize, name=opts.name,
+                                            symmetrize=bool(opts.symmetrize),
+                                            name=opts.name,
                                             num_classes=opts.num_classes)
     (source,) = need("input")
-    return ogb.load_ogb(Path(source), opts.name, num_classes=opts.num_classes)
+    return ogb.load_ogb(Path(source), opts.name, num_classes=opts.num_classes,
+                        symmetrize=opts.symmetrize is not False,
+                        split_scheme=opts.split_scheme)
 
 
 def list_datasets(root: Path) -> list[dict[str, str]]:

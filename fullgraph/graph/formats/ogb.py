@@ -169,7 +169,8 @@ def _split_dir(root: Path, scheme: str | None) -> Path:
         if len(schemes) != 1:
             raise DatasetNotFoundError("cannot pick the split scheme", source=split_root,
                                        found=schemes or "no scheme directories",
-                                       expected="exactly one, or pass split_scheme")
+                                       expected="exactly one, or choose one with --split-scheme "
+                                       "(split_scheme=)")
         scheme = schemes[0]
     if scheme not in schemes:
         raise DatasetNotFoundError("split scheme not found", source=split_root, found=schemes,
