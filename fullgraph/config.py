@@ -85,7 +85,9 @@ class DataConfig:
                                 "them)", choices=FEATURE_DTYPES)
     normalize_features: bool = option(False, "divide each feature row by its sum (as PyG's "
                                       "NormalizeFeatures)")
-    split_seed: int = option(0, "seed of the random split of datasets without a public one")
+    split_seed: int = option(0, "seed of the split drawn for the datasets without a public "
+                            "one (amazon_*, coauthor_*); others keep the split they were "
+                            "made with")
     sparse_features: str = option("auto", "hold the features as CSR (their non-zeros) through "
                                   "the first layer: on, off, or auto (on at 5% non-zeros or "
                                   "fewer and 64+ columns, as bag-of-words features)",

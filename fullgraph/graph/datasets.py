@@ -96,12 +96,17 @@ def load(name: str, root: Path, *, feature_dtype: str = "stored", split_seed: in
         return _finish(store.load_shard(direct, part, verify=verify, split_seed=split_seed),
                        feature_dtype)
     if name and (direct / store.META_FILE).is_file():
-        return _finish(store.load_dataset(direct, verify=verify), feature_dtype)
+        return _finish(_fixed_split(store.load_dataset(direct, verify=verify), split_seed),
+                       feature_dtype)
     check_name(name, path_ok=True)
     processed = processed_dir(root, name, split_seed)
+    spec = KNOWN.get(name)
     if (processed / store.META_FILE).exists():
         try:
-            return _finish(store.load_dataset(processed, verify=verify), feature_dtype)
+            dataset = store.load_dataset(processed, verify=verify)
+            if spec is None or spec.format != "npz":
+                _fixed_split(dataset, split_seed)
+            return _finish(dataset, feature_dtype)
         except CacheError as exc:
             if name not in KNOWN:
                 raise
@@ -116,7 +121,24 @@ def load(name: str, root: Path, *, feature_dtype: str = "stored", split_seed: in
     raw = ensure_raw(spec, root / name / "raw", download=download)
     dataset = _read_raw(spec, raw, split_seed)
     store.save_dataset(dataset, processed)
-    return _finish(store.load_dataset(processed, verify=False), feature_dtype)
+    dataset = store.load_dataset(processed, verify=False)
+    if spec.format != "npz":
+        _fixed_split(dataset, split_seed)
+    return _finish(dataset, feature_dtype)
+
+
+def _fixed_split(dataset: Dataset, split_seed: int) -> Dataset:
+    """Warn that ``split_seed`` has no effect on ``dataset``, whose split was fixed when
+    it was made (a public split, mask files, or a random split drawn by ``convert`` /
+    ``generate`` with their own ``--seed``); only the downloaded datasets without a
+    public split are split at load time, by ``split_seed``."""
+    if split_seed:
+        how = dataset.info.get("split")
+        warnings.warn(f"--split-seed has no effect on dataset {dataset.name!r}: its split was "
+                      f"fixed when it was made{f' ({how})' if how else ''}; `fullgraph "
+                      "convert --seed` or `generate --seed` make it with another",
+                      stacklevel=3)
+    return dataset
 
 
 def load_for(cfg: Any, part: int = 0) -> Dataset:

@@ -97,3 +97,16 @@ def test_features_are_kept_as_stored_unless_a_dtype_is_asked_for(tmp_path: Path)
     assert kept.dtype == torch.bfloat16
     wide = datasets.load(str(tmp_path / "bf"), tmp_path, feature_dtype="float32").data.features
     assert wide.dtype == torch.float32 and torch.equal(wide, kept.float())
+
+
+def test_a_split_seed_that_cannot_draw_the_split_warns(tmp_path: Path, recwarn) -> None:
+    """A generated or converted dataset keeps the split it was made with: --split-seed
+    was ignored there without a word."""
+    ds = sbm(60, 3, avg_degree=4.0, num_features=5)
+    datasets.save_processed(ds, tmp_path, "mine")
+    datasets.load("mine", tmp_path)  # the default seed: nothing to say
+    assert not [w for w in recwarn if "split" in str(w.message)]
+    with pytest.warns(UserWarning, match="--split-seed has no effect on dataset 'mine': its "
+                                         "split was fixed when it was made"):
+        again = datasets.load("mine", tmp_path, split_seed=3)
+    assert again.data.train_mask.tolist() == ds.data.train_mask.tolist()
