@@ -12,13 +12,17 @@ error, 1 (or 2 for a user error found there) when a worker failed, 130 interrupt
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
 import re
+import signal
 import sys
+import threading
 import traceback
 import typing
 import warnings
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from fullgraph import __version__, cli_outputs
@@ -282,6 +286,43 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+CLEAN_ON_SIGNALS = ("generate", "convert", "partition", "predict", "evaluate", "report")
+"""Commands that write files and run in this process: SIGTERM and SIGHUP end them as
+Ctrl-C does, through the clean-up of what they were writing (temporary directories and
+files), instead of leaving it behind. (``train`` and ``plan`` have the launcher's
+handling, which stops the workers.)"""
+
+
+class _Terminated(BaseException):
+    """SIGTERM or SIGHUP arrived (``signum``); a BaseException, as KeyboardInterrupt is,
+    so that no ``except Exception`` stops it on its way out."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def _stopped_by_signals(active: bool) -> Iterator[None]:
+    """While active (and on the main thread), SIGTERM and SIGHUP raise ``_Terminated``
+    where their default would end the process at once; signals this process ignores
+    (SIGHUP under nohup) stay ignored."""
+    before: dict[int, Any] = {}
+    if active and threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            if signal.getsignal(sig) is signal.SIG_DFL:
+                before[sig] = signal.signal(sig, _raise_terminated)
+    try:
+        yield
+    finally:
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
+
+
+def _raise_terminated(signum: int, frame: Any) -> None:
+    raise _Terminated(signum)
+
+
 def main(argv: list[str] | None = None) -> int:
     if argv is None:
         from fullgraph.allocator import reexec_with_allocator
@@ -302,7 +343,14 @@ def main(argv: list[str] | None = None) -> int:
     if not debug:  # a warning is one line, as an error is: no source file, no code line
         warnings.formatwarning = _one_line_warning(f"fullgraph {args.command}")
     try:
-        return COMMANDS[args.command](args)
+        with _stopped_by_signals(args.command in CLEAN_ON_SIGNALS):
+            return COMMANDS[args.command](args)
+    except _Terminated as exc:  # the files being written are removed; then end as signalled
+        name = signal.Signals(exc.signum).name
+        print(f"fullgraph {args.command}: stopped by {name}", file=sys.stderr)
+        signal.signal(exc.signum, signal.SIG_DFL)
+        os.kill(os.getpid(), exc.signum)
+        return 128 + exc.signum  # where the signal is blocked
     except (FullgraphError, ValueError, OSError) as exc:
         if debug:
             traceback.print_exc()

@@ -6,6 +6,7 @@ output option is checked when the run starts, and the error names the option.
 from __future__ import annotations
 
 import os
+import secrets
 import tempfile
 from pathlib import Path
 
@@ -71,3 +72,31 @@ def _can_append(path: Path) -> bool:
             return True
     except OSError:
         return False
+
+
+def sibling_dir(path: Path, tag: str) -> Path:
+    """Make and return a new, uniquely named directory beside ``path``
+    (``.NAME.TAG-PID-RANDOM``), with the mode a plain ``mkdir`` gives (0777 less the
+    umask), not ``tempfile.mkdtemp``'s 0700: it becomes ``path`` when renamed into
+    place, which others sharing a dataset root must be able to read."""
+    for _ in range(100):
+        candidate = path.parent / f".{path.name}.{tag}-{os.getpid()}-{secrets.token_hex(4)}"
+        try:
+            candidate.mkdir(mode=0o777)
+        except FileExistsError:
+            continue
+        return candidate
+    raise FileExistsError(f"no free temporary name beside {path}")
+
+
+def sibling_file(path: Path, tag: str) -> tuple[int, str]:
+    """Open a new, uniquely named file beside ``path`` for writing, with the mode a
+    plain ``open`` gives (0666 less the umask), not ``tempfile.mkstemp``'s 0600; returns
+    its descriptor and name."""
+    for _ in range(100):
+        name = str(path.parent / f".{path.name}.{tag}-{os.getpid()}-{secrets.token_hex(4)}")
+        try:
+            return os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), name
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free temporary name beside {path}")

@@ -139,3 +139,27 @@ def test_ogb_takes_symmetrize_and_split_scheme(root, tmp_path, capsys):
         assert main([*ogb, "--name", "b", "--split-scheme", "time", *flags]) == 0
         out, err = capsys.readouterr()
         assert f"{n} vertices, {edges} edges" in out and "no effect" not in err, (flags, out)
+
+
+def test_sigterm_while_writing_leaves_nothing_behind(root):
+    """SIGTERM ends `generate` as Ctrl-C does: its temporary directory is removed (it
+    was left behind, tens of MB of partial arrays), and the exit is by the signal."""
+    import signal
+    import subprocess
+    import time
+
+    from clirun import clean_env, fullgraph_cmd
+
+    proc = subprocess.Popen(fullgraph_cmd() + ["generate", "rmat", "--name", "big", "--vertices",
+                                               "2000000", "--edges", "40000000"],
+                            env=clean_env(root), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    deadline = time.monotonic() + 120
+    while not list((root / "big").glob(".*tmp-*")) and time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == -signal.SIGTERM, (proc.returncode, err)
+    assert "fullgraph generate: stopped by SIGTERM" in err, err
+    assert list((root / "big").iterdir()) == []

@@ -55,6 +55,7 @@ from fullgraph.errors import CacheError, ConfigError, ValidationError
 from fullgraph.graph.csr import Graph
 from fullgraph.graph.data import Dataset, Shard, VertexData
 from fullgraph.graph.sparse import csr, is_sparse
+from fullgraph.paths import sibling_dir
 
 FORMAT_VERSION = 1
 META_FILE = "meta.json"
@@ -123,7 +124,7 @@ class DatasetWriter:
         self.path = Path(path)
         _check_replaceable(self.path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.tmp = Path(tempfile.mkdtemp(prefix=f".{self.path.name}.tmp-", dir=self.path.parent))
+        self.tmp = sibling_dir(self.path, "tmp")
         self.entries: dict[str, dict[str, Any]] = {}
         self._open: dict[str, ArrayAppender] = {}
         self._done = False

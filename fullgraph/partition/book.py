@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import secrets
 import zipfile
 from pathlib import Path
 from typing import Any, Sequence
@@ -39,6 +38,7 @@ import torch
 from torch import Tensor
 
 from fullgraph.errors import CacheError, ValidationError
+from fullgraph.paths import sibling_file
 
 FORMAT_NAME = "fullgraph.PartitionBook"
 FORMAT_VERSION = 1
@@ -179,9 +179,7 @@ class PartitionBook:
         """
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp_name = str(path.parent / f".{path.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
-        # the mode a plain open() gives (0666 less the umask), not mkstemp's 0600
-        fd = os.open(tmp_name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        fd, tmp_name = sibling_file(path, "tmp")  # 0666 less the umask, as open() gives
         try:
             with os.fdopen(fd, "wb") as f:
                 np.savez(f, format=np.array(FORMAT_NAME),

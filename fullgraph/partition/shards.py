@@ -37,7 +37,6 @@ import dataclasses
 import json
 import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +50,7 @@ from fullgraph.graph.csr import Graph
 from fullgraph.graph.data import Dataset, Shard, VertexData
 from fullgraph.graph.sparse import choose_layout, is_sparse
 from fullgraph.partition.book import PartitionBook
+from fullgraph.paths import sibling_dir
 
 MANIFEST, FORMAT = store.SHARDS_FILE, store.SHARDS_FORMAT
 STRATEGIES = ("data", "p2p", "tensor", "task")
@@ -140,7 +140,7 @@ def write_shards(dataset: Dataset, book: PartitionBook, out: Path | str, hops: i
     if features is not dataset.data.features:
         dataset = dataclasses.replace(dataset, data=dataclasses.replace(dataset.data,
                                                                         features=features))
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    tmp = sibling_dir(out, "tmp")
     try:
         in_degree = loop_free_in_degree(dataset.graph)
         x = dataset.data.features

@@ -221,6 +221,17 @@ def test_overwrite_replaces_and_leaves_nothing_behind(tmp_path: Path) -> None:
     assert _only_entry(tmp_path) == ["ds"]
 
 
+def test_a_written_dataset_has_the_umasks_modes(tmp_path: Path) -> None:
+    """Others sharing a dataset root can read it: the directory was mkdtemp's 0700."""
+    old = os.umask(0o022)
+    try:
+        save_dataset(make_dataset(seed=0), tmp_path / "ds")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "ds").stat().st_mode & 0o777 == 0o755
+    assert all(p.stat().st_mode & 0o777 == 0o644 for p in (tmp_path / "ds").iterdir())
+
+
 def test_crash_mid_write_keeps_old_dataset(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
                                            ) -> None:
     old = make_dataset(seed=0)

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from fullgraph.errors import DatasetNotFoundError, FormatError
+from fullgraph.paths import sibling_file
 
 PathLike = str | os.PathLike[str]
 
@@ -68,7 +69,7 @@ def download(url: str, dest_path: PathLike, *, timeout: float = 60) -> Path:
     """
     dest = Path(dest_path)
     dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
+    fd, tmp_name = sibling_file(dest, "part")
     try:
         with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=timeout) as resp:
             shutil.copyfileobj(resp, out, length=1 << 20)
