@@ -53,7 +53,8 @@ edge files of `convert edgelist`:
                    signed 64-bit integer: 16 bytes per edge
   Vertex ids are 0 .. N-1, N = rows of --features. A binary file that reads as
   valid pairs only at the other width (e.g. int64 pairs given as --binary uint32)
-  is refused with a message naming that width.
+  is refused with a message naming that width. Repeated edges are dropped (with
+  a warning that counts them).
 
 files of `convert neutronstar` (the NeutronStar / NeutronTask four-file format):
   --edges     binary, no header: per edge src then dst, each a little-endian

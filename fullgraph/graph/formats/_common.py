@@ -11,6 +11,7 @@ Shapes: N = number of vertices, F = feature dimension.
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -246,3 +247,14 @@ def assemble(name: str, graph: Graph, features: np.ndarray | torch.Tensor,
 
 def _scalar(v: Any) -> Any:
     return v.item() if hasattr(v, "item") else v
+
+
+def warn_repeated_edges(given: int, graph: Graph, source: PathLike, *,
+                        symmetrize: bool) -> None:
+    """Warn that ``given - graph.num_edges`` repeated edges of ``source`` were dropped
+    (a graph holds each edge once). Under ``symmetrize`` an edge given in both
+    directions is no repeat worth naming, and the count is not told apart: no warning."""
+    dropped = given - graph.num_edges
+    if dropped > 0 and not symmetrize:
+        warnings.warn(f"{source}: {dropped} repeated edges were dropped (each edge is stored "
+                      f"once; {graph.num_edges} remain)", stacklevel=3)

@@ -40,6 +40,7 @@ from fullgraph.graph.formats._common import (
     check_masks,
     field_locator,
     text_locator,
+    warn_repeated_edges,
 )
 from fullgraph.graph.formats._text import read_table
 from fullgraph.graph.split import fraction_split
@@ -94,6 +95,7 @@ def load_edgelist(edges: PathLike, features: PathLike, labels: PathLike, *,
                                locate=field_locator("labels[{k}]"))
     src, dst = read_edges(edges, n, binary_dtype=binary_dtype)
     graph = Graph.from_edges(src, dst, n, symmetrize=symmetrize)
+    warn_repeated_edges(src.size, graph, edges, symmetrize=symmetrize)
     if masks is None:
         mask_list = [m.numpy() for m in fraction_split(torch.from_numpy(y), train=split[0],
                                                        val=split[1], seed=seed)]

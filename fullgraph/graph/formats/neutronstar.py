@@ -33,6 +33,7 @@ from fullgraph.graph.formats._common import (
     check_masks,
     check_unique,
     text_locator,
+    warn_repeated_edges,
 )
 from fullgraph.graph.formats._text import iter_rows, line_of_row, read_table
 from fullgraph.graph.formats.edgelist import read_edges
@@ -74,6 +75,7 @@ def load_neutronstar(edge_file: PathLike, feature_file: PathLike, label_file: Pa
     check_masks(masks, labels, [str(mask_file)] * 3)
     src, dst = read_edges(edge_file, n, binary_dtype=np.uint32, fixed_width=True)
     graph = Graph.from_edges(src, dst, n, symmetrize=symmetrize)
+    warn_repeated_edges(src.size, graph, edge_file, symmetrize=symmetrize)
     info = {"format": "neutronstar", "source": str(Path(edge_file).parent),
             "split": f"mask file {mask_file}"}
     return assemble(name, graph, features, labels, masks, num_classes, info)

@@ -39,6 +39,7 @@ from fullgraph.graph.formats._common import (
     check_masks,
     check_unique,
     text_locator,
+    warn_repeated_edges,
 )
 from fullgraph.graph.formats._text import read_table
 from fullgraph.graph.formats.download import OGB_FILES, OGB_URL
@@ -158,7 +159,9 @@ def _read_graph(path: Path, num_nodes: int, symmetrize: bool) -> Graph:
     for col, column in enumerate(("src", "dst")):
         check_ids(pairs[:, col], num_nodes, source=path,
                   locate=text_locator(path, delimiter=COMMA, column=column))
-    return Graph.from_edges(pairs[:, 0], pairs[:, 1], num_nodes, symmetrize=symmetrize)
+    graph = Graph.from_edges(pairs[:, 0], pairs[:, 1], num_nodes, symmetrize=symmetrize)
+    warn_repeated_edges(pairs.shape[0], graph, path, symmetrize=symmetrize)
+    return graph
 
 
 def _split_dir(root: Path, scheme: str | None) -> Path:

@@ -310,3 +310,16 @@ def test_truncated_npy(tmp_path: Path) -> None:
     with pytest.raises(FormatError, match="readable") as err:
         load_edgelist(_text_edges(tmp_path), x, y)
     assert err.value.source == str(x)
+
+
+def test_repeated_edges_are_dropped_with_a_warning(tmp_path: Path, recwarn) -> None:
+    x, y = _files(tmp_path)
+    path = tmp_path / "edges.txt"
+    path.write_text("0 1\n0 1\n2 3\n0 1\n")
+    with pytest.warns(UserWarning, match=r"edges.txt: 2 repeated edges were dropped \(each "
+                                         r"edge is stored once; 2 remain\)"):
+        assert load_edgelist(path, x, y).graph.num_edges == 2
+    recwarn.clear()
+    path.write_text("0 1\n1 0\n2 3\n")  # both directions given, then symmetrised: no repeat
+    assert load_edgelist(path, x, y, symmetrize=True).graph.num_edges == 4
+    assert not [w for w in recwarn if "repeated" in str(w.message)]
