@@ -179,6 +179,19 @@ def as_features(x: np.ndarray, *, source: PathLike, field: str = "features") -> 
                           hint="for a graph without vertex features, give a column of ones")
     if x.dtype == np.float16 or x.dtype == np.float32:
         return x
+    if x.dtype.kind == "f":  # wider floats: a finite value beyond float32's range is named
+        top = float(np.finfo(np.float32).max)
+        for start in range(0, x.shape[0], 1 << 16):  # in row blocks: x may be mapped
+            block = x[start:start + (1 << 16)]
+            with np.errstate(invalid="ignore"):
+                big = np.isfinite(block) & (np.abs(block) > top)
+            if not big.any():
+                continue
+            row, col = (int(i) for i in np.argwhere(big)[0])
+            row += start
+            raise FormatError("feature does not fit float32", source=source,
+                              field=f"{field}[{row}, {col}]", found=float(x[row, col]),
+                              expected=f"|value| <= {top:.4g} (features are held as float32)")
     if x.dtype.kind in "fiub":
         return x.astype(np.float32)
     raise FormatError("features must be numbers", source=source, field=field, found=x.dtype,
@@ -192,6 +205,10 @@ def as_labels(y: np.ndarray, *, source: PathLike, field: str = "labels") -> np.n
     if y.ndim != 1:
         raise FormatError("labels must be a 1-D array of class ids", source=source,
                           field=field, found=y.shape, expected="(N,)")
+    if y.dtype.kind == "u" and y.size and int(y.max()) > np.iinfo(np.int64).max:
+        k = int(np.argmax(y > np.iinfo(np.int64).max))
+        raise FormatError("label is not a class id", source=source, field=f"{field}[{k}]",
+                          found=int(y[k]), expected="an integer below 2**63")
     if y.dtype.kind in "iu":
         return y.astype(np.int64)
     if y.dtype.kind == "f":

@@ -227,6 +227,11 @@ def load_npy(path: PathLike) -> np.ndarray:
     """
     if not Path(path).is_file():
         raise DatasetNotFoundError("file not found", source=path, hint=f"place the file at {path}")
+    with open(path, "rb") as f:
+        head = f.read(6)
+    if head != b"\x93NUMPY" and not head.startswith(b"PK"):  # .npz archives: named below
+        raise FormatError("not an .npy file", source=path, found=f"it starts with {head!r}",
+                          expected="an array written by numpy.save")
     try:
         arr = np.load(path, allow_pickle=False)
     except ValueError as exc:

@@ -38,9 +38,12 @@ from fullgraph.graph.formats._common import (
 from fullgraph.graph.formats._text import iter_rows, line_of_row, read_table
 from fullgraph.graph.formats.edgelist import read_edges
 
-#: Split word -> numeric code written in its place before parsing (negative, so a
-#: number in the file is never mistaken for a split).
-SPLIT_CODES = {b"train": -1, b"val": -2, b"eval": -2, b"test": -3}
+#: Split word -> numeric code written in its place before parsing: far below any
+#: number a mask file holds, so that a number in the file (``-1``, say) is never
+#: mistaken for a split and is refused as an unknown split name.
+_CODE_BASE = -(2**62)
+SPLIT_CODES = {b"train": _CODE_BASE - 1, b"val": _CODE_BASE - 2, b"eval": _CODE_BASE - 2,
+               b"test": _CODE_BASE - 3}
 _SPLIT_WORD = {word: re.compile(rb"(?<![^\s])" + word + rb"(?![^\s])") for word in SPLIT_CODES}
 
 
@@ -158,7 +161,7 @@ def read_masks(path: PathLike, num_nodes: int) -> list[np.ndarray]:
     check_ids(ids, num_nodes, source=path, locate=locate)
     check_unique(ids, source=path, locate=locate)
     masks = []
-    for code in (-1, -2, -3):
+    for code in (SPLIT_CODES[b"train"], SPLIT_CODES[b"val"], SPLIT_CODES[b"test"]):
         mask = np.zeros(num_nodes, dtype=bool)
         mask[ids[codes == code]] = True
         masks.append(mask)

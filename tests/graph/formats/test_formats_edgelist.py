@@ -323,3 +323,25 @@ def test_repeated_edges_are_dropped_with_a_warning(tmp_path: Path, recwarn) -> N
     path.write_text("0 1\n1 0\n2 3\n")  # both directions given, then symmetrised: no repeat
     assert load_edgelist(path, x, y, symmetrize=True).graph.num_edges == 4
     assert not [w for w in recwarn if "repeated" in str(w.message)]
+
+
+def test_inputs_named_for_what_they_are(tmp_path: Path) -> None:
+    """A text file given as .npy, a finite float64 feature beyond float32, and a uint64
+    label beyond int64 (it became -1, unlabelled, without a word)."""
+    x, y = _files(tmp_path)
+    edges = tmp_path / "edges.txt"
+    edges.write_text("0 1\n2 3\n")
+    with pytest.raises(FormatError, match="not an .npy file") as err:
+        load_edgelist(edges, edges, y)
+    assert "starts with b'0 1" in str(err.value)
+    wide = np.load(x).astype(np.float64)
+    wide[3, 1] = 1e300
+    np.save(tmp_path / "wide.npy", wide)
+    with pytest.raises(FormatError, match=r"features\[3, 1\]: feature does not fit float32"):
+        load_edgelist(edges, tmp_path / "wide.npy", y)
+    labels = np.load(y).astype(np.uint64)
+    labels[2] = 2**64 - 1
+    np.save(tmp_path / "u64.npy", labels)
+    with pytest.raises(FormatError, match=r"labels\[2\]: label is not a class id; found "
+                                          r"18446744073709551615"):
+        load_edgelist(edges, x, tmp_path / "u64.npy")

@@ -146,10 +146,12 @@ def test_unknown_split_word(tmp_path: Path) -> None:
     assert "train, val, eval or test" in err.value.expected
 
 
-def test_numeric_split_code_is_refused(tmp_path: Path) -> None:
+@pytest.mark.parametrize("code", ["0", "-1", "-3"])
+def test_numeric_split_code_is_refused(tmp_path: Path, code: str) -> None:
+    """-1/-2/-3 were the words' own codes, and were read as train/val/test."""
     with pytest.raises(FormatError, match="unknown split") as err:
-        load_neutronstar(*_write(tmp_path, masks="0 train\n1 0\n"))
-    assert err.value.line == 2
+        load_neutronstar(*_write(tmp_path, masks=f"0 train\n1 {code}\n"))
+    assert err.value.line == 2 and err.value.found == int(code)
 
 
 def test_empty_train_mask(tmp_path: Path) -> None:
