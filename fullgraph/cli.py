@@ -520,8 +520,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     root = DataConfig(root=args.root).resolved_root()
     if args.name is not None:
         datasets.check_new_name(args.name)  # before the work of generating
-    from fullgraph.launch import available_memory
-    from fullgraph.memory import parse_bytes
+    from fullgraph.memory import available_memory, parse_bytes
 
     memory = (parse_bytes(args.memory) if args.memory is not None
               else max(256 << 20, (available_memory() or 4 << 30) // 4))

@@ -47,6 +47,7 @@ from typing import Any
 
 from fullgraph.comm import shm
 from fullgraph.errors import ConfigError
+from fullgraph.memory import available_memory
 from fullgraph.worker import (  # noqa: F401
     EVERY_EPOCH,
     HEARTBEAT_S,
@@ -82,48 +83,6 @@ def available_cores() -> int:
     if hasattr(os, "sched_getaffinity"):
         return max(1, len(os.sched_getaffinity(0)))
     return os.cpu_count() or 1
-
-
-def available_memory() -> int | None:
-    """Bytes of memory available to new processes (MemAvailable, no more than this
-    process's memory cgroup limit), or None if unknown."""
-    available = None
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                available = int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    limit = cgroup_memory_limit()
-    if limit is None:
-        return available
-    return limit if available is None else min(available, limit)
-
-
-def cgroup_memory_limit(cgroups: str = "/proc/self/cgroup",
-                        root: str = "/sys/fs/cgroup") -> int | None:
-    """The memory limit of this process's cgroup (v1 or v2), or None where none is set
-    (``cgroups``: the process's cgroup list; ``root``: where the hierarchies are
-    mounted)."""
-    try:
-        lines = Path(cgroups).read_text().splitlines()
-    except OSError:
-        return None
-    for line in lines:
-        _, controllers, path = line.split(":", 2)
-        if controllers == "":
-            limit_file = Path(root, path.lstrip("/"), "memory.max")
-        elif "memory" in controllers.split(","):
-            limit_file = Path(root, "memory", path.lstrip("/"), "memory.limit_in_bytes")
-        else:
-            continue
-        try:
-            text = limit_file.read_text().strip()
-        except OSError:
-            continue
-        if text.isdigit() and int(text) < 1 << 60:
-            return int(text)
-    return None
 
 
 def threads_per_worker(local_workers: int) -> int:

@@ -6,9 +6,11 @@ and strategies can all use it.
 """
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -98,3 +100,51 @@ class SavedBytes:
 
     def __exit__(self, *exc: object) -> None:
         self._hooks.__exit__(*exc)
+
+
+def available_memory() -> int | None:
+    """Bytes of memory available to new processes (MemAvailable, no more than this
+    process's memory cgroup limit), or None if unknown."""
+    available = None
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                available = int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    limit = cgroup_memory_limit()
+    if limit is None:
+        return available
+    return limit if available is None else min(available, limit)
+
+
+def cgroup_memory_limit(cgroups: str = "/proc/self/cgroup",
+                        root: str = "/sys/fs/cgroup") -> int | None:
+    """The memory limit of this process's cgroup (v1 or v2), or None where none is set
+    (``cgroups``: the process's cgroup list; ``root``: where the hierarchies are
+    mounted)."""
+    try:
+        lines = Path(cgroups).read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":
+            limit_file = Path(root, path.lstrip("/"), "memory.max")
+        elif "memory" in controllers.split(","):
+            limit_file = Path(root, "memory", path.lstrip("/"), "memory.limit_in_bytes")
+        else:
+            continue
+        try:
+            text = limit_file.read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit() and int(text) < 1 << 60:
+            return int(text)
+    return None
+
+
+def available_ram() -> int:
+    """Memory available to new processes (``available_memory``: MemAvailable, within
+    this process's cgroup limit), or physical memory where that is unknown."""
+    return available_memory() or os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")

@@ -30,7 +30,7 @@ import torch
 from fullgraph import plan as P
 from fullgraph.graph.csr import Graph
 from fullgraph.graph.data import Dataset, VertexData
-from fullgraph.launch import available_cores, available_memory, threads_per_worker
+from fullgraph.launch import available_cores, threads_per_worker
 from fullgraph.models import build_model
 from fullgraph.parallel import build_strategy, costmodel, taskmodel
 
@@ -42,12 +42,6 @@ def rss_bytes() -> int:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         return 0
-
-
-def available_ram() -> int:
-    """Memory available to new processes (``launch.available_memory``: MemAvailable,
-    within this process's cgroup limit), or physical memory where that is unknown."""
-    return available_memory() or os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
 def _echo(sock: socket.socket, other: socket.socket) -> None:
@@ -103,9 +97,12 @@ def tiny_dataset(feat_dim: int, classes: int, n: int = 32) -> Dataset:
 
 
 def candidate_config(cfg: Any, cand: P.Candidate) -> Any:
-    """``cfg`` running ``cand``: its strategy and its option overrides."""
+    """``cfg`` running ``cand``: its strategy and its option overrides (a chunk count
+    yields to a device budget the user gave, which decides the chunks)."""
     options = dict(cfg.options)
     for section, values in cand.overrides.items():
+        if getattr(options[section], "device_memory", None) is not None:
+            values = {k: v for k, v in values.items() if k != "num_chunks"}
         options[section] = dataclasses.replace(options[section], **values)
     runtime = dataclasses.replace(cfg.runtime, strategy=cand.strategy)
     return dataclasses.replace(cfg, runtime=runtime, options=options)

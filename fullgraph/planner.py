@@ -23,13 +23,12 @@ from fullgraph.errors import ConfigError
 from fullgraph.graph.data import Dataset
 from fullgraph.graph.sparse import nbytes
 from fullgraph.launch import threads_per_worker
-from fullgraph.memory import parse_bytes
+from fullgraph.memory import available_ram, parse_bytes
 from fullgraph.models import build_model
 from fullgraph.models.stages import StageProgram, propagation_inputs
 from fullgraph.parallel import costmodel, taskmodel
 from fullgraph.partition import PartitionBook, partition
 from fullgraph.plan_measure import (
-    available_ram,
     candidate_config,
     executor_overheads,
     plan_rates,

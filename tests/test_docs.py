@@ -70,3 +70,72 @@ def test_docs_are_ascii(doc: Path) -> None:
            for n, line in enumerate(doc.read_text(encoding="utf-8").splitlines(), 1)
            if not line.isascii()]
     assert not bad, "non-ASCII characters:\n" + "\n".join(bad)
+
+
+# ------------------------------------------------------------------ the floors table
+ALLOWED_UP = {("parallel/", "configfile.py")}
+"""Imports that reach a higher floor by design, as the text above the table says."""
+
+
+def _floors() -> dict[str, int]:
+    """unit (``graph/``, ``cli.py``, ``schedule/bins.py``) -> floor, from the table of
+    docs/architecture.md's "Packages, bottom up"."""
+    text = (REPO / "docs" / "architecture.md").read_text()
+    section = text[text.index("## Packages, bottom up"):]
+    section = section[:section.index("\n## ", 1)]
+    floors: dict[str, int] = {}
+    for line in section.splitlines():
+        m = re.match(r"\| (\d+) \| (.*?) \| .* \|$", line)
+        if m:
+            for name in re.findall(r"`([\w/]+(?:\.py|/))`", m.group(2)):
+                if (REPO / "fullgraph" / name).exists():
+                    floors[name] = int(m.group(1))
+    return floors
+
+
+def _unit(module: str, floors: dict[str, int]) -> str | None:
+    """The table's unit of ``fullgraph.a.b.c``: the longest listed prefix."""
+    parts = module.split(".")[1:]
+    for k in range(len(parts), 0, -1):
+        for name in ("/".join(parts[:k]) + ".py", "/".join(parts[:k]) + "/"):
+            if name in floors:
+                return name
+    return None
+
+
+def test_every_import_goes_to_the_same_floor_or_lower():
+    """The floors table of docs/architecture.md is the import order of ``fullgraph/``:
+    every module is on it, and every import (inside functions too) goes to its own
+    floor or lower, except ``ALLOWED_UP``."""
+    import ast
+
+    floors = _floors()
+    assert len(floors) > 20, floors
+    unlisted, upward = [], []
+    for path in sorted((REPO / "fullgraph").rglob("*.py")):
+        rel = path.relative_to(REPO / "fullgraph")
+        if rel.as_posix() == "__init__.py":
+            continue
+        me = _unit("fullgraph." + ".".join(rel.with_suffix("").parts), floors)
+        text = path.read_text()
+        if me is None:  # (a package of listed modules may have an __init__ of no imports)
+            if rel.name != "__init__.py" or "import" in text:
+                unlisted.append(rel.as_posix())
+            continue
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.ImportFrom) and node.module == "fullgraph":
+                names = [f"fullgraph.{a.name}" for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("fullgraph."):
+                names = [node.module]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names if a.name.startswith("fullgraph.")]
+            else:
+                continue
+            for name in names:
+                unit = _unit(name, floors)
+                if unit is not None and floors[unit] > floors[me] and \
+                        (me, unit) not in ALLOWED_UP:
+                    upward.append(f"{rel}:{node.lineno} ({me}, floor {floors[me]}) imports "
+                                  f"{name} ({unit}, floor {floors[unit]})")
+    assert not unlisted, f"modules on no floor of docs/architecture.md: {unlisted}"
+    assert not upward, "imports of a higher floor:\n" + "\n".join(upward)

@@ -545,7 +545,7 @@ def test_a_worker_that_finished_may_be_quiet_while_it_exits(tmp_path):
 def test_cgroup_memory_limit_reads_v1_and_v2(tmp_path, version):
     """The limit of the process's own cgroup, in either hierarchy; none where it is
     unlimited ("max", or v1's huge default)."""
-    from fullgraph.launch import cgroup_memory_limit
+    from fullgraph.memory import cgroup_memory_limit
 
     cgroups = tmp_path / "cgroup"
     if version == 1:

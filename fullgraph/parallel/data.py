@@ -341,7 +341,7 @@ class DataParallel(RowPartitioned[DataPlan]):
         if plan.device.type == "cuda":
             free = torch.cuda.mem_get_info(plan.device)[0]
         else:
-            from fullgraph.plan_measure import available_ram
+            from fullgraph.memory import available_ram
 
             free = available_ram() // max(1, int(os.environ.get("LOCAL_WORLD_SIZE",
                                                                 plan.comm.world_size)))

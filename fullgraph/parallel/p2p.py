@@ -204,7 +204,7 @@ class P2PParallel(RowPartitioned[P2PPlan]):
         if device.type == "cuda":
             free, _ = torch.cuda.mem_get_info(device)
             return bin_limit(free, in_dim, width, itemsize)
-        from fullgraph.plan_measure import available_ram
+        from fullgraph.memory import available_ram
 
         here = int(os.environ.get("LOCAL_WORLD_SIZE", comm.world_size))  # workers on this host
         share = available_ram() // (RAM_SHARE * max(1, here))

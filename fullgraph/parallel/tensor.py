@@ -256,7 +256,7 @@ class TensorParallel(DistributedStrategy[ColumnPlan]):
         opts = self.options
         if opts.spill_dir is None:
             return None
-        from fullgraph.plan_measure import available_ram
+        from fullgraph.memory import available_ram
 
         where = [d for d in (device, rows_device) if d.type != "cpu"]
         if where:
