@@ -233,15 +233,20 @@ def _locate_error(block: bytes, first_line: int, dtype: np.dtype | type, cols: i
     kind = "an integer" if np.dtype(dtype).kind in "iu" else "a number"
     for token in lines[lo].split():
         if not _parses(token, dtype, 1):
-            raise FormatError("not a number", source=path, line=first_line + lo,
+            digits = token.lstrip(b"+-").isdigit() and np.dtype(dtype).kind in "iu"
+            raise FormatError(f"{'integer too large' if digits else 'not a number'}",
+                              source=path, line=first_line + lo,
                               found=repr(token.decode("utf-8", "replace")),
                               expected=expected or kind)
 
 
 def _parses(text: bytes, dtype: np.dtype | type, count: int) -> bool:
+    """Whether ``text`` holds ``count`` values of ``dtype``, read as the block was (an
+    integer too large for the dtype fails here too; ``np.fromstring`` took it)."""
     try:
         with warnings.catch_warnings():
-            warnings.simplefilter("error", DeprecationWarning)  # NumPy 1.x only warns
-            return np.fromstring(text, dtype=dtype, sep=" ").size == count
-    except (ValueError, DeprecationWarning):
+            warnings.simplefilter("ignore", UserWarning)  # "input contained no data"
+            return np.loadtxt(io.BytesIO(text), dtype=dtype, ndmin=1, comments=None).size \
+                == count
+    except ValueError:
         return False

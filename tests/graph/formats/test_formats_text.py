@@ -70,6 +70,14 @@ def test_float_where_integer_expected(tmp_path: Path) -> None:
     assert (err.value.line, err.value.found, err.value.expected) == (2, "'4.5'", "an integer")
 
 
+def test_integer_beyond_int64_names_its_line(tmp_path: Path) -> None:
+    """It gave 'cannot parse the text of lines 1-4' with no line named."""
+    path = _write(tmp_path, b"1 2\n3 4\n5 99999999999999999999999\n7 8\n")
+    with pytest.raises(FormatError, match="integer too large") as err:
+        read_table(path, dtype=np.int64, num_cols=2)
+    assert (err.value.line, err.value.found) == (3, "'99999999999999999999999'")
+
+
 def test_missing_file(tmp_path: Path) -> None:
     with pytest.raises(DatasetNotFoundError):
         read_table(tmp_path / "absent.txt", dtype=np.int64, num_cols=1)
