@@ -73,10 +73,18 @@ def load_neutronstar(edge_file: PathLike, feature_file: PathLike, label_file: Pa
     """
     features = read_features(feature_file, num_nodes)
     n = features.shape[0]
-    labels, num_classes = read_labels(label_file, n, num_classes)
-    masks = read_masks(mask_file, n)
+    try:
+        labels, num_classes = read_labels(label_file, n, num_classes)
+        masks = read_masks(mask_file, n)
+        src, dst = read_edges(edge_file, n, binary_dtype=np.uint32, fixed_width=True)
+    except ValidationError as exc:
+        if num_nodes is not None or exc.hint or "out of range" not in exc.problem:
+            raise
+        raise ValidationError(exc.problem, source=exc.source, line=exc.line, field=exc.field,
+                              found=exc.found, expected=exc.expected,
+                              hint=f"N = {n}, the vertices of the feature file {feature_file}: "
+                                   "is a vertex missing there?") from None
     check_masks(masks, labels, [str(mask_file)] * 3)
-    src, dst = read_edges(edge_file, n, binary_dtype=np.uint32, fixed_width=True)
     graph = Graph.from_edges(src, dst, n, symmetrize=symmetrize)
     warn_repeated_edges(src.size, graph, edge_file, symmetrize=symmetrize)
     info = {"format": "neutronstar", "source": str(Path(edge_file).parent),
@@ -102,13 +110,19 @@ def read_features(path: PathLike, num_nodes: int | None = None) -> np.ndarray:
     ids_f = np.concatenate(ids_parts)
     rows = np.concatenate(rows_parts) if len(rows_parts) > 1 else rows_parts[0]
     locate = text_locator(path, column="id")
-    whole = ids_f == np.floor(ids_f)
+    n = ids_f.size if num_nodes is None else int(num_nodes)
+    with np.errstate(invalid="ignore"):
+        whole = ids_f == np.floor(ids_f)
     if not whole.all():
         k = int(np.argmax(~whole))
         raise FormatError("vertex id is not an integer", source=path, found=float(ids_f[k]),
                           expected="an integer", **locate(k))
+    beyond = np.abs(ids_f) >= 2.0**62  # where the cast to int64 would wrap: named as read
+    if beyond.any():
+        k = int(np.argmax(beyond))
+        raise ValidationError("vertex id out of range", source=path, found=float(ids_f[k]),
+                              expected=f"0 <= id < {n}", **locate(k))
     ids = ids_f.astype(np.int64)
-    n = ids.size if num_nodes is None else int(num_nodes)
     check_ids(ids, n, source=path, locate=locate)
     check_unique(ids, source=path, locate=locate)
     if ids.size != n:

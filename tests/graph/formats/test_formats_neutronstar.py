@@ -187,6 +187,21 @@ def test_edges_that_all_point_to_vertex_0_are_read(tmp_path: Path, recwarn) -> N
     assert not [w for w in recwarn if "destination" in str(w.message)]
 
 
+def test_a_feature_id_beyond_int64_is_named_as_read(tmp_path: Path) -> None:
+    """1e20 was cast to int64 first and reported as a negative id."""
+    rows = "".join(f"{v} " + " ".join(f"{a:g}" for a in X[v]) + "\n" for v in range(N - 1))
+    with pytest.raises(ValidationError, match="vertex id out of range; found 1e\\+20"):
+        load_neutronstar(*_write(tmp_path, features=rows + "1e20 1 2 3 4\n"))
+
+
+def test_a_vertex_missing_from_the_features_is_suspected_there(tmp_path: Path) -> None:
+    """N comes from the feature file: an id the other files name beyond it points there."""
+    rows = "".join(f"{v} " + " ".join(f"{a:g}" for a in X[v]) + "\n" for v in range(N - 1))
+    with pytest.raises(ValidationError, match=f"out of range.*N = {N - 1}, the vertices of the "
+                                              "feature file .*g.feat: is a vertex missing"):
+        load_neutronstar(*_write(tmp_path, features=rows))
+
+
 def test_edge_id_out_of_range(tmp_path: Path) -> None:
     edges = np.array([[0, 1], [N + 5, 2]], dtype=np.uint32).tobytes()
     with pytest.raises(ValidationError, match="out of range") as err:
