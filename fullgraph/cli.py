@@ -23,6 +23,7 @@ import traceback
 import typing
 import warnings
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fullgraph import __version__, cli_outputs
@@ -544,10 +545,12 @@ GENERATE_FLAGS = {"num_nodes": "--vertices", "num_edges": "--edges",
 def _generate(args: argparse.Namespace, root: Any, memory: int) -> int:
     from fullgraph.graph import datasets, synthetic
 
+    name = args.name or (f"rmat-{args.vertices}-{args.edges}" if args.kind == "rmat" else
+                         f"sbm-{args.vertices}-{args.classes}")
+    datasets.check_new_name(name)
+    path = datasets.processed_dir(root, name)
+    replaced = _replacing(path)
     if args.kind == "rmat":
-        name = args.name or f"rmat-{args.vertices}-{args.edges}"
-        datasets.check_new_name(name)
-        path = datasets.processed_dir(root, name)
         a, b, c, d = args.rmat
         out = synthetic.write_rmat(path, args.vertices, args.edges, a=a, b=b, c=c, d=d,
                                    seed=args.seed, num_features=args.features,
@@ -556,9 +559,6 @@ def _generate(args: argparse.Namespace, root: Any, memory: int) -> int:
                                    feature_dtype=args.feature_dtype, labels=args.labels,
                                    name=name, memory_bytes=memory)
     else:
-        name = args.name or f"sbm-{args.vertices}-{args.classes}"
-        datasets.check_new_name(name)
-        path = datasets.processed_dir(root, name)
         out = synthetic.write_sbm(path, args.vertices, args.classes,
                                   avg_degree=args.avg_degree, homophily=args.homophily,
                                   num_features=args.features, seed=args.seed,
@@ -566,7 +566,7 @@ def _generate(args: argparse.Namespace, root: Any, memory: int) -> int:
                                   feature_dtype=args.feature_dtype, name=name,
                                   memory_bytes=memory)
     vertices, edges = out["vertices"], out["edges"]
-    print(f"wrote {name}: {vertices} vertices, {edges} edges -> {path}")
+    print(f"wrote {name}: {vertices} vertices, {edges} edges -> {path}{replaced}")
     return 0
 
 
@@ -633,11 +633,21 @@ def cmd_convert(args: argparse.Namespace) -> int:
     ds = datasets.convert(args.format, opts)
     ds.data = dataclasses.replace(ds.data, features=choose_layout(ds.data.features,
                                                                   args.sparse_features))
+    replaced = _replacing(datasets.processed_dir(root, args.name))
     path = datasets.save_processed(ds, root, args.name)
     s = ds.summary()
     layout = " (features stored sparse)" if is_sparse(ds.data.features) else ""
-    print(f"wrote {args.name}: {s['vertices']} vertices, {s['edges']} edges{layout} -> {path}")
+    print(f"wrote {args.name}: {s['vertices']} vertices, {s['edges']} edges{layout} -> {path}"
+          f"{replaced}")
     return 0
+
+
+def _replacing(path: Any) -> str:
+    """`` (replacing the dataset that was there)`` where ``path`` holds one, else ''."""
+    from fullgraph.graph import store
+
+    return " (replacing the dataset that was there)" \
+        if (Path(path) / store.META_FILE).is_file() else ""
 
 
 def cmd_report(args: argparse.Namespace) -> int:

@@ -135,10 +135,12 @@ def test_ogb_takes_symmetrize_and_split_scheme(root, tmp_path, capsys):
     ogb = ["convert", "ogb", "--input", str(raw)]
     assert main([*ogb, "--name", "a"]) == 2
     assert "choose one with --split-scheme" in _one_line_error(capsys)
-    for flags, edges in (([], 2 * n), (["--symmetrize"], 2 * n), (["--no-symmetrize"], n)):
+    for i, (flags, edges) in enumerate((([], 2 * n), (["--symmetrize"], 2 * n),
+                                        (["--no-symmetrize"], n))):
         assert main([*ogb, "--name", "b", "--split-scheme", "time", *flags]) == 0
         out, err = capsys.readouterr()
         assert f"{n} vertices, {edges} edges" in out and "no effect" not in err, (flags, out)
+        assert ("replacing the dataset that was there" in out) == (i > 0), out
 
 
 def test_sigterm_while_writing_leaves_nothing_behind(root):
