@@ -15,10 +15,28 @@ Shapes: R rows, D columns.
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
+from collections.abc import Iterator
+
 import torch
 from torch import Tensor, nn
 
 from fullgraph.models.stages import StageContext
+
+_REPLAY = contextvars.ContextVar("fullgraph_batch_norm_replay", default=False)
+
+
+@contextlib.contextmanager
+def replaying() -> Iterator[None]:
+    """Within: stages run again for their backward pass (recomputation), so batch
+    normalisation computes as before but leaves its running statistics as they are
+    (updated once per step, by the first run)."""
+    token = _REPLAY.set(True)
+    try:
+        yield
+    finally:
+        _REPLAY.reset(token)
 
 
 class GlobalBatchNorm(nn.Module):
@@ -54,6 +72,8 @@ class GlobalBatchNorm(nn.Module):
         mean = sums[:-1] / count
         centred = x - mean
         var = ctx.sum_rows(centred * centred) / count
+        if _REPLAY.get():
+            return centred * torch.rsqrt(var + self.eps) * self.weight + self.bias
         with torch.no_grad():
             m = self.momentum
             self.running_mean.mul_(1 - m).add_(mean.detach(), alpha=m)

@@ -28,6 +28,7 @@ from torch import Tensor
 
 from fullgraph.graph.csr import Graph
 from fullgraph.graph.sparse import row_range
+from fullgraph.models.norm import replaying
 from fullgraph.models.stages import (
     EdgeTransform,
     LayerInput,
@@ -390,11 +391,15 @@ def recomputed_transform_run(runner: Runner, stages: list[int], program: StagePr
     # unpacked copies of the inputs, which must read as the originals did
     marks = [marks_of(t) for t in inputs]
 
+    runs = [0]
+
     def region(x: Tensor, *layer_inputs: Tensor) -> tuple[Tensor, ...]:
         for t, mark in zip((x, *layer_inputs), marks):
             restore_marks(t, mark)
         local = Carry(layer_inputs=dict(zip(outside, layer_inputs)))
-        out = Runner.transform_run(runner, stages, program, x, local)
+        runs[0] += 1  # the second run is the backward's: no running statistics again
+        with replaying() if runs[0] > 1 else contextlib.nullcontext():
+            out = Runner.transform_run(runner, stages, program, x, local)
         return (out, *(local.layer_inputs[s] for s in opened))
 
     outs = torch.utils.checkpoint.checkpoint(region, *inputs, use_reentrant=False)

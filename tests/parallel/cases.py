@@ -56,12 +56,15 @@ def run_epochs(strategy, dataset, model, comm, epochs=3, dtype=torch.float64):
 
 def assert_same_run(got, ref, where: str) -> None:
     """``got`` and ``ref`` are (losses, output rows, their gids, model) of two runs: the
-    same losses, rows and parameters (the reference's rows indexed by ``gids``), compared
-    on the host (a run may keep its rows or parameters on another device)."""
+    same losses, rows, parameters and buffers (batch normalisation's running statistics,
+    which evaluation reads), the reference's rows indexed by ``gids``; compared on the
+    host (a run may keep its rows or parameters on another device)."""
     losses, out, gids, model = got
     ref_losses, ref_out, ref_model = ref
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), msg=where)
     torch.testing.assert_close(out.cpu(), ref_out.cpu()[gids.cpu()], msg=where)
-    for (k, p), (_, q) in zip(model.named_parameters(), ref_model.named_parameters()):
-        torch.testing.assert_close(p.cpu(), q.cpu(), msg=f"{where} parameter {k}")
+    state, ref_state = model.state_dict(), ref_model.state_dict()
+    assert list(state) == list(ref_state), where
+    for k, p in state.items():
+        torch.testing.assert_close(p.cpu(), ref_state[k].cpu(), msg=f"{where} {k}")
 
