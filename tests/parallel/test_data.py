@@ -86,7 +86,7 @@ def check_all(comm, cases):
             check_mixed(plan, where)
         torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), msg=where)
         torch.testing.assert_close(out, ref_out[gids], msg=where)
-        for (k, p), (_, q) in zip(model.named_parameters(), ref_model.named_parameters()):
+        for (k, p), (_, q) in zip(model.state_dict().items(), ref_model.state_dict().items()):
             torch.testing.assert_close(p, q, msg=f"{where} parameter {k}")
 
 

@@ -113,7 +113,7 @@ def check_task(comm, cases):
             assert f"{plan.split.num_t}:{plan.split.num_p}" == split, where
         torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), msg=where)
         torch.testing.assert_close(out, ref_out[gids], msg=where)
-        for (k, p), (_, q) in zip(model.named_parameters(), ref_model.named_parameters()):
+        for (k, p), (_, q) in zip(model.state_dict().items(), ref_model.state_dict().items()):
             torch.testing.assert_close(p, q, msg=f"{where} parameter {k}")
         # every vertex's output is on exactly one rank
         counts = torch.tensor([gids.numel()], dtype=torch.int64)
@@ -374,7 +374,7 @@ def check_pieces(comm, cases):
         assert f"in {pieces} row pieces" in "\n".join(strategy.describe(model, plan)), where
         torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), msg=where)
         torch.testing.assert_close(out, ref_out[gids], msg=where)
-        for (k, p), (_, q) in zip(model.named_parameters(), ref_model.named_parameters()):
+        for (k, p), (_, q) in zip(model.state_dict().items(), ref_model.state_dict().items()):
             torch.testing.assert_close(p, q, msg=f"{where} parameter {k}")
         calls = comm.counter.snapshot()["rows-to-cols"]["calls"]
         # GCN, SAGE, GIN: each of the 2 layers' T runs hands off in pieces, in each of
