@@ -96,13 +96,22 @@ def tiny_dataset(feat_dim: int, classes: int, n: int = 32) -> Dataset:
     return Dataset("plan-ring", Graph(indptr, indices, n), data)
 
 
+def run_overrides(cand: P.Candidate, device_budget: bool) -> dict[str, dict[str, Any]]:
+    """The option overrides a run of ``cand`` takes: a chunk count yields to a device
+    budget the user gave (``device_budget``), which decides the chunks (the two are
+    refused together); the estimate still prices the candidate's own count."""
+    if not device_budget:
+        return cand.overrides
+    return {section: {k: v for k, v in values.items()
+                      if not (section == "tensor_parallel" and k == "num_chunks")}
+            for section, values in cand.overrides.items()}
+
+
 def candidate_config(cfg: Any, cand: P.Candidate) -> Any:
-    """``cfg`` running ``cand``: its strategy and its option overrides (a chunk count
-    yields to a device budget the user gave, which decides the chunks)."""
+    """``cfg`` running ``cand``: its strategy and its option overrides (``run_overrides``)."""
     options = dict(cfg.options)
-    for section, values in cand.overrides.items():
-        if getattr(options[section], "device_memory", None) is not None:
-            values = {k: v for k, v in values.items() if k != "num_chunks"}
+    budget = cfg.options["tensor_parallel"].device_memory is not None
+    for section, values in run_overrides(cand, budget).items():
         options[section] = dataclasses.replace(options[section], **values)
     runtime = dataclasses.replace(cfg.runtime, strategy=cand.strategy)
     return dataclasses.replace(cfg, runtime=runtime, options=options)

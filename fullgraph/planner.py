@@ -33,6 +33,7 @@ from fullgraph.plan_measure import (
     executor_overheads,
     plan_rates,
     rss_bytes,
+    run_overrides,
     tiny_dataset,
     tiny_run,
     worker_threads,
@@ -408,12 +409,15 @@ def explain(result: PlanResult) -> list[str]:
            if others else "the only one on 1 worker" if result.workers == 1
            else "no other strategy fits")
     skipped = [e.candidate.label for e in result.estimates if not e.fits]
+    budget = result.device_budget is not None
     if not best.fits:
         return [f"recommended: {best.candidate.label} "
-                f"({' '.join(candidate_flags(best.candidate))}), the fastest, but nothing fits",
+                f"({' '.join(candidate_flags(best.candidate, budget))}), the fastest, but "
+                "nothing fits",
                 "why: every strategy needs more memory than there is (see NO above): use more "
                 "workers, a smaller model, or --device-memory with tensor parallelism"]
-    return [f"recommended: {best.candidate.label} ({' '.join(candidate_flags(best.candidate))})",
+    return [f"recommended: {best.candidate.label} "
+            f"({' '.join(candidate_flags(best.candidate, budget))})",
             f"why: the fastest predicted epoch that fits, {best.seconds * 1e3:.1f} ms ({nxt}); "
             f"it moves {_fmt(best.bytes_moved)} and needs {_fmt(best.peak.total)} per worker"
             + (f"; left out (NO above): {', '.join(skipped)}" if skipped else "")]
@@ -424,7 +428,7 @@ def resolve_auto(cfg: Any, dataset: Dataset) -> tuple[P.Candidate, list[str]]:
     if cfg.launch.workers == 1:
         return P.Candidate("single", "single"), ["--strategy", "single"]
     cand = plan_run(cfg, dataset).recommended.candidate
-    return cand, candidate_flags(cand)
+    return cand, candidate_flags(cand, device_budget(cfg) is not None)
 
 
 def resolve_config(cfg: Any, dataset: Dataset) -> tuple[Any, list[str]]:
@@ -442,13 +446,14 @@ def resolve_config(cfg: Any, dataset: Dataset) -> tuple[Any, list[str]]:
     return candidate_config(cfg, cand), flags
 
 
-def candidate_flags(cand: P.Candidate) -> list[str]:
-    """The ``train`` flags that select ``cand``."""
+def candidate_flags(cand: P.Candidate, device_budget: bool = False) -> list[str]:
+    """The ``train`` flags that select ``cand`` (``device_budget``: the run has a
+    tensor-parallel device budget, see ``run_overrides``)."""
     from fullgraph.configfile import flag_names
 
     names = flag_names()
     flags = ["--strategy", cand.strategy]
-    for section, values in cand.overrides.items():
+    for section, values in run_overrides(cand, device_budget).items():
         for key, value in values.items():
             flags += [f"--{names[section, key]}", str(value)]
     return flags

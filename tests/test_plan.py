@@ -196,6 +196,7 @@ def test_device_budget_leaves_chunked_tensor_as_the_one_that_fits():
     result = planner.plan_run(cfg, dataset, base_rss=0, rates=RATES, overheads=False)
     assert [e.candidate.label for e in result.estimates if e.fits] == ["tensor/chunks"]
     assert result.recommended.candidate.label == "tensor/chunks"
+    assert "recommended: tensor/chunks (--strategy tensor)" in planner.explain(result)[0]
 
 
 def test_auto_with_one_worker_is_single_and_flags_select_the_candidate():
@@ -205,6 +206,10 @@ def test_auto_with_one_worker_is_single_and_flags_select_the_candidate():
                                                         "hybrid"]
     assert planner.candidate_flags(P.CANDIDATES[4]) == ["--strategy", "tensor",
                                                         "--num-chunks", "4"]
+    # beside a --device-memory budget, which decides the chunks (the two are refused
+    # together), the count is left out: workers given both refused their command line
+    assert planner.candidate_flags(P.CANDIDATES[4], device_budget=True) == [
+        "--strategy", "tensor"]
 
 
 @pytest.fixture

@@ -103,8 +103,8 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
             runs: dict[int, list[dict[str, float]]] = {i: [] for i in range(len(result.estimates))}
             for _ in range(rounds):  # every candidate once per round, in turn
                 for i, est in enumerate(result.estimates):
-                    got = measure(root, dataset, workers, candidate_flags(est.candidate),
-                                  args.epochs, args.model)
+                    flags = candidate_flags(est.candidate, result.device_budget is not None)
+                    got = measure(root, dataset, workers, flags, args.epochs, args.model)
                     if got is not None:
                         runs[i].append(got)
             for i, est in enumerate(result.estimates):
