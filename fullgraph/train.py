@@ -131,9 +131,12 @@ def check_same_options(cfg: Config, comm: Comm) -> None:
 def check_same_data(dataset: Dataset, comm: Comm) -> None:
     """Refuse a run whose workers loaded different data: under torchrun each host reads
     its own copy of the dataset and of ``--partition-file``, and a stale copy trains
-    a wrong model with no error. Compares the sizes, split sizes and digests of the row
-    offsets and labels (a shard: the whole dataset's fingerprint, recorded when the
-    shards were written; partition files: ``rows.partition_book``). Collective.
+    a wrong model with no error. Compares the sizes and split sizes, and what names the
+    contents: the checksums the store recorded for each array file (read with the
+    metadata, nothing hashed here); a shard's whole-dataset fingerprint, recorded when
+    the shards were written; for a dataset made in memory, digests of its graph, labels
+    and masks (not of its features). Partition files: ``rows.partition_book``.
+    Collective.
 
     Raises:
         ConfigError: on every rank, naming each fact that differs and its value on
@@ -147,10 +150,14 @@ def check_same_data(dataset: Dataset, comm: Comm) -> None:
     else:
         g, d = dataset.graph, dataset.data
         mine = {"vertices": g.num_nodes, "edges": g.num_edges, "features": d.num_features,
-                "classes": d.num_classes, "row offsets": digest(g.indptr),
-                "labels": digest(d.labels),
+                "classes": d.num_classes,
                 **{f"{k} vertices": int(m.sum()) for k, m in
                    (("train", d.train_mask), ("val", d.val_mask), ("test", d.test_mask))}}
+        if dataset.checksums is not None:
+            mine.update({f"{name}.npy": value[:16] for name, value in dataset.checksums.items()})
+        else:
+            mine.update({"graph": digest(g.indptr, g.indices), "labels": digest(d.labels),
+                         "masks": digest(d.train_mask, d.val_mask, d.test_mask)})
     diffs = _differing(all_gather_object(mine, comm, "setup"))
     if diffs:
         raise ConfigError("the workers loaded different data (" + "; ".join(diffs) + "): "

@@ -262,6 +262,9 @@ class Dataset:
             (``fullgraph partition --shards``), what the part holds: then ``graph``
             keeps only the in-edges of ``shard.edge_rows`` and ``data.features`` only
             the rows ``data.row_ids``.
+        checksums: where the dataset was opened from the store, the checksum of each
+            array file as recorded when it was written (``store``), naming the data
+            without reading it; None for a dataset made in memory.
     """
 
     name: str
@@ -269,6 +272,7 @@ class Dataset:
     data: VertexData
     info: dict[str, Any] = field(default_factory=dict)
     shard: Shard | None = None
+    checksums: dict[str, str] | None = None
 
     def validate(self) -> None:
         """Check that graph and data are consistent; raise ``ValidationError`` if not."""

@@ -335,8 +335,9 @@ def load_dataset(path: Path | str, *, mmap: bool = True, verify: bool = True) ->
     """
     path = Path(path)
     meta = read_meta(path)
+    entries = _array_entries(path, meta)
     tensors = {name: _load_array(path, name, entry, mmap=mmap, verify=verify)
-               for name, entry in _array_entries(path, meta).items()}
+               for name, entry in entries.items()}
     graph = _graph_from(path, meta, tensors)
     data = VertexData(_features_from(path, meta, tensors), tensors["labels"],
                       tensors["train_mask"],
@@ -356,7 +357,8 @@ def load_dataset(path: Path | str, *, mmap: bool = True, verify: bool = True) ->
                          expected=graph.num_nodes, hint=REBUILD_HINT)
     _check_label_range(path, str(meta["name"]), data)
     return Dataset(str(meta["name"]), graph, data, dict(meta["info"]),
-                   shard=_shard_from(path, meta, tensors))
+                   shard=_shard_from(path, meta, tensors),
+                   checksums={name: str(e["checksum"]) for name, e in entries.items()})
 
 
 def _shard_from(path: Path, meta: dict[str, Any], tensors: dict[str, Tensor]) -> Shard | None:

@@ -328,9 +328,22 @@ def check_different_data_is_refused(comm, out: str):
     check_same_data(dataset, comm)  # the same data passes
     if comm.rank == 1:
         dataset.data.train_mask[dataset.data.train_mask.nonzero()[0]] = False
-    with pytest.raises(ConfigError, match=r"the workers loaded different data \(train "
-                                          r"vertices: \d+ on rank\(s\) 0, \d+ on rank\(s\) 1\)"):
+    with pytest.raises(ConfigError, match=r"the workers loaded different data \(masks: .*; "
+                                          r"train vertices: \d+ on rank\(s\) 0, \d+ on "
+                                          r"rank\(s\) 1\)"):
         check_same_data(dataset, comm)
+    # from the store (as every launched worker opens its data), what the files hold is
+    # compared, by the checksums written with them: here features of the same shape
+    from fullgraph.graph import store
+
+    stored = make_dataset()
+    if comm.rank == 1:
+        stored.data.features.mul_(100)
+    store.save_dataset(stored, f"{out}/copy{comm.rank}")
+    opened = store.load_dataset(f"{out}/copy{comm.rank}")
+    with pytest.raises(ConfigError, match=r"the workers loaded different data \(features.npy: "
+                                          r"'\w+' on rank\(s\) 0, '\w+' on rank\(s\) 1\)"):
+        check_same_data(opened, comm)
 
 
 @pytest.mark.dist
