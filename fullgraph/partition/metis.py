@@ -152,49 +152,61 @@ def _run_metis(xadj: np.ndarray, adjncy: np.ndarray, vweights: np.ndarray | None
             xadj.astype(idx_dtype, copy=False), adjncy.astype(idx_dtype, copy=False))}
     else:  # pragma: no cover - old pymetis
         graph_args = {"xadj": xadj, "adjncy": adjncy}
-    with _metis_messages() as said:
-        result = pymetis.part_graph(
-            num_parts, **graph_args, options=options, recursive=recursive,
-            vweights=None if vweights is None else vweights.astype(idx_dtype, copy=False))
-    if said:  # e.g. "***Cannot bisect a graph with 0 vertices!" on tiny or empty graphs
-        warnings.warn(f"METIS: {'; '.join(said)} (the partition it returned is valid and "
-                      "is used)", stacklevel=3)
-    return np.array(result.vertex_part, dtype=np.int64)
-
-
-@contextlib.contextmanager
-def _metis_messages() -> Iterator[list[str]]:
-    """Catch what the METIS library prints to the process's standard output (its C
-    code writes messages there) and give back its ``***`` lines, de-duplicated, so that
-    they reach the user as one warning instead of in the middle of the output. Other
-    text printed meanwhile is passed on to standard output."""
-    said: list[str] = []
-    sys.stdout.flush()
+    out = _Printed()
     try:
-        saved = os.dup(1)
-    except OSError:  # no file descriptor 1 (an embedded interpreter): leave it alone
-        yield said
-        return
-    with tempfile.TemporaryFile() as caught:
-        os.dup2(caught.fileno(), 1)
-        try:
-            yield said
-        finally:
-            libc_flush()
-            os.dup2(saved, 1)
-            os.close(saved)
-            caught.seek(0)
-            text = caught.read().decode(errors="replace")
-    other = []
-    for line in text.splitlines():
+        with _catch_stdout(out):
+            result = pymetis.part_graph(
+                num_parts, **graph_args, options=options, recursive=recursive,
+                vweights=None if vweights is None else vweights.astype(idx_dtype, copy=False))
+    except Exception as exc:  # what METIS printed says why ("Input Error: Incorrect ufactor")
+        why = "; ".join(line.strip().strip("*").strip()
+                        for line in out.text.splitlines() if line.strip())
+        raise RuntimeError(f"METIS failed: {why or exc}") from exc
+    said: list[str] = []
+    other: list[str] = []
+    for line in out.text.splitlines():
         msg = line.strip().lstrip("*").strip()
         if line.lstrip().startswith("***"):
             if msg and msg not in said:
                 said.append(msg)
         elif line:
             other.append(line)
-    if other:
+    if other:  # not METIS's: passed on
         sys.stdout.write("\n".join(other) + "\n")
+    if said:  # e.g. "***Cannot bisect a graph with 0 vertices!" on tiny or empty graphs
+        warnings.warn(f"METIS: {'; '.join(said)} (the partition it returned is valid and "
+                      "is used)", stacklevel=3)
+    return np.array(result.vertex_part, dtype=np.int64)
+
+
+class _Printed:
+    """What was printed to the process's standard output meanwhile (``_catch_stdout``)."""
+
+    text = ""
+
+
+@contextlib.contextmanager
+def _catch_stdout(out: _Printed) -> Iterator[None]:
+    """Catch what is printed to the process's standard output, file descriptor 1, into
+    ``out.text`` (on an error too): the METIS library's C code prints its messages
+    there, which ``_run_metis`` turns into one warning (or the error's text) instead of
+    lines in the middle of the output."""
+    sys.stdout.flush()
+    try:
+        saved = os.dup(1)
+    except OSError:  # no file descriptor 1 (an embedded interpreter): leave it alone
+        yield
+        return
+    with tempfile.TemporaryFile() as caught:
+        os.dup2(caught.fileno(), 1)
+        try:
+            yield
+        finally:
+            libc_flush()
+            os.dup2(saved, 1)
+            os.close(saved)
+            caught.seek(0)
+            out.text = caught.read().decode(errors="replace")
 
 
 def libc_flush() -> None:

@@ -269,3 +269,15 @@ def test_what_metis_prints_becomes_one_warning(capfd) -> None:
         book = partition(graph, 7, "metis")
     assert "***" not in capfd.readouterr().out
     assert sorted(np.bincount(book.part_of.numpy(), minlength=7)) == [1, 1, 1, 1, 2, 2, 2]
+
+
+def test_what_metis_prints_when_it_fails_is_the_error() -> None:
+    """Its own words ('Input Error: Incorrect ufactor.') were caught and thrown away,
+    leaving pymetis's 'Caught an unknown exception!'."""
+    pytest.importorskip("pymetis")
+    from fullgraph.partition.metis import metis_partition
+
+    ring = np.arange(10)
+    graph = Graph.from_edges(ring, (ring + 1) % 10, 10, symmetrize=True)
+    with pytest.raises(RuntimeError, match="METIS failed: Input Error: Incorrect ufactor"):
+        metis_partition(graph, 2, ufactor=-5)
