@@ -13,6 +13,7 @@ its model as one too, which ``SavedModel.save`` writes in the same form.
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -213,7 +214,9 @@ def load_dataset_for(model: SavedModel, dataset: str | None = None,
     if dataset is not None:
         opts["dataset"] = dataset
     try:
-        loaded = datasets.load_for(DataConfig(root=root, **opts))
+        with warnings.catch_warnings():  # the seed is the model's, said when it trained
+            warnings.filterwarnings("ignore", message="--split-seed has no effect")
+            loaded = datasets.load_for(DataConfig(root=root, **opts))
     except DatasetNotFoundError as err:
         if dataset is not None:
             raise

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 
 import numpy as np
 import pytest
@@ -342,3 +343,15 @@ def test_a_bad_value_from_a_config_file_names_the_file(tmp_path, capsys):
     one_line_error(capsys, f"{cfg}: train.epochs: got -3")
     assert main(["train", "--config", str(cfg), "--epochs", "-4"]) == 2  # the flag's value
     assert str(cfg) not in one_line_error(capsys, "train.epochs: got -4")
+
+
+def test_a_split_seed_without_effect_is_said_once_at_training(root, tmp_path, capsys):
+    """Cora's split is public: train warns of --split-seed; evaluate, which reloads the
+    data with the model's seed and has no such option, does not say it again."""
+    model = tmp_path / "m.pt"
+    with pytest.warns(UserWarning, match="--split-seed has no effect on dataset 'cora'"):
+        assert main(["train", "--epochs", "1", "--progress", "off", "--split-seed", "3",
+                     "--save-model", str(model)]) == 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert main(["evaluate", "--model", str(model)]) == 0
