@@ -179,19 +179,20 @@ def as_features(x: np.ndarray, *, source: PathLike, field: str = "features") -> 
                           hint="for a graph without vertex features, give a column of ones")
     if x.dtype == np.float16 or x.dtype == np.float32:
         return x
-    if x.dtype.kind == "f":  # wider floats: a finite value beyond float32's range is named
+    if x.dtype.kind == "f":  # wider floats: a finite value that float32 rounds to inf
         top = float(np.finfo(np.float32).max)
         for start in range(0, x.shape[0], 1 << 16):  # in row blocks: x may be mapped
             block = x[start:start + (1 << 16)]
-            with np.errstate(invalid="ignore"):
-                big = np.isfinite(block) & (np.abs(block) > top)
+            with np.errstate(invalid="ignore", over="ignore"):
+                big = np.isfinite(block) & np.isinf(block.astype(np.float32))
             if not big.any():
                 continue
             row, col = (int(i) for i in np.argwhere(big)[0])
             row += start
             raise FormatError("feature does not fit float32", source=source,
                               field=f"{field}[{row}, {col}]", found=float(x[row, col]),
-                              expected=f"|value| <= {top:.4g} (features are held as float32)")
+                              expected=f"a value float32 holds, |value| up to about {top:.3g} "
+                                       "(features are held as float32)")
     if x.dtype.kind in "fiub":
         return x.astype(np.float32)
     raise FormatError("features must be numbers", source=source, field=field, found=x.dtype,

@@ -78,7 +78,7 @@ def load_neutronstar(edge_file: PathLike, feature_file: PathLike, label_file: Pa
         masks = read_masks(mask_file, n)
         src, dst = read_edges(edge_file, n, binary_dtype=np.uint32, fixed_width=True)
     except ValidationError as exc:
-        if num_nodes is not None or exc.hint or "out of range" not in exc.problem:
+        if num_nodes is not None or exc.hint or exc.problem != "vertex id out of range":
             raise
         raise ValidationError(exc.problem, source=exc.source, line=exc.line, field=exc.field,
                               found=exc.found, expected=exc.expected,

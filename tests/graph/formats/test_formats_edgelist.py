@@ -339,6 +339,9 @@ def test_inputs_named_for_what_they_are(tmp_path: Path) -> None:
     np.save(tmp_path / "wide.npy", wide)
     with pytest.raises(FormatError, match=r"features\[3, 1\]: feature does not fit float32"):
         load_edgelist(edges, tmp_path / "wide.npy", y)
+    wide[3, 1] = float(np.finfo(np.float32).max)  # the largest float32 fits
+    np.save(tmp_path / "wide.npy", wide)
+    load_edgelist(edges, tmp_path / "wide.npy", y)
     labels = np.load(y).astype(np.uint64)
     labels[2] = 2**64 - 1
     np.save(tmp_path / "u64.npy", labels)

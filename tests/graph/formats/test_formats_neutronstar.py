@@ -202,6 +202,13 @@ def test_a_vertex_missing_from_the_features_is_suspected_there(tmp_path: Path) -
         load_neutronstar(*_write(tmp_path, features=rows))
 
 
+def test_a_label_out_of_range_gets_no_hint_about_vertices(tmp_path: Path) -> None:
+    labels = "".join(f"{v} {7 if v == 2 else Y[v]}\n" for v in range(N))
+    with pytest.raises(ValidationError, match="label out of range") as err:
+        load_neutronstar(*_write(tmp_path, labels=labels), num_classes=C)
+    assert err.value.hint is None
+
+
 def test_edge_id_out_of_range(tmp_path: Path) -> None:
     edges = np.array([[0, 1], [N + 5, 2]], dtype=np.uint32).tobytes()
     with pytest.raises(ValidationError, match="out of range") as err:
