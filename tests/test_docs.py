@@ -77,20 +77,23 @@ ALLOWED_UP = {("parallel/", "configfile.py")}
 """Imports that reach a higher floor by design, as the text above the table says."""
 
 
-def _floors() -> dict[str, int]:
-    """unit (``graph/``, ``cli.py``, ``schedule/bins.py``) -> floor, from the table of
-    docs/architecture.md's "Packages, bottom up"."""
+def _floor_rows() -> list[tuple[int, list[str], set[str]]]:
+    """(floor, units, names in the third column) per row of the table in
+    docs/architecture.md's "Packages, bottom up"; a unit is ``graph/``, ``cli.py`` or
+    ``schedule/bins.py`` (a package inside one listed in the same row is part of it)."""
     text = (REPO / "docs" / "architecture.md").read_text()
     section = text[text.index("## Packages, bottom up"):]
     section = section[:section.index("\n## ", 1)]
-    floors: dict[str, int] = {}
+    rows = []
     for line in section.splitlines():
-        m = re.match(r"\| (\d+) \| (.*?) \| .* \|$", line)
+        m = re.match(r"\| (\d+) \| (.*?) \| (.*) \|$", line)
         if m:
-            for name in re.findall(r"`([\w/]+(?:\.py|/))`", m.group(2)):
-                if (REPO / "fullgraph" / name).exists():
-                    floors[name] = int(m.group(1))
-    return floors
+            names = [n for n in re.findall(r"`([\w/]+(?:\.py|/))`", m.group(2))
+                     if (REPO / "fullgraph" / n).exists()]
+            units = [n for n in names if not any(o != n and o.endswith("/") and n.startswith(o)
+                                                 for o in names)]
+            rows.append((int(m.group(1)), units, set(re.findall(r"`([\w/]+)`", m.group(3)))))
+    return rows
 
 
 def _unit(module: str, floors: dict[str, int]) -> str | None:
@@ -103,39 +106,54 @@ def _unit(module: str, floors: dict[str, int]) -> str | None:
     return None
 
 
-def test_every_import_goes_to_the_same_floor_or_lower():
-    """The floors table of docs/architecture.md is the import order of ``fullgraph/``:
-    every module is on it, and every import (inside functions too) goes to its own
-    floor or lower, except ``ALLOWED_UP``."""
+def _imports(path: Path) -> list[tuple[int, str]]:
+    """(line, module) of every fullgraph module ``path`` imports, inside functions too."""
     import ast
 
-    floors = _floors()
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module == "fullgraph":
+            out += [(node.lineno, f"fullgraph.{a.name}") for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("fullgraph."):
+            out.append((node.lineno, node.module or ""))
+        elif isinstance(node, ast.Import):
+            out += [(node.lineno, a.name) for a in node.names if a.name.startswith("fullgraph.")]
+    return out
+
+
+def test_every_import_goes_to_the_same_floor_or_lower():
+    """The floors table of docs/architecture.md is the import order of ``fullgraph/``:
+    every module is on it, every import (inside functions too) goes to its own floor or
+    lower, except ``ALLOWED_UP``, and each row's third column names exactly what the
+    row's modules import from the other rows."""
+    rows = _floor_rows()
+    floors = {u: floor for floor, units, _ in rows for u in units}
     assert len(floors) > 20, floors
-    unlisted, upward = [], []
+    unlisted, upward, columns = [], [], []
+    imported: dict[str, set[str]] = {u: set() for u in floors}
     for path in sorted((REPO / "fullgraph").rglob("*.py")):
         rel = path.relative_to(REPO / "fullgraph")
         if rel.as_posix() == "__init__.py":
             continue
         me = _unit("fullgraph." + ".".join(rel.with_suffix("").parts), floors)
-        text = path.read_text()
         if me is None:  # (a package of listed modules may have an __init__ of no imports)
-            if rel.name != "__init__.py" or "import" in text:
+            if rel.name != "__init__.py" or _imports(path):
                 unlisted.append(rel.as_posix())
             continue
-        for node in ast.walk(ast.parse(text)):
-            if isinstance(node, ast.ImportFrom) and node.module == "fullgraph":
-                names = [f"fullgraph.{a.name}" for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("fullgraph."):
-                names = [node.module]
-            elif isinstance(node, ast.Import):
-                names = [a.name for a in node.names if a.name.startswith("fullgraph.")]
-            else:
+        for line, name in _imports(path):
+            unit = _unit(name, floors)
+            if unit is None or unit == me:
                 continue
-            for name in names:
-                unit = _unit(name, floors)
-                if unit is not None and floors[unit] > floors[me] and \
-                        (me, unit) not in ALLOWED_UP:
-                    upward.append(f"{rel}:{node.lineno} ({me}, floor {floors[me]}) imports "
-                                  f"{name} ({unit}, floor {floors[unit]})")
+            imported[me].add(unit)
+            if floors[unit] > floors[me] and (me, unit) not in ALLOWED_UP:
+                upward.append(f"{rel}:{line} ({me}, floor {floors[me]}) imports {name} "
+                              f"({unit}, floor {floors[unit]})")
+    for _, units, listed in rows:
+        got = {u.removesuffix(".py").removesuffix("/") for me in units for u in imported[me]
+               if u not in units}
+        if got != (listed - {"nothing"}):
+            columns.append(f"{', '.join(units)}: the table says {sorted(listed)}, the code "
+                           f"imports {sorted(got)}")
     assert not unlisted, f"modules on no floor of docs/architecture.md: {unlisted}"
     assert not upward, "imports of a higher floor:\n" + "\n".join(upward)
+    assert not columns, "third column of the floors table:\n" + "\n".join(columns)
