@@ -247,7 +247,9 @@ def _fit_launched(cfg: Any, dataset: Any, verbose: bool) -> FitResult:
     with tempfile.TemporaryDirectory(prefix="fullgraph-fit-") as tmp:
         if in_memory:  # the workers read it from disk, as any processed dataset
             store.save_dataset(dataset, Path(tmp) / "dataset")
-            data = dataclasses.asdict(cfg.data) | {"dataset": str(Path(tmp) / "dataset")}
+            # (the split is drawn into the copy already: no seed is left for the workers)
+            data = dataclasses.asdict(cfg.data) | {"dataset": str(Path(tmp) / "dataset"),
+                                                   "split_seed": 0}
             # the model file is written here, naming the data as given, not its copy
             cfg = dataclasses.replace(cfg, data=DataConfig(**data),
                                       train=dataclasses.replace(cfg.train, save_model=None))

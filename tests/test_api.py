@@ -7,6 +7,7 @@ import json
 import math
 import subprocess
 import sys
+import warnings
 from types import SimpleNamespace
 
 import pytest
@@ -245,6 +246,12 @@ def test_split_seed_draws_the_split_of_data_without_masks() -> None:
                 for seed in (0, 0, 7)]
     assert runs[0].losses == runs[1].losses != runs[2].losses
     assert runs[2].model.meta["data"]["split_seed"] == 7
+    with warnings.catch_warnings(record=True) as caught:  # drawn here, not said to be unused
+        warnings.simplefilter("always")
+        launched = fullgraph.fit(_random_data(), epochs=3, hidden=8, split_seed=7, workers=2,
+                                 strategy="data")
+    assert not [w for w in caught if "split" in str(w.message)], [str(w.message) for w in caught]
+    torch.testing.assert_close(launched.losses, runs[2].losses)
 
 
 def test_fit_gives_back_the_callers_random_state() -> None:
