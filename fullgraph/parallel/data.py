@@ -173,13 +173,18 @@ class DataParallel(RowPartitioned[DataPlan]):
                 None, measured at start).
             edge_cost: seconds per edge x column aggregated (default: None, measured).
             vertex_cost: seconds per vertex x column computed (default: None, measured).
+                While any of the three is measured, a timed trial on every worker keeps
+                the fastest of the cost model's plan and the two pure modes; with all
+                three given, the cost model's plan runs as it is.
         """
 
         mode: str = option("depcomm", "how remote in-neighbours are obtained: fetched each "
                            "layer, replicated and recomputed, or a cost-model mix",
                            choices=MODES)
-        byte_cost: float | None = option(None, "hybrid: seconds per byte moved; unset: "
-                                         "measured at start")
+        byte_cost: float | None = option(None, "hybrid: seconds per byte moved, and a "
+                                         "timed trial keeps the fastest of the model's plan, "
+                                         "depcomm and depcache unless all three costs are "
+                                         "given; unset: measured at start")
         edge_cost: float | None = option(None, "hybrid: seconds per edge x column aggregated; "
                                          "unset: measured")
         vertex_cost: float | None = option(None, "hybrid: seconds per vertex x column "
