@@ -161,7 +161,8 @@ def check_same_data(dataset: Dataset, comm: Comm) -> None:
     diffs = _differing(all_gather_object(mine, comm, "setup"))
     if diffs:
         raise ConfigError("the workers loaded different data (" + "; ".join(diffs) + "): "
-                          "give every host the same dataset")
+                          "give every host the same dataset (copy one host's processed "
+                          "directory to the others: its checksums name its files)")
 
 
 def _differing(every: list[dict[str, Any]]) -> list[str]:
