@@ -77,9 +77,18 @@ class PartitionBook:
         np.cumsum(sizes, out=self._offsets[1:])
         self._perm = _stable_argsort(part_of, self.num_parts)
         self._lid: np.ndarray | None = None
+        self._checksum: str | None = None
         self.part_of = torch.from_numpy(self._part_of)
         self.perm = torch.from_numpy(self._perm)
         self.offsets = torch.from_numpy(self._offsets)
+
+    @property
+    def checksum(self) -> str:
+        """SHA-256 of ``num_parts`` and ``part_of``, as ``save`` records it (a loaded
+        book's is the file's, verified when it was read)."""
+        if self._checksum is None:
+            self._checksum = _checksum(self._part_of, self.num_parts)
+        return self._checksum
 
     # ------------------------------------------------------------ construction
     @classmethod
@@ -186,7 +195,7 @@ class PartitionBook:
                          format_version=np.int64(FORMAT_VERSION),
                          num_parts=np.int64(self.num_parts), num_nodes=np.int64(self.num_nodes),
                          part_of=self._part_of,
-                         checksum=np.array(_checksum(self._part_of, self.num_parts)))
+                         checksum=np.array(self.checksum))
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp_name, path)
@@ -216,7 +225,9 @@ class PartitionBook:
                                   field="num_nodes", found=int(part_of.shape[0]),
                                   expected=int(num_nodes),
                                   hint="partition this graph again")
-        return cls(part_of, num_parts)
+        book = cls(part_of, num_parts)
+        book._checksum = str(fields["checksum"].item())  # verified by _checked_fields
+        return book
 
 
 # ------------------------------------------------------------------- internals
