@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from fullgraph.errors import ConfigError, FullgraphError
+from fullgraph.worker import warnings_recorded
 
 if TYPE_CHECKING:
     from fullgraph.saved import SavedModel
@@ -128,6 +129,12 @@ def fit(data: Any = "cora", *, model: str = "gcn", strategy: str = "single",
                           "fullgraph Dataset has its class count")
     options["dataset"] = str(data) if isinstance(data, (str, Path)) else \
         data.name if isinstance(data, Dataset) else "pyg"
+    with warnings_recorded():  # the launched workers leave out what was shown here
+        return _fit(data, options, workers, verbose, num_classes, in_memory)
+
+
+def _fit(data: Any, options: dict[str, Any], workers: int, verbose: bool,
+         num_classes: int | None, in_memory: bool) -> FitResult:
     cfg = config_from_options(options)
     with _own_random_state():
         if isinstance(data, (str, Path)):

@@ -344,8 +344,12 @@ def main(argv: list[str] | None = None) -> int:
     formatted = warnings.formatwarning
     if not debug:  # a warning is one line, as an error is: no source file, no code line
         warnings.formatwarning = _one_line_warning(f"fullgraph {args.command}")
+    from fullgraph import worker
+
+    if os.environ.get(worker.SUPERVISED_ENV):
+        worker.ignore_launcher_warnings()
     try:
-        with _stopped_by_signals(args.command in CLEAN_ON_SIGNALS):
+        with _stopped_by_signals(args.command in CLEAN_ON_SIGNALS), worker.warnings_recorded():
             return COMMANDS[args.command](args)
     except _Terminated as exc:  # the files being written are removed; then end as signalled
         name = signal.Signals(exc.signum).name
@@ -359,9 +363,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"fullgraph {args.command}: error: {_error_text(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        from fullgraph.worker import SUPERVISED_ENV
-
-        if not os.environ.get(SUPERVISED_ENV):  # else the launcher says it, once
+        if not os.environ.get(worker.SUPERVISED_ENV):  # else the launcher says it, once
             print("fullgraph: interrupted", file=sys.stderr)
         return 130
     finally:

@@ -53,8 +53,10 @@ from fullgraph.worker import (  # noqa: F401
     HEARTBEAT_S,
     RUN_DIR_ENV,
     SUPERVISED_ENV,
+    WARNED_ENV,
     WorkerStatus,
     run_worker,
+    shown_warnings,
 )
 
 WORKERS_PER_CORE = 4
@@ -197,7 +199,8 @@ def _start(procs: list[subprocess.Popen], argv: list[str], workers: int, run_dir
                    LOCAL_WORLD_SIZE=str(workers), MASTER_ADDR="127.0.0.1",
                    MASTER_PORT=str(port), OMP_NUM_THREADS=str(threads),
                    FULLGRAPH_THREADS=str(threads),
-                   **{RUN_DIR_ENV: str(run_dir), SUPERVISED_ENV: str(os.getpid())})
+                   **{RUN_DIR_ENV: str(run_dir), SUPERVISED_ENV: str(os.getpid()),
+                      WARNED_ENV: json.dumps(shown_warnings())})
         cmd = [sys.executable, "-m", *argv]  # argv[0]: the module to run
         if rank == 0:
             procs.append(subprocess.Popen(cmd, env=env))

@@ -18,12 +18,16 @@ Every file is written to a temporary name and renamed, so a reader never sees ha
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import sys
 import threading
 import time
 import traceback
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Callable
 
@@ -32,6 +36,43 @@ SUPERVISED_ENV = "FULLGRAPH_SUPERVISED"
 """Set by the local launcher to its process id: it reports failures, and a worker ends
 when the launcher does."""
 HEARTBEAT_S = 0.5
+WARNED_ENV = "FULLGRAPH_WARNED"
+"""Set by the local launcher to the warnings it has shown (a JSON list of messages): its
+workers run the same checks of the same options and leave those out."""
+
+_shown: list[str] = []
+
+
+@contextlib.contextmanager
+def warnings_recorded() -> Iterator[None]:
+    """Within: every warning this process shows is also remembered (``shown_warnings``),
+    for the workers it launches to leave out."""
+    show = warnings.showwarning
+
+    def record(message: Warning | str, *args: Any, **kwargs: Any) -> None:
+        _shown.append(str(message))
+        show(message, *args, **kwargs)
+
+    warnings.showwarning = record
+    try:
+        yield
+    finally:
+        warnings.showwarning = show
+
+
+def shown_warnings() -> list[str]:
+    """The messages of the warnings shown within ``warnings_recorded`` so far."""
+    return list(dict.fromkeys(_shown))
+
+
+def ignore_launcher_warnings() -> None:
+    """In a worker of the local launcher: do not show again what the launcher showed."""
+    try:
+        messages = json.loads(os.environ.get(WARNED_ENV) or "[]")
+    except ValueError:
+        return
+    for message in messages if isinstance(messages, list) else ():
+        warnings.filterwarnings("ignore", message=re.escape(str(message)) + r"\Z")
 
 
 def write_atomic(path: Path, text: str) -> None:

@@ -46,11 +46,12 @@ def data_root(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def launched(data_root, tmp_path_factory):
-    """One ``--strategy data --workers 2`` run on Cora, shared by several tests."""
+    """One ``--strategy data --workers 2`` run on Cora, shared by several tests (with an
+    option that has no effect, which warns)."""
     tmp = tmp_path_factory.mktemp("launched")
     metrics, run_dir = tmp / "metrics.jsonl", tmp / "run"
     out = run_cli(TRAIN + ["--strategy", "data", "--workers", "2", "--metrics-out", str(metrics),
-                           "--run-dir", str(run_dir)], data_root)
+                           "--run-dir", str(run_dir), "--checkpoint-every", "2"], data_root)
     return out, metrics, run_dir
 
 
@@ -74,6 +75,9 @@ def test_two_workers_end_to_end(launched):
     assert stdout.count("dataset  cora") == 1 and stdout.count("final test accuracy") == 1
     assert stdout.count("per-rank medians") == 1
     assert "rank 1" not in out.stderr
+    # a warning the launcher gave is not repeated by the workers, which check the same
+    assert out.stderr.count("--checkpoint-every has no effect") == 1, out.stderr
+    assert "--checkpoint-every" not in (run_dir / "rank1.log").read_text()
     assert (run_dir / "status-rank1").read_text() == "done"
     assert (run_dir / "pid-rank1").read_text().strip().isdigit()
     assert not list(run_dir.glob("failure-rank*.json"))
