@@ -39,6 +39,8 @@ def test_parse_reads_every_key_and_the_defaults():
     ("cpu:at=1", "start at epoch 2 or later"),
     ("sleep:p=often", "could not convert"),
     (" ; ", "no item"),
+    ("sleep:seed=-1", r"seed=-1 must be an integer in \[0, 2\*\*63\)"),
+    ("sleep:s=0.1, s=0.2", "s given twice"),
 ])
 def test_parse_names_what_is_wrong(text, message):
     with pytest.raises(ValueError, match=message):
@@ -50,6 +52,9 @@ def test_config_refuses_a_bad_spec_and_check_world_a_missing_rank():
         AdaptConfig(inject="cpu:n=0")
     with pytest.raises(ValueError, match=r"ranks \[3\] do not exist with 3 worker"):
         check_world(parse("sleep:ranks=1+3"), 3)
+    with pytest.raises(ValueError, match=r"at=9 is past the run's last epoch \(8\)"):
+        check_world(parse("sleep:at=4+9"), 3, epochs=8)
+    check_world(parse("sleep:at=4+8"), 3, epochs=8)
 
 
 def test_schedule_is_seeded_per_rank_and_does_not_overlap():

@@ -148,8 +148,10 @@ def test_adapt_adjust_builds_the_balancer_for_tensor_only():
     strategy = TensorParallel()
     plan = strategy.setup(dataset(), model, torch.device("cpu"))
     cfg = Config(runtime=RuntimeConfig(strategy="tensor"), adapt=AdaptConfig(mode="adjust"))
-    (balancer,) = build_adapters(cfg, strategy, model, plan, 0, 1, lambda e: None)
+    (balancer,) = build_adapters(cfg, strategy, model, plan, 0, 2, lambda e: None)
     assert isinstance(balancer, ShareBalancer)
+    with pytest.warns(UserWarning, match="--adapt adjust has no effect with one worker"):
+        assert build_adapters(cfg, strategy, model, plan, 0, 1, lambda e: None) == []
     assert "in proportion to each worker's measured compute speed" in balancer.header()[0]
     budget = dataclasses.replace(cfg, adapt=AdaptConfig(mode="adjust", cache_budget_mb=1.0))
     with pytest.raises(ConfigError, match="--cache-budget bounds DepCache under --adapt "

@@ -11,6 +11,7 @@
 """
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 from fullgraph.adapt.base import Adapter, Note
@@ -25,7 +26,8 @@ def check_options(cfg: Any, world: int) -> None:
 
     Raises:
         ConfigError: adjust on a strategy it does not work on, a cache budget without
-            DepCache adjustment, or an injection item naming a missing rank.
+            DepCache adjustment, or an injection item naming a missing rank or an epoch
+            past the last.
     """
     from fullgraph.adapt.inject import check_world, parse
 
@@ -53,9 +55,12 @@ def check_options(cfg: Any, world: int) -> None:
                           "--strategy data; it has no effect here")
     if opts.inject:
         try:
-            check_world(parse(opts.inject), world)
+            check_world(parse(opts.inject), world, cfg.train.epochs)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
+    if opts.mode != "off" and world == 1:
+        warnings.warn(f"--adapt {opts.mode} has no effect with one worker: there is no other "
+                      "worker to move work to", stacklevel=2)
 
 
 def build_adapters(cfg: Any, strategy: Any, model: Any, plan: Any, rank: int, world: int,
@@ -73,6 +78,8 @@ def build_adapters(cfg: Any, strategy: Any, model: Any, plan: Any, rank: int, wo
             adapters.append(Injector(parse(opts.inject), rank, cfg.train.epochs, note, world))
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
+    if world == 1:  # nothing to move (check_options warned)
+        return adapters
     if opts.mode == "adjust+partial":
         from fullgraph.adapt.partial import PartialReduce
 

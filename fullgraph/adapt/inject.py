@@ -43,6 +43,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fullgraph.fields import SEED_RANGE, is_seed
+
 KINDS = ("sleep", "cpu", "net")
 _COMMON = {"p", "n", "ranks", "at", "seed"}
 _KEYS = {"sleep": _COMMON | {"s"}, "cpu": _COMMON | {"load"}, "net": _COMMON | {"rate", "delay"}}
@@ -101,9 +103,12 @@ def _parse_item(kind: str, rest: str, item: str) -> InjectSpec:
     values: dict[str, str] = {}
     for pair in (t.strip() for t in rest.split(",") if t.strip()):
         key, eq, value = pair.partition("=")
+        key = key.strip()
         if not eq or key not in _KEYS[kind]:
             raise ValueError(f"--inject {item!r}: bad key {pair!r}; {kind} takes "
                              f"{', '.join(sorted(_KEYS[kind]))} as key=value")
+        if key in values:
+            raise ValueError(f"--inject {item!r}: {key} given twice")
         values[key] = value.strip()
     try:
         spec = InjectSpec(
@@ -141,17 +146,24 @@ def _check(spec: InjectSpec, item: str) -> None:
         problems.append(f"delay={spec.delay} is not a tc time such as 10ms")
     if spec.at and min(spec.at) < 2:
         problems.append(f"at={spec.at}: slowdowns start at epoch 2 or later")
+    if not is_seed(spec.seed):
+        problems.append(f"seed={spec.seed} must be {SEED_RANGE}")
     if problems:
         raise ValueError(f"--inject {item!r}: {'; '.join(problems)}")
 
 
-def check_world(specs: list[InjectSpec], world_size: int) -> None:
-    """Raise if an item names a rank the run does not have."""
+def check_world(specs: list[InjectSpec], world_size: int, epochs: int | None = None) -> None:
+    """Raise if an item names a rank the run does not have, or (``epochs`` given) forces
+    a slowdown at an epoch it does not run."""
     for spec in specs:
         bad = [r for r in spec.ranks or () if r >= world_size]
         if bad:
             raise ValueError(f"--inject {spec.kind}: ranks {bad} do not exist with "
                              f"{world_size} worker(s)")
+        late = [e for e in spec.at if epochs is not None and e > epochs]
+        if late:
+            raise ValueError(f"--inject {spec.kind}: at={'+'.join(map(str, late))} is past "
+                             f"the run's last epoch ({epochs})")
 
 
 def schedule(spec: InjectSpec, rank: int, epochs: int) -> list[tuple[int, int]]:
