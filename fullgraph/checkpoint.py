@@ -221,6 +221,14 @@ def load_file(path: Path, what: str, kind: str) -> Any:
     if not zipfile.is_zipfile(path):
         raise ConfigError(f"{what}: {path} is not a readable {kind}: not a whole file of "
                           "torch.save (no zip archive: another kind of file, or one cut short)")
+    try:  # torch.load does not check the members' CRC-32s: damaged bytes would load
+        with zipfile.ZipFile(path) as archive:
+            bad = archive.testzip()
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as exc:
+        raise ConfigError(f"{what}: {path} is not a readable {kind}: damaged ({exc})") from None
+    if bad is not None:
+        raise ConfigError(f"{what}: {path} is not a readable {kind}: damaged (its part "
+                          f"{bad} does not match the checksum written with it)")
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # unpickling errors of every kind

@@ -244,3 +244,18 @@ def test_workers_resuming_from_different_points_are_refused(two_worker_runs, tmp
     saved["model"][first] = saved["model"][first] + 1.0
     checkpoint.write_atomic(out / "stop2-other" / checkpoint.FILE_NAME, saved)
     run_ranks(_mixed_starts, 2, tmp_path, str(out))
+
+
+def test_damaged_checkpoint_is_refused_not_resumed(tmp_path):
+    """Bytes flipped inside a tensor leave a valid zip that torch.load reads: the CRC-32
+    written with each part finds them."""
+    ds = make_dataset()
+    train(ds, config("single", STOP, tmp_path))
+    path = tmp_path / checkpoint.FILE_NAME
+    data = bytearray(path.read_bytes())
+    start = len(data) // 3
+    data[start:start + 64] = bytes(b ^ 0xFF for b in data[start:start + 64])
+    path.write_bytes(bytes(data))
+    with pytest.raises(ConfigError, match=r"checkpoint.pt is not a readable checkpoint: "
+                                          r"damaged \(its part .* does not match the checksum"):
+        checkpoint.read(tmp_path)
