@@ -11,10 +11,12 @@ resumed from a checkpoint (``fullgraph.checkpoint``) goes on bit for bit.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import importlib
 import math
 import os
 import time
+import warnings
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -146,7 +148,8 @@ def check_same_data(dataset: Dataset, comm: Comm) -> None:
 
     sh = dataset.shard
     if sh is not None:
-        mine: dict[str, Any] = {**sh.fingerprint, "parts": sh.parts}
+        mine: dict[str, Any] = {**sh.fingerprint, "parts": sh.parts, "shard hops": sh.hops,
+                                "shard partition": digest(sh.part_of)}
     else:
         g, d = dataset.graph, dataset.data
         mine = {"vertices": g.num_nodes, "edges": g.num_edges, "features": d.num_features,
@@ -272,6 +275,14 @@ def check_before_launch(cfg: Config, dataset: Dataset, workers: int) -> None:
                               "is per-part shards, which carry their own partition; leave "
                               "out --partition-file")
         check_shard_hops(cfg, dataset, program)
+        opts = cfg.options["partition"]
+        unused = [f.name for f in dataclasses.fields(opts)
+                  if f.name != "file" and getattr(opts, f.name) != f.default]
+        if unused:
+            from fullgraph.configfile import flags_of
+
+            warnings.warn(f"{flags_of('partition', unused)} no effect on per-part shards: "
+                          "they carry the partition they were written with", stacklevel=2)
         if cfg.runtime.strategy == "tensor" and cfg.adapt.mode != "off":
             raise ConfigError(f"adapt.mode: --adapt {cfg.adapt.mode} with --strategy tensor "
                               "moves rows between workers, and on per-part shards a worker "

@@ -186,6 +186,9 @@ def test_tensor_with_adapt_is_refused_on_shards(tmp_path):
     with pytest.raises(ConfigError, match="adapt.mode: --adapt adjust with --strategy tensor"):
         check_before_launch(cfg, part, 2)
     check_before_launch(config_from_args(build_parser().parse_args(args)), part, 2)
+    with pytest.warns(UserWarning, match="--partitioner has no effect on per-part shards"):
+        check_before_launch(config_from_args(build_parser().parse_args(
+            args + ["--partitioner", "random"])), part, 2)
 
 
 # ---------------------------------------------------------------- exactness
@@ -252,6 +255,27 @@ def test_data_parallel_on_shards_equals_single_process(tmp_path, world):
     # the metis partition of the tests above: computed by rank 0 of a run is the same
     _write(tmp_path, world, 2)
     run_ranks(check_exact_on_shards, world, tmp_path, str(tmp_path))
+
+
+def check_parts_of_two_partitions(comm, tmp: str):
+    """Rank 1 holds its part of another partition of the same dataset (a stale copy on
+    one host): the start-up check refuses it on every rank."""
+    from fullgraph.train import check_same_data
+
+    check_same_data(load_part(f"{tmp}/shards", comm.rank), comm)  # one partition passes
+    mine = load_part(f"{tmp}/{'shards' if comm.rank == 0 else 'other'}", comm.rank)
+    with pytest.raises(ConfigError, match=r"the workers loaded different data \(shard "
+                                          r"partition: '\w+' on rank\(s\) 0, '\w+' on "
+                                          r"rank\(s\) 1\)"):
+        check_same_data(mine, comm)
+
+
+@pytest.mark.dist
+def test_parts_of_two_partitions_are_refused(tmp_path):
+    dataset, _ = _write(tmp_path, 2, 2)
+    other = partition(dataset.graph, 2, "random", seed=0)
+    write_shards(dataset, other, tmp_path / "other", 2, dataset_fingerprint(dataset), "random")
+    run_ranks(check_parts_of_two_partitions, 2, tmp_path, str(tmp_path))
 
 
 @pytest.mark.dist
