@@ -24,6 +24,7 @@ Exact: each column is computed by the same kernel as without the spill.
 """
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
 from pathlib import Path
@@ -122,7 +123,7 @@ class Spill:
                 return storage
         fd, path = tempfile.mkstemp(prefix="fullgraph-rows-", suffix=".bin", dir=self.directory)
         try:
-            os.ftruncate(fd, nbytes)  # sparse: reads as zeros, takes disk where written
+            _reserve(fd, nbytes, self.directory)
             storage = torch.from_file(path, shared=True, size=nbytes,
                                       dtype=torch.uint8).untyped_storage()
         finally:
@@ -191,3 +192,25 @@ class _SpilledSpMM(torch.autograd.Function):
         grad_x = _by_columns(ctx.spill, grad, graph.num_src,
                              lambda gc: transposed_aggregate(graph, gc, weight, "sum"))
         return grad_x, None, None, None
+
+
+def _reserve(fd: int, nbytes: int, directory: Any) -> None:
+    """Size the file ``fd`` to ``nbytes`` of zeros, with its disk space claimed now: a
+    mapping of a sparse file whose disk fills up ends the process by SIGBUS at the first
+    write that finds no space, with no message.
+
+    Raises:
+        OSError: ENOSPC, naming the directory and the bytes asked for.
+    """
+    try:
+        os.posix_fallocate(fd, 0, nbytes)
+        return
+    except OSError as exc:
+        if exc.errno == errno.ENOSPC:
+            raise OSError(errno.ENOSPC, f"no space left for {nbytes} bytes of spilled rows "
+                          f"(--spill-dir)", str(directory)) from None
+        if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+            raise
+    except AttributeError:  # no posix_fallocate on this platform
+        pass
+    os.ftruncate(fd, nbytes)  # sparse: reads as zeros, takes disk where written

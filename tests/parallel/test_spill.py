@@ -55,6 +55,21 @@ def test_spilled_matrices_are_file_backed_zeros(tmp_path, memory, strides):
     assert spill.made == 1 and spill.made_bytes == 28000
 
 
+def test_a_full_disk_is_an_error_naming_the_directory(tmp_path, monkeypatch):
+    """The disk space is claimed when the file is made: a mapping that finds no space at
+    its first write would end the process by SIGBUS."""
+    import errno
+
+    def full(fd, offset, length):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "posix_fallocate", full, raising=False)
+    with pytest.raises(OSError, match="no space left for 28000 bytes of spilled rows") as err:
+        Spill(tmp_path / "rows", memory=1 << 20).empty(1000, 7, torch.float32)
+    assert err.value.errno == errno.ENOSPC and err.value.filename == str(tmp_path / "rows")
+    assert os.listdir(tmp_path / "rows") == []
+
+
 @pytest.mark.parametrize("memory", [1, 40 * 8 * 2 * 3, 1 << 20])
 def test_spilled_spmm_equals_spmm_forward_and_backward(tmp_path, memory):
     """Column chunks of one, three and all columns give the SpMM's output and its
