@@ -68,7 +68,8 @@ def write_report(metrics: str | Path, out: str | Path) -> list[Path]:
         fig.savefig(out / name, dpi=DPI)
         written.append(out / name)
     page = out / "index.html"
-    page.write_text(render_page(log, rows, slow), encoding="ascii")
+    # other characters (a path, a dataset's name) as references: the page says ascii
+    page.write_bytes(render_page(log, rows, slow).encode("ascii", "xmlcharrefreplace"))
     return written + [page]
 
 

@@ -62,14 +62,16 @@ def read_run_log(path: str | Path) -> RunLog:
     """Parse a metrics file.
 
     Raises:
-        DataError: the file is missing, a line is not a JSON object, or it has no
-            ``run`` record or no ``epoch`` record (the message names file and line).
+        DataError: the file is missing, a line is not a JSON object, it has no
+            ``run`` record or no ``epoch`` record, or a second ``run`` record (the
+            message names file and line).
     """
     path = Path(path)
     if not path.is_file():
         raise DataError("metrics file not found", source=path,
                         hint="write one with `fullgraph train --metrics-out FILE`")
     run: dict[str, Any] | None = None
+    run_line = 0
     log = RunLog(path, {}, [])
     text = path.read_text()
     lines = text.splitlines()
@@ -89,7 +91,11 @@ def read_run_log(path: str | Path) -> RunLog:
                             expected='a JSON object with an "event" key')
         event = record.pop("event")
         if event == "run":
-            run = record
+            if run is not None:
+                raise DataError(f"a second run starts here (the first at line {run_line}): the "
+                                "file holds several runs", source=path, line=n,
+                                hint="give each run its own --metrics-out file")
+            run, run_line = record, n
         elif event == "epoch":
             log.epochs.append(record)
         elif event == "rank_epoch":

@@ -102,12 +102,14 @@ def test_report_of_an_unsplit_run_names_no_slowest_rank(readme_api_run, tmp_path
 
 
 def test_report_of_a_one_worker_run(tmp_path, capsys) -> None:
-    metrics = tmp_path / "one.jsonl"
+    metrics = tmp_path / "r\u00e9sum\u00e9" / "one.jsonl"  # a path ascii cannot spell
+    metrics.parent.mkdir()
     fullgraph.fit(sbm(67, 3, avg_degree=5.0, num_features=9, seed=11), epochs=4,
                   eval_every=2, metrics_out=str(metrics))
     assert len(read_run_log(metrics).epochs) == 4 and not read_run_log(metrics).ranks
     page = report(metrics, tmp_path / "report", capsys)
     assert "strategy single, 1 worker(s)" in page and "(slowest)" not in page
+    assert "r&#233;sum&#233;" in page
 
 
 def test_a_last_line_cut_off_by_a_stopped_run_is_left_out(tmp_path) -> None:
@@ -139,6 +141,9 @@ def test_without_matplotlib_one_line_says_how_to_install_it(tmp_path, capsys,
     ('{"event": "run"}\n', "no epoch record"),
     ('{"event": "epoch", "epoch": 1}\n', "no run record"),
     ('[1, 2]\n', r"bad\.jsonl:1: not a metrics record"),
+    ('{"event": "run"}\n{"event": "epoch", "epoch": 1}\n{"event": "run"}\n',
+     r"bad\.jsonl:3: a second run starts here \(the first at line 1\): the file holds "
+     r"several runs.*its own --metrics-out file"),
 ])
 def test_a_bad_metrics_file_is_one_clear_error(tmp_path, capsys, content, match) -> None:
     metrics = tmp_path / "bad.jsonl"
