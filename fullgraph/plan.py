@@ -250,10 +250,11 @@ def _whole_topology(graph: Graph, itemsize: int, norms: int) -> int:
 def tensor_cost(program: StageProgram, graph: Graph, rank: int, world: int, feat_dim: int,
                 chunks: int | None = None, itemsize: int = 4) -> RankCost:
     """One tensor-parallel worker: rows for T stages, a column slice of every vertex
-    for P stages, the whole topology (in host memory when chunked)."""
+    for P stages, the whole topology (with the propagated slices, in host memory when
+    chunked: chunks of them stream through the device, and the rows stay beside)."""
     n, rows = graph.num_dst, even_counts(graph.num_dst, world)[rank]
     topo = _whole_topology(graph, itemsize, max(1, len(program.norms)))
-    inter = flops = moved = rounds = 0
+    inter = flops = moved = rounds = streamed = 0
     aggs: list[tuple[int, int]] = []
     on_rows = True
     for info, stage in zip(describe(program), program.stages):
@@ -264,6 +265,7 @@ def tensor_cost(program: StageProgram, graph: Graph, rank: int, world: int, feat
                 rounds += AGG_PASSES
             on_rows = False
             inter += n * cols * itemsize
+            streamed += n * cols * itemsize
             aggs.append((graph.num_edges, cols))
             continue
         if not on_rows:  # gather back to rows
@@ -280,7 +282,7 @@ def tensor_cost(program: StageProgram, graph: Graph, rank: int, world: int, feat
     moved += _grad_sync(program, world)
     return RankCost(_mem(topology=topo, features=rows * feat_dim * itemsize,
                          params=param_bytes(program), intermediate=inter),
-                    host_only=topo if chunks else 0, bytes_moved=moved,
+                    host_only=topo + streamed if chunks else 0, bytes_moved=moved,
                     aggregations=tuple(aggs), flops=flops,
                     rounds=rounds + BASE_ROUNDS + (chunks or 0))
 

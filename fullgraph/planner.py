@@ -10,6 +10,7 @@ RAM per worker, and its device part within ``--device-memory`` when one is given
 """
 from __future__ import annotations
 
+import math
 import statistics
 import time
 import warnings
@@ -26,6 +27,7 @@ from fullgraph.launch import threads_per_worker
 from fullgraph.memory import available_ram, parse_bytes
 from fullgraph.models import build_model
 from fullgraph.models.stages import StageProgram, propagation_inputs
+from fullgraph.models.walk import describe
 from fullgraph.parallel import costmodel, taskmodel
 from fullgraph.partition import PartitionBook, partition
 from fullgraph.plan_measure import (
@@ -282,6 +284,11 @@ def _costs(cfg: Any, cand: P.Candidate, program: StageProgram, graph: Any,
                 for r in range(workers)], None
     if cand.strategy == "tensor":
         chunks = cand.overrides.get("tensor_parallel", {}).get("num_chunks")
+        budget = device_budget(cfg)
+        if budget is not None:  # the run cuts its chunks to the budget (run_overrides)
+            widest = max((int(s.in_dim) for i, s in zip(describe(program), program.stages)
+                          if i.is_propagate), default=1)
+            chunks = max(1, math.ceil(2 * graph.num_dst * widest / workers * 4 / budget))
         return [P.tensor_cost(program, graph, r, workers, feat, chunks)
                 for r in range(workers)], None
     machine = taskmodel.Machine(1.0 / rates.flop, rates.bandwidth)
@@ -294,6 +301,12 @@ def _costs(cfg: Any, cand: P.Candidate, program: StageProgram, graph: Any,
 def device_budget(cfg: Any) -> int | None:
     text = cfg.options["tensor_parallel"].device_memory
     return parse_bytes(text) if text else None
+
+
+def on_gpu(cfg: Any) -> bool:
+    """Whether the run's device is a GPU (``auto`` where CUDA is available)."""
+    device = cfg.train.device
+    return device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
 
 
 def plan_run(cfg: Any, dataset: Dataset, *, base_rss: int | None = None,
@@ -314,12 +327,13 @@ def plan_run(cfg: Any, dataset: Dataset, *, base_rss: int | None = None,
     process = base + dataset_bytes(dataset)
     ram = available_ram() // workers
     budget = device_budget(cfg)
+    limit = budget if on_gpu(cfg) else None  # on the CPU it only cuts tensor chunks
     for e in estimates:
-        _mark_fit(e, process, ram, budget)
+        _mark_fit(e, process, ram, limit)
     if cfg.launch.workers > 1 and cfg.options["data_parallel"].measures_costs:
         hybrid = _price_the_trial(estimates)
         if hybrid is not None:
-            _mark_fit(hybrid, process, ram, budget)
+            _mark_fit(hybrid, process, ram, limit)
     for e in estimates:
         if e.candidate.label in refused:
             e.fits, e.why_not = False, refused[e.candidate.label]
@@ -329,11 +343,15 @@ def plan_run(cfg: Any, dataset: Dataset, *, base_rss: int | None = None,
 
 
 def _mark_fit(e: Estimate, process: int, ram: int, budget: int | None) -> None:
+    """Whether ``e`` fits the RAM per worker and (``budget``: the device memory a GPU run
+    was given) the device. Tensor parallelism is not held to the budget: it cuts its
+    propagation into chunks within it, its rows beside them, as ``train`` does."""
     peak = e.peak
     e.fits, e.why_not = True, ""
     if process + peak.total > ram:
         e.fits, e.why_not = False, f"needs {_fmt(process + peak.total)} of RAM per worker"
-    elif budget is not None and max(c.device for c in e.costs) > budget:
+    elif budget is not None and e.candidate.strategy != "tensor" \
+            and max(c.device for c in e.costs) > budget:
         e.fits, e.why_not = False, f"needs {_fmt(peak.device)} of device memory"
 
 
@@ -403,7 +421,8 @@ def table_lines(result: PlanResult) -> list[str]:
 def explain(result: PlanResult) -> list[str]:
     """Two lines: what is recommended and why."""
     best = result.recommended
-    others = sorted((e for e in result.estimates if e is not best and e.fits),
+    others = sorted((e for e in result.estimates
+                     if e is not best and e.fits and not _same_run(e, best)),
                     key=lambda e: e.seconds)
     nxt = (f"{others[0].candidate.label} next at {others[0].seconds * 1e3:.1f} ms"
            if others else "the only one on 1 worker" if result.workers == 1
@@ -423,11 +442,23 @@ def explain(result: PlanResult) -> list[str]:
             + (f"; left out (NO above): {', '.join(skipped)}" if skipped else "")]
 
 
+def _same_run(a: Estimate, b: Estimate) -> bool:
+    """Whether ``a`` and ``b`` train the same way: hybrid whose setup trial keeps the
+    other's pure mode."""
+    def runs(e: Estimate) -> str:
+        return f"data/{e.kept}" if e.kept and e.kept != "hybrid" else e.candidate.label
+    return runs(a) == runs(b)
+
+
 def resolve_auto(cfg: Any, dataset: Dataset) -> tuple[P.Candidate, list[str]]:
     """The candidate ``--strategy auto`` runs, and the command-line flags selecting it."""
     if cfg.launch.workers == 1:
         return P.Candidate("single", "single"), ["--strategy", "single"]
-    cand = plan_run(cfg, dataset).recommended.candidate
+    best = plan_run(cfg, dataset).recommended
+    cand = best.candidate
+    if not best.fits:
+        warnings.warn(f"--strategy auto: no strategy fits ({best.why_not} for the fastest, "
+                      f"{cand.label}); running it anyway (see `fullgraph plan`)", stacklevel=2)
     return cand, candidate_flags(cand, device_budget(cfg) is not None)
 
 

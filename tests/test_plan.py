@@ -71,7 +71,9 @@ def test_tensor_holds_the_whole_topology_and_moves_columns():
     gather = 3 * (3 * 2 * 4 + 3 * 1 * 4)
     assert costs[0].bytes_moved == split + gather + params(program)
     chunked = P.tensor_cost(program, graph, 0, 2, F, chunks=4)
-    assert chunked.device == chunked.total - chunked.memory["topology"]
+    # chunked: the topology and the propagated (N, my columns) slices stay in host memory
+    streamed = 6 * 3 * 4 + 6 * 2 * 4
+    assert chunked.device == chunked.total - chunked.memory["topology"] - streamed
 
 
 def test_task_groups_split_rows_and_topology():
@@ -150,6 +152,12 @@ def test_plan_prices_every_candidate_and_marks_what_does_not_fit(monkeypatch):
     lines = planner.table_lines(squeezed)
     assert all("NO: needs" in line for line in lines[2:2 + len(P.CANDIDATES)])
     assert "nothing fits" in lines[-2]
+    # --strategy auto still runs the fastest, and says that nothing fits
+    monkeypatch.setattr(planner, "plan_run", lambda cfg, dataset: squeezed)
+    with pytest.warns(UserWarning, match=r"--strategy auto: no strategy fits \(needs .* of "
+                                         r"RAM per worker for the fastest, "):
+        cand, _ = planner.resolve_auto(cfg, dataset)
+    assert cand == squeezed.recommended.candidate
 
 
 def test_a_strategy_that_refuses_the_model_is_left_out_not_fatal(monkeypatch):
@@ -184,19 +192,24 @@ def test_a_partition_file_of_another_worker_count_is_refused(tmp_path):
         planner.plan_run(cfg, dataset, base_rss=0, rates=RATES, overheads=False)
 
 
-def test_device_budget_leaves_chunked_tensor_as_the_one_that_fits():
+def test_device_budget_on_a_gpu_leaves_tensor_parallelism_chunked_within_it(monkeypatch):
+    """``--device-memory`` is tensor parallelism's budget: its chunks are cut to it and
+    its rows stay beside them, as ``train`` runs it. On a GPU the other strategies hold
+    everything on the device and must fit the budget; on the CPU it limits nothing."""
     dataset = tiny_dataset(F, C, n=24)
-    free = planner.plan_run(tiny_cfg(2, partition={"method": "chunk"}), dataset, base_rss=0,
-                            rates=RATES, overheads=False)
-    chunked = next(e for e in free.estimates if e.candidate.label == "tensor/chunks")
-    others = min(max(c.device for c in e.costs) for e in free.estimates if e is not chunked)
-    budget = max(c.device for c in chunked.costs)
-    assert budget < others
-    cfg = tiny_cfg(2, partition={"method": "chunk"}, tensor_parallel={"device_memory": str(budget)})
+    budget = "1000"
+    cfg = tiny_cfg(2, partition={"method": "chunk"}, tensor_parallel={"device_memory": budget})
+    on_cpu = planner.plan_run(cfg, dataset, base_rss=0, rates=RATES, overheads=False)
+    assert all(e.fits for e in on_cpu.estimates)
+    monkeypatch.setattr(planner, "on_gpu", lambda cfg: True)
     result = planner.plan_run(cfg, dataset, base_rss=0, rates=RATES, overheads=False)
-    assert [e.candidate.label for e in result.estimates if e.fits] == ["tensor/chunks"]
-    assert result.recommended.candidate.label == "tensor/chunks"
-    assert "recommended: tensor/chunks (--strategy tensor)" in planner.explain(result)[0]
+    assert [e.candidate.label for e in result.estimates if e.fits] == ["tensor", "tensor/chunks"]
+    assert all("of device memory" in e.why_not for e in result.estimates if not e.fits)
+    for e in result.estimates:
+        if e.candidate.strategy == "tensor":  # topology and propagated slices in host memory
+            assert all(0 < c.device < c.total for c in e.costs)
+    assert result.recommended.candidate.strategy == "tensor"
+    assert "(--strategy tensor)" in planner.explain(result)[0]
 
 
 def test_auto_with_one_worker_is_single_and_flags_select_the_candidate():
@@ -487,3 +500,19 @@ def test_the_shared_workload_runs_on_either_spmm_backend():
     for backend in ("torch", "numba"):
         with worker_threads(1, backend):
             assert 0 < workload_seconds(rounds=1) < 5
+
+
+def test_the_runner_up_named_is_another_run_not_the_same_one():
+    """Hybrid whose setup trial keeps pure DepCache trains as data/depcache does: the
+    explanation names the next different run."""
+    cost = P.RankCost(memory=dict.fromkeys(P.CATEGORIES, 1))
+    by = {c.label: c for c in P.CANDIDATES}
+
+    def estimate(label: str, seconds: float, kept: str = "") -> planner.Estimate:
+        return planner.Estimate(by[label], [cost], seconds, kept=kept)
+
+    best = estimate("data/depcache", 1e-3)
+    estimates = [estimate("data/depcomm", 3e-3), best,
+                 estimate("data/hybrid", 1e-3, kept="depcache")]
+    result = planner.PlanResult(estimates, best, RATES, 0, 1 << 30, None, 2)
+    assert "(data/depcomm next at 3.0 ms)" in planner.explain(result)[1]
