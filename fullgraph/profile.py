@@ -215,7 +215,7 @@ def _event_lines(profiles: list[list[EpochProfile]]) -> list[str]:
     out = []
     for per_rank in profiles:
         slowed: dict[str, int] = {}
-        switches = 0
+        switches = probes = undone = 0
         partial = [e for p in per_rank for e in p.events
                    if e.get("kind") == "partial" and not e.get("sync")]
         for p in per_rank:
@@ -224,11 +224,16 @@ def _event_lines(profiles: list[list[EpochProfile]]) -> list[str]:
                     slowed[e["what"]] = slowed.get(e["what"], 0) + 1
                 elif e.get("kind") in ("adjust", "shares") and e.get("switched"):
                     switches += 1
+                if e.get("kind") == "shares":
+                    probes += e.get("probe") == "started"
+                    undone += e.get("probe") == "undone"
         rank = per_rank[0].rank
         if slowed or switches:
             what = ", ".join(f"{n} epoch(s) of {k}" for k, n in sorted(slowed.items()))
+            tried = f" ({probes} of them probes giving a worker work back, {undone} undone " \
+                f"by the switch after)" if probes else ""
             out.append(f"adapt    rank {rank}: injected {what or 'nothing'}; "
-                       f"plan switched {switches} time(s)")
+                       f"plan switched {switches} time(s){tried}")
         if partial:
             skipped = sum(rank in e["skipped"] for e in partial)
             stale = sum(e["stale_peers"] for e in partial)

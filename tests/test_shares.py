@@ -166,3 +166,32 @@ def test_adapt_adjust_builds_the_balancer_for_tensor_only():
     injected = dataclasses.replace(cfg, adapt=AdaptConfig(inject="sleep:ranks=2"))
     with pytest.raises(ConfigError, match=r"ranks \[2\] do not exist with 2 worker"):
         check_before_launch(injected, dataset(), 2)
+
+
+def test_even_times_do_not_switch_and_probes_give_work_back():
+    """Compute that does not shrink with a share (a fixed cost, as on small graphs): the
+    speeds follow the shares, the times stay even. The shares do not walk with the
+    speeds' noise, and a worker left at a small share is probed with twice its share:
+    kept where its time stays, undone (and the next probe waits twice as long) where
+    its time grows in proportion."""
+    balancer = ShareBalancer(Recorder(), FakePlan(), lambda e: None)
+    balancer.shares = [0.9, 0.1]  # left by a slowdown that is over
+    fixed = [0.01, 0.01]
+    assert balancer.decide([1.0, 1.0], 1, fixed) is None  # warm-up
+    decisions = [balancer.decide([0.9 / 0.01, 0.1 / 0.01 * (1.3 if e % 2 else 1.0)], e, fixed)
+                 for e in range(2, 2 + WINDOW - 1)]
+    assert decisions == [None] * (WINDOW - 1)  # even times: no switch, whatever the speeds
+    probe = balancer.decide([90.0, 10.0], 2 + WINDOW - 1, fixed)  # the WINDOW-th quiet epoch
+    assert probe == pytest.approx([0.8, 0.2]) and balancer.probe is not None
+    assert balancer.decide([80.0, 20.0], 10, fixed) is None  # its time stayed: kept
+    assert balancer.shares == pytest.approx([0.8, 0.2]) and balancer.probe is None
+    # a worker still slow: its time doubles with its share, the probe is undone
+    slow = ShareBalancer(Recorder(), FakePlan(), lambda e: None)
+    slow.shares = [0.9, 0.1]
+    slow.decide([1.0, 1.0], 1, fixed)
+    for e in range(2, 2 + WINDOW):
+        out = slow.decide([90.0, 10.0], e, fixed)
+    assert out == pytest.approx([0.8, 0.2])
+    assert slow.decide([80.0, 10.0], 20, [0.01, 0.02]) == pytest.approx([0.9, 0.1])
+    assert slow.probe_wait == 2 * WINDOW and slow.undone == 1
+    assert all(slow.decide([90.0, 10.0], e, fixed) is None for e in range(21, 21 + WINDOW))

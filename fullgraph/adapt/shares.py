@@ -16,13 +16,23 @@ After every epoch (``between_epochs``, collective):
   the first ``WARMUP`` epochs left out;
   the target shares are the speeds normalised, none below ``floor_share``;
 - the plan is switched (``TensorParallel.replan``) only when some worker's share
-  changes by more than ``THRESHOLD`` of itself, so equal speeds never re-plan.
+  changes by more than ``THRESHOLD`` of itself and the slowest worker's compute time
+  is more than ``THRESHOLD`` above the mean, so equal speeds never re-plan;
+- a worker left below its first share is given work back by probes: after
+  ``probe_wait`` epochs without a switch its share is doubled (at most back to its
+  first share) for one epoch. Where its compute time grows with the share (elasticity
+  above ``ELASTIC``: it is still slow) the shares go back and the wait doubles; where
+  it does not (its slowdown is over, or its compute is mostly a fixed cost the share
+  does not shrink, as on small graphs) the new shares stay and its speed is measured
+  afresh. Without probes a worker whose compute does not shrink with its share looks
+  as slow as its share is small, and stays there.
 
 Exact: a switch changes only where rows and columns are computed, so training equals
 the single-process executor whatever the shares.
 """
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -44,6 +54,10 @@ MIN_SHARE = 0.05
 where that is less (21 workers and more: ``floor_share``)."""
 THRESHOLD = 0.1
 """Re-plan only when a worker's share changes by more than this fraction of itself."""
+ELASTIC = 0.5
+"""A probe is undone where the probed worker's compute time grew by more than this
+power of its share's growth (1: in proportion, as work that takes its time; 0: not at
+all, as a fixed cost)."""
 
 SpeedsFor = Callable[[int, list[float]], Sequence[float]]
 
@@ -112,50 +126,124 @@ class ShareBalancer(Adapter):
         given = plan.shares if plan.shares is not None else (1.0,) * world
         self.shares = [w / sum(given) for w in given]
         self.min_share = floor_share(world)
+        self.first = list(self.shares)
         self.history: list[list[float]] = []
+        self.seconds: list[list[float]] = []
         self.smooth: list[float] = []
         self.start: int | None = None
+        self.quiet = 0  # measured epochs since the last switch
+        self.probe_wait = WINDOW
+        self.probe: dict[str, Any] | None = None
+        self.probes = self.undone = 0
 
     def header(self) -> list[str]:
         return [f"adapt    adjust (exact): tensor rows and columns re-split after every epoch "
                 f"in proportion to each worker's measured compute speed (median of {WINDOW} "
                 f"epochs, share >= {self.min_share:.1%}, re-planned on a change over "
-                f"{THRESHOLD:.0%})"]
+                f"{THRESHOLD:.0%}; a worker below its first share probed with twice its "
+                f"share after {WINDOW}+ quiet epochs)"]
 
-    def measure(self, model: Any, plan: Any, profile: Any) -> list[float]:
-        """Every worker's work per compute second in the epoch just run (collective)."""
+    def measure(self, model: Any, plan: Any, profile: Any) -> tuple[list[float], list[float]]:
+        """Every worker's work per compute second in the epoch just run, and its compute
+        seconds (collective)."""
         comm = plan.comm
         seconds = torch.zeros(comm.world_size, dtype=torch.float64)
         seconds[comm.rank] = profile.compute_s
         if comm.world_size > 1:
             prim.all_reduce_(seconds, comm, "adjust")
         work = work_fractions(model, plan)
-        return [w / max(s, 1e-9) for w, s in zip(work, seconds.tolist())]
+        spent = seconds.tolist()
+        return [w / max(s, 1e-9) for w, s in zip(work, spent)], spent
 
-    def decide(self, speeds: Sequence[float], epoch: int) -> list[float] | None:
-        """Record this epoch's measured speeds; the new shares (now current), or None
-        to keep the current ones."""
+    def decide(self, speeds: Sequence[float], epoch: int,
+               seconds: Sequence[float] | None = None) -> list[float] | None:
+        """Record this epoch's measured speeds (and compute seconds, which probes need:
+        without them there are none); the new shares (now current), or None to keep the
+        current ones."""
         if self.start is None:
             self.start = epoch  # the first epoch this process runs (a resume: later)
         if epoch - self.start < WARMUP and self.speeds_for is None:
             return None
+        if self.probe is not None and seconds is not None:
+            return self._judge_probe(speeds, seconds)
         self.history = (self.history + [list(speeds)])[-WINDOW:]
+        if seconds is not None:
+            self.seconds = (self.seconds + [list(seconds)])[-WINDOW:]
         self.smooth = [statistics.median(h[r] for h in self.history) for r in range(len(speeds))]
         if self.speeds_for is not None:
             self.smooth = [float(s) for s in self.speeds_for(epoch, self.smooth)]
         target = target_shares(self.smooth, self.min_share)
-        if not changed(self.shares, target):
+        if changed(self.shares, target) and self._unbalanced():
+            return self._switch(target)
+        self.quiet += 1
+        if seconds is None or self.speeds_for is not None or self.quiet < self.probe_wait \
+                or len(self.seconds) < WINDOW:
             return None
-        self.shares = target
+        return self._start_probe()
+
+    def _unbalanced(self) -> bool:
+        """Whether the slowest worker's compute time (median over the window) exceeds
+        the mean by more than ``THRESHOLD``: where the times are even, shares that the
+        speeds would change leave the epoch as it is (compute that does not shrink with
+        a share, as a fixed cost, makes speeds follow the shares and the shares walk with
+        the noise). True where no times were given."""
+        if not self.seconds:
+            return True
+        times = [statistics.median(t[r] for t in self.seconds)
+                 for r in range(len(self.seconds[0]))]
+        return max(times) > (1 + THRESHOLD) * statistics.fmean(times)
+
+    def _switch(self, target: list[float]) -> list[float]:
+        self.shares, self.quiet = target, 0
         return target
+
+    def _start_probe(self) -> list[float] | None:
+        """Double the share of the worker furthest below its first share (at most back
+        to it), the others' scaled to fill the rest; None where no worker is below."""
+        low = [r for r, (s, f) in enumerate(zip(self.shares, self.first))
+               if s < f * (1 - THRESHOLD)]
+        if not low:
+            return None
+        rank = min(low, key=lambda r: self.shares[r] / self.first[r])
+        share = min(self.first[rank], 2 * self.shares[rank])
+        rest = sum(s for r, s in enumerate(self.shares) if r != rank)
+        target = [share if r == rank else s * (1 - share) / rest
+                  for r, s in enumerate(self.shares)]
+        before = statistics.median(t[rank] for t in self.seconds)
+        self.probe = {"rank": rank, "shares": list(self.shares), "seconds": before,
+                      "history": list(self.history)}
+        self.probes += 1
+        return self._switch(target)
+
+    def _judge_probe(self, speeds: Sequence[float], seconds: Sequence[float]) -> list[float]:
+        """After the probe's epoch: undo it where the worker's time grew with its share
+        (and wait twice as long before the next), else keep it and measure afresh."""
+        probe, self.probe = self.probe, None
+        assert probe is not None
+        rank, before = probe["rank"], probe["shares"]
+        grew = self.shares[rank] / before[rank]
+        took = max(seconds[rank], 1e-9) / max(probe["seconds"], 1e-9)
+        if math.log(max(took, 1e-9)) > ELASTIC * math.log(grew):
+            self.undone += 1
+            self.probe_wait *= 2
+            self.history = probe["history"]  # its speeds, measured at the shares restored
+            return self._switch(before)
+        self.probe_wait = WINDOW
+        self.history, self.seconds = [list(speeds)], [list(seconds)]
+        self.quiet = 0
+        return None
 
     def between_epochs(self, model: Any, plan: Any, epoch: int, profile: Any) -> None:
         if plan.comm.world_size == 1:
             return
         t0 = time.perf_counter()
-        target = self.decide(self.measure(model, plan, profile), epoch)
+        probing = self.probe is not None
+        speeds, seconds = self.measure(model, plan, profile)
+        target = self.decide(speeds, epoch, seconds)
         if target is not None:
             self.strategy.replan(model, plan, target)
         self.note({"kind": "shares", "shares": list(self.shares), "speeds": self.smooth,
                    "rows": list(plan.row_counts), "switched": target is not None,
+                   "probe": "started" if self.probe is not None else
+                   ("undone" if target is not None else "kept") if probing else None,
                    "seconds": time.perf_counter() - t0})
