@@ -225,13 +225,13 @@ def _event_lines(profiles: list[list[EpochProfile]]) -> list[str]:
                 elif e.get("kind") in ("adjust", "shares") and e.get("switched"):
                     switches += 1
                 if e.get("kind") == "shares":
-                    probes += e.get("probe") == "started"
-                    undone += e.get("probe") == "undone"
+                    probes += e.get("trial") == "probe"
+                    undone += str(e.get("judged")).endswith("undone")
         rank = per_rank[0].rank
         if slowed or switches:
             what = ", ".join(f"{n} epoch(s) of {k}" for k, n in sorted(slowed.items()))
-            tried = f" ({probes} of them probes giving a worker work back, {undone} undone " \
-                f"by the switch after)" if probes else ""
+            tried = f" ({probes} probe(s) giving a worker work back; {undone} trial(s) " \
+                "undone by the switch after)" if probes or undone else ""
             out.append(f"adapt    rank {rank}: injected {what or 'nothing'}; "
                        f"plan switched {switches} time(s){tried}")
         if partial:

@@ -182,9 +182,9 @@ def test_even_times_do_not_switch_and_probes_give_work_back():
                  for e in range(2, 2 + WINDOW - 1)]
     assert decisions == [None] * (WINDOW - 1)  # even times: no switch, whatever the speeds
     probe = balancer.decide([90.0, 10.0], 2 + WINDOW - 1, fixed)  # the WINDOW-th quiet epoch
-    assert probe == pytest.approx([0.8, 0.2]) and balancer.probe is not None
+    assert probe == pytest.approx([0.8, 0.2]) and balancer.trial is not None
     assert balancer.decide([80.0, 20.0], 10, fixed) is None  # its time stayed: kept
-    assert balancer.shares == pytest.approx([0.8, 0.2]) and balancer.probe is None
+    assert balancer.shares == pytest.approx([0.8, 0.2]) and balancer.trial is None
     # a worker still slow: its time doubles with its share, the probe is undone
     slow = ShareBalancer(Recorder(), FakePlan(), lambda e: None)
     slow.shares = [0.9, 0.1]
@@ -195,3 +195,27 @@ def test_even_times_do_not_switch_and_probes_give_work_back():
     assert slow.decide([80.0, 10.0], 20, [0.01, 0.02]) == pytest.approx([0.9, 0.1])
     assert slow.probe_wait == 2 * WINDOW and slow.undone == 1
     assert all(slow.decide([90.0, 10.0], e, fixed) is None for e in range(21, 21 + WINDOW))
+
+
+def test_a_balancing_switch_that_does_not_shorten_the_slowest_time_is_undone():
+    """Rank 1 slowest by a fixed cost of its own: shares in proportion to the speeds
+    predict a shorter epoch, the epoch after shows none, and the shares go back (the
+    next try waits twice as long). Where the slowest time falls, the switch stays."""
+    def run(after: list[float]) -> ShareBalancer:
+        balancer = ShareBalancer(Recorder(), FakePlan(), lambda e: None)
+        balancer.decide([1.0, 1.0], 1, [0.01, 0.01])  # warm-up
+        out = None
+        for e in range(2, 2 + WINDOW):
+            out = balancer.decide([0.5 / 0.01, 0.5 / 0.02], e, [0.01, 0.02])
+            if out is not None:
+                break
+        assert out == pytest.approx([2 / 3, 1 / 3], abs=0.01) and balancer.trial is not None
+        balancer.decide([0.67 / after[0], 0.33 / after[1]], 10, after)
+        return balancer
+
+    stuck = run([0.0135, 0.02])  # rank 1's time did not fall: undone
+    assert stuck.shares == pytest.approx([0.5, 0.5]) and stuck.undone == 1
+    assert stuck.balance_wait == WINDOW
+    assert all(stuck.decide([50.0, 25.0], e, [0.01, 0.02]) is None for e in range(11, 16))
+    helped = run([0.0135, 0.0135])  # as predicted: kept
+    assert helped.shares == pytest.approx([2 / 3, 1 / 3], abs=0.01) and helped.undone == 0

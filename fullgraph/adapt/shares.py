@@ -18,12 +18,16 @@ After every epoch (``between_epochs``, collective):
 - the plan is switched (``TensorParallel.replan``) only when some worker's share
   changes by more than ``THRESHOLD`` of itself and the slowest worker's compute time
   is more than ``THRESHOLD`` above the mean, so equal speeds never re-plan;
+- every switch is a trial, judged after the next epoch (``_judge``): a balancing
+  switch stays where the slowest worker's time fell by at least half of what the
+  proportional model predicted, and is undone otherwise (a fixed cost of one worker
+  or noise, not its speed, made it slowest), the next one waiting twice as long;
 - a worker left below its first share is given work back by probes: after
   ``probe_wait`` epochs without a switch its share is doubled (at most back to its
-  first share) for one epoch. Where its compute time grows with the share (elasticity
-  above ``ELASTIC``: it is still slow) the shares go back and the wait doubles; where
-  it does not (its slowdown is over, or its compute is mostly a fixed cost the share
-  does not shrink, as on small graphs) the new shares stay and its speed is measured
+  first share). Where its compute time grows with the share (elasticity above
+  ``ELASTIC``: it is still slow) the shares go back and the wait doubles; where it
+  does not (its slowdown is over, or its compute is mostly a fixed cost the share does
+  not shrink, as on small graphs) the new shares stay and its speed is measured
   afresh. Without probes a worker whose compute does not shrink with its share looks
   as slow as its share is small, and stays there.
 
@@ -132,8 +136,8 @@ class ShareBalancer(Adapter):
         self.smooth: list[float] = []
         self.start: int | None = None
         self.quiet = 0  # measured epochs since the last switch
-        self.probe_wait = WINDOW
-        self.probe: dict[str, Any] | None = None
+        self.probe_wait, self.balance_wait = WINDOW, 0
+        self.trial: dict[str, Any] | None = None
         self.probes = self.undone = 0
 
     def header(self) -> list[str]:
@@ -157,29 +161,37 @@ class ShareBalancer(Adapter):
 
     def decide(self, speeds: Sequence[float], epoch: int,
                seconds: Sequence[float] | None = None) -> list[float] | None:
-        """Record this epoch's measured speeds (and compute seconds, which probes need:
-        without them there are none); the new shares (now current), or None to keep the
-        current ones."""
+        """Record this epoch's measured speeds (and compute seconds, which the trials
+        need: without them a switch is final and there are no probes); the new shares
+        (now current), or None to keep the current ones."""
         if self.start is None:
             self.start = epoch  # the first epoch this process runs (a resume: later)
         if epoch - self.start < WARMUP and self.speeds_for is None:
             return None
-        if self.probe is not None and seconds is not None:
-            return self._judge_probe(speeds, seconds)
+        if self.trial is not None and seconds is not None:
+            return self._judge(speeds, seconds)
         self.history = (self.history + [list(speeds)])[-WINDOW:]
         if seconds is not None:
             self.seconds = (self.seconds + [list(seconds)])[-WINDOW:]
         self.smooth = [statistics.median(h[r] for h in self.history) for r in range(len(speeds))]
         if self.speeds_for is not None:
             self.smooth = [float(s) for s in self.speeds_for(epoch, self.smooth)]
+        self.quiet += 1
         target = target_shares(self.smooth, self.min_share)
         if changed(self.shares, target) and self._unbalanced():
-            return self._switch(target)
-        self.quiet += 1
+            if seconds is None or self.speeds_for is not None:
+                return self._switch(target)
+            if self.quiet > self.balance_wait:
+                return self._start("balance", target)
         if seconds is None or self.speeds_for is not None or self.quiet < self.probe_wait \
                 or len(self.seconds) < WINDOW:
             return None
-        return self._start_probe()
+        return self._probe()
+
+    def _times(self) -> list[float]:
+        """Every worker's median compute seconds over the window."""
+        return [statistics.median(t[r] for t in self.seconds)
+                for r in range(len(self.seconds[0]))]
 
     def _unbalanced(self) -> bool:
         """Whether the slowest worker's compute time (median over the window) exceeds
@@ -189,15 +201,23 @@ class ShareBalancer(Adapter):
         the noise). True where no times were given."""
         if not self.seconds:
             return True
-        times = [statistics.median(t[r] for t in self.seconds)
-                 for r in range(len(self.seconds[0]))]
+        times = self._times()
         return max(times) > (1 + THRESHOLD) * statistics.fmean(times)
 
     def _switch(self, target: list[float]) -> list[float]:
-        self.shares, self.quiet = target, 0
-        return target
+        self.shares, self.quiet = list(target), 0
+        return self.shares
 
-    def _start_probe(self) -> list[float] | None:
+    def _start(self, kind: str, target: list[float], rank: int | None = None) -> list[float]:
+        """Switch to ``target`` on trial: ``_judge`` keeps or undoes it after one epoch."""
+        self.trial = {"kind": kind, "rank": rank, "shares": list(self.shares),
+                      "times": self._times(), "history": list(self.history),
+                      "seconds": list(self.seconds)}
+        if kind == "probe":
+            self.probes += 1
+        return self._switch(target)
+
+    def _probe(self) -> list[float] | None:
         """Double the share of the worker furthest below its first share (at most back
         to it), the others' scaled to fill the rest; None where no worker is below."""
         low = [r for r, (s, f) in enumerate(zip(self.shares, self.first))
@@ -209,41 +229,55 @@ class ShareBalancer(Adapter):
         rest = sum(s for r, s in enumerate(self.shares) if r != rank)
         target = [share if r == rank else s * (1 - share) / rest
                   for r, s in enumerate(self.shares)]
-        before = statistics.median(t[rank] for t in self.seconds)
-        self.probe = {"rank": rank, "shares": list(self.shares), "seconds": before,
-                      "history": list(self.history)}
-        self.probes += 1
-        return self._switch(target)
+        return self._start("probe", target, rank)
 
-    def _judge_probe(self, speeds: Sequence[float], seconds: Sequence[float]) -> list[float]:
-        """After the probe's epoch: undo it where the worker's time grew with its share
-        (and wait twice as long before the next), else keep it and measure afresh."""
-        probe, self.probe = self.probe, None
-        assert probe is not None
-        rank, before = probe["rank"], probe["shares"]
-        grew = self.shares[rank] / before[rank]
-        took = max(seconds[rank], 1e-9) / max(probe["seconds"], 1e-9)
-        if math.log(max(took, 1e-9)) > ELASTIC * math.log(grew):
+    def _judge(self, speeds: Sequence[float], seconds: Sequence[float]) -> list[float] | None:
+        """After a trial's epoch, keep the new shares or go back to the old ones:
+
+        - a probe is undone where the probed worker's time grew with its share (by more
+          than the ``ELASTIC`` power of the share's growth): it is still slow;
+        - a balancing switch is undone where the slowest time did not fall by half of
+          what shares in proportion to the measured speeds predicted: the speeds were
+          not what limits the epoch (a fixed cost of one worker, noise).
+
+        An undone trial doubles the wait before the next of its kind; a kept one
+        measures afresh from this epoch."""
+        trial, self.trial = self.trial, None
+        assert trial is not None
+        before, times = trial["shares"], trial["times"]
+        if trial["kind"] == "probe":
+            rank = trial["rank"]
+            grew = self.shares[rank] / before[rank]
+            took = max(seconds[rank], 1e-9) / max(times[rank], 1e-9)
+            undo = math.log(max(took, 1e-9)) > ELASTIC * math.log(grew)
+        else:
+            predicted = max(t * new / max(old, 1e-12)
+                            for t, new, old in zip(times, self.shares, before))
+            gain = max(0.0, 1 - predicted / max(times))
+            undo = max(seconds) > max(times) * (1 - gain / 2)
+        wait = "probe_wait" if trial["kind"] == "probe" else "balance_wait"
+        if undo:
             self.undone += 1
-            self.probe_wait *= 2
-            self.history = probe["history"]  # its speeds, measured at the shares restored
+            setattr(self, wait, max(WINDOW, 2 * getattr(self, wait)))
+            # the speeds and times measured at the shares restored
+            self.history, self.seconds = trial["history"], trial["seconds"]
             return self._switch(before)
-        self.probe_wait = WINDOW
+        setattr(self, wait, WINDOW if trial["kind"] == "probe" else 0)
         self.history, self.seconds = [list(speeds)], [list(seconds)]
-        self.quiet = 0
         return None
 
     def between_epochs(self, model: Any, plan: Any, epoch: int, profile: Any) -> None:
         if plan.comm.world_size == 1:
             return
         t0 = time.perf_counter()
-        probing = self.probe is not None
+        judged = self.trial["kind"] if self.trial is not None else None
         speeds, seconds = self.measure(model, plan, profile)
         target = self.decide(speeds, epoch, seconds)
         if target is not None:
             self.strategy.replan(model, plan, target)
         self.note({"kind": "shares", "shares": list(self.shares), "speeds": self.smooth,
                    "rows": list(plan.row_counts), "switched": target is not None,
-                   "probe": "started" if self.probe is not None else
-                   ("undone" if target is not None else "kept") if probing else None,
+                   "trial": self.trial["kind"] if self.trial is not None else None,
+                   "judged": None if judged is None else
+                   f"{judged} {'undone' if target is not None else 'kept'}",
                    "seconds": time.perf_counter() - t0})
