@@ -144,8 +144,9 @@ class ShareBalancer(Adapter):
         return [f"adapt    adjust (exact): tensor rows and columns re-split after every epoch "
                 f"in proportion to each worker's measured compute speed (median of {WINDOW} "
                 f"epochs, share >= {self.min_share:.1%}, re-planned on a change over "
-                f"{THRESHOLD:.0%}; a worker below its first share probed with twice its "
-                f"share after {WINDOW}+ quiet epochs)"]
+                f"{THRESHOLD:.0%} with uneven times, each switch undone after one epoch "
+                f"that does not bear it out; a worker below its first share probed with "
+                f"twice its share after {WINDOW}+ quiet epochs)"]
 
     def measure(self, model: Any, plan: Any, profile: Any) -> tuple[list[float], list[float]]:
         """Every worker's work per compute second in the epoch just run, and its compute
