@@ -173,6 +173,13 @@ def _epoch_time(fig: Any, log: RunLog, rows: list[RankRow], slow: int | None) ->
     median = sorted(times)[len(times) // 2]
     ax.axhline(median, color="grey", linestyle="--", linewidth=1,
                label=f"median {median * 1e3:.1f} ms")
+    slowed, switched = adapt_epochs(log)
+    for i, epoch in enumerate(slowed):
+        ax.axvspan(epoch - 0.5, epoch + 0.5, color="tab:orange", alpha=0.15, linewidth=0,
+                   label="slowdown injected" if i == 0 else None)
+    for i, epoch in enumerate(switched):
+        ax.axvline(epoch + 0.5, color="tab:purple", linestyle=":", linewidth=1,
+                   label="plan switched after" if i == 0 else None)
     title = "epoch time over the run"
     if max(times) > 10 * median:
         ax.set_yscale("log")
@@ -181,6 +188,30 @@ def _epoch_time(fig: Any, log: RunLog, rows: list[RankRow], slow: int | None) ->
     _integer_epochs(ax)
     ax.legend(loc="upper right")
     ax.grid(alpha=0.3, which="both")
+
+
+def adapt_epochs(log: RunLog) -> tuple[list[int], list[int]]:
+    """The epochs in which a slowdown was injected on some rank, and those after which
+    an adapter switched the plan (``--inject``, ``--adapt``)."""
+    slowed, switched = set(), set()
+    for recs in log.ranks.values():
+        for r in recs:
+            for e in r.get("events", ()):
+                if e.get("kind") == "inject":
+                    slowed.add(int(r["epoch"]))
+                elif e.get("kind") in ("adjust", "shares") and e.get("switched"):
+                    switched.add(int(r["epoch"]))
+    return sorted(slowed), sorted(switched)
+
+
+def adapt_lines(log: RunLog) -> list[str]:
+    """The run summary's lines on what was injected and adapted, per rank."""
+    from types import SimpleNamespace
+
+    from fullgraph.profile import event_lines
+
+    return event_lines([[SimpleNamespace(rank=rank, events=r.get("events", [])) for r in recs]
+                        for rank, recs in sorted(log.ranks.items()) if recs])
 
 
 def _megabytes(value: float) -> str:
@@ -237,7 +268,7 @@ def render_page(log: RunLog, rows: list[RankRow], slow: int | None) -> str:
     figures = "\n".join(f'<img src="{name}" alt="{name}" width="{FIGURE_PX[0]}">'
                         for name in FIGURES)
     items = "".join(f"<li>{esc(line)}</li>" for line in header_lines(log))
-    final = "".join(f"<li>{esc(line)}</li>" for line in final_lines(log))
+    final = "".join(f"<li>{esc(line)}</li>" for line in final_lines(log) + adapt_lines(log))
     config = esc(json.dumps(log.run.get("config", {}), indent=1))
     return f"""<!DOCTYPE html>
 <html><head><meta charset="ascii"><title>fullgraph run: {esc(title)}</title>

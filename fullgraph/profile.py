@@ -207,11 +207,13 @@ def summary_lines(profiles: list[list[EpochProfile]]) -> list[str]:
     if min(work) > 0:
         lines.append(f"aggregation work (edges x columns) max/min {max(work)}/{min(work)} "
                      f"({max(work) / min(work):.3f}x)")
-    return lines + _event_lines(profiles)
+    return lines + event_lines(profiles)
 
 
-def _event_lines(profiles: list[list[EpochProfile]]) -> list[str]:
-    """What runtime adapters injected and changed (``EpochProfile.events``), per rank."""
+def event_lines(profiles: list[list[Any]]) -> list[str]:
+    """What runtime adapters injected and changed, per rank: ``profiles[i]`` holds one
+    rank's epochs, each with ``rank`` and ``events`` (``EpochProfile``, or the records
+    of a metrics file)."""
     out = []
     for per_rank in profiles:
         slowed: dict[str, int] = {}

@@ -153,3 +153,26 @@ def test_a_bad_metrics_file_is_one_clear_error(tmp_path, capsys, content, match)
     err = capsys.readouterr().err
     assert err.startswith("fullgraph report: error: ") and err.count("\n") == 1
     assert re.search(match, err), err
+
+
+def test_the_page_and_the_epoch_figure_show_what_was_injected_and_switched(tmp_path):
+    from fullgraph.plots import adapt_epochs, adapt_lines
+
+    records = [{"event": "run"}]
+    for epoch in (1, 2, 3):
+        records.append({"event": "epoch", "epoch": epoch, "loss": 1.0, "epoch_s": 0.1})
+        for rank in (0, 1):
+            events = []
+            if rank == 1 and epoch == 2:
+                events.append({"kind": "inject", "what": "sleep"})
+            if epoch == 2:
+                events.append({"kind": "shares", "switched": True, "trial": "balance"})
+            records.append({"event": "rank_epoch", "epoch": epoch, "rank": rank,
+                            "events": events})
+    metrics = tmp_path / "adapt.jsonl"
+    metrics.write_text("".join(json.dumps(r) + "\n" for r in records))
+    log = read_run_log(metrics)
+    assert adapt_epochs(log) == ([2], [2])
+    assert adapt_lines(log) == [
+        "adapt    rank 0: injected nothing; plan switched 1 time(s)",
+        "adapt    rank 1: injected 1 epoch(s) of sleep; plan switched 1 time(s)"]

@@ -109,7 +109,9 @@ def _adjuster(cfg: Any, strategy: Any, model: Any, plan: Any, note: Note) -> Ada
     from fullgraph.adapt.adjuster import OnlineAdjuster
 
     budget = None if opts.cache_budget_mb is None else opts.cache_budget_mb * 2**20
-    return OnlineAdjuster(strategy, model, plan, budget, note)
+    adjuster = OnlineAdjuster(strategy, model, plan, budget, note)
+    adjuster.partial = opts.mode == "adjust+partial"
+    return adjuster
 
 
 __all__ = ["ADJUSTABLE", "Adapter", "build_adapters", "check_options"]

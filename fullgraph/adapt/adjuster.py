@@ -73,6 +73,7 @@ class OnlineAdjuster(Adapter):
                  budget_bytes: float | None, note: Note, rates_for: RatesFor | None = None) -> None:
         self.strategy, self.budget, self.note, self.rates_for = \
             strategy, budget_bytes, note, rates_for
+        self.partial = False  # under --adapt adjust+partial (set by build_adapters)
         t0 = time.perf_counter()
         if plan.deps.rates is None:
             plan.deps.rates = costmodel.resolve_rates(plan.comm, plan.graph, None, None, None)
@@ -92,7 +93,8 @@ class OnlineAdjuster(Adapter):
 
     def header(self) -> list[str]:
         budget = "no limit" if self.budget is None else f"{self.budget / 2**20:.1f} MB"
-        return [f"adapt    adjust (exact): DepCache/DepComm re-chosen after every epoch from "
+        exact = "its choices exact, the partial reduce above not" if self.partial else "exact"
+        return [f"adapt    adjust ({exact}): DepCache/DepComm re-chosen after every epoch from "
                 f"measured costs, cache budget {budget}; preprocessing "
                 f"{self.preprocess_s:.3f} s on rank 0"]
 
