@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import scipy.sparse as sp
 import torch
 from torch import Tensor
 
@@ -38,9 +39,10 @@ def from_pyg(data: Any, name: str = "pyg", *, split_index: int = 0, seed: int = 
 
     Args:
         data: a ``torch_geometric.data.Data`` (any object with these attributes); a
-            sparse ``x`` (torch COO, CSR or CSC, or a ``torch_sparse.SparseTensor``)
-            becomes CSR features, never made dense here; a mask may be boolean (or
-            0/1 uint8), or a vector of vertex ids (as OGB's split indices).
+            sparse ``x`` (torch COO, CSR or CSC, a ``torch_sparse.SparseTensor`` or a
+            scipy sparse matrix) becomes CSR features, never made dense here; a mask
+            may be boolean (or 0/1 uint8), or a vector of vertex ids (as OGB's split
+            indices).
         name: dataset name (default: ``"pyg"``).
         split_index: column to use when the masks are (N, S) for S splits, as in
             WikiCS (default: 0).
@@ -140,16 +142,28 @@ _SPARSE_LAYOUTS = (torch.sparse_coo, torch.sparse_csr, torch.sparse_csc)
 
 
 def _is_sparse_input(x: Any) -> bool:
-    """A torch sparse tensor (COO, CSR, CSC) or a ``torch_sparse.SparseTensor``."""
+    """A torch sparse tensor (COO, CSR, CSC), a ``torch_sparse.SparseTensor`` or a
+    scipy sparse matrix or array."""
     if isinstance(x, Tensor):
         return x.layout in _SPARSE_LAYOUTS
-    return hasattr(x, "to_torch_sparse_csr_tensor")
+    return hasattr(x, "to_torch_sparse_csr_tensor") or sp.issparse(x)
 
 
 def _sparse_features(x: Any, name: str) -> Tensor:
     """Sparse ``x`` as fullgraph's CSR features (float32, float16 kept), its non-zeros
     only: it is never made dense here (``sparse_features`` decides the layout later)."""
-    t = x if isinstance(x, Tensor) else x.to_torch_sparse_csr_tensor()
+    if sp.issparse(x):
+        m = x.tocsr()
+        if m.ndim != 2:
+            raise FormatError("features must be a 2-D array", source=name, field="x",
+                              found=m.shape, expected="(N, F)")
+        m.sum_duplicates()
+        t = torch.sparse_csr_tensor(torch.from_numpy(m.indptr.astype(np.int64)),
+                                    torch.from_numpy(m.indices.astype(np.int64)),
+                                    torch.from_numpy(np.asarray(m.data)), size=m.shape,
+                                    check_invariants=True)
+    else:
+        t = x if isinstance(x, Tensor) else x.to_torch_sparse_csr_tensor()
     if t.dim() != 2 or (t.layout == torch.sparse_coo and t.sparse_dim() != 2):
         raise FormatError("features must be a 2-D array (sparse in both dimensions)",
                           source=name, field="x", found=f"{tuple(t.shape)} {t.layout}",

@@ -92,15 +92,21 @@ class _SparseTensorLike:
         return self.dense.to_sparse_csr()
 
 
-@pytest.mark.parametrize("layout", ["coo", "csr", "csc", "int64 coo", "SparseTensor"])
+@pytest.mark.parametrize("layout", ["coo", "csr", "csc", "int64 coo", "SparseTensor",
+                                    "scipy csr", "scipy coo float64"])
 def test_sparse_x_is_kept_sparse(layout) -> None:
-    """A sparse ``x`` (torch COO, CSR or CSC, a ``SparseTensor``) becomes CSR features,
-    its non-zeros only, equal to the dense matrix (integers as float32)."""
+    """A sparse ``x`` (torch COO, CSR or CSC, a ``SparseTensor``, a scipy matrix)
+    becomes CSR features, its non-zeros only, equal to the dense matrix (integers and
+    float64 as float32)."""
+    import scipy.sparse as sp
+
     x = torch.zeros(10, 6)
     x[0, 1], x[3, 5], x[3, 0], x[9, 2] = 1.0, 2.0, 3.0, 4.0
     given = {"coo": x.to_sparse(), "csr": x.to_sparse_csr(), "csc": x.to_sparse_csc(),
              "int64 coo": x.to(torch.int64).to_sparse(),
-             "SparseTensor": _SparseTensorLike(x)}[layout]
+             "SparseTensor": _SparseTensorLike(x),
+             "scipy csr": sp.csr_matrix(x.numpy()),
+             "scipy coo float64": sp.coo_matrix(x.numpy().astype("float64"))}[layout]
     ds = from_pyg(_tiny(x=given))
     assert is_sparse(ds.data.features) and ds.data.features.values().dtype == torch.float32
     assert ds.data.features.values().numel() == 4
