@@ -191,7 +191,12 @@ def check_name(name: str, *, path_ok: bool = False) -> str:
     msg = (f"dataset name {name!r} is not a name: a dataset name must be non-empty, "
            "must not start with a dot and must hold no '/' or '\\'")
     if path_ok:
-        msg += f"; nor is it a processed dataset directory (one holding {store.META_FILE})"
+        msg += (f"; nor is it a processed dataset directory (one holding {store.META_FILE}) "
+                f"or a shard set (one holding {store.SHARDS_FILE})")
+        if Path(name).is_dir() and any(Path(name).glob("part-*")):
+            msg += (f": {name} holds part-* folders but no {store.SHARDS_FILE}, which "
+                    "`fullgraph partition --shards` writes last; copy it from the shard "
+                    "set, or write the shards again")
     raise ConfigError(msg)
 
 

@@ -40,6 +40,10 @@ def test_load_refuses_a_name_that_escapes(tmp_path: Path) -> None:
         datasets.load("../outside", root)
     # A path to the processed directory itself is still accepted, as documented.
     assert datasets.load(str(outside / "processed"), root).graph.num_nodes == 40
+    # shard folders without their manifest: the message names what is missing
+    (tmp_path / "shards" / "part-0").mkdir(parents=True)
+    with pytest.raises(ConfigError, match=r"holds part-\* folders but no shards.json"):
+        datasets.load(str(tmp_path / "shards"), root)
 
 
 def test_open_checks_labels_against_classes(tmp_path: Path) -> None:
