@@ -244,10 +244,13 @@ def final_lines(log: RunLog) -> list[str]:
     if s is None:
         last = log.epochs[-1]
         return [f"unfinished run: last epoch {last['epoch']}, loss {last['loss']:.4f}"]
+    restored = sum(bool(e.get("restored")) for e in log.epochs)
+    ran = f"{len(log.epochs) - restored} epochs in {s['total_s']:.2f} s" + (
+        f" after {restored} restored from a checkpoint" if restored else "")
     return [f"test accuracy {s['test_acc']:.2%} at the best-validation epoch "
             f"{s['best_epoch']} (validation {s['best_val']:.2%}, train {s['train_acc']:.2%})",
-            f"final loss {log.epochs[-1]['loss']:.4f}; {len(log.epochs)} epochs in "
-            f"{s['total_s']:.2f} s, median epoch {s['median_epoch_s'] * 1e3:.1f} ms"]
+            f"final loss {log.epochs[-1]['loss']:.4f}; {ran}, median epoch "
+            f"{s['median_epoch_s'] * 1e3:.1f} ms"]
 
 
 def render_page(log: RunLog, rows: list[RankRow], slow: int | None) -> str:

@@ -176,3 +176,17 @@ def test_the_page_and_the_epoch_figure_show_what_was_injected_and_switched(tmp_p
     assert adapt_lines(log) == [
         "adapt    rank 0: injected nothing; plan switched 1 time(s)",
         "adapt    rank 1: injected 1 epoch(s) of sleep; plan switched 1 time(s)"]
+
+
+def test_a_resumed_run_counts_the_epochs_it_ran_against_its_time(tmp_path):
+    from fullgraph.plots import final_lines
+
+    records = [{"event": "run"}]
+    records += [{"event": "epoch", "epoch": e, "loss": 1.0, "epoch_s": 0.1,
+                 **({"restored": True} if e <= 3 else {})} for e in range(1, 6)]
+    records.append({"event": "summary", "test_acc": 0.5, "best_epoch": 4, "best_val": 0.5,
+                    "train_acc": 0.6, "total_s": 0.2, "median_epoch_s": 0.1})
+    metrics = tmp_path / "resumed.jsonl"
+    metrics.write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert "2 epochs in 0.20 s after 3 restored from a checkpoint" in \
+        final_lines(read_run_log(metrics))[1]
