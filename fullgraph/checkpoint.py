@@ -142,8 +142,12 @@ def check_fingerprint(saved: dict[str, Any], current: dict[str, Any], source: st
     diffs = differences(saved, current)
     if diffs:
         parts = sorted({d.split(".", 1)[0] for d in diffs})
+        hint = ""
+        if any(d.startswith("dataset.feature values:") for d in diffs):
+            hint = (" (the features' values differ: other data, or another "
+                    "--normalize-features or --feature-dtype than the checkpoint's run had)")
         raise ConfigError(f"{source}: the checkpoint is of another {' and '.join(parts)}: "
-                          + "; ".join(diffs))
+                          + "; ".join(diffs) + hint)
 
 
 def load_parameters(module: torch.nn.Module, state: dict[str, Any], what: str) -> None:

@@ -156,6 +156,11 @@ def test_checkpoint_of_another_run_is_refused_naming_the_difference(tmp_path):
     with pytest.raises(ConfigError, match=r"another dataset: dataset.labels: '[0-9a-f]+' in the "
                        r"checkpoint, '[0-9a-f]+' here$"):
         train(other_data, config("single", EPOCHS, None, resume=tmp_path))
+    other_data = make_dataset()
+    other_data.data.features.mul_(2)  # as other --normalize-features would give
+    with pytest.raises(ConfigError, match=r"dataset.feature values: .* here \(the features' "
+                       r"values differ: .*--normalize-features or --feature-dtype"):
+        train(other_data, config("single", EPOCHS, None, resume=tmp_path))
     # found before any worker starts, too; another strategy or worker count is no mismatch
     with pytest.raises(ConfigError, match=r"is at epoch 2, past train.epochs 1$"):
         check_before_launch(config("data", 1, None, resume=tmp_path), ds, 2)
