@@ -49,7 +49,7 @@ class FitResult:
     Attributes:
         history: one dict per epoch: epoch, loss, train_acc, val_acc, test_acc
             (NaN on epochs without evaluation), epoch_s, forward_s, backward_s,
-            optimizer_s.
+            optimizer_s, eval_s (the evaluation's part of epoch_s).
         model: the trained model at its best-validation epoch, on the CPU, in eval
             mode: a ``fullgraph.saved.SavedModel`` (a ``torch.nn.Module``), so
             ``model(edge_index, features)`` gives every vertex's logits,

@@ -478,9 +478,12 @@ def _epochs(strategy: Strategy, model: GNN, plan: Plan, optimizer: torch.optim.O
         phase(f"epoch {epoch} training step")
         stats = strategy.train_step(model, plan, optimizer, seed=step_seed(cfg.train.seed, epoch))
         acc = {"train": float("nan"), "val": float("nan"), "test": float("nan")}
+        eval_s = 0.0
         if collective and (epoch % cfg.train.eval_every == 0 or epoch == cfg.train.epochs):
             phase(f"epoch {epoch} evaluation")
+            t_eval = time.perf_counter()
             acc = _accuracy(strategy, model, plan)
+            eval_s = time.perf_counter() - t_eval
             if acc["val"] > best[0]:
                 best = (acc["val"], epoch, acc["test"], acc["train"],
                         copy.deepcopy(model.state_dict()))
@@ -489,7 +492,7 @@ def _epochs(strategy: Strategy, model: GNN, plan: Plan, optimizer: torch.optim.O
         prof = profiler.end(epoch)
         prof.saved_bytes = int(stats.extra.get("saved_bytes", 0))
         rec = EpochRecord(epoch, stats.loss, acc["train"], acc["val"], acc["test"], prof.wall_s,
-                          stats.forward_s, stats.backward_s, stats.optimizer_s)
+                          stats.forward_s, stats.backward_s, stats.optimizer_s, eval_s)
         records.append(rec)
         reporter.epoch(rec)
         unsent.append(prof)

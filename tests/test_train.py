@@ -35,6 +35,9 @@ def test_best_validation_epoch_is_kept(toy):
     res = train(toy, Config(train=TrainConfig(epochs=30, eval_every=3)))
     evaluated = [r for r in res.epochs if r.val_acc == r.val_acc]
     assert [r.epoch for r in evaluated] == list(range(3, 31, 3))
+    # the evaluation's time is its own column, part of the epoch's
+    assert all(0 < r.eval_s < r.epoch_s for r in evaluated)
+    assert all(r.eval_s == 0 for r in res.epochs if r not in evaluated)
     best = max(evaluated, key=lambda r: r.val_acc)
     assert (res.best_epoch, res.best_val, res.test_at_best) == (best.epoch, best.val_acc,
                                                                 best.test_acc)
