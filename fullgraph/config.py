@@ -249,6 +249,17 @@ class TrainConfig:
         _require(is_device_name(dev, auto=True), "train", "device",
                  dev, "cpu | cuda | cuda:N | auto")
 
+    @property
+    def on_gpu(self) -> bool:
+        """Whether the run's device is a GPU (``auto``: where CUDA is available)."""
+        if self.device.startswith("cuda"):
+            return True
+        if self.device != "auto":
+            return False
+        import torch
+
+        return torch.cuda.is_available()
+
 
 @dataclass(frozen=True, kw_only=True)
 class RuntimeConfig:

@@ -250,22 +250,20 @@ def _whole_topology(graph: Graph, itemsize: int, norms: int) -> int:
 def tensor_cost(program: StageProgram, graph: Graph, rank: int, world: int, feat_dim: int,
                 chunks: int | None = None, itemsize: int = 4) -> RankCost:
     """One tensor-parallel worker: rows for T stages, a column slice of every vertex
-    for P stages, the whole topology (with the propagated slices, in host memory when
-    chunked: chunks of them stream through the device, and the rows stay beside)."""
+    for P stages, the whole topology (in host memory when chunked)."""
     n, rows = graph.num_dst, even_counts(graph.num_dst, world)[rank]
     topo = _whole_topology(graph, itemsize, max(1, len(program.norms)))
-    inter = flops = moved = rounds = streamed = 0
+    inter = flops = moved = rounds = 0
     aggs: list[tuple[int, int]] = []
     on_rows = True
     for info, stage in zip(describe(program), program.stages):
-        d_in, cols = int(stage.in_dim), _cols(int(stage.in_dim), world)
+        d_in, cols = int(stage.in_dim), column_slice(int(stage.in_dim), world)
         if info.is_propagate:
             if on_rows:  # split: my rows' other columns out, my columns of others' rows in
                 moved += AGG_PASSES * (n - rows) * cols * itemsize
                 rounds += AGG_PASSES
             on_rows = False
             inter += n * cols * itemsize
-            streamed += n * cols * itemsize
             aggs.append((graph.num_edges, cols))
             continue
         if not on_rows:  # gather back to rows
@@ -282,12 +280,12 @@ def tensor_cost(program: StageProgram, graph: Graph, rank: int, world: int, feat
     moved += _grad_sync(program, world)
     return RankCost(_mem(topology=topo, features=rows * feat_dim * itemsize,
                          params=param_bytes(program), intermediate=inter),
-                    host_only=topo + streamed if chunks else 0, bytes_moved=moved,
+                    host_only=topo if chunks else 0, bytes_moved=moved,
                     aggregations=tuple(aggs), flops=flops,
                     rounds=rounds + BASE_ROUNDS + (chunks or 0))
 
 
-def _cols(dim: int, world: int) -> int:
+def column_slice(dim: int, world: int) -> int:
     """Columns a worker propagates under the ``balanced`` column split."""
     return dim // world + dim % world if dim >= world else dim
 

@@ -99,7 +99,8 @@ def tiny_dataset(feat_dim: int, classes: int, n: int = 32) -> Dataset:
 def run_overrides(cand: P.Candidate, device_budget: bool) -> dict[str, dict[str, Any]]:
     """The option overrides a run of ``cand`` takes: a chunk count yields to a device
     budget the user gave (``device_budget``), which decides the chunks (the two are
-    refused together); the estimate still prices the candidate's own count."""
+    refused together), and the estimate prices the chunks the budget cuts
+    (``planner.budget_chunks``)."""
     if not device_budget:
         return cand.overrides
     return {section: {k: v for k, v in values.items()

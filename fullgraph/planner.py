@@ -10,7 +10,6 @@ RAM per worker, and its device part within ``--device-memory`` when one is given
 """
 from __future__ import annotations
 
-import math
 import statistics
 import time
 import warnings
@@ -20,6 +19,7 @@ from typing import Any
 import torch
 
 from fullgraph import plan as P
+from fullgraph.comm.placement import even_counts
 from fullgraph.errors import ConfigError
 from fullgraph.graph.data import Dataset
 from fullgraph.graph.sparse import nbytes
@@ -116,10 +116,36 @@ def candidates(workers: int) -> list[P.Candidate]:
     return [P.Candidate("single", "single")] if workers == 1 else list(P.CANDIDATES)
 
 
+def budget_chunks(cfg: Any, cand: P.Candidate, program: StageProgram, graph: Any,
+                  workers: int) -> list[list[tuple[int, int]]]:
+    """The chunks a tensor-parallel run of ``cand`` cuts to ``--device-memory`` on
+    ``graph`` (the program's, ``propagation_inputs``), as the run's setup cuts them
+    (``TensorParallel.chunk_ranges``, even rows).
+
+    Raises:
+        ValueError: the budget cannot hold one vertex with its in-edges.
+    """
+    from fullgraph.parallel import build_strategy
+    from fullgraph.parallel.tensor import TensorParallel
+
+    with warnings.catch_warnings():  # (options that do not apply to the candidate)
+        warnings.simplefilter("ignore")
+        strategy = build_strategy(candidate_config(cfg, cand))
+    assert isinstance(strategy, TensorParallel), cand.label
+    widest = max((P.column_slice(int(s.in_dim), workers)
+                  for i, s in zip(describe(program), program.stages) if i.is_propagate),
+                 default=1)
+    opts = cfg.options["tensor_parallel"]
+    prefetch = opts.prefetch and not opts.pipeline and cfg.train.on_gpu
+    return strategy.chunk_ranges(graph.indptr, even_counts(graph.num_dst, workers), widest,
+                                 4, prefetch)
+
+
 def refusals(cfg: Any, dataset: Dataset) -> dict[str, str]:
     """Per candidate whose strategy refuses this model, graph or worker count before a
-    launch (``Strategy.check_launch``: p2p and batch normalisation, say), its reason
-    (the message's first clause). The planner neither runs nor recommends them."""
+    launch (``Strategy.check_launch``: p2p and batch normalisation, say), or, tensor
+    parallelism, a ``--device-memory`` that cannot hold one vertex, its reason (the
+    message's first clause). The planner neither runs nor recommends them."""
     from fullgraph.parallel import build_strategy
 
     workers = cfg.launch.workers
@@ -131,6 +157,9 @@ def refusals(cfg: Any, dataset: Dataset) -> dict[str, str]:
             strategy = build_strategy(candidate_config(cfg, cand))
         try:
             strategy.check_launch(program, dataset.graph.num_nodes, workers)
+            if cand.strategy == "tensor" and device_budget(cfg) is not None:
+                graph, _ = propagation_inputs(program, dataset.graph)
+                budget_chunks(cfg, cand, program, graph, workers)
         except ValueError as err:
             out[cand.label] = str(err).split(": ")[0]
     return out
@@ -284,11 +313,11 @@ def _costs(cfg: Any, cand: P.Candidate, program: StageProgram, graph: Any,
                 for r in range(workers)], None
     if cand.strategy == "tensor":
         chunks = cand.overrides.get("tensor_parallel", {}).get("num_chunks")
-        budget = device_budget(cfg)
-        if budget is not None:  # the run cuts its chunks to the budget (run_overrides)
-            widest = max((int(s.in_dim) for i, s in zip(describe(program), program.stages)
-                          if i.is_propagate), default=1)
-            chunks = max(1, math.ceil(2 * graph.num_dst * widest / workers * 4 / budget))
+        if device_budget(cfg) is not None:  # the run cuts its chunks to the budget
+            try:
+                chunks = len(budget_chunks(cfg, cand, program, graph, workers))
+            except ValueError:  # refused (``refusals``): priced as one chunk
+                chunks = 1
         return [P.tensor_cost(program, graph, r, workers, feat, chunks)
                 for r in range(workers)], None
     machine = taskmodel.Machine(1.0 / rates.flop, rates.bandwidth)
@@ -301,12 +330,6 @@ def _costs(cfg: Any, cand: P.Candidate, program: StageProgram, graph: Any,
 def device_budget(cfg: Any) -> int | None:
     text = cfg.options["tensor_parallel"].device_memory
     return parse_bytes(text) if text else None
-
-
-def on_gpu(cfg: Any) -> bool:
-    """Whether the run's device is a GPU (``auto`` where CUDA is available)."""
-    device = cfg.train.device
-    return device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
 
 
 def plan_run(cfg: Any, dataset: Dataset, *, base_rss: int | None = None,
@@ -327,7 +350,7 @@ def plan_run(cfg: Any, dataset: Dataset, *, base_rss: int | None = None,
     process = base + dataset_bytes(dataset)
     ram = available_ram() // workers
     budget = device_budget(cfg)
-    limit = budget if on_gpu(cfg) else None  # on the CPU it only cuts tensor chunks
+    limit = budget if cfg.train.on_gpu else None  # on the CPU it only cuts tensor chunks
     for e in estimates:
         _mark_fit(e, process, ram, limit)
     if cfg.launch.workers > 1 and cfg.options["data_parallel"].measures_costs:
@@ -337,7 +360,8 @@ def plan_run(cfg: Any, dataset: Dataset, *, base_rss: int | None = None,
     for e in estimates:
         if e.candidate.label in refused:
             e.fits, e.why_not = False, refused[e.candidate.label]
-    fitting = [e for e in estimates if e.fits] or estimates
+    fitting = [e for e in estimates if e.fits] or \
+        [e for e in estimates if e.candidate.label not in refused] or estimates
     best = min(fitting, key=lambda e: e.seconds)
     return PlanResult(estimates, best, rates, process, ram, budget, workers)
 
@@ -421,8 +445,9 @@ def table_lines(result: PlanResult) -> list[str]:
 def explain(result: PlanResult) -> list[str]:
     """Two lines: what is recommended and why."""
     best = result.recommended
+    budget = result.device_budget is not None
     others = sorted((e for e in result.estimates
-                     if e is not best and e.fits and not _same_run(e, best)),
+                     if e is not best and e.fits and not _same_run(e, best, budget)),
                     key=lambda e: e.seconds)
     nxt = (f"{others[0].candidate.label} next at {others[0].seconds * 1e3:.1f} ms"
            if others else "the only one on 1 worker" if result.workers == 1
@@ -442,11 +467,15 @@ def explain(result: PlanResult) -> list[str]:
             + (f"; left out (NO above): {', '.join(skipped)}" if skipped else "")]
 
 
-def _same_run(a: Estimate, b: Estimate) -> bool:
-    """Whether ``a`` and ``b`` train the same way: hybrid whose setup trial keeps the
+def _same_run(a: Estimate, b: Estimate, budget: bool) -> bool:
+    """Whether ``a`` and ``b`` train the same way: the same flags (under a device
+    budget the chunk count is left to it), or hybrid whose setup trial keeps the
     other's pure mode."""
-    def runs(e: Estimate) -> str:
-        return f"data/{e.kept}" if e.kept and e.kept != "hybrid" else e.candidate.label
+    by_label = {c.label: c for c in P.CANDIDATES}
+
+    def runs(e: Estimate) -> list[str]:
+        kept = by_label.get(f"data/{e.kept}") if e.kept and e.kept != "hybrid" else None
+        return candidate_flags(kept or e.candidate, budget)
     return runs(a) == runs(b)
 
 

@@ -256,8 +256,7 @@ def check_before_launch(cfg: Config, dataset: Dataset, workers: int) -> None:
         DataError: the partition file is unreadable or for another graph.
     """
     check_device(cfg.train.device)
-    if cfg.launch.backend == "nccl" and not cfg.train.device.startswith("cuda") and not (
-            cfg.train.device == "auto" and torch.cuda.is_available()):
+    if cfg.launch.backend == "nccl" and not cfg.train.on_gpu:
         raise ConfigError(f"launch.backend: 'nccl' needs CUDA devices, and the run is on "
                           f"{'the CPU' if cfg.train.device != 'auto' else 'the CPU (auto)'}; "
                           "use --backend gloo, or --device cuda")

@@ -71,9 +71,7 @@ def test_tensor_holds_the_whole_topology_and_moves_columns():
     gather = 3 * (3 * 2 * 4 + 3 * 1 * 4)
     assert costs[0].bytes_moved == split + gather + params(program)
     chunked = P.tensor_cost(program, graph, 0, 2, F, chunks=4)
-    # chunked: the topology and the propagated (N, my columns) slices stay in host memory
-    streamed = 6 * 3 * 4 + 6 * 2 * 4
-    assert chunked.device == chunked.total - chunked.memory["topology"] - streamed
+    assert chunked.device == chunked.total - chunked.memory["topology"]
 
 
 def test_task_groups_split_rows_and_topology():
@@ -193,23 +191,33 @@ def test_a_partition_file_of_another_worker_count_is_refused(tmp_path):
 
 
 def test_device_budget_on_a_gpu_leaves_tensor_parallelism_chunked_within_it(monkeypatch):
-    """``--device-memory`` is tensor parallelism's budget: its chunks are cut to it and
-    its rows stay beside them, as ``train`` runs it. On a GPU the other strategies hold
-    everything on the device and must fit the budget; on the CPU it limits nothing."""
+    """``--device-memory`` is tensor parallelism's budget: its chunks are cut to it (as
+    the run cuts them) and its rows stay beside them. On a GPU the other strategies hold
+    everything on the device and must fit the budget; on the CPU it limits nothing. A
+    budget that cannot hold one vertex refuses tensor parallelism, as the run would."""
+    from fullgraph.config import TrainConfig
+
     dataset = tiny_dataset(F, C, n=24)
-    budget = "1000"
-    cfg = tiny_cfg(2, partition={"method": "chunk"}, tensor_parallel={"device_memory": budget})
+    cfg = tiny_cfg(2, partition={"method": "chunk"}, tensor_parallel={"device_memory": "1000"})
     on_cpu = planner.plan_run(cfg, dataset, base_rss=0, rates=RATES, overheads=False)
     assert all(e.fits for e in on_cpu.estimates)
-    monkeypatch.setattr(planner, "on_gpu", lambda cfg: True)
+    monkeypatch.setattr(TrainConfig, "on_gpu", property(lambda self: True))
     result = planner.plan_run(cfg, dataset, base_rss=0, rates=RATES, overheads=False)
     assert [e.candidate.label for e in result.estimates if e.fits] == ["tensor", "tensor/chunks"]
     assert all("of device memory" in e.why_not for e in result.estimates if not e.fits)
-    for e in result.estimates:
-        if e.candidate.strategy == "tensor":  # topology and propagated slices in host memory
-            assert all(0 < c.device < c.total for c in e.costs)
     assert result.recommended.candidate.strategy == "tensor"
-    assert "(--strategy tensor)" in planner.explain(result)[0]
+    why = planner.explain(result)
+    assert "(--strategy tensor)" in why[0] and "tensor/chunks next" not in why[1]  # one run
+    # the chunks priced are those the run cuts
+    tensor = next(e for e in result.estimates if e.candidate.label == "tensor")
+    program = planner._program(dataset, cfg)
+    graph, _ = propagation_inputs(program, dataset.graph)  # with its self-loops
+    cut = planner.budget_chunks(cfg, tensor.candidate, program, graph, 2)
+    assert len(cut) > 1
+    assert tensor.costs[0].rounds == P.tensor_cost(program, graph, 0, 2, F, len(cut)).rounds
+    tiny = tiny_cfg(2, partition={"method": "chunk"}, tensor_parallel={"device_memory": "8"})
+    refused = planner.refusals(tiny, dataset)
+    assert "cannot hold vertex" in refused["tensor"] and "tensor/chunks" in refused
 
 
 def test_auto_with_one_worker_is_single_and_flags_select_the_candidate():

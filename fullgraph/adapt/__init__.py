@@ -36,11 +36,7 @@ def check_options(cfg: Any, world: int) -> None:
         if strategy != "data":
             raise ConfigError(f"--adapt adjust+partial (partial reduce) works on --strategy "
                               f"data; the run uses {strategy!r}")
-        import torch
-
-        on_gpu = cfg.train.device.startswith("cuda") or (cfg.train.device == "auto"
-                                                          and torch.cuda.is_available())
-        if cfg.launch.backend == "nccl" or on_gpu:
+        if cfg.launch.backend == "nccl" or cfg.train.on_gpu:
             raise ConfigError("--adapt adjust+partial matches its messages by tag, which "
                               "needs the gloo backend (CPU); NCCL matches by order")
         if cfg.model.batch_norm:
@@ -58,9 +54,6 @@ def check_options(cfg: Any, world: int) -> None:
             check_world(parse(opts.inject), world, cfg.train.epochs)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
-    if opts.mode != "off" and world == 1:
-        warnings.warn(f"--adapt {opts.mode} has no effect with one worker: there is no other "
-                      "worker to move work to", stacklevel=2)
 
 
 def build_adapters(cfg: Any, strategy: Any, model: Any, plan: Any, rank: int, world: int,
@@ -78,7 +71,10 @@ def build_adapters(cfg: Any, strategy: Any, model: Any, plan: Any, rank: int, wo
             adapters.append(Injector(parse(opts.inject), rank, cfg.train.epochs, note, world))
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
-    if world == 1:  # nothing to move (check_options warned)
+    if world == 1:  # here, once: check_options runs before a launch as well
+        if opts.mode != "off":
+            warnings.warn(f"--adapt {opts.mode} has no effect with one worker: there is no "
+                          "other worker to move work to", stacklevel=2)
         return adapters
     if opts.mode == "adjust+partial":
         from fullgraph.adapt.partial import PartialReduce

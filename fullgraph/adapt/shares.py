@@ -58,6 +58,9 @@ MIN_SHARE = 0.05
 where that is less (21 workers and more: ``floor_share``)."""
 THRESHOLD = 0.1
 """Re-plan only when a worker's share changes by more than this fraction of itself."""
+MIN_SAMPLES = 3
+"""Epochs measured at the current shares before a balancing trial starts (after a
+switch that stayed, the window starts afresh)."""
 ELASTIC = 0.5
 """A probe is undone where the probed worker's compute time grew by more than this
 power of its share's growth (1: in proportion, as work that takes its time; 0: not at
@@ -169,6 +172,8 @@ class ShareBalancer(Adapter):
             self.start = epoch  # the first epoch this process runs (a resume: later)
         if epoch - self.start < WARMUP and self.speeds_for is None:
             return None
+        if self.speeds_for is not None:
+            seconds = None  # forced speeds decide alone (tests): no trials, no probes
         if self.trial is not None and seconds is not None:
             return self._judge(speeds, seconds)
         self.history = (self.history + [list(speeds)])[-WINDOW:]
@@ -180,12 +185,11 @@ class ShareBalancer(Adapter):
         self.quiet += 1
         target = target_shares(self.smooth, self.min_share)
         if changed(self.shares, target) and self._unbalanced():
-            if seconds is None or self.speeds_for is not None:
+            if seconds is None:
                 return self._switch(target)
-            if self.quiet > self.balance_wait:
+            if self.quiet > self.balance_wait and len(self.seconds) >= MIN_SAMPLES:
                 return self._start("balance", target)
-        if seconds is None or self.speeds_for is not None or self.quiet < self.probe_wait \
-                or len(self.seconds) < WINDOW:
+        if seconds is None or self.quiet < self.probe_wait or len(self.seconds) < WINDOW:
             return None
         return self._probe()
 

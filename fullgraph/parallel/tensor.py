@@ -34,6 +34,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
+from torch import Tensor
 
 from fullgraph.comm.group import Comm
 from fullgraph.comm.placement import check_counts, even_counts, share_counts
@@ -241,6 +242,22 @@ class TensorParallel(DistributedStrategy[ColumnPlan]):
         self._place_rows(program, plan, row_counts, rows_device, dtype)
         return plan
 
+    def chunk_ranges(self, indptr: Tensor, row_counts: list[int], widest: int, itemsize: int,
+                     prefetch: bool) -> list[list[tuple[int, int]]]:
+        """The chunks a run cuts (``spread_chunks``): to fit ``device_memory`` (half of it
+        each with ``prefetch``, which holds two chunks' inputs on the device at once),
+        else ``num_chunks`` (default 4). The planner prices the same chunks.
+
+        Raises:
+            ValueError: the budget cannot hold one vertex with its in-edges.
+        """
+        opts = self.options
+        budget = parse_bytes(opts.device_memory) if opts.device_memory is not None else None
+        count = None if budget is not None else (opts.num_chunks or 4)
+        per_chunk = None if budget is None else budget // 2 if prefetch else budget
+        return spread_chunks(indptr, row_counts, widest, itemsize, budget=per_chunk,
+                             num_chunks=count)
+
     def check_launch(self, program: StageProgram, num_nodes: int, workers: int) -> None:
         self.options.share_list(workers)  # one share per worker
         self._check_spill(program)
@@ -347,20 +364,18 @@ class TensorParallel(DistributedStrategy[ColumnPlan]):
                       for i in describe(program) if i.is_propagate
                       for r in range(plan.comm.world_size)), default=1)
         itemsize = torch.empty(0, dtype=dtype).element_size()
-        budget = parse_bytes(opts.device_memory) if opts.device_memory is not None else None
-        count = None if budget is not None else (opts.num_chunks or 4)
-        # prefetching holds two chunks' inputs on the device at once
         plan.prefetch = opts.prefetch and why is None
-        per_chunk = None if budget is None else budget // 2 if plan.prefetch else budget
-        ranges = spread_chunks(plan.graph.indptr, plan.row_counts, widest, itemsize,
-                               budget=per_chunk, num_chunks=count)
-        if opts.num_chunks is not None and budget is None and len(ranges) < opts.num_chunks:
+        ranges = self.chunk_ranges(plan.graph.indptr, plan.row_counts, widest, itemsize,
+                                   plan.prefetch)
+        if opts.num_chunks is not None and opts.device_memory is None \
+                and len(ranges) < opts.num_chunks:
             warnings.warn(f"tensor_parallel num_chunks {opts.num_chunks}: a chunk holds at "
                           f"least one row of a worker's block, the largest has "
                           f"{max(plan.row_counts)} rows; cut into {len(ranges)} chunks",
                           UserWarning, stacklevel=2)
         plan.chunks = build_chunks(plan.graph.to("cpu"), ranges)
-        plan.account = MemoryAccount(budget)
+        plan.account = MemoryAccount(
+            parse_bytes(opts.device_memory) if opts.device_memory is not None else None)
         if opts.pipeline:
             plan.first_reads = first_reads(plan.chunks)
 

@@ -186,9 +186,10 @@ def check_shares(comm, cases, refs):
             hooks = [ForcedCounts(strategy)]
         got = train(dataset(), cfg, comm=comm, strategy=strategy, adapters=hooks,
                     dtype=torch.float64)
-        if how == "inject":  # rank 1 sleeps 50 ms an epoch: it gets fewer rows
+        if how == "inject":  # rank 1 sleeps 50 ms an epoch: the measured balancer tries
+            # fewer rows for it (a sleep is a fixed cost: the trial may be undone)
             assert "shares" in seen.kinds, (where, seen.kinds)
-            assert seen.rows[-1][1] < seen.rows[0][1], (where, seen.rows)
+            assert min(r[1] for r in seen.rows) < seen.rows[0][1], (where, seen.rows)
         elif how == "forced":
             assert len({tuple(r) for r in seen.rows}) >= 4, (where, seen.rows)
         torch.testing.assert_close(torch.tensor([r.loss for r in got.epochs]),

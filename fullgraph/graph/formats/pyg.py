@@ -153,14 +153,20 @@ def _sparse_features(x: Any, name: str) -> Tensor:
     """Sparse ``x`` as fullgraph's CSR features (float32, float16 kept), its non-zeros
     only: it is never made dense here (``sparse_features`` decides the layout later)."""
     if sp.issparse(x):
-        m = x.tocsr()
+        m = x.tocsr(copy=True)  # summing duplicates below must not change the caller's
         if m.ndim != 2:
             raise FormatError("features must be a 2-D array", source=name, field="x",
                               found=m.shape, expected="(N, F)")
         m.sum_duplicates()
+        data = np.asarray(m.data)
+        if data.dtype.kind not in "biuf" or data.dtype.itemsize > 8:  # as torch has them
+            data = data.astype(np.float64) if data.dtype.kind == "f" else data
+        if data.dtype.kind not in "biuf":
+            raise FormatError("features must be real numbers", source=name, field="x",
+                              found=data.dtype, expected="a float, integer or bool matrix")
         t = torch.sparse_csr_tensor(torch.from_numpy(m.indptr.astype(np.int64)),
                                     torch.from_numpy(m.indices.astype(np.int64)),
-                                    torch.from_numpy(np.asarray(m.data)), size=m.shape,
+                                    torch.from_numpy(data), size=m.shape,
                                     check_invariants=True)
     else:
         t = x if isinstance(x, Tensor) else x.to_torch_sparse_csr_tensor()

@@ -107,7 +107,10 @@ def test_sparse_x_is_kept_sparse(layout) -> None:
              "SparseTensor": _SparseTensorLike(x),
              "scipy csr": sp.csr_matrix(x.numpy()),
              "scipy coo float64": sp.coo_matrix(x.numpy().astype("float64"))}[layout]
+    before = given.copy() if layout.startswith("scipy") else None
     ds = from_pyg(_tiny(x=given))
+    if before is not None:  # the caller's matrix is left as it was
+        assert (given != before).nnz == 0 and given.format == before.format
     assert is_sparse(ds.data.features) and ds.data.features.values().dtype == torch.float32
     assert ds.data.features.values().numel() == 4
     assert torch.equal(ds.data.features.to_dense(), x)
