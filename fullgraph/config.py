@@ -20,7 +20,15 @@ from pathlib import Path
 from typing import Any
 
 from fullgraph.errors import ConfigError
-from fullgraph.fields import SEED_RANGE, TIMEOUT_MAX_S, choices_of, is_device_name, is_seed, option
+from fullgraph.fields import (
+    SEED_RANGE,
+    TIMEOUT_MAX_S,
+    changed_fields,
+    choices_of,
+    is_device_name,
+    is_seed,
+    option,
+)
 
 FEATURE_DTYPES = ("stored", "float32", "bfloat16", "float16")
 PROGRESS = ("auto", "on", "off")
@@ -363,9 +371,7 @@ class AdaptConfig:
                  self.late_gradients, " | ".join(LATE_GRADIENTS))
         _require(0 <= self.slack < float("inf"), "adapt", "slack", self.slack,
                  "a finite number >= 0")
-        partial_only = [f.name for f in dataclasses.fields(self)
-                        if f.name in ("staleness", "slack", "late_gradients")
-                        and getattr(self, f.name) != f.default]
+        partial_only = changed_fields(self, among=("staleness", "slack", "late_gradients"))
         if partial_only and self.mode != "adjust+partial":
             from fullgraph.configfile import flags_of
 

@@ -47,6 +47,16 @@ def is_device_name(name: str, *, auto: bool = False) -> bool:
         name.startswith("cuda:") and name[5:].isdigit())
 
 
+def changed_fields(options: Any, among: Iterable[str] | None = None,
+                   skip: Iterable[str] = ()) -> list[str]:
+    """The names of the fields of the options dataclass ``options`` whose values differ
+    from their defaults (only those ``among``, none in ``skip``), in field order."""
+    keep = None if among is None else set(among)
+    return [f.name for f in dataclasses.fields(options)
+            if (keep is None or f.name in keep) and f.name not in skip
+            and getattr(options, f.name) != f.default]
+
+
 SEED_RANGE = "an integer in [0, 2**63)"
 """What every seed option takes (numpy's and torch's generators take 64-bit seeds;
 negative ones are refused by numpy), as error messages say it."""

@@ -11,7 +11,6 @@ resumed from a checkpoint (``fullgraph.checkpoint``) goes on bit for bit.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import importlib
 import math
 import os
@@ -32,6 +31,7 @@ from fullgraph.comm.primitives import all_gather_object
 from fullgraph.config import Config
 from fullgraph.errors import ConfigError
 from fullgraph.extras import MissingExtraError, missing_message
+from fullgraph.fields import changed_fields
 from fullgraph.graph.data import Dataset
 from fullgraph.graph.sparse import density, is_sparse
 from fullgraph.models import build_model
@@ -274,9 +274,7 @@ def check_before_launch(cfg: Config, dataset: Dataset, workers: int) -> None:
                               "is per-part shards, which carry their own partition; leave "
                               "out --partition-file")
         check_shard_hops(cfg, dataset, program)
-        opts = cfg.options["partition"]
-        unused = [f.name for f in dataclasses.fields(opts)
-                  if f.name != "file" and getattr(opts, f.name) != f.default]
+        unused = changed_fields(cfg.options["partition"], skip=("file",))
         if unused:
             from fullgraph.configfile import flags_of
 

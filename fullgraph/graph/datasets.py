@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from fullgraph.errors import CacheError, ConfigError, DatasetNotFoundError
+from fullgraph.fields import changed_fields
 from fullgraph.graph import store
 from fullgraph.graph.data import Dataset
 from fullgraph.graph.sparse import choose_layout
@@ -324,8 +325,7 @@ def convert(fmt: str, opts: ConvertOptions) -> Dataset:
                          "seed"),
             "neutronstar": ("edges", "features", "labels", "masks", "binary", "symmetrize"),
             "ogb": ("input", "symmetrize", "split_scheme")}[fmt]
-    unused = [f.name for f in dataclasses.fields(opts) if f.name not in
-              (*read, "name", "num_classes") and getattr(opts, f.name) != f.default]
+    unused = changed_fields(opts, skip=(*read, "name", "num_classes"))
     if unused:
         warnings.warn(f"convert {fmt}: {', '.join('--' + n for n in unused)} "
                       f"{'has' if len(unused) == 1 else 'have'} no effect on this format",

@@ -11,7 +11,6 @@ reproduce the single-process result exactly.
 """
 from __future__ import annotations
 
-import dataclasses
 import time
 import warnings
 from abc import ABC, abstractmethod
@@ -22,6 +21,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
 import torch
 from torch import Tensor
 
+from fullgraph.fields import changed_fields
 from fullgraph.graph.data import Dataset, VertexData
 from fullgraph.memory import SavedBytes
 from fullgraph.models.stages import StageProgram
@@ -333,8 +333,7 @@ def build_strategy(cfg: Any) -> Strategy:
     name = cfg.runtime.strategy
     for section, users in section_users().items():
         given = cfg.options[section]
-        changed = [f.name for f in dataclasses.fields(given)
-                   if getattr(given, f.name) != f.default]
+        changed = changed_fields(given)
         if changed and name not in users:
             warnings.warn(f"{flags_of(section, changed)} no effect with --strategy {name} "
                           f"(only with {', '.join(users)})", stacklevel=2)
