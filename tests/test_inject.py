@@ -47,6 +47,12 @@ def test_parse_names_what_is_wrong(text, message):
         parse(text)
 
 
+def test_partial_reduce_options_without_it_warn():
+    with pytest.warns(UserWarning, match="--staleness, --slack have no effect without --adapt "
+                                         "adjust\\+partial"):
+        AdaptConfig(staleness=5, slack=0.7)
+
+
 def test_config_refuses_a_bad_spec_and_check_world_a_missing_rank():
     with pytest.raises(ConfigError, match=r"adapt.inject: --inject 'cpu:n=0'"):
         AdaptConfig(inject="cpu:n=0")
