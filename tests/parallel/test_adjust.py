@@ -131,3 +131,11 @@ def test_adjuster_measures_unit_costs_from_stage_times_and_halo_transfer():
     # nothing fetched: the link is priced as at start; nothing timed: the start rates
     idle = SimpleNamespace(compute_s=1.0, bytes_sent={}, bytes_recv={}, comm_by_phase={})
     assert adj.measure(plan, idle) == Rates(2e-9, 1e-9, 3e-9, ("byte", "edge", "vertex"))
+    # under partial reduce an unsplit halo time holds the waits for late peers: the last
+    # cost measured without them stands (here the start's)
+    adj.partial = True
+    late = SimpleNamespace(compute_s=1.0, bytes_sent={"halo": 400}, bytes_recv={},
+                           comm_by_phase={"halo": 0.4}, waiting_split=False)
+    assert adj.measure(plan, late).byte == pytest.approx(2e-9)
+    late.waiting_split = True
+    assert adj.measure(plan, late).byte == pytest.approx(0.4 / 200)
