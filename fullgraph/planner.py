@@ -150,6 +150,8 @@ def refusals(cfg: Any, dataset: Dataset) -> dict[str, str]:
 
     workers = cfg.launch.workers
     program = _program(dataset, cfg)
+    budgeted = device_budget(cfg) is not None
+    graph = propagation_inputs(program, dataset.graph)[0] if budgeted else None
     out = {}
     for cand in candidates(workers):
         with warnings.catch_warnings():  # (options that do not apply to the candidate)
@@ -157,8 +159,7 @@ def refusals(cfg: Any, dataset: Dataset) -> dict[str, str]:
             strategy = build_strategy(candidate_config(cfg, cand))
         try:
             strategy.check_launch(program, dataset.graph.num_nodes, workers)
-            if cand.strategy == "tensor" and device_budget(cfg) is not None:
-                graph, _ = propagation_inputs(program, dataset.graph)
+            if cand.strategy == "tensor" and graph is not None:
                 budget_chunks(cfg, cand, program, graph, workers)
         except ValueError as err:
             out[cand.label] = str(err).split(": ")[0]
@@ -453,7 +454,6 @@ def explain(result: PlanResult) -> list[str]:
            if others else "the only one on 1 worker" if result.workers == 1
            else "no other strategy fits")
     skipped = [e.candidate.label for e in result.estimates if not e.fits]
-    budget = result.device_budget is not None
     if not best.fits:
         return [f"recommended: {best.candidate.label} "
                 f"({' '.join(candidate_flags(best.candidate, budget))}), the fastest, but "

@@ -105,9 +105,8 @@ def _adjuster(cfg: Any, strategy: Any, model: Any, plan: Any, note: Note) -> Ada
     from fullgraph.adapt.adjuster import OnlineAdjuster
 
     budget = None if opts.cache_budget_mb is None else opts.cache_budget_mb * 2**20
-    adjuster = OnlineAdjuster(strategy, model, plan, budget, note)
-    adjuster.partial = opts.mode == "adjust+partial"
-    return adjuster
+    return OnlineAdjuster(strategy, model, plan, budget, note,
+                          partial=opts.mode == "adjust+partial")
 
 
 __all__ = ["ADJUSTABLE", "Adapter", "build_adapters", "check_options"]

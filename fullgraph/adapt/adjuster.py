@@ -67,13 +67,16 @@ class OnlineAdjuster(Adapter):
         note: where adjustment events go (``Profiler.note``).
         rates_for: (epoch, profile) -> unit costs, replacing the measurement (tests
             force switches with it); None: measured.
+        partial: under ``--adapt adjust+partial`` (its exchanges' waits are not split
+            from transfer: the per-byte cost is not re-measured from them).
     """
 
     def __init__(self, strategy: DataParallel, model: Any, plan: DataPlan,
-                 budget_bytes: float | None, note: Note, rates_for: RatesFor | None = None) -> None:
+                 budget_bytes: float | None, note: Note, rates_for: RatesFor | None = None,
+                 *, partial: bool = False) -> None:
         self.strategy, self.budget, self.note, self.rates_for = \
             strategy, budget_bytes, note, rates_for
-        self.partial = False  # under --adapt adjust+partial (set by build_adapters)
+        self.partial = partial
         t0 = time.perf_counter()
         if plan.deps.rates is None:
             plan.deps.rates = costmodel.resolve_rates(plan.comm, plan.graph, None, None, None)

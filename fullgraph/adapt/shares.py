@@ -141,7 +141,6 @@ class ShareBalancer(Adapter):
         self.quiet = 0  # measured epochs since the last switch
         self.probe_wait, self.balance_wait = WINDOW, 0
         self.trial: dict[str, Any] | None = None
-        self.probes = self.undone = 0
 
     def header(self) -> list[str]:
         return [f"adapt    adjust (exact): tensor rows and columns re-split after every epoch "
@@ -218,8 +217,6 @@ class ShareBalancer(Adapter):
         self.trial = {"kind": kind, "rank": rank, "shares": list(self.shares),
                       "times": self._times(), "history": list(self.history),
                       "seconds": list(self.seconds)}
-        if kind == "probe":
-            self.probes += 1
         return self._switch(target)
 
     def _probe(self) -> list[float] | None:
@@ -262,7 +259,6 @@ class ShareBalancer(Adapter):
             undo = max(seconds) > max(times) * (1 - gain / 2)
         wait = "probe_wait" if trial["kind"] == "probe" else "balance_wait"
         if undo:
-            self.undone += 1
             setattr(self, wait, max(WINDOW, 2 * getattr(self, wait)))
             # the speeds and times measured at the shares restored
             self.history, self.seconds = trial["history"], trial["seconds"]

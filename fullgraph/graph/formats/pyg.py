@@ -159,11 +159,11 @@ def _sparse_features(x: Any, name: str) -> Tensor:
                               found=m.shape, expected="(N, F)")
         m.sum_duplicates()
         data = np.asarray(m.data)
-        if data.dtype.kind not in "biuf" or data.dtype.itemsize > 8:  # as torch has them
-            data = data.astype(np.float64) if data.dtype.kind == "f" else data
         if data.dtype.kind not in "biuf":
             raise FormatError("features must be real numbers", source=name, field="x",
                               found=data.dtype, expected="a float, integer or bool matrix")
+        if data.dtype.itemsize > 8:  # long double: torch has no such type
+            data = data.astype(np.float64)
         t = torch.sparse_csr_tensor(torch.from_numpy(m.indptr.astype(np.int64)),
                                     torch.from_numpy(m.indices.astype(np.int64)),
                                     torch.from_numpy(data), size=m.shape,
