@@ -86,7 +86,7 @@ class FitResult:
         return [row["loss"] for row in self.history]
 
 
-def fit(data: Any = "cora", *, model: str = "gcn", strategy: str = "single",
+def fit(data: Any = "cora", *, model: str | type = "gcn", strategy: str = "single",
         workers: int = 1, epochs: int = 200, verbose: bool = False,
         num_classes: int | None = None, **options: Any) -> FitResult:
     """Train a model on ``data`` and return the history, the model and its accuracy.
@@ -99,7 +99,11 @@ def fit(data: Any = "cora", *, model: str = "gcn", strategy: str = "single",
             a ``fullgraph.graph.data.Dataset``, or a PyG ``Data`` (default: ``"cora"``).
             A ``Data`` without masks is split 60/20/20 at random by ``split_seed``;
             one without ``val_mask`` keeps the last epoch's model.
-        model: gcn, sage, gat, gin or tagcn (default: ``"gcn"``).
+        model: gcn, sage, gat, gin or tagcn, or your own ``fullgraph.models.GNN``
+            subclass: the class itself, or ``"module:Class"`` / ``"file.py:Class"``
+            (default: ``"gcn"``). Launched workers import the class by its module or
+            file, so with ``workers > 1`` it must live in one (a script's own classes
+            do, if it calls ``fit`` under ``if __name__ == "__main__":``).
         strategy: single, data, tensor, p2p, task, or auto (the one ``fullgraph plan``
             recommends) (default: ``"single"``; more than one worker needs another).
         workers: local worker processes; 1 trains in this process (default: 1).
@@ -119,7 +123,18 @@ def fit(data: Any = "cora", *, model: str = "gcn", strategy: str = "single",
             phase and its error; the whole report is printed to stderr too).
     """
     from fullgraph.graph.data import Dataset
+    from fullgraph.models.custom import format_options, importing_model_file, reference_of
 
+    inside = importing_model_file()
+    if inside is not None:
+        raise FullgraphError(
+            f"fit: called while {inside} was imported for its model class; call fit "
+            "under `if __name__ == \"__main__\":` so that importing the file only "
+            "defines the model")
+    if isinstance(model, type):
+        model = reference_of(model)
+    if isinstance(options.get("model_options"), dict):
+        options["model_options"] = format_options(options["model_options"])
     options.update(model=model, strategy=strategy, workers=workers, epochs=epochs)
     if "dataset" in options:
         raise ConfigError("fit: give the dataset as the first argument, not dataset=")
@@ -245,8 +260,10 @@ def _fit_launched(cfg: Any, dataset: Any, verbose: bool) -> FitResult:
     from fullgraph import launch
     from fullgraph.config import DataConfig
     from fullgraph.graph import datasets, store
+    from fullgraph.models.custom import for_workers
     from fullgraph.train import build, check_before_launch, check_outputs
 
+    for_workers(cfg.model.name)  # a class no worker can import is refused before any start
     launch.check_workers(cfg.launch.workers, cfg.launch.oversubscribe)
     check_outputs(cfg)  # the model file is written here, after the workers
     given = cfg  # what the result reports (not the temporary directory below)
@@ -267,7 +284,8 @@ def _fit_launched(cfg: Any, dataset: Any, verbose: bool) -> FitResult:
         tree["train"]["progress"] = "auto" if verbose else "off"
         config_file.write_text(json.dumps(tree))
         # the launcher hands this process's environment to the workers
-        with _environment({RESULT_ENV: str(result_file), QUIET_ENV: "" if verbose else "1"}):
+        with _environment({RESULT_ENV: str(result_file), QUIET_ENV: "" if verbose else "1",
+                           **for_workers(cfg.model.name)}):
             code, failure = launch.run_local(
                 ["train", "--config", str(config_file)], cfg.launch.workers,
                 timeout_s=cfg.launch.timeout_s, run_dir=cfg.launch.run_dir,

@@ -84,7 +84,7 @@ def _help_line(f: dataclasses.Field) -> str:
 
 def _add_config_flags(parser: argparse.ArgumentParser) -> None:
     from fullgraph.config import sections
-    from fullgraph.fields import choices_of
+    from fullgraph.fields import choices_of, or_else_of
 
     flags = flag_names()
     parser.add_argument("--config", metavar="FILE",
@@ -101,9 +101,11 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
                 group.add_argument(flag, dest=dest, action=argparse.BooleanOptionalAction,
                                    default=None, help=_help_line(f))
                 continue
-            choices = choices_of(f)
-            group.add_argument(flag, dest=dest, type=kind[0], default=None, choices=choices,
-                               metavar=None if choices else flag[2:].upper().replace("-", "_"),
+            choices, more = choices_of(f), or_else_of(f)
+            metavar = "{%s}" % ",".join([*choices, more]) if choices and more else \
+                None if choices else flag[2:].upper().replace("-", "_")
+            group.add_argument(flag, dest=dest, type=kind[0], default=None,
+                               choices=None if more else choices, metavar=metavar,
                                help=_help_line(f))
             if dest == "train.log_level":
                 group.add_argument("-q", "--quiet", dest=dest, action="store_const",
@@ -360,7 +362,8 @@ def main(argv: list[str] | None = None) -> int:
     except (FullgraphError, ValueError, OSError) as exc:
         if debug:
             traceback.print_exc()
-        print(f"fullgraph {args.command}: error: {_error_text(exc)}", file=sys.stderr)
+        if not worker.report_start_failure(exc):  # else the launcher names it, once
+            print(f"fullgraph {args.command}: error: {_error_text(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         if not os.environ.get(worker.SUPERVISED_ENV):  # else the launcher says it, once

@@ -28,6 +28,7 @@ from fullgraph.fields import (
     is_device_name,
     is_seed,
     option,
+    or_else_of,
 )
 
 FEATURE_DTYPES = ("stored", "float32", "bfloat16", "float16")
@@ -135,7 +136,9 @@ class ModelConfig:
     ``batch_norm`` (inside the MLP, statistics over all vertices) GIN's only, ``hops``
     the coupled TAGCN's only (its decoupled form has ``num_props`` hops)."""
 
-    name: str = option("gcn", "model architecture", choices=model_names)
+    name: str = option("gcn", "model architecture: a built-in one, or your own GNN "
+                       "subclass as module:Class or path/to/file.py:Class",
+                       choices=model_names, or_else="module:Class")
     hidden: int = option(16, "hidden width (per head for the coupled gat)")
     layers: int = option(2, "number of layers")
     dropout: float = option(0.5, "dropout probability between layers")
@@ -151,10 +154,33 @@ class ModelConfig:
                                         "--dropout")
     batch_norm: bool = option(False, "gin: batch normalisation inside the MLP")
     hops: int = option(3, "tagcn: hops K of each coupled layer's filter")
+    options: str = option("", "the model class's own options as key=value,key=value "
+                          "(values as JSON), e.g. eps=0.1 for gin")
 
     def __post_init__(self) -> None:
+        from fullgraph.models.custom import (
+            REFERENCE,
+            canonical,
+            check_options,
+            is_reference,
+            parse_options,
+            resolve,
+        )
+
         names = model_names()
-        _require(self.name in names, "model", "name", self.name, " | ".join(names))
+        _require(self.name in names or is_reference(self.name), "model", "name", self.name,
+                 f"{' | '.join(names)}, or {REFERENCE}")
+        object.__setattr__(self, "name", canonical(self.name))
+        model = resolve(self.name)  # a reference that does not import is refused here
+        given = parse_options(self.options)
+        fields = [f.name for f in dataclasses.fields(self)]
+        flagged = sorted(set(given) & set(fields))
+        if flagged:
+            from fullgraph.configfile import flag_names
+
+            raise ConfigError(f"model.options: give {flagged[0]!r} as its own flag, "
+                              f"--{flag_names()['model', flagged[0]]}")
+        check_options(model, given, self.name, fields)
         _require(self.hidden >= 1, "model", "hidden", self.hidden, ">= 1")
         _require(self.layers >= 1, "model", "layers", self.layers, ">= 1")
         _require(self.num_props >= 1, "model", "num_props", self.num_props, ">= 1")
@@ -204,6 +230,9 @@ class ModelConfig:
             opts.update(batch_norm=self.batch_norm)
         if self.name == "tagcn":
             opts.update(hops=self.hops)
+        from fullgraph.models.custom import parse_options
+
+        opts.update(parse_options(self.options))
         return opts
 
 
@@ -475,7 +504,7 @@ def _build_section(cls: type, values: dict[str, Any], where: str) -> Any:
             raise ConfigError(f"{where}.{key}: got {value!r} ({type(value).__name__}); "
                               f"expected {_type_name(hints[key])}")
         choices = choices_of(known[key])
-        if choices is not None and value not in choices:
+        if choices is not None and value not in choices and not or_else_of(known[key]):
             raise ConfigError(f"{where}.{key}: got {value!r}; expected one of "
                               f"{', '.join(choices)}")
     try:

@@ -15,11 +15,12 @@ import json
 from typing import Any
 
 from fullgraph.errors import ConfigError
-from fullgraph.fields import choices_of, help_of
+from fullgraph.fields import choices_of, help_of, or_else_of
 
 # core section field -> flag name, where the plain ``--field`` would be unclear; the
 # strategies declare theirs (``Strategy.flags``, ``parallel.base.SHARED_FLAGS``)
-FLAG_NAMES = {("model", "name"): "model", ("launch", "timeout_s"): "timeout",
+FLAG_NAMES = {("model", "name"): "model", ("model", "options"): "model-options",
+              ("launch", "timeout_s"): "timeout",
               ("adapt", "mode"): "adapt", ("adapt", "cache_budget_mb"): "cache-budget"}
 RESERVED_FLAGS = ("config", "help", "version", "quiet")
 
@@ -129,8 +130,9 @@ def template(cfg: Any, fmt: str = "yaml") -> str:
         lines.append(f"{section}:" if fmt == "yaml" else f"[{section}]")
         values = cfg.section(section)
         for f in dataclasses.fields(cls):
-            choices = choices_of(f)
+            choices, more = choices_of(f), or_else_of(f)
             extra = f"; one of {', '.join(choices)}" if choices else ""
+            extra += f", or {more}" if choices and more else ""
             lines.append(f"  # --{flags[section, f.name]}: {help_of(f)}{extra}"
                          if fmt == "yaml" else
                          f"# --{flags[section, f.name]}: {help_of(f)}{extra}")

@@ -15,7 +15,8 @@ from typing import Any
 Choices = Callable[[], Iterable[str]]
 
 
-def option(default: Any, help: str, *, choices: Choices | Iterable[str] | None = None) -> Any:
+def option(default: Any, help: str, *, choices: Choices | Iterable[str] | None = None,
+           or_else: str | None = None) -> Any:
     """A dataclass field with ``default``, its one-line ``help`` and its valid names.
 
     Args:
@@ -23,13 +24,23 @@ def option(default: Any, help: str, *, choices: Choices | Iterable[str] | None =
         help: one line, lower case, no trailing period, without the default.
         choices: the valid values, or a function returning them (read lazily, from a
             registry) (default: None, any value of the field's type).
+        or_else: the other values the field takes beside ``choices``, in words (as
+            ``module:Class``); the dataclass validates those itself (default: None,
+            ``choices`` only).
     """
-    return dataclasses.field(default=default, metadata={"help": help, "choices": choices})
+    return dataclasses.field(default=default, metadata={"help": help, "choices": choices,
+                                                        "or_else": or_else})
 
 
 def help_of(f: dataclasses.Field) -> str:
     """The help text of a field declared with ``option`` ("" otherwise)."""
     return str(f.metadata.get("help", ""))
+
+
+def or_else_of(f: dataclasses.Field) -> str | None:
+    """What a field declared with ``option`` takes beside its choices, in words (None:
+    its choices only)."""
+    return f.metadata.get("or_else")
 
 
 def choices_of(f: dataclasses.Field) -> tuple[str, ...] | None:

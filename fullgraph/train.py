@@ -609,6 +609,17 @@ def _accuracy(strategy: Strategy, model: GNN, plan: Plan) -> dict[str, float]:
     return strategy.reduce_counts(strategy.evaluate(model, plan), plan)
 
 
+
+def _model_source(cfg: Config) -> str:
+    """`` (file.py:Class, options k=v)``: where a user's model class comes from and the
+    model options given (empty for a built-in model without options)."""
+    from fullgraph.models import MODELS
+
+    parts = [] if cfg.model.name in MODELS else [cfg.model.name]
+    if cfg.model.options:
+        parts.append(f"options {cfg.model.options}")
+    return f" ({', '.join(parts)})" if parts else ""
+
 def _header_lines(dataset: Dataset, model: GNN, cfg: Config, device: torch.device,
                   setup_s: float, world: int) -> list[str]:
     s = dataset.summary()
@@ -628,8 +639,8 @@ def _header_lines(dataset: Dataset, model: GNN, cfg: Config, device: torch.devic
         f"dataset  {s['name']}: {s['vertices']} vertices, {s['edges']} edges, "
         f"{s['features']} features{layout}, {s['classes']} classes "
         f"(train {s['train']} / val {s['val']} / test {s['test']}){held}",
-        f"model    {model.name}: {cfg.model.layers} layers, hidden {cfg.model.hidden}, "
-        f"{params} parameters, stages {model.signature()}",
+        f"model    {model.name}{_model_source(cfg)}: {cfg.model.layers} layers, hidden "
+        f"{cfg.model.hidden}, {params} parameters, stages {model.signature()}",
         f"run      strategy {cfg.runtime.strategy}, {world} worker(s), device {device}, "
         f"{torch.get_num_threads()} threads, spmm {describe_backend(device)}, {gpu}"
         f"lr {cfg.train.lr}, weight decay {cfg.train.weight_decay}, seed {cfg.train.seed}, "

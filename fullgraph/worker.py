@@ -165,6 +165,19 @@ class WorkerStatus:
                   f"{record['error']}", file=sys.stderr, flush=True)
 
 
+def report_start_failure(exc: BaseException) -> bool:
+    """Report ``exc``, raised before the worker's ``run_worker`` began (while its
+    options were read), as ``run_worker`` reports a failure, for the launcher to name;
+    whether there was a launcher's run directory to report it in."""
+    run_dir = os.environ.get(RUN_DIR_ENV)
+    if not (os.environ.get(SUPERVISED_ENV) and run_dir):
+        return False
+    status = WorkerStatus(int(os.environ.get("RANK", "0")), None)  # no heartbeat: ending
+    status.dir = Path(run_dir)
+    status.report_failure(exc)
+    return True
+
+
 def run_worker(body: Callable[[WorkerStatus], int]) -> int:
     """Run ``body`` as a worker: report a failure with rank and phase, exit non-zero.
 

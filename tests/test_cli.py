@@ -25,7 +25,7 @@ TRAIN_FLAGS = sorted("""
 --column-split --pipeline --nn-device --prefetch --row-block --spill-dir --spill-memory
 --p2p-schedule --bin-memory --bin-size --checkpoint-dir --checkpoint-every --resume --save-model
 --task-split --task-gamma --subgraphs --recompute --chunks --task-deps --group-parallel
---task-device-memory --task-pieces --hops
+--task-device-memory --task-pieces --hops --model-options
 --adapt --cache-budget --inject --staleness --slack --late-gradients --shares
 """.split())
 

@@ -22,7 +22,9 @@ def test_config_accepts_an_activation_registered_in_layers(monkeypatch):
 def test_unknown_names_are_refused_listing_the_registered_ones():
     with pytest.raises(ConfigError) as err:
         ModelConfig(name="mlp")
-    assert str(err.value).endswith("model.name: got 'mlp'; expected gcn | sage | gat | gin | tagcn")
+    assert str(err.value).endswith("model.name: got 'mlp'; expected gcn | sage | gat | gin | "
+                                   "tagcn, or module:Class or path/to/file.py:Class (a "
+                                   "fullgraph.models.GNN subclass)")
     expected = " | ".join(layers.ACTIVATIONS)
     with pytest.raises(ConfigError) as err:
         ModelConfig(activation="swish")

@@ -438,10 +438,13 @@ def test_temporary_run_dir_is_removed_unless_kept_or_failed(temp_root, capsys):
     assert len(kept) == 1
     assert f"run directory kept: {kept[0]}" in capsys.readouterr().err  # where it is
     shutil.rmtree(kept[0])
+    # a worker's usage error is reported, named by the launcher, and ends the run with 2
     assert launch_local(["datasets", "no-such-dataset"], 1, timeout_s=30, run_dir=None,
-                        threads=1) == 1
+                        threads=1) == 2
     kept = list(temp_root.glob("fullgraph-run-*"))
-    assert len(kept) == 1 and f"logs in {kept[0]}" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert len(kept) == 1 and f"logs in {kept[0]}" in err
+    assert "worker rank 0 failed during start-up" in err and "no-such-dataset" in err
 
 
 def test_worker_that_cannot_start_is_one_line(temp_root, monkeypatch, capsys):

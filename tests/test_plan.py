@@ -164,7 +164,8 @@ def test_a_strategy_that_refuses_the_model_is_left_out_not_fatal(monkeypatch):
     dataset = tiny_dataset(F, C, n=24)
     cfg = tiny_cfg(2, partition={"method": "chunk"}, model={"name": "gin", "batch_norm": True})
     assert planner.refusals(cfg, dataset) == {
-        "p2p": "strategy p2p cannot run model 'gin' with batch normalisation (batch_norm=True)"}
+        "p2p": "strategy p2p cannot run model 'gin' with statistics over all rows (batch "
+               "normalisation, reduces_rows)"}
     ran: list[list[str]] = []
 
     def measured(cfg, dataset, rates, skip):

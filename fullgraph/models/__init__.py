@@ -23,10 +23,16 @@ MODELS: dict[str, type[GNN]] = {"gcn": GCN, "sage": GraphSAGE, "gat": GAT, "gin"
 
 
 def build_model(name: str, in_dim: int, hidden: int, out_dim: int, **options) -> GNN:
-    """Build the model called ``name`` (gcn, sage, gat, gin, tagcn) with ``options``."""
-    if name not in MODELS:
-        raise ValueError(f"unknown model {name!r}; expected one of {', '.join(MODELS)}")
-    return MODELS[name](in_dim, hidden, out_dim, **options)
+    """Build the model called ``name`` with ``options``: a built-in (gcn, sage, gat, gin,
+    tagcn) or a user's ``GNN`` subclass as ``module:Class`` or ``file.py:Class``
+    (``fullgraph.models.custom``).
+
+    Raises:
+        ConfigError: ``name`` names no model (a ``ValueError``).
+    """
+    from fullgraph.models.custom import resolve
+
+    return resolve(name)(in_dim, hidden, out_dim, **options)
 
 
 __all__ = ["GAT", "GCN", "GIN", "GNN", "TAGCN", "GraphSAGE", "MODELS", "EdgeTransform",

@@ -41,6 +41,9 @@ class GNN(StageProgram):
     # the decoupled form's MLP layers: "glorot" or "linear" (see layers.init_linear),
     # as the coupled layers of the model's reference implementation
     mlp_init = "glorot"
+    # the options ``conv`` reads from ``self.conv_options`` (beyond those ``__init__``
+    # names): ``--model-options`` refuses any other
+    conv_option_names: tuple[str, ...] = ()
 
     def __init__(self, in_dim: int, hidden: int, out_dim: int, num_layers: int = 2, *,
                  dropout: float = 0.5, input_dropout: float | None = None,

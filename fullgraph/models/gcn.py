@@ -22,6 +22,7 @@ class GCN(GNN):
     """
 
     model_name = "gcn"
+    conv_option_names = ("aggregate_first",)
     coupled_self_loops = True
 
     def conv(self, layer: int, in_dim: int, out_dim: int, *, act: str | None,

@@ -90,6 +90,7 @@ class GIN(GNN):
     """
 
     model_name = "gin"
+    conv_option_names = ("eps", "aggregate_first")
     coupled_self_loops = True
     mlp_init = "linear"
 

@@ -20,6 +20,7 @@ class GraphSAGE(GNN):
     """GraphSAGE-mean; options as ``GNN`` plus ``aggregate_first`` (see GCN)."""
 
     model_name = "sage"
+    conv_option_names = ("aggregate_first",)
     coupled_self_loops = False
     mlp_init = "linear"
 

@@ -257,9 +257,14 @@ class StageProgram(nn.Module):
     def _check(self) -> None:
         if not self.stages or not isinstance(self.stages[0], LayerInput):
             raise ValueError("a stage program must start with a LayerInput stage")
-        seen_edge = False
+        seen_edge, width, before = False, self.stages[0].in_dim, "the input"
         for s in self.stages:
             seen_edge |= isinstance(s, EdgeTransform)
+            if not isinstance(s, EdgeTransform):  # an E stage leaves the rows as they are
+                if s.in_dim != width:
+                    raise ValueError(f"stage {s.index} ({type(s).__name__}) takes {s.in_dim} "
+                                     f"columns but {before} gives {width}")
+                width, before = s.out_dim, f"stage {s.index} ({type(s).__name__})"
             if isinstance(s, Propagate) and s.norm == "edge" and not seen_edge:
                 raise ValueError(f"stage {s.index}: norm='edge' needs an earlier EdgeTransform")
 

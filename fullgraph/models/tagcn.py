@@ -65,6 +65,7 @@ class TAGCN(GNN):
     """
 
     model_name = "tagcn"
+    conv_option_names = ("aggregate_first",)
     coupled_self_loops = False
     decoupled_self_loops = False
     mlp_init = "linear"

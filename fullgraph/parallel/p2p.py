@@ -137,10 +137,10 @@ class P2PParallel(RowPartitioned[P2PPlan]):
     def check_launch(self, program: StageProgram, num_nodes: int, workers: int) -> None:
         super().check_launch(program, num_nodes, workers)
         if program.reduces_rows:
-            raise ValueError(f"strategy p2p cannot run model {program.name!r} with batch "
-                             "normalisation (batch_norm=True): p2p computes T stages in bins "
-                             "of rows, and the statistics need all rows at once; use strategy "
-                             "single, data, tensor or task")
+            raise ValueError(f"strategy p2p cannot run model {program.name!r} with "
+                             "statistics over all rows (batch normalisation, reduces_rows): "
+                             "p2p computes T stages in bins of rows, and the statistics need "
+                             "all rows at once; use strategy single, data, tensor or task")
 
     def setup(self, dataset: Dataset, program: StageProgram, device: torch.device,
               comm: Comm | None = None, dtype: torch.dtype = torch.float32) -> P2PPlan:

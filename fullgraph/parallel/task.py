@@ -211,8 +211,9 @@ class TaskParallel(DistributedStrategy[TaskPlan]):
               comm: Comm | None = None, dtype: torch.dtype = torch.float32) -> TaskPlan:
         if self.options.recompute and program.reduces_rows:
             raise ValueError("--recompute: this model's T stages reduce over all rows (batch "
-                             "normalisation), a collective that cannot run again in the "
-                             "backward pass; train without --recompute or --batch-norm")
+                             "normalisation, reduces_rows), a collective that cannot run "
+                             "again in the backward pass; train without --recompute (or "
+                             "--batch-norm)")
         if comm is None or comm.world_size < 2:
             raise ValueError("strategy 'task' runs the T and P stages on different workers: "
                              "it needs at least 2 workers (--workers 2)")

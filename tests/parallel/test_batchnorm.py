@@ -138,7 +138,7 @@ def test_batchnorm_changes_the_model():
 
 
 def test_p2p_refuses_batchnorm():
-    with pytest.raises(ValueError, match="p2p.*batch_norm"):
+    with pytest.raises(ValueError, match="p2p.*batch normalisation, reduces_rows"):
         P2PParallel().setup(make_dataset(), make_gin(), TEST_DEVICE)
 
 

@@ -1,0 +1,292 @@
+"""Models named by the user: a ``GNN`` subclass given as ``module:Class`` or
+``path/to/file.py:Class``, resolved the same way in the launcher, every worker, the
+planner and ``load_model``.
+
+A model is its class plus the options the run records, so a run, a checkpoint and a
+saved model name the class by a reference that another process can import: the
+built-in names (``gcn``, ...), ``package.module:Class`` (imported from ``sys.path``;
+the working directory is put on it, as ``python -m`` does, because the ``fullgraph``
+command's own directory is not where a user's modules live), or a Python file by
+path (kept absolute, so a worker or a later ``--resume`` finds it from any
+directory). A file is imported under a private module name, never as ``__main__``:
+a script that both defines a model and calls ``fullgraph.fit`` runs its
+``if __name__ == "__main__":`` part once, in the process the user started.
+
+A class handed over as an object (``fit(model=MyGNN)``) is kept in this process's
+table under its reference, so the calling process never imports it again. One
+defined where no other process can import it (a notebook cell, a function) is named
+``__main__:Class``: it trains in the calling process (``workers=1``), and a
+distributed run refuses it before any worker starts, with the fix.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import inspect
+import json
+import os
+import sys
+import threading
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from fullgraph.errors import ConfigError
+
+if TYPE_CHECKING:
+    from fullgraph.models.base import GNN
+
+REFERENCE = "module:Class or path/to/file.py:Class (a fullgraph.models.GNN subclass)"
+"""How error messages and ``--help`` describe a user's model reference."""
+
+_known: dict[str, type] = {}  # reference -> class, for the classes reference_of named
+_only_here: set[str] = set()  # those of them that no other process can import
+_importing = threading.local()
+
+
+def importing_model_file() -> str | None:
+    """The model file being imported now by ``resolve`` in this thread (None: none):
+    ``fullgraph.fit`` refuses to start a run from inside it."""
+    return getattr(_importing, "path", None)
+
+
+def is_reference(name: str) -> bool:
+    """Whether ``name`` has the form of a user's model reference (``target:Class``)."""
+    target, sep, attr = name.rpartition(":")
+    return bool(sep and target and attr)
+
+
+def reference_of(cls: type) -> str:
+    """The name under which ``cls`` (a ``GNN`` subclass) is recorded: its built-in name,
+    ``module:Class``, ``/abs/file.py:Class`` for a class of the script that is
+    running, or ``__main__:Class`` (this process only) for one that has no file."""
+    from fullgraph.models import MODELS
+
+    _check_class(cls, repr(cls))
+    for name, builtin in MODELS.items():
+        if cls is builtin:
+            return name
+    module, qualname = cls.__module__, cls.__qualname__
+    path = getattr(sys.modules.get("__main__"), "__file__", None) \
+        if module == "__main__" else None
+    if "<locals>" in qualname or module not in sys.modules or (
+            module == "__main__" and not (path and Path(path).suffix == ".py")):
+        ref = f"{module}:{qualname}"
+        _only_here.add(ref)
+    elif path:  # this process uses the class it has; a worker imports the file
+        ref = f"{Path(path).resolve()}:{qualname}"
+    else:
+        ref = f"{module}:{qualname}"
+    _known[ref] = cls
+    return ref
+
+
+def canonical(name: str) -> str:
+    """``name`` as a run records it: a file reference with its path made absolute
+    (every other name unchanged)."""
+    target, _, attr = name.rpartition(":")
+    if is_reference(name) and _is_file(target):
+        return f"{Path(target).expanduser().resolve()}:{attr}"
+    return name
+
+
+def resolve(name: str) -> type[GNN]:
+    """The model class ``name`` names: a built-in model or a user's reference.
+
+    Raises:
+        ConfigError: naming what is wrong: an unknown name, a module or file that is
+            missing or fails to import, a missing attribute, or not a ``GNN``
+            subclass.
+    """
+    from fullgraph.models import MODELS
+
+    if name in MODELS:
+        return MODELS[name]
+    if name in _known:
+        return _known[name]
+    if not is_reference(name):
+        raise ConfigError(f"unknown model {name!r}; expected one of {', '.join(MODELS)} "
+                          f"or {REFERENCE}")
+    target, _, attr = name.rpartition(":")
+    if target == "__main__" or "<locals>" in attr:
+        raise _unimportable(name)
+    module = _load_file(target, name) if _is_file(target) else _import(target, name)
+    obj: object = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ConfigError(f"model {name}: {target} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    _check_class(obj, f"model {name}")
+    assert isinstance(obj, type)
+    return obj
+
+
+def for_workers(name: str) -> dict[str, str]:
+    """The environment that lets launched workers import the model ``name`` as this
+    process did: for a module reference, ``PYTHONPATH`` with the directory this
+    process found its top-level package in (a script's own directory is on this
+    process's ``sys.path``, and not on theirs); nothing for a built-in or a file.
+
+    Raises:
+        ConfigError: the class lives in this process only (a notebook's or a
+            function's): no worker can import it.
+    """
+    if name in _only_here:
+        raise _unimportable(name)
+    target = name.rpartition(":")[0]
+    if not is_reference(name) or _is_file(target):
+        return {}
+    resolve(name)  # imported here first, so its top-level package is known
+    top = sys.modules[target.split(".")[0]]
+    file, found = getattr(top, "__file__", None), list(getattr(top, "__path__", []))
+    if file:  # a module's directory, or the one that holds the package's directory
+        where = Path(file).parent.parent if Path(file).stem == "__init__" else \
+            Path(file).parent
+    elif found:  # a namespace package: its first portion's parent
+        where = Path(found[0]).parent
+    else:
+        return {}
+    given = os.environ.get("PYTHONPATH")
+    return {"PYTHONPATH": os.pathsep.join([str(where.resolve()), *([given] if given else [])])}
+
+
+def parse_options(text: str) -> dict[str, Any]:
+    """``key=value,key=value`` as keyword options; a value is read as JSON where it is
+    JSON (``0.1``, ``true``, ``null``, ``"a,b"``), else kept as the string it is.
+
+    Raises:
+        ConfigError: an item without ``=`` or a name, or a key given twice.
+    """
+    out: dict[str, Any] = {}
+    for item in _items(text):
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or not key.isidentifier():
+            raise ConfigError(f"model.options: {item.strip()!r} is not key=value (a Python "
+                              "name, then =, then the value)")
+        if key in out:
+            raise ConfigError(f"model.options: {key!r} is given twice")
+        try:
+            out[key] = json.loads(value)
+        except ValueError:
+            out[key] = value.strip()
+    return out
+
+
+def format_options(options: dict[str, Any]) -> str:
+    """``options`` in the form ``parse_options`` reads back (values as JSON)."""
+    return ",".join(f"{k}={json.dumps(v)}" for k, v in options.items())
+
+
+def check_options(cls: type, options: dict[str, Any], name: str,
+                  flagged: Iterable[str] = ()) -> None:
+    """Refuse an option the model class ``cls`` does not take: one its ``__init__``
+    names, or that its ``conv()`` reads (``GNN.conv_option_names``); the options every
+    model has are flags of their own (``--hidden``, ``--dropout``, ...), and so are
+    those named in ``flagged`` (``--heads``, ...).
+
+    Raises:
+        ConfigError: naming the option and what the class takes.
+    """
+    from fullgraph.models.base import GNN
+
+    general = set(inspect.signature(GNN.__init__).parameters) - {"self", "conv_options"}
+    taken: set[str] = set(getattr(cls, "conv_option_names", ()))
+    for klass in cls.__mro__:
+        if klass is GNN or not issubclass(klass, GNN):
+            break
+        params = inspect.signature(klass.__init__).parameters.values()
+        taken |= {p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
+    taken -= general | set(flagged) | {"self"}
+    for key in options:
+        if key in general:
+            raise ConfigError(f"model.options: {key!r} is an option of every model: give it "
+                              "as its own flag (--hidden, --layers, --dropout, ...)")
+        if key not in taken:
+            offer = ", ".join(sorted(taken)) or "none"
+            raise ConfigError(f"model.options: model {name} takes no option {key!r} (it "
+                              f"takes: {offer}; a GNN subclass declares what its conv() "
+                              "reads in conv_option_names)")
+
+
+def _items(text: str) -> list[str]:
+    """``text`` split at the commas outside quotes and brackets (empty items dropped)."""
+    items, depth, quoted, start = [], 0, False, 0
+    for i, ch in enumerate(text):
+        if ch == '"' and (i == 0 or text[i - 1] != "\\"):
+            quoted = not quoted
+        elif not quoted and ch in "[{":
+            depth += 1
+        elif not quoted and ch in "]}":
+            depth -= 1
+        elif ch == "," and not quoted and depth == 0:
+            items.append(text[start:i])
+            start = i + 1
+    items.append(text[start:])
+    return [item for item in items if item.strip()]
+
+
+def _unimportable(name: str) -> ConfigError:
+    return ConfigError(
+        f"model {name}: the class was defined in the calling process (a notebook cell "
+        "or a function), which the workers cannot import; move it to a module or a .py "
+        "file, or train it with workers=1")
+
+
+def _is_file(target: str) -> bool:
+    return target.endswith(".py") or "/" in target or os.sep in target
+
+
+def _check_class(obj: object, where: str) -> None:
+    from fullgraph.models.base import GNN
+
+    if not (isinstance(obj, type) and issubclass(obj, GNN)):
+        what = obj.__name__ if isinstance(obj, type) else type(obj).__name__
+        raise ConfigError(f"{where}: {what} is not a subclass of fullgraph.models.GNN "
+                          "(a model is a GNN whose conv() returns its stages)")
+
+
+def _import(module: str, name: str):
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if exc.name and (module == exc.name or module.startswith(exc.name + ".")):
+            raise ConfigError(f"model {name}: no module named {exc.name!r} (looked in the "
+                              "working directory and sys.path; every worker imports it "
+                              "too)") from None
+        raise ConfigError(f"model {name}: importing {module} failed: {exc}") from exc
+    except Exception as exc:
+        raise ConfigError(f"model {name}: importing {module} failed: "
+                          f"{type(exc).__name__}: {exc}") from exc
+
+
+def _load_file(target: str, name: str):
+    path = Path(target).expanduser().resolve()
+    if not path.is_file():
+        raise ConfigError(f"model {name}: {path} is not a file")
+    key = "fullgraph_model_" + hashlib.sha1(str(path).encode()).hexdigest()[:12]
+    if key in sys.modules:
+        return sys.modules[key]
+    spec = importlib.util.spec_from_file_location(key, path)
+    if spec is None or spec.loader is None:
+        raise ConfigError(f"model {name}: {path} cannot be imported as Python")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[key] = module  # dataclasses and pickling look classes up by module
+    _importing.path = str(path)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        del sys.modules[key]
+        raise ConfigError(f"model {name}: importing {path} failed: "
+                          f"{type(exc).__name__}: {exc}") from exc
+    finally:
+        _importing.path = None
+    return module
+
+
+__all__ = ["REFERENCE", "canonical", "check_options", "for_workers", "format_options",
+           "importing_model_file", "is_reference", "parse_options", "reference_of", "resolve"]

@@ -1,0 +1,52 @@
+"""A model as a user writes one: a ``GNN`` subclass outside fullgraph, with a stage of
+its own (parameters, the layer input, a per-column gate) and a ``conv()`` option.
+The tests name it by file (``tests/models/user_gnn.py:GatedGCN``) and by module."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from fullgraph.models import GNN, Propagate, Transform
+from fullgraph.models.layers import Dense, activation
+
+
+class Gate(Transform):
+    """``a * x + (1 - a) * (h W_self + b)``, ``a = sigmoid(g)`` per column: the
+    aggregated neighbours against the vertex's own projection, then the activation."""
+
+    uses_layer_input = True
+
+    def __init__(self, in_dim: int, out_dim: int, act: str | None) -> None:
+        super().__init__(out_dim, out_dim)
+        self.self_weight = nn.Linear(in_dim, out_dim)
+        self.gate = nn.Parameter(torch.linspace(-1.0, 1.0, out_dim))
+        self.act = activation(act)
+
+    def forward(self, x, ctx, layer_input=None):
+        a = torch.sigmoid(self.gate)
+        out = a * x + (1 - a) * self.self_weight(layer_input)
+        return out if self.act is None else self.act(out)
+
+
+class GatedGCN(GNN):
+    """Each layer: ``Dense`` (no bias), a propagation (``norm``: gcn, mean or sum, a
+    conv option), then the gate."""
+
+    model_name = "gated-gcn"
+    conv_option_names = ("norm",)
+
+    def conv(self, layer, in_dim, out_dim, *, act, residual):
+        norm = self.conv_options.get("norm", "gcn")
+        return [Dense(in_dim, out_dim, bias=False), Propagate(out_dim, norm),
+                Gate(in_dim, out_dim, act)]
+
+    def propagation(self, dim, num_props):
+        return [Propagate(dim, self.conv_options.get("norm", "gcn")) for _ in range(num_props)]
+
+
+class NotAModel(nn.Module):
+    """A torch module that is no ``GNN``: refused as a model."""
+
+
+if __name__ == "__main__":  # importing this file only defines the classes
+    raise SystemExit("not a script")

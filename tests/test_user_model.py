@@ -1,0 +1,243 @@
+"""A user's own model class through every entry point: ``--model file.py:Class`` and
+``module:Class`` on the command line, ``fit(model=Class)`` in this process and on
+launched workers, ``--model-options``, saved models read back from elsewhere, and one
+clear error for each thing that can be wrong with a reference."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import fullgraph
+from fullgraph.cli import main
+from fullgraph.config import ModelConfig
+from fullgraph.errors import ConfigError
+from fullgraph.graph.synthetic import sbm
+from fullgraph.models import build_model
+from fullgraph.models.custom import format_options, parse_options, resolve
+
+MODELS_DIR = Path(__file__).parent / "models"
+FILE_REF = f"{MODELS_DIR / 'user_gnn.py'}:GatedGCN"
+
+
+@pytest.fixture
+def root(tmp_path, monkeypatch):
+    monkeypatch.setenv("FULLGRAPH_DATA", str(tmp_path / "data"))
+    return tmp_path / "data"
+
+
+def small():
+    return sbm(67, 3, avg_degree=5.0, num_features=9, seed=11)
+
+
+def test_a_file_reference_trains_saves_and_loads_from_another_directory(
+        root, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(MODELS_DIR)
+    model_file = tmp_path / "gated.pt"
+    assert main(["train", "--model", "user_gnn.py:GatedGCN", "--model-options", "norm=mean",
+                 "--epochs", "3", "--progress", "off", "--save-model", str(model_file)]) == 0
+    out = capsys.readouterr().out
+    assert f"model    gated-gcn ({FILE_REF}, options norm=mean):" in out
+    monkeypatch.chdir(tmp_path)  # the saved model names the file by its absolute path
+    saved = fullgraph.load_model(model_file)
+    assert saved.meta["model"]["name"] == FILE_REF
+    assert saved.meta["model"]["options"]["norm"] == "mean"
+    assert type(saved.program).__name__ == "GatedGCN"
+    assert main(["evaluate", "--model", str(model_file)]) == 0
+    assert "test  accuracy" in capsys.readouterr().out
+
+
+def test_a_module_reference_is_found_in_the_working_directory(root, monkeypatch, capsys):
+    monkeypatch.chdir(MODELS_DIR)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(MODELS_DIR))])
+    assert main(["train", "--model", "user_gnn:GatedGCN", "--epochs", "2", "--progress",
+                 "off"]) == 0
+    assert "model    gated-gcn (user_gnn:GatedGCN)" in capsys.readouterr().out
+
+
+def test_fit_takes_the_class_and_its_options(monkeypatch):
+    monkeypatch.syspath_prepend(str(MODELS_DIR))
+    from user_gnn import GatedGCN
+
+    opts = dict(epochs=3, hidden=5, lr=0.05)
+    result = fullgraph.fit(small(), model=GatedGCN, model_options={"norm": "sum"}, **opts)
+    assert result.config.model.name == "user_gnn:GatedGCN"
+    assert result.config.model.options == 'norm="sum"'
+    assert isinstance(result.model.program, GatedGCN)
+    assert result.model.meta["model"]["options"]["norm"] == "sum"
+    by_name = fullgraph.fit(small(), model="user_gnn:GatedGCN", model_options='norm="sum"',
+                            **opts)
+    assert by_name.losses == result.losses
+    other = fullgraph.fit(small(), model=GatedGCN, model_options={"norm": "gcn"}, **opts)
+    assert other.losses != result.losses  # the option reached conv()
+
+
+@pytest.mark.dist
+def test_launched_workers_import_the_class_as_the_caller_did(monkeypatch):
+    """The class's module is on this process's sys.path only: the workers get it."""
+    monkeypatch.syspath_prepend(str(MODELS_DIR))
+    from user_gnn import GatedGCN
+
+    opts = dict(model=GatedGCN, epochs=3, hidden=5, lr=0.05)
+    here = fullgraph.fit(small(), **opts)
+    launched = fullgraph.fit(small(), strategy="data", workers=2, **opts)
+    assert launched.losses == pytest.approx(here.losses, rel=1e-5)
+    for p, q in zip(launched.model.parameters(), here.model.parameters()):
+        torch.testing.assert_close(p, q, atol=1e-5, rtol=1e-4)
+
+
+def test_a_class_only_this_process_has_trains_here_and_is_refused_for_workers():
+    from fullgraph.models import GCN
+
+    class Local(GCN):
+        pass
+
+    result = fullgraph.fit(small(), model=Local, epochs=1, hidden=5)
+    assert "<locals>" in result.config.model.name
+    with pytest.raises(ConfigError, match="which the workers cannot import; move it to a "
+                       "module or a .py file, or train it with workers=1"):
+        fullgraph.fit(small(), model=Local, strategy="data", workers=2, epochs=1)
+
+
+def test_a_file_that_trains_when_imported_is_refused_with_the_fix(tmp_path):
+    script = tmp_path / "unguarded.py"
+    script.write_text("import fullgraph\nfrom fullgraph.models import GCN\n\n"
+                      "class Mine(GCN):\n    pass\n\n"
+                      "fullgraph.fit('cora', model=Mine, epochs=1)\n")
+    with pytest.raises(ConfigError, match='call fit under `if __name__ == "__main__":`'):
+        resolve(f"{script}:Mine")
+
+
+@pytest.mark.parametrize("name,needle", [
+    ("mlp", "expected gcn | sage | gat | gin | tagcn, or module:Class"),
+    ("no_such_module_here:Net", "no module named 'no_such_module_here'"),
+    (f"{FILE_REF.rpartition(':')[0]}:Missing", "has no attribute 'Missing'"),
+    (f"{FILE_REF.rpartition(':')[0]}:NotAModel", "NotAModel is not a subclass of "
+     "fullgraph.models.GNN"),
+    ("fullgraph.models.stages:Propagate", "Propagate is not a subclass"),
+    ("/no/such/dir/model.py:Net", "/no/such/dir/model.py is not a file"),
+])
+def test_bad_references_are_one_clear_error(name, needle):
+    with pytest.raises(ConfigError, match=needle.replace("|", r"\|")):
+        ModelConfig(name=name)
+
+
+def test_a_file_that_fails_to_import_names_the_file_and_the_error(tmp_path):
+    bad = tmp_path / "broken.py"
+    bad.write_text("def oops(:\n")
+    with pytest.raises(ConfigError, match=f"importing {bad} failed: SyntaxError"):
+        ModelConfig(name=f"{bad}:Net")
+    missing_dep = tmp_path / "needs.py"
+    missing_dep.write_text("import no_such_dependency_xyz\n")
+    with pytest.raises(ConfigError, match="No module named 'no_such_dependency_xyz'"):
+        ModelConfig(name=f"{missing_dep}:Net")
+
+
+@pytest.mark.parametrize("model,options,needle", [
+    ("gin", "foo=1", "model gin takes no option 'foo' (it takes: aggregate_first, eps;"),
+    ("gat", "heads=2", "give 'heads' as its own flag, --heads"),
+    ("gcn", "num_layers=3", "'num_layers' is an option of every model"),
+    ("gcn", "aggregate_first", "'aggregate_first' is not key=value"),
+    ("gcn", "aggregate_first=true,aggregate_first=false", "'aggregate_first' is given twice"),
+    (FILE_REF, "alpha=1", "takes no option 'alpha' (it takes: norm;"),
+])
+def test_model_options_the_class_does_not_take_are_refused(model, options, needle):
+    with pytest.raises(ConfigError, match=needle.replace("(", r"\(").replace(")", r"\)")):
+        ModelConfig(name=model, options=options)
+
+
+def test_model_options_reach_the_model():
+    cfg = ModelConfig(name="gin", options="eps=0.25")
+    assert cfg.build_options()["eps"] == 0.25
+    model = build_model("gin", 9, 5, 3, **cfg.build_options())
+    assert model.stages[2].eps == 0.25
+
+
+def test_options_are_read_as_json_where_they_are_json():
+    text = 'a=1,b=0.5,c=true,d=null,e=word,f="x,y",g=[1, 2]'
+    assert parse_options(text) == {"a": 1, "b": 0.5, "c": True, "d": None, "e": "word",
+                                   "f": "x,y", "g": [1, 2]}
+    values = {"n": 3, "s": "a=b,c", "flag": False}
+    assert parse_options(format_options(values)) == values
+    assert parse_options("") == {}
+
+
+@pytest.mark.dist
+def test_the_readme_example_runs_as_written(root, tmp_path, monkeypatch, capsys):
+    """README "Your own model": its file, its two commands (the first on 2 launched
+    workers), and the exactness it promises against the single process."""
+    import re
+    import shlex
+
+    text = (Path(__file__).parent.parent / "README.md").read_text(encoding="utf-8")
+    section = text.split("## Your own model", 1)[1].split("\n## ", 1)[0]
+    code = re.search(r"```python\n(# my_models.py\n.*?)```", section, re.S)
+    commands = re.search(r"```bash\n(.*?)```", section, re.S)
+    assert code and commands, "README.md: the example under '## Your own model' moved"
+    (tmp_path / "my_models.py").write_text(code.group(1))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    losses = []
+    for line in commands.group(1).splitlines():
+        argv = shlex.split(line.split("#", 1)[0])
+        assert argv[:2] == ["fullgraph", "train"], line
+        assert main([*argv[1:], "--epochs", "3", "--progress", "off", "--metrics-out",
+                     str(tmp_path / "m.jsonl")]) == 0, line
+        rows = [json.loads(r) for r in (tmp_path / "m.jsonl").read_text().splitlines()]
+        losses.append([r["loss"] for r in rows if r["event"] == "epoch"])
+    out = capsys.readouterr().out
+    assert "model    gated-gcn (" in out and "norm=mean" in out
+    assert main(["train", "--model", "my_models.py:GatedGCN", "--epochs", "3", "--progress",
+                 "off", "--metrics-out", str(tmp_path / "m.jsonl")]) == 0
+    rows = [json.loads(r) for r in (tmp_path / "m.jsonl").read_text().splitlines()]
+    single = [r["loss"] for r in rows if r["event"] == "epoch"]
+    assert losses[0] == pytest.approx(single, rel=1e-5)  # tensor on 2 workers: exact
+    assert losses[1] != single  # norm=mean: another model
+
+
+@pytest.mark.dist
+def test_a_script_that_trains_unguarded_fails_fast_naming_the_fix(root, tmp_path):
+    """The script's own class, launched: each worker imports the script, which calls
+    fit again; the worker refuses, and the launcher names that error (not "died
+    without a report")."""
+    import subprocess
+
+    script = tmp_path / "train_mine.py"
+    script.write_text("import fullgraph\nfrom fullgraph.models import GCN\n\n"
+                      "class Mine(GCN):\n    pass\n\n"
+                      "fullgraph.fit('cora', model=Mine, strategy='data', workers=2, "
+                      "epochs=1, timeout=60)\n")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=300, cwd=tmp_path)
+    assert done.returncode != 0
+    first = done.stderr.strip().splitlines()[0]
+    assert first.startswith("fullgraph: worker rank ") and "during start-up: ConfigError" in first
+    assert 'call fit under `if __name__ == "__main__":`' in first
+
+
+def test_workers_get_the_directory_of_the_models_package(monkeypatch):
+    from fullgraph.models.custom import for_workers
+
+    monkeypatch.syspath_prepend(str(MODELS_DIR))
+    monkeypatch.setenv("PYTHONPATH", "/somewhere/else")
+    env = for_workers("user_gnn:GatedGCN")
+    assert env == {"PYTHONPATH": f"{MODELS_DIR.resolve()}:/somewhere/else"}
+    assert for_workers("gcn") == {} and for_workers(FILE_REF) == {}
+    fullgraph_root = Path(fullgraph.__file__).parent.parent.resolve()
+    assert for_workers("fullgraph.models.gin:GIN")["PYTHONPATH"].startswith(
+        str(fullgraph_root))
+
+
+def test_a_class_of_an_exec_namespace_is_kept_to_this_process():
+    from fullgraph.models.custom import reference_of
+
+    namespace: dict = {"__name__": "not_a_module_anywhere"}
+    exec("from fullgraph.models import GCN\nclass Made(GCN):\n    pass\n", namespace)
+    ref = reference_of(namespace["Made"])
+    assert ref == "not_a_module_anywhere:Made"
+    assert fullgraph.fit(small(), model=namespace["Made"], epochs=1, hidden=5).losses
+    with pytest.raises(ConfigError, match="which the workers cannot import"):
+        fullgraph.fit(small(), model=namespace["Made"], strategy="data", workers=2, epochs=1)
