@@ -241,3 +241,49 @@ def test_a_class_of_an_exec_namespace_is_kept_to_this_process():
     assert fullgraph.fit(small(), model=namespace["Made"], epochs=1, hidden=5).losses
     with pytest.raises(ConfigError, match="which the workers cannot import"):
         fullgraph.fit(small(), model=namespace["Made"], strategy="data", workers=2, epochs=1)
+
+
+@pytest.fixture(scope="module")
+def small_store(tmp_path_factory):
+    from fullgraph.graph import store
+
+    where = tmp_path_factory.mktemp("check") / "small"
+    store.save_dataset(sbm(300, 4, avg_degree=6.0, num_features=16, seed=3), where)
+    return where
+
+
+@pytest.mark.dist
+def test_check_finds_a_model_exact_and_one_that_is_not(small_store, capsys):
+    assert main(["check", "--model", FILE_REF, "--dataset", str(small_store), "--strategies",
+                 "data/depcomm,tensor", "--hidden", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "one process against 2 workers per strategy" in out
+    rows = {line.split()[0]: line for line in out.splitlines()}
+    assert rows["data/depcomm"].endswith("exact") and rows["tensor"].endswith("exact")
+    mixing = FILE_REF.replace(":GatedGCN", ":RowMixingGCN")
+    assert main(["check", "--model", mixing, "--dataset", str(small_store), "--strategies",
+                 "data/depcomm", "--hidden", "8", "--dropout", "0"]) == 1
+    out = capsys.readouterr().out
+    assert "DIFFERS from epoch 1 (its forward pass)" in out and "not exact: data/depcomm" in out
+
+
+def test_check_counts_a_refusal_apart_from_a_difference(small_store, capsys):
+    """p2p refuses batch normalisation before any worker starts: listed, not a failure."""
+    assert main(["check", "--model", "gin", "--batch-norm", "--dataset", str(small_store),
+                 "--strategies", "p2p"]) == 0
+    out = capsys.readouterr().out
+    assert "refused: strategy p2p cannot run model 'gin' with statistics over all rows" in out
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--strategy", "data"], "name them with --strategies, not --strategy"),
+    (["--metrics-out", "m.jsonl", "--save-model", "m.pt"],
+     "drop --metrics-out, --save-model"),
+    (["--workers", "1"], "--workers 1; the strategies need 2 or more"),
+    (["--strategies", "data,pipeline"], "--strategies: unknown 'pipeline'; expected some of "
+     "data, data/depcomm"),
+    (["--strategies", ","], "give at least one strategy"),
+])
+def test_check_refuses_what_it_cannot_compare(argv, needle, capsys):
+    assert main(["check", *argv]) == 2
+    assert needle in capsys.readouterr().err

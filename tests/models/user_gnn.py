@@ -44,6 +44,26 @@ class GatedGCN(GNN):
         return [Propagate(dim, self.conv_options.get("norm", "gcn")) for _ in range(num_props)]
 
 
+class Centre(Transform):
+    """Subtracts the column means of the rows it is given: the mean of every vertex in
+    one process, of a block of rows on a worker. It breaks the rule that a transform
+    maps each row on its own (``ctx.sum_rows`` is the way to all rows' statistics)."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__(dim, dim)
+
+    def forward(self, x, ctx, layer_input=None):
+        return x - x.mean(0)
+
+
+class RowMixingGCN(GatedGCN):
+    """``GatedGCN`` with ``Centre`` after each gate: not exact when rows are split."""
+
+    def conv(self, layer, in_dim, out_dim, *, act, residual):
+        return [*super().conv(layer, in_dim, out_dim, act=act, residual=residual),
+                Centre(out_dim)]
+
+
 class NotAModel(nn.Module):
     """A torch module that is no ``GNN``: refused as a model."""
 

@@ -1,0 +1,170 @@
+"""``fullgraph check``: is a model exact under every strategy? It trains a few epochs
+in one process and under each distributed strategy, from the same seed, and compares
+the per-epoch losses.
+
+Every strategy is exact for a model whose stages keep the rules of the stage
+program (a transform maps each row on its own, a propagation is a weighted sum over
+in-edges; README, "Your own model"). The built-in models are tested so; a user's
+model is checked here, on the options and data it will train with. The first
+epoch's loss depends on the forward pass only, the later ones on the gradients and
+their synchronisation too. Float32 runs differ in the order of their sums, about
+1e-7 of the loss; a stage that breaks a rule moves the loss by far more.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from fullgraph.errors import ConfigError, FullgraphError
+
+TOLERANCE = 1e-5
+"""The largest relative loss difference counted as exact: float32 runs differ by about
+1e-7 in a few epochs; a transform that mixes rows moved a loss by 1e-6 in its first
+epoch and 1e-4 in its third, where its rows were split in blocks of thousands."""
+
+FORMS: dict[str, dict[str, dict[str, Any]]] = {
+    "data/depcomm": {"runtime": {"strategy": "data"}, "data_parallel": {"mode": "depcomm"}},
+    "data/depcache": {"runtime": {"strategy": "data"}, "data_parallel": {"mode": "depcache"}},
+    "data/hybrid": {"runtime": {"strategy": "data"}, "data_parallel": {"mode": "hybrid"}},
+    "tensor": {"runtime": {"strategy": "tensor"}},
+    "p2p": {"runtime": {"strategy": "p2p"}},
+    "task": {"runtime": {"strategy": "task"}},
+}
+"""The runs ``--strategies`` names, as the options each sets over the given ones."""
+DEFAULT_FORMS = ("data/depcomm", "data/depcache", "tensor", "p2p", "task")
+
+
+@dataclasses.dataclass
+class Outcome:
+    """One strategy's run: its losses and largest relative difference from the single
+    process's, or why it did not run (``refused``: the strategy does not take this
+    model or setup; else it failed)."""
+
+    label: str
+    losses: list[float] | None = None
+    difference: float = math.nan
+    refused: str | None = None
+    failed: str | None = None
+    first_epoch: int | None = None  # the first epoch whose loss differs
+
+    @property
+    def exact(self) -> bool:
+        return self.losses is not None and self.difference <= TOLERANCE
+
+
+def parse_forms(text: str) -> list[str]:
+    """``data,tensor`` -> the runs named (``data`` is depcomm and depcache).
+
+    Raises:
+        ConfigError: a name that is no run, or none at all.
+    """
+    out: list[str] = []
+    for name in (part.strip() for part in text.split(",") if part.strip()):
+        named = [f for f in FORMS if f == name or f.split("/")[0] == name and f != "data/hybrid"]
+        if not named:
+            raise ConfigError(f"--strategies: unknown {name!r}; expected some of "
+                              f"{', '.join(['data', *FORMS])}")
+        out += [f for f in named if f not in out]
+    if not out:
+        raise ConfigError("--strategies: give at least one strategy")
+    return out
+
+
+def relative_differences(losses: list[float], reference: list[float]) -> list[float]:
+    """``|a - b| / max(|b|, 1e-12)`` per epoch (0 where both are NaN, inf where a loss
+    is not finite in one run only)."""
+    out = []
+    for a, b in zip(losses, reference, strict=True):
+        if math.isnan(a) and math.isnan(b):
+            out.append(0.0)
+        else:
+            out.append(abs(a - b) / max(abs(b), 1e-12) if math.isfinite(a - b) else math.inf)
+    return out
+
+
+def run_checks(cfg: Any, forms: list[str], workers: int) -> tuple[list[float], list[Outcome]]:
+    """Train ``cfg`` in one process, then as each of ``forms`` on ``workers`` workers (each
+    run a ``fullgraph train`` of the local launcher, quiet, its losses read from its
+    metrics file); the single process's losses and each run's outcome.
+
+    Raises:
+        FullgraphError: the single-process run failed (nothing to compare with).
+    """
+    from fullgraph.config import config_from_dict
+    from fullgraph.graph import datasets
+    from fullgraph.train import check_before_launch
+
+    def config(**sections: dict[str, Any]) -> Any:
+        tree = cfg.to_dict()
+        for section, values in sections.items():
+            tree.setdefault(section, {}).update(values)
+        return config_from_dict(tree, source="check")
+
+    dataset = datasets.load_for(cfg.data)
+    with tempfile.TemporaryDirectory(prefix="fullgraph-check-") as tmp:
+        single = config(runtime={"strategy": "single"}, launch={"workers": 1})
+        reference = _losses(single, 1, Path(tmp) / "single")
+        outcomes = []
+        for label in forms:
+            outcome = Outcome(label)
+            try:
+                run = config(**FORMS[label], launch={"workers": workers})
+                check_before_launch(run, dataset, workers)
+            except (ConfigError, ValueError) as exc:  # the strategy does not take it
+                outcome.refused = str(exc)
+            else:
+                try:
+                    outcome.losses = _losses(run, workers, Path(tmp) / label.replace("/", "-"))
+                except FullgraphError as exc:
+                    outcome.failed = str(exc)
+                else:
+                    diffs = relative_differences(outcome.losses, reference)
+                    outcome.difference = max(diffs)
+                    outcome.first_epoch = next((e for e, d in enumerate(diffs, 1)
+                                                if d > TOLERANCE), None)
+            outcomes.append(outcome)
+    return reference, outcomes
+
+
+def _losses(cfg: Any, workers: int, stem: Path) -> list[float]:
+    """The per-epoch losses of ``cfg`` trained by ``fullgraph train`` on ``workers`` local
+    workers, quiet (a failure is raised, named as the launcher names it)."""
+    from fullgraph import launch
+
+    tree = cfg.to_dict()
+    metrics = stem.with_suffix(".jsonl")
+    tree["train"].update(metrics_out=str(metrics), progress="off", log_level="error")
+    stem.with_suffix(".json").write_text(json.dumps(tree))
+    code, failure = launch.run_local(["train", "--config", str(stem.with_suffix(".json"))],
+                                     workers, timeout_s=cfg.launch.timeout_s,
+                                     run_dir=None, threads=cfg.runtime.threads)
+    if code != 0:
+        raise FullgraphError(failure.splitlines()[0].removeprefix("fullgraph: ") if failure
+                             else f"exit code {code}")
+    rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+    return [float(r["loss"]) for r in rows if r.get("event") == "epoch"]
+
+
+def table_lines(outcomes: list[Outcome]) -> list[str]:
+    """One line per run: its loss difference, the epoch where it is largest, and the
+    verdict (or why it did not run)."""
+    lines = [f"{'strategy':<15} {'loss difference':>15}  result"]
+    for o in outcomes:
+        if o.losses is None:
+            what = f"refused: {o.refused}" if o.refused is not None else f"failed: {o.failed}"
+            lines.append(f"{o.label:<15} {'-':>15}  {what}")
+            continue
+        where = "its forward pass" if o.first_epoch == 1 else \
+            "the gradients or their synchronisation"
+        verdict = "exact" if o.exact else \
+            f"DIFFERS from epoch {o.first_epoch} ({where})"
+        lines.append(f"{o.label:<15} {o.difference:>15.2e}  {verdict}")
+    return lines
+
+
+__all__ = ["DEFAULT_FORMS", "FORMS", "TOLERANCE", "Outcome", "parse_forms",
+           "relative_differences", "run_checks", "table_lines"]
