@@ -102,7 +102,7 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
                                    default=None, help=_help_line(f))
                 continue
             choices, more = choices_of(f), or_else_of(f)
-            metavar = "{%s}" % ",".join([*choices, more]) if choices and more else \
+            metavar = "{%s}" % ",".join([*choices, *more]) if choices and more else \
                 None if choices else flag[2:].upper().replace("-", "_")
             group.add_argument(flag, dest=dest, type=kind[0], default=None,
                                choices=None if more else choices, metavar=metavar,

@@ -138,7 +138,7 @@ class ModelConfig:
 
     name: str = option("gcn", "model architecture: a built-in one, or your own GNN "
                        "subclass as module:Class or path/to/file.py:Class",
-                       choices=model_names, or_else="module:Class")
+                       choices=model_names, or_else=("module:Class", "file.py:Class"))
     hidden: int = option(16, "hidden width (per head for the coupled gat)")
     layers: int = option(2, "number of layers")
     dropout: float = option(0.5, "dropout probability between layers")
@@ -195,27 +195,36 @@ class ModelConfig:
             _require(p is None or 0.0 <= p < 1.0, "model", name, p, "0 <= p < 1")
         gat_only = [n for n, default in (("heads", 8), ("out_heads", 1), ("attn_dropout", None))
                     if getattr(self, n) != default]
-        if gat_only and self.name != "gat":
+        if gat_only and self.family != "gat":
             from fullgraph.configfile import flags_of
 
             warnings.warn(f"{flags_of('model', gat_only)} no effect with --model {self.name} "
                           "(only with gat)", stacklevel=3)
         heads = [n for n in gat_only if n != "attn_dropout"]
-        if heads and self.name == "gat" and self.decoupled:
+        if heads and self.family == "gat" and self.decoupled:
             from fullgraph.configfile import flags_of
 
             warnings.warn(f"{flags_of('model', heads)} no effect with --decoupled: the "
                           "decoupled gat computes one attention head over the MLP's output "
                           "(and --hidden is the MLP's width, not per head)", stacklevel=3)
-        _require(not self.batch_norm or self.name == "gin", "model", "batch_norm",
+        _require(not self.batch_norm or self.family == "gin", "model", "batch_norm",
                  self.batch_norm, f"False for model {self.name!r} (batch_norm is GIN's)")
         _require(not (self.batch_norm and self.decoupled), "model", "batch_norm",
                  self.batch_norm, "False with decoupled=True (the coupled GIN has it)")
-        if self.hops != 3 and (self.name != "tagcn" or self.decoupled):
+        if self.hops != 3 and (self.family != "tagcn" or self.decoupled):
             warnings.warn("--hops has no effect here (only with the coupled tagcn; a "
                           "decoupled model has --num-props hops)", stacklevel=3)
         if self.num_props != 2 and not self.decoupled:
             warnings.warn("--num-props has no effect without --decoupled", stacklevel=3)
+
+    @property
+    def family(self) -> str | None:
+        """The built-in model the class is or derives from (``gat`` for a subclass of
+        GAT), whose own options (``--heads``, ``--batch-norm``, ``--hops``) it takes;
+        None for a model of its own."""
+        from fullgraph.models.custom import family, resolve
+
+        return family(resolve(self.name))
 
     def build_options(self) -> dict[str, Any]:
         """Keyword options for ``fullgraph.models.build_model``."""
@@ -223,12 +232,12 @@ class ModelConfig:
                                     input_dropout=self.input_dropout,
                                     activation=self.activation, residual=self.residual,
                                     decoupled=self.decoupled, num_props=self.num_props)
-        if self.name == "gat":
+        if self.family == "gat":
             opts.update(heads=self.heads, out_heads=self.out_heads,
                         attn_dropout=self.attn_dropout)
-        if self.name == "gin":
+        if self.family == "gin":
             opts.update(batch_norm=self.batch_norm)
-        if self.name == "tagcn":
+        if self.family == "tagcn":
             opts.update(hops=self.hops)
         from fullgraph.models.custom import parse_options
 

@@ -132,7 +132,7 @@ def template(cfg: Any, fmt: str = "yaml") -> str:
         for f in dataclasses.fields(cls):
             choices, more = choices_of(f), or_else_of(f)
             extra = f"; one of {', '.join(choices)}" if choices else ""
-            extra += f", or {more}" if choices and more else ""
+            extra += f", or {' or '.join(more)}" if choices and more else ""
             lines.append(f"  # --{flags[section, f.name]}: {help_of(f)}{extra}"
                          if fmt == "yaml" else
                          f"# --{flags[section, f.name]}: {help_of(f)}{extra}")

@@ -16,7 +16,7 @@ Choices = Callable[[], Iterable[str]]
 
 
 def option(default: Any, help: str, *, choices: Choices | Iterable[str] | None = None,
-           or_else: str | None = None) -> Any:
+           or_else: tuple[str, ...] = ()) -> Any:
     """A dataclass field with ``default``, its one-line ``help`` and its valid names.
 
     Args:
@@ -24,8 +24,8 @@ def option(default: Any, help: str, *, choices: Choices | Iterable[str] | None =
         help: one line, lower case, no trailing period, without the default.
         choices: the valid values, or a function returning them (read lazily, from a
             registry) (default: None, any value of the field's type).
-        or_else: the other values the field takes beside ``choices``, in words (as
-            ``module:Class``); the dataclass validates those itself (default: None,
+        or_else: the forms of the other values the field takes beside ``choices`` (as
+            ``module:Class``); the dataclass validates those itself (default: none,
             ``choices`` only).
     """
     return dataclasses.field(default=default, metadata={"help": help, "choices": choices,
@@ -37,10 +37,10 @@ def help_of(f: dataclasses.Field) -> str:
     return str(f.metadata.get("help", ""))
 
 
-def or_else_of(f: dataclasses.Field) -> str | None:
-    """What a field declared with ``option`` takes beside its choices, in words (None:
-    its choices only)."""
-    return f.metadata.get("or_else")
+def or_else_of(f: dataclasses.Field) -> tuple[str, ...]:
+    """The forms of the values a field declared with ``option`` takes beside its choices
+    (empty: its choices only)."""
+    return tuple(f.metadata.get("or_else", ()))
 
 
 def choices_of(f: dataclasses.Field) -> tuple[str, ...] | None:

@@ -18,7 +18,8 @@ The workers keep status, heartbeat and failure files there (``fullgraph.worker``
 The supervisor names the root cause of a failure, once, leading with it:
 
 - a worker that dies (a signal, an exit without a report) or raises on its own; its
-  peers then get ``timeout`` to stop before they are killed;
+  peers then get ``timeout`` to stop before they are killed (``GRACE_S`` after a
+  user's error, which is the cause whatever the peers do);
 - a worker that stops responding: its heartbeat is older than the timeout (stopped,
   or stuck in C code), or, when a peer's collective timed out, it has entered fewer
   communication calls than that peer (it never reached the call). It is killed at
@@ -310,7 +311,8 @@ class Supervisor:
                 self.failed[rank] = WorkerExit(rank, code, rank in self.killed)
                 report = read_json(self.dir / f"failure-rank{rank}.json") or {}
                 on_its_own = rank not in self.killed and not report.get("peer_failure")
-                self._arm(self.timeout if on_its_own else self.grace)
+                self._arm(self.timeout if on_its_own and not report.get("user_error")
+                          else self.grace)
         for rank, reason in self._unresponsive():
             self._kill(rank)
             self.failed[rank] = WorkerExit(rank, -signal.SIGKILL, hung=reason)

@@ -609,7 +609,6 @@ def _accuracy(strategy: Strategy, model: GNN, plan: Plan) -> dict[str, float]:
     return strategy.reduce_counts(strategy.evaluate(model, plan), plan)
 
 
-
 def _model_source(cfg: Config) -> str:
     """`` (file.py:Class, options k=v)``: where a user's model class comes from and the
     model options given (empty for a built-in model without options)."""
@@ -619,6 +618,7 @@ def _model_source(cfg: Config) -> str:
     if cfg.model.options:
         parts.append(f"options {cfg.model.options}")
     return f" ({', '.join(parts)})" if parts else ""
+
 
 def _header_lines(dataset: Dataset, model: GNN, cfg: Config, device: torch.device,
                   setup_s: float, world: int) -> list[str]:

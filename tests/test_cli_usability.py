@@ -45,7 +45,7 @@ def test_every_option_has_help_choices_and_its_default_once(capsys):
     text = capsys.readouterr().out
     assert exit_.value.code == 0
     assert "(default: None)" not in text
-    assert "--model {gcn,sage,gat,gin,tagcn,module:Class}" in text
+    assert "--model {gcn,sage,gat,gin,tagcn,module:Class,file.py:Class}" in text
     assert "--dep-mode {depcomm,depcache,hybrid}" in text
     assert "config section [data_parallel]" in text and "exit codes:" in text
 
@@ -62,7 +62,7 @@ def test_choices_are_read_from_the_registries(monkeypatch):
     choices = {a.option_strings[0]: a.choices for a in config_actions()}
     model = next(a for a in config_actions() if a.option_strings[0] == "--model")
     assert choices["--model"] is None  # a user's class is accepted too: listed, not enforced
-    assert model.metavar == "{%s,module:Class}" % ",".join(models.MODELS)
+    assert model.metavar == "{%s,module:Class,file.py:Class}" % ",".join(models.MODELS)
     assert list(choices["--partitioner"]) == list(PARTITIONERS)
     assert list(choices["--strategy"]) == [*STRATEGIES, "auto"]  # auto: the planner's choice
     assert list(choices["--dep-mode"]) == list(MODES)

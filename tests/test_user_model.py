@@ -287,3 +287,92 @@ def test_check_counts_a_refusal_apart_from_a_difference(small_store, capsys):
 def test_check_refuses_what_it_cannot_compare(argv, needle, capsys):
     assert main(["check", *argv]) == 2
     assert needle in capsys.readouterr().err
+
+
+def test_a_model_file_imports_the_modules_beside_it_from_any_directory(
+        root, tmp_path, monkeypatch, capsys):
+    """As ``python file.py`` would; and a class loaded from the file is named by the
+    file again, so workers and a saved model find it."""
+    from fullgraph.models.custom import reference_of
+
+    home = tmp_path / "project"
+    home.mkdir()
+    (home / "helper_stages_xyz.py").write_text(
+        "from fullgraph.models import Propagate\nfrom fullgraph.models.layers import Dense\n"
+        "def layer(i, o, act):\n    return [Dense(i, o, act=act), Propagate(o, 'gcn')]\n")
+    (home / "sib_model.py").write_text(
+        "from fullgraph.models import GNN\nfrom helper_stages_xyz import layer\n"
+        "class Sib(GNN):\n    def conv(self, layer_, i, o, *, act, residual):\n"
+        "        return layer(i, o, act)\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the file's directory goes on it
+    ref = "../project/sib_model.py:Sib"
+    assert main(["train", "--model", ref, "--epochs", "1", "--progress", "off"]) == 0
+    assert f"model    Sib ({home / 'sib_model.py'}:Sib)" in capsys.readouterr().out
+    assert reference_of(resolve(ref)) == f"{home / 'sib_model.py'}:Sib"
+
+
+@pytest.mark.parametrize("source,argv,needle", [
+    ("class Empty(GNN):\n    pass\n", [], "Empty defines no conv(layer, in_dim, out_dim"),
+    ("class NoDecoupled(GNN):\n    def conv(self, layer, i, o, *, act, residual):\n"
+     "        return [Dense(i, o, act=act)]\n", ["--decoupled"],
+     "NoDecoupled defines no propagation(dim, num_props), the stages of its decoupled form"),
+    ("class NeedsAlpha(GNN):\n    def __init__(self, *args, alpha, **kw):\n"
+     "        self.alpha = alpha\n        super().__init__(*args, **kw)\n", [],
+     "model.options: model {ref} needs option 'alpha' (--model-options alpha=VALUE)"),
+    ("class Wide(GNN):\n    def conv(self, layer, i, o, *, act, residual):\n"
+     "        return [Dense(i, o), Propagate(i, 'gcn')]\n", [],
+     "model Wide: stage 2 (Propagate, layer 1) takes 1433 columns but stage 1 (Dense) "
+     "gives 16"),
+])
+def test_an_incomplete_model_is_one_line(root, tmp_path, capsys, source, argv, needle):
+    path = tmp_path / "incomplete.py"
+    path.write_text("from fullgraph.models import GNN, Propagate\n"
+                    "from fullgraph.models.layers import Dense\n" + source)
+    ref = f"{path}:{source.split()[1].split('(')[0]}"
+    assert main(["train", "--model", ref, "--epochs", "1", *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and needle.format(ref=ref) in err[0], err
+
+
+def test_a_subclass_of_a_built_in_model_takes_its_options(tmp_path):
+    path = tmp_path / "subclasses.py"
+    path.write_text("from fullgraph.models import GAT, GIN\n"
+                    "class MyGAT(GAT):\n    pass\nclass MyGIN(GIN):\n    pass\n")
+    cfg = ModelConfig(name=f"{path}:MyGAT", heads=2)
+    assert cfg.family == "gat" and cfg.build_options()["heads"] == 2
+    model = build_model(cfg.name, 9, 4, 3, **cfg.build_options())
+    assert model.stages[2].heads == 2
+    cfg = ModelConfig(name=f"{path}:MyGIN", batch_norm=True)
+    assert cfg.build_options()["batch_norm"] is True
+    assert ModelConfig(name=FILE_REF).family is None
+
+
+def test_quoted_values_with_backslashes_and_unclosed_quotes():
+    values = {"a": "end\\", "b": 1, "c": 'say "hi"'}
+    assert parse_options(format_options(values)) == values
+    for text in ('norm="mean', "a=[1,2"):
+        with pytest.raises(ConfigError, match="is not JSON .an unclosed quote or bracket"):
+            parse_options(text)
+
+
+@pytest.mark.dist
+def test_one_workers_start_up_error_ends_the_run_within_the_grace(root, tmp_path, capsys):
+    """Rank 1 cannot import the model, rank 0 waits for it at start-up: the launcher
+    names rank 1's error and stops rank 0 after GRACE_S, not after --timeout."""
+    import time
+
+    path = tmp_path / "rank_one.py"
+    path.write_text("import os\nfrom fullgraph.models import GCN\n"
+                    "if os.environ.get('RANK') == '1':\n"
+                    "    raise ImportError('only rank 1 lacks this')\n"
+                    "class Net(GCN):\n    pass\n")
+    start = time.monotonic()
+    code = main(["train", "--model", f"{path}:Net", "--strategy", "data", "--workers", "2",
+                 "--epochs", "1", "--timeout", "120"])
+    assert code == 2 and time.monotonic() - start < 60
+    err = capsys.readouterr().err
+    assert "worker rank 1 failed during start-up: ConfigError" in err
+    assert "only rank 1 lacks this" in err

@@ -28,11 +28,19 @@ def build_model(name: str, in_dim: int, hidden: int, out_dim: int, **options) ->
     (``fullgraph.models.custom``).
 
     Raises:
-        ConfigError: ``name`` names no model (a ``ValueError``).
+        ConfigError: ``name`` names no model (a ``ValueError``), or a user's class lacks
+            a method or an argument the options need.
     """
+    from fullgraph.errors import ConfigError
     from fullgraph.models.custom import resolve
 
-    return resolve(name)(in_dim, hidden, out_dim, **options)
+    cls = resolve(name)
+    if name in MODELS:
+        return cls(in_dim, hidden, out_dim, **options)
+    try:
+        return cls(in_dim, hidden, out_dim, **options)
+    except (NotImplementedError, TypeError) as exc:  # a method or an argument it lacks
+        raise ConfigError(f"model {name}: {exc}") from exc
 
 
 __all__ = ["GAT", "GCN", "GIN", "GNN", "TAGCN", "GraphSAGE", "MODELS", "EdgeTransform",

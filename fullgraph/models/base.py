@@ -71,7 +71,9 @@ class GNN(StageProgram):
                 stages.extend(self.conv(layer, dims[layer], dims[layer + 1], act=act, residual=res))
         if decoupled:
             stages.extend(self.propagation(out_dim, num_props))
-        name = f"{self.model_name}{'-decoupled' if decoupled else ''}"
+        # a user's class without a model_name of its own is named by its class
+        base = type(self).__name__ if self.model_name == GNN.model_name else self.model_name
+        name = f"{base}{'-decoupled' if decoupled else ''}"
         super().__init__(stages, self_loops=(self.decoupled_self_loops if decoupled
                                              else self.coupled_self_loops),
                          name=name)
@@ -79,7 +81,9 @@ class GNN(StageProgram):
     def conv(self, layer: int, in_dim: int, out_dim: int, *, act: str | None,
              residual: bool) -> list[Stage]:
         """Stages of coupled layer ``layer`` after its LayerInput."""
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} defines no conv(layer, in_dim, "
+                                  "out_dim, *, act, residual): a model returns each layer's "
+                                  "stages from it")
 
     def aggregate_first(self, in_dim: int, out_dim: int) -> bool:
         """Whether a linear layer propagates before its weight: the ``aggregate_first``
@@ -89,4 +93,6 @@ class GNN(StageProgram):
 
     def propagation(self, dim: int, num_props: int) -> list[Stage]:
         """Stages of the decoupled form after the MLP."""
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} defines no propagation(dim, "
+                                  "num_props), the stages of its decoupled form: it trains "
+                                  "without --decoupled")

@@ -8,9 +8,11 @@ built-in names (``gcn``, ...), ``package.module:Class`` (imported from ``sys.pat
 the working directory is put on it, as ``python -m`` does, because the ``fullgraph``
 command's own directory is not where a user's modules live), or a Python file by
 path (kept absolute, so a worker or a later ``--resume`` finds it from any
-directory). A file is imported under a private module name, never as ``__main__``:
-a script that both defines a model and calls ``fullgraph.fit`` runs its
-``if __name__ == "__main__":`` part once, in the process the user started.
+directory). A file is imported under a private module name, never as ``__main__``,
+with its directory put on ``sys.path`` (as ``python file.py`` does, for the modules
+beside it): a script that both defines a model and calls ``fullgraph.fit`` runs its
+``if __name__ == "__main__":`` part once, in the process the user started. A class
+of such a file is named by the file again (``reference_of``).
 
 A class handed over as an object (``fit(model=MyGNN)``) is kept in this process's
 table under its reference, so the calling process never imports it again. One
@@ -41,6 +43,7 @@ REFERENCE = "module:Class or path/to/file.py:Class (a fullgraph.models.GNN subcl
 """How error messages and ``--help`` describe a user's model reference."""
 
 _known: dict[str, type] = {}  # reference -> class, for the classes reference_of named
+_files: dict[str, Path] = {}  # private module name -> the model file it was loaded from
 _only_here: set[str] = set()  # those of them that no other process can import
 _importing = threading.local()
 
@@ -68,6 +71,8 @@ def reference_of(cls: type) -> str:
         if cls is builtin:
             return name
     module, qualname = cls.__module__, cls.__qualname__
+    if module in _files:  # loaded from a file by resolve: named by the file again
+        return f"{_files[module]}:{qualname}"
     path = getattr(sys.modules.get("__main__"), "__file__", None) \
         if module == "__main__" else None
     if "<locals>" in qualname or module not in sys.modules or (
@@ -80,6 +85,13 @@ def reference_of(cls: type) -> str:
         ref = f"{module}:{qualname}"
     _known[ref] = cls
     return ref
+
+
+def family(cls: type) -> str | None:
+    """The name of the built-in model ``cls`` is or derives from (None: neither)."""
+    from fullgraph.models import MODELS
+
+    return next((name for name, builtin in MODELS.items() if issubclass(cls, builtin)), None)
 
 
 def canonical(name: str) -> str:
@@ -115,7 +127,7 @@ def resolve(name: str) -> type[GNN]:
     obj: object = module
     for part in attr.split("."):
         if not hasattr(obj, part):
-            raise ConfigError(f"model {name}: {target} has no attribute {attr!r}")
+            raise ConfigError(f"model {name}: {target} has no attribute {part!r}")
         obj = getattr(obj, part)
     _check_class(obj, f"model {name}")
     assert isinstance(obj, type)
@@ -153,24 +165,46 @@ def for_workers(name: str) -> dict[str, str]:
 
 def parse_options(text: str) -> dict[str, Any]:
     """``key=value,key=value`` as keyword options; a value is read as JSON where it is
-    JSON (``0.1``, ``true``, ``null``, ``"a,b"``), else kept as the string it is.
+    JSON (``0.1``, ``true``, ``null``, ``"a,b"``, ``[1, 2]``), else kept as the text
+    up to the next comma.
 
     Raises:
-        ConfigError: an item without ``=`` or a name, or a key given twice.
+        ConfigError: an item without ``=`` or a name, a key given twice, or a quoted
+            or bracketed value that does not close.
     """
     out: dict[str, Any] = {}
-    for item in _items(text):
-        key, sep, value = item.partition("=")
-        key = key.strip()
-        if not sep or not key.isidentifier():
-            raise ConfigError(f"model.options: {item.strip()!r} is not key=value (a Python "
-                              "name, then =, then the value)")
+    decoder, pos = json.JSONDecoder(), 0
+    while pos < len(text):
+        comma, equals = text.find(",", pos), text.find("=", pos)
+        if comma == pos or not text[pos:comma if comma >= 0 else None].strip():
+            pos = len(text) if comma < 0 else comma + 1  # an empty item
+            continue
+        key = text[pos:equals].strip() if equals >= 0 else ""
+        if equals < 0 or 0 <= comma < equals or not key.isidentifier():
+            item = text[pos:comma if comma >= 0 else None].strip()
+            raise ConfigError(f"model.options: {item!r} is not key=value (a Python name, "
+                              "then =, then the value)")
         if key in out:
             raise ConfigError(f"model.options: {key!r} is given twice")
+        start = equals + 1
+        while start < len(text) and text[start] == " ":
+            start += 1
         try:
-            out[key] = json.loads(value)
+            value, end = decoder.raw_decode(text, start)
         except ValueError:
-            out[key] = value.strip()
+            value, end = None, -1
+        rest = text[end:] if end >= 0 else ""
+        if end >= 0 and (not rest.strip() or rest.lstrip().startswith(",")):
+            out[key] = value
+            pos = end + len(rest) - len(rest.lstrip()) + 1
+        elif text[start:start + 1] in ('"', "[", "{"):
+            raise ConfigError(f"model.options: the value of {key!r} opens with "
+                              f"{text[start]} but is not JSON (an unclosed quote or "
+                              "bracket?)")
+        else:
+            stop = text.find(",", start)
+            out[key] = text[start:stop if stop >= 0 else None].strip()
+            pos = len(text) if stop < 0 else stop + 1
     return out
 
 
@@ -199,6 +233,15 @@ def check_options(cls: type, options: dict[str, Any], name: str,
         params = inspect.signature(klass.__init__).parameters.values()
         taken |= {p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
     taken -= general | set(flagged) | {"self"}
+    for klass in cls.__mro__:
+        if klass is GNN or not issubclass(klass, GNN):
+            break
+        for p in inspect.signature(klass.__init__).parameters.values():
+            needed = p.default is p.empty and p.kind in (p.KEYWORD_ONLY,
+                                                         p.POSITIONAL_OR_KEYWORD)
+            if needed and p.name in taken and p.name not in options:
+                raise ConfigError(f"model.options: model {name} needs option {p.name!r} "
+                                  f"(--model-options {p.name}=VALUE)")
     for key in options:
         if key in general:
             raise ConfigError(f"model.options: {key!r} is an option of every model: give it "
@@ -208,23 +251,6 @@ def check_options(cls: type, options: dict[str, Any], name: str,
             raise ConfigError(f"model.options: model {name} takes no option {key!r} (it "
                               f"takes: {offer}; a GNN subclass declares what its conv() "
                               "reads in conv_option_names)")
-
-
-def _items(text: str) -> list[str]:
-    """``text`` split at the commas outside quotes and brackets (empty items dropped)."""
-    items, depth, quoted, start = [], 0, False, 0
-    for i, ch in enumerate(text):
-        if ch == '"' and (i == 0 or text[i - 1] != "\\"):
-            quoted = not quoted
-        elif not quoted and ch in "[{":
-            depth += 1
-        elif not quoted and ch in "]}":
-            depth -= 1
-        elif ch == "," and not quoted and depth == 0:
-            items.append(text[start:i])
-            start = i + 1
-    items.append(text[start:])
-    return [item for item in items if item.strip()]
 
 
 def _unimportable(name: str) -> ConfigError:
@@ -256,8 +282,7 @@ def _import(module: str, name: str):
     except ModuleNotFoundError as exc:
         if exc.name and (module == exc.name or module.startswith(exc.name + ".")):
             raise ConfigError(f"model {name}: no module named {exc.name!r} (looked in the "
-                              "working directory and sys.path; every worker imports it "
-                              "too)") from None
+                              "working directory and on sys.path)") from None
         raise ConfigError(f"model {name}: importing {module} failed: {exc}") from exc
     except Exception as exc:
         raise ConfigError(f"model {name}: importing {module} failed: "
@@ -276,11 +301,14 @@ def _load_file(target: str, name: str):
         raise ConfigError(f"model {name}: {path} cannot be imported as Python")
     module = importlib.util.module_from_spec(spec)
     sys.modules[key] = module  # dataclasses and pickling look classes up by module
+    _files[key] = path
+    if str(path.parent) not in sys.path:  # its own imports, as `python file.py` finds them
+        sys.path.insert(0, str(path.parent))
     _importing.path = str(path)
     try:
         spec.loader.exec_module(module)
     except Exception as exc:
-        del sys.modules[key]
+        del sys.modules[key], _files[key]
         raise ConfigError(f"model {name}: importing {path} failed: "
                           f"{type(exc).__name__}: {exc}") from exc
     finally:
@@ -288,5 +316,5 @@ def _load_file(target: str, name: str):
     return module
 
 
-__all__ = ["REFERENCE", "canonical", "check_options", "for_workers", "format_options",
+__all__ = ["REFERENCE", "canonical", "check_options", "family", "for_workers", "format_options",
            "importing_model_file", "is_reference", "parse_options", "reference_of", "resolve"]

@@ -262,8 +262,9 @@ class StageProgram(nn.Module):
             seen_edge |= isinstance(s, EdgeTransform)
             if not isinstance(s, EdgeTransform):  # an E stage leaves the rows as they are
                 if s.in_dim != width:
-                    raise ValueError(f"stage {s.index} ({type(s).__name__}) takes {s.in_dim} "
-                                     f"columns but {before} gives {width}")
+                    raise ValueError(f"model {self.name}: stage {s.index} "
+                                     f"({type(s).__name__}, layer {self.layer_of[s.index] + 1}) "
+                                     f"takes {s.in_dim} columns but {before} gives {width}")
                 width, before = s.out_dim, f"stage {s.index} ({type(s).__name__})"
             if isinstance(s, Propagate) and s.norm == "edge" and not seen_edge:
                 raise ValueError(f"stage {s.index}: norm='edge' needs an earlier EdgeTransform")
