@@ -1,13 +1,15 @@
-"""A model as a user writes one: a ``GNN`` subclass outside fullgraph, with a stage of
-its own (parameters, the layer input, a per-column gate) and a ``conv()`` option.
+"""Models as a user writes them: ``GNN`` subclasses outside fullgraph, one with a
+transform of its own (parameters, the layer input, a per-column gate) and a
+``conv()`` option, one with attention of its own (an ``EdgeTransform``).
 The tests name it by file (``tests/models/user_gnn.py:GatedGCN``) and by module."""
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from fullgraph.models import GNN, Propagate, Transform
+from fullgraph.models import GNN, EdgeTransform, Propagate, Transform
 from fullgraph.models.layers import Dense, activation
+from fullgraph.ops.edge_softmax import edge_softmax
 
 
 class Gate(Transform):
@@ -42,6 +44,34 @@ class GatedGCN(GNN):
 
     def propagation(self, dim, num_props):
         return [Propagate(dim, self.conv_options.get("norm", "gcn")) for _ in range(num_props)]
+
+
+class DotAttention(EdgeTransform):
+    """One head: each in-edge's weight is the softmax over the destination's in-edges
+    of ``t * (x_dst . x_src) / sqrt(d)``, ``t`` a learned temperature."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.in_dim = self.out_dim = dim
+        self.temperature = nn.Parameter(torch.ones(1))
+
+    def forward(self, graph, x_dst, x_src, ctx):
+        src, dst = graph.indices.long(), graph.dst_index().long()
+        scores = (x_dst[dst] * x_src[src]).sum(-1) * self.temperature / x_src.shape[1] ** 0.5
+        return edge_softmax(graph, scores[:, None])
+
+
+class DotGNN(GNN):
+    """Attention of its own: Dense, DotAttention, the weighted sum, bias and activation."""
+
+    model_name = "dot-gnn"
+
+    def conv(self, layer, in_dim, out_dim, *, act, residual):
+        return [Dense(in_dim, out_dim, bias=False), DotAttention(out_dim),
+                Propagate(out_dim, "edge"), Dense(out_dim, out_dim, linear=False, act=act)]
+
+    def propagation(self, dim, num_props):
+        return [DotAttention(dim), *(Propagate(dim, "edge") for _ in range(num_props))]
 
 
 class Centre(Transform):

@@ -1,7 +1,7 @@
-"""A user's own model (a ``GNN`` subclass in a file of its own, ``models/user_gnn.py``)
-reproduces the single-process executor under every strategy (float64), on odd and even
-world sizes, coupled and decoupled: the strategies run any stage program, not only the
-built-in models."""
+"""A user's own models (``GNN`` subclasses in a file of their own, ``models/user_gnn.py``:
+a transform of its own, and attention of its own) reproduce the single-process
+executor under every strategy (float64), on odd and even world sizes, coupled and
+decoupled: the strategies run any stage program, not only the built-in models."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -20,13 +20,16 @@ from fullgraph.parallel.task import TaskParallel
 from fullgraph.parallel.tensor import TensorParallel
 from fullgraph.partition import PartitionOptions
 
-USER_MODEL = f"{Path(__file__).parent.parent / 'models' / 'user_gnn.py'}:GatedGCN"
+USER_FILE = Path(__file__).parent.parent / "models" / "user_gnn.py"
 
 
 def make_user_model(decoupled: bool, norm: str):
+    """``GatedGCN`` with propagation ``norm``, or (``norm="dot"``) ``DotGNN``."""
     torch.manual_seed(0)
-    return build_model(USER_MODEL, 9, 5, 3, num_layers=2, dropout=0.3, decoupled=decoupled,
-                       norm=norm).to(TEST_DEVICE, torch.float64)
+    options = {} if norm == "dot" else {"norm": norm}
+    name = f"{USER_FILE}:{'DotGNN' if norm == 'dot' else 'GatedGCN'}"
+    return build_model(name, 9, 5, 3, num_layers=2, dropout=0.3, decoupled=decoupled,
+                       **options).to(TEST_DEVICE, torch.float64)
 
 
 def strategies():
@@ -52,7 +55,8 @@ def check_user_model(comm, forms):
             assert_same_run((losses, out, gids, model), (ref_losses, ref_out, ref_model), where)
 
 
-@pytest.mark.parametrize("world_size,forms", [(2, [(False, "gcn"), (True, "mean")]),
-                                              (3, [(False, "mean"), (True, "sum")])])
+@pytest.mark.parametrize("world_size,forms", [
+    (2, [(False, "gcn"), (True, "mean"), (False, "dot")]),
+    (3, [(False, "mean"), (True, "sum"), (True, "dot")])])
 def test_user_model_matches_single_under_every_strategy(tmp_path, world_size, forms):
     run_ranks(check_user_model, world_size, tmp_path, forms)
