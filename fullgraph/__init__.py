@@ -14,14 +14,16 @@ from typing import TYPE_CHECKING, Any  # noqa: E402
 from fullgraph.errors import ConfigError, DataError, FullgraphError  # noqa: E402
 
 if TYPE_CHECKING:  # for type checkers and editors; at run time __getattr__ loads them
-    from fullgraph.api import FitResult, fit
+    from fullgraph.api import FitResult, check, fit
+    from fullgraph.exactness import CheckReport
     from fullgraph.graph.formats.pyg import from_pyg, to_pyg
     from fullgraph.saved import SavedModel
 
-__all__ = ["ConfigError", "DataError", "FitResult", "FullgraphError", "SavedModel",
-           "__version__", "fit", "from_pyg", "load_model", "to_pyg"]
+__all__ = ["CheckReport", "ConfigError", "DataError", "FitResult", "FullgraphError",
+           "SavedModel", "__version__", "check", "fit", "from_pyg", "load_model", "to_pyg"]
 
-_LAZY = {"fit": "fullgraph.api", "FitResult": "fullgraph.api",
+_LAZY = {"fit": "fullgraph.api", "FitResult": "fullgraph.api", "check": "fullgraph.api",
+         "CheckReport": "fullgraph.exactness",
          "SavedModel": "fullgraph.saved", "from_pyg": "fullgraph.graph.formats.pyg",
          "to_pyg": "fullgraph.graph.formats.pyg"}
 

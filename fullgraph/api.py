@@ -23,7 +23,7 @@ import json
 import os
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from fullgraph.errors import ConfigError, FullgraphError
+from fullgraph.exactness import DEFAULT_FORMS as DEFAULT_CHECKED
 from fullgraph.worker import warnings_recorded
 
 if TYPE_CHECKING:
@@ -114,7 +115,7 @@ def fit(data: Any = "cora", *, model: str | type = "gcn", strategy: str = "singl
             class (default: ``max(y) + 1``; a stored dataset knows its own).
         **options: any other option of ``fullgraph train``, named as its flag with
             ``_`` for ``-`` (``hidden=32``, ``lr=0.005``, ``partitioner="chunk"``,
-            ``metrics_out="run.jsonl"``, ...).
+            ``metrics_out="run.jsonl"``, ...; ``model_options`` as a dict, too).
 
     Raises:
         ConfigError: an unknown option or a bad value (the message names it).
@@ -122,30 +123,87 @@ def fit(data: Any = "cora", *, model: str | type = "gcn", strategy: str = "singl
         FullgraphError: a launched worker failed (the message names its rank, the
             phase and its error; the whole report is printed to stderr too).
     """
+    options.update(strategy=strategy, workers=workers, epochs=epochs)
+    in_memory = _run_options("fit", data, model, num_classes, options)
+    with warnings_recorded():  # the launched workers leave out what was shown here
+        return _fit(data, options, workers, verbose, num_classes, in_memory)
+
+
+def check(data: Any = "cora", *, model: str | type = "gcn",
+          strategies: str | Sequence[str] = DEFAULT_CHECKED, workers: int = 2,
+          epochs: int = 3, num_classes: int | None = None, **options: Any) -> Any:
+    """Is ``model`` exact under every strategy? Train it ``epochs`` epochs in this
+    process, then under each of ``strategies`` on ``workers`` launched workers, from the
+    same seed, and compare the per-epoch losses (``fullgraph check``).
+
+    Args:
+        data, model, num_classes, **options: as ``fit``'s (no ``strategy``, and no
+            outputs: ``metrics_out``, ``save_model``, ``checkpoint_dir``, ``resume``).
+        strategies: some of ``data`` (depcomm and depcache), ``data/depcomm``,
+            ``data/depcache``, ``data/hybrid``, ``tensor``, ``p2p``, ``task``, as a list
+            or a comma-separated string (default: every strategy).
+        workers: workers of each distributed run (default: 2).
+        epochs: epochs of each run (default: 3).
+
+    Returns:
+        A ``fullgraph.exactness.CheckReport``: ``exact`` (every strategy that ran matched),
+        ``reference`` (the single process's losses), ``outcomes`` (each strategy's
+        losses and difference, or why it did not run); ``print`` gives the table.
+
+    Raises:
+        ConfigError: a bad option, one that check does not take, or ``workers < 2``.
+    """
+    from fullgraph import exactness
+    from fullgraph.graph import store
+
+    if "strategy" in options:
+        raise ConfigError("check: it runs every strategy; name them with strategies=, not "
+                          "strategy=")
+    forms = exactness.parse_forms(strategies if isinstance(strategies, str)
+                                 else ",".join(strategies))
+    options.update(workers=workers, epochs=epochs, progress="off")
+    in_memory = _run_options("check", data, model, num_classes, options)
+    with warnings_recorded(), tempfile.TemporaryDirectory(prefix="fullgraph-check-") as tmp:
+        if not isinstance(data, (str, Path)):  # the runs read it from disk, as any dataset
+            cfg = config_from_options(options)
+            dataset = _from_pyg(data, cfg.data.split_seed, num_classes) if in_memory else data
+            store.save_dataset(dataset, Path(tmp) / "dataset")
+            options.update(dataset=str(Path(tmp) / "dataset"), split_seed=0)
+        cfg = config_from_options(options)
+        exactness.check_config(cfg)
+        return exactness.run_checks(cfg, forms, workers)
+
+
+def _run_options(caller: str, data: Any, model: str | type, num_classes: int | None,
+                 options: dict[str, Any]) -> bool:
+    """Complete ``options`` (flag names) with the model and the dataset as ``fit`` and
+    ``check`` take them; whether ``data`` is in memory (a PyG ``Data``).
+
+    Raises:
+        FullgraphError: called while a model file was imported (an unguarded script).
+        ConfigError: ``dataset=`` among the options, or ``num_classes`` for stored data.
+    """
     from fullgraph.graph.data import Dataset
     from fullgraph.models.custom import format_options, importing_model_file, reference_of
 
     inside = importing_model_file()
     if inside is not None:
         raise FullgraphError(
-            f"fit: called while {inside} was imported for its model class; call fit "
-            "under `if __name__ == \"__main__\":` so that importing the file only "
-            "defines the model")
-    if isinstance(model, type):
-        model = reference_of(model)
+            f"{caller}: called while {inside} was imported for its model class; call "
+            f"{caller} under `if __name__ == \"__main__\":` so that importing the file "
+            "only defines the model")
+    options["model"] = reference_of(model) if isinstance(model, type) else model
     if isinstance(options.get("model_options"), dict):
         options["model_options"] = format_options(options["model_options"])
-    options.update(model=model, strategy=strategy, workers=workers, epochs=epochs)
     if "dataset" in options:
-        raise ConfigError("fit: give the dataset as the first argument, not dataset=")
+        raise ConfigError(f"{caller}: give the dataset as the first argument, not dataset=")
     in_memory = not isinstance(data, (str, Path, Dataset))
     if num_classes is not None and not in_memory:
-        raise ConfigError("fit: num_classes applies to a PyG Data; a stored dataset or a "
-                          "fullgraph Dataset has its class count")
+        raise ConfigError(f"{caller}: num_classes applies to a PyG Data; a stored dataset "
+                          "or a fullgraph Dataset has its class count")
     options["dataset"] = str(data) if isinstance(data, (str, Path)) else \
         data.name if isinstance(data, Dataset) else "pyg"
-    with warnings_recorded():  # the launched workers leave out what was shown here
-        return _fit(data, options, workers, verbose, num_classes, in_memory)
+    return in_memory
 
 
 def _fit(data: Any, options: dict[str, Any], workers: int, verbose: bool,
@@ -284,7 +342,7 @@ def _fit_launched(cfg: Any, dataset: Any, verbose: bool) -> FitResult:
         tree["train"]["progress"] = "auto" if verbose else "off"
         config_file.write_text(json.dumps(tree))
         # the launcher hands this process's environment to the workers
-        with _environment({RESULT_ENV: str(result_file), QUIET_ENV: "" if verbose else "1",
+        with launch.environment({RESULT_ENV: str(result_file), QUIET_ENV: "" if verbose else "1",
                            **for_workers(cfg.model.name)}):
             code, failure = launch.run_local(
                 ["train", "--config", str(config_file)], cfg.launch.workers,
@@ -304,21 +362,6 @@ def _fit_launched(cfg: Any, dataset: Any, verbose: bool) -> FitResult:
     if in_memory and given.train.save_model:
         result.model.save(given.train.save_model)
     return result
-
-
-@contextlib.contextmanager
-def _environment(values: dict[str, str]) -> Iterator[None]:
-    """Set environment variables for the duration of the block, then restore them."""
-    saved = {key: os.environ.get(key) for key in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                del os.environ[key]
-            else:
-                os.environ[key] = value
 
 
 def _payload(result: Any) -> dict[str, Any]:

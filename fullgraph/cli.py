@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fullgraph import __version__, check, cli_outputs
+from fullgraph import __version__, cli_outputs, exactness
 from fullgraph.configfile import flag_names, normalize
 from fullgraph.errors import ConfigError, FullgraphError, ValidationError
 from fullgraph.fields import SEED_RANGE, is_seed
@@ -287,9 +287,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "each strategy, and compare the losses: is your model exact "
                              "everywhere? (same options as train)")
     _add_config_flags(p_check)
-    p_check.add_argument("--strategies", default=",".join(check.DEFAULT_FORMS),
+    p_check.add_argument("--strategies", default=",".join(exactness.DEFAULT_FORMS),
                          help="the runs to compare with one process, some of data "
-                         f"(depcomm and depcache), {', '.join(check.FORMS)} (default: "
+                         f"(depcomm and depcache), {', '.join(exactness.FORMS)} (default: "
                          "%(default)s); --epochs defaults to 3 and --workers to 2 here")
 
     p_rep = sub.add_parser("report", help="PNG figures and an HTML summary of a run's "
@@ -686,36 +686,21 @@ def cmd_check(args: argparse.Namespace) -> int:
     given = vars(args)
     if launch.under_launcher():
         raise FullgraphError("check starts its own workers: run it without torchrun")
-    if given.get("runtime.strategy") is not None:
+    if given.get("runtime.strategy") is not None:  # even --strategy single
         raise ConfigError("check runs every strategy: name them with --strategies, not "
                           "--strategy")
-    outputs = [f"--{flag}" for key, flag in (("train.metrics_out", "metrics-out"),
-                                             ("train.save_model", "save-model"),
-                                             ("train.checkpoint_dir", "checkpoint-dir"),
-                                             ("train.resume", "resume"))
-               if given.get(key) is not None]
-    if outputs:
-        raise ConfigError(f"check writes nothing and resumes nothing: drop {', '.join(outputs)}")
-    forms = check.parse_forms(args.strategies)
+    forms = exactness.parse_forms(args.strategies)
     for key, default in (("train.epochs", 3), ("launch.workers", 2)):
         given[key] = default if given.get(key) is None else given[key]
     cfg = _config_at_log_level(args)
-    if cfg.launch.workers < 2:
-        raise ConfigError(f"check: --workers {cfg.launch.workers}; the strategies need 2 or "
-                          "more (it compares them with one process)")
+    exactness.check_config(cfg)
     extra = f", options {cfg.model.options}" if cfg.model.options else ""
     print(f"check: model {cfg.model.name}{extra} on {cfg.data.dataset}, {cfg.train.epochs} "
           f"epochs from seed {cfg.train.seed}: one process against {cfg.launch.workers} "
           "workers per strategy", flush=True)
-    reference, outcomes = check.run_checks(cfg, forms, cfg.launch.workers)
-    print(f"single process: loss {reference[0]:.6f} at epoch 1, {reference[-1]:.6f} at "
-          f"epoch {len(reference)}")
-    print("\n".join(check.table_lines(outcomes)))
-    bad = [o.label for o in outcomes if not o.exact and o.refused is None]
-    if bad:
-        print(f"not exact: {', '.join(bad)} (a loss further than {check.TOLERANCE:.0e} from "
-              "one process's; README, 'Your own model', has the rules a stage keeps)")
-    return 1 if bad else 0
+    report = exactness.run_checks(cfg, forms, cfg.launch.workers)
+    print(report)
+    return 0 if report.exact else 1
 
 
 COMMANDS["check"] = cmd_check

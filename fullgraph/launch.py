@@ -31,6 +31,7 @@ Its exit code is 2 when the root cause is a user error (bad option or file), els
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -42,6 +43,7 @@ import tempfile
 import threading
 import time
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -156,6 +158,22 @@ def launch_local(argv: list[str], workers: int, *, timeout_s: float, run_dir: st
     """
     return run_local(argv, workers, timeout_s=timeout_s, run_dir=run_dir, threads=threads,
                      keep_run_dir=keep_run_dir, module=module)[0]
+
+
+@contextlib.contextmanager
+def environment(values: dict[str, str]) -> Iterator[None]:
+    """Set environment variables for the duration of the block (the workers started in
+    it inherit them), then restore them."""
+    saved = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                del os.environ[key]
+            else:
+                os.environ[key] = value
 
 
 def run_local(argv: list[str], workers: int, *, timeout_s: float, run_dir: str | None,

@@ -376,3 +376,21 @@ def test_one_workers_start_up_error_ends_the_run_within_the_grace(root, tmp_path
     err = capsys.readouterr().err
     assert "worker rank 1 failed during start-up: ConfigError" in err
     assert "only rank 1 lacks this" in err
+
+
+@pytest.mark.dist
+def test_check_from_python_on_in_memory_data(monkeypatch):
+    """``fullgraph.check`` takes what ``fit`` takes: the class itself, data in memory."""
+    monkeypatch.syspath_prepend(str(MODELS_DIR))
+    from user_gnn import RowMixingGCN
+
+    report = fullgraph.check(small(), model=RowMixingGCN, strategies=["tensor"], hidden=8,
+                             dropout=0.0)
+    assert isinstance(report, fullgraph.CheckReport)
+    assert not report.exact and report.not_exact == ["tensor"]
+    assert len(report.reference) == 3 and report.outcomes[0].first_epoch == 1
+    assert "tensor" in str(report) and "DIFFERS from epoch 1" in str(report)
+    with pytest.raises(ConfigError, match="name them with strategies=, not strategy="):
+        fullgraph.check(small(), strategy="data")
+    with pytest.raises(ConfigError, match="drop --save-model"):
+        fullgraph.check(small(), save_model="m.pt")

@@ -1,6 +1,6 @@
-"""``fullgraph check``: is a model exact under every strategy? It trains a few epochs
-in one process and under each distributed strategy, from the same seed, and compares
-the per-epoch losses.
+"""``fullgraph check`` and ``fullgraph.check``: is a model exact under every strategy?
+A check trains a few epochs in one process and under each distributed strategy, from
+the same seed, and compares the per-epoch losses.
 
 Every strategy is exact for a model whose stages keep the rules of the stage
 program (a transform maps each row on its own, a propagation is a weighted sum over
@@ -56,6 +56,72 @@ class Outcome:
         return self.losses is not None and self.difference <= TOLERANCE
 
 
+@dataclasses.dataclass
+class CheckReport:
+    """What ``fullgraph check`` found: the single process's per-epoch losses and each
+    strategy's outcome. ``exact`` is True when every strategy that ran matched; its
+    ``str`` is the table the command prints."""
+
+    reference: list[float]
+    outcomes: list[Outcome]
+
+    @property
+    def exact(self) -> bool:
+        return all(o.exact or o.refused is not None for o in self.outcomes)
+
+    @property
+    def not_exact(self) -> list[str]:
+        """The strategies that ran and differed, or failed."""
+        return [o.label for o in self.outcomes if not o.exact and o.refused is None]
+
+    def __str__(self) -> str:
+        return "\n".join(self.lines())
+
+    def lines(self) -> list[str]:
+        """The single process's losses, then one line per run: its loss difference and
+        the verdict (where the difference starts), or why it did not run."""
+        ref = self.reference
+        lines = [f"single process: loss {ref[0]:.6f} at epoch 1, {ref[-1]:.6f} at epoch "
+                 f"{len(ref)}", f"{'strategy':<15} {'loss difference':>15}  result"]
+        for o in self.outcomes:
+            if o.losses is None:
+                what = f"refused: {o.refused}" if o.refused is not None else \
+                    f"failed: {o.failed}"
+                lines.append(f"{o.label:<15} {'-':>15}  {what}")
+                continue
+            where = "its forward pass" if o.first_epoch == 1 else \
+                "the gradients or their synchronisation"
+            verdict = "exact" if o.exact else f"DIFFERS from epoch {o.first_epoch} ({where})"
+            lines.append(f"{o.label:<15} {o.difference:>15.2e}  {verdict}")
+        if self.not_exact:
+            lines.append(f"not exact: {', '.join(self.not_exact)} (a loss further than "
+                         f"{TOLERANCE:.0e} from one process's; README, 'Your own model', "
+                         "has the rules a stage keeps)")
+        return lines
+
+
+def check_config(cfg: Any) -> None:
+    """Refuse what a check cannot compare: a strategy of its own, outputs that each run
+    would overwrite, a checkpoint to resume, fewer than 2 workers.
+
+    Raises:
+        ConfigError: naming the option (as its flag).
+    """
+    if cfg.runtime.strategy != "single":
+        raise ConfigError("check runs every strategy: name them with --strategies, not "
+                          "--strategy")
+    outputs = [f"--{flag}" for name, flag in (("metrics_out", "metrics-out"),
+                                              ("save_model", "save-model"),
+                                              ("checkpoint_dir", "checkpoint-dir"),
+                                              ("resume", "resume"))
+               if getattr(cfg.train, name) is not None]
+    if outputs:
+        raise ConfigError(f"check writes nothing and resumes nothing: drop {', '.join(outputs)}")
+    if cfg.launch.workers < 2:
+        raise ConfigError(f"check: --workers {cfg.launch.workers}; the strategies need 2 or "
+                          "more (it compares them with one process)")
+
+
 def parse_forms(text: str) -> list[str]:
     """``data,tensor`` -> the runs named (``data`` is depcomm and depcache).
 
@@ -86,10 +152,10 @@ def relative_differences(losses: list[float], reference: list[float]) -> list[fl
     return out
 
 
-def run_checks(cfg: Any, forms: list[str], workers: int) -> tuple[list[float], list[Outcome]]:
+def run_checks(cfg: Any, forms: list[str], workers: int) -> CheckReport:
     """Train ``cfg`` in one process, then as each of ``forms`` on ``workers`` workers (each
     run a ``fullgraph train`` of the local launcher, quiet, its losses read from its
-    metrics file); the single process's losses and each run's outcome.
+    metrics file), and compare.
 
     Raises:
         FullgraphError: the single-process run failed (nothing to compare with).
@@ -127,21 +193,23 @@ def run_checks(cfg: Any, forms: list[str], workers: int) -> tuple[list[float], l
                     outcome.first_epoch = next((e for e, d in enumerate(diffs, 1)
                                                 if d > TOLERANCE), None)
             outcomes.append(outcome)
-    return reference, outcomes
+    return CheckReport(reference, outcomes)
 
 
 def _losses(cfg: Any, workers: int, stem: Path) -> list[float]:
     """The per-epoch losses of ``cfg`` trained by ``fullgraph train`` on ``workers`` local
     workers, quiet (a failure is raised, named as the launcher names it)."""
     from fullgraph import launch
+    from fullgraph.models.custom import for_workers
 
     tree = cfg.to_dict()
     metrics = stem.with_suffix(".jsonl")
     tree["train"].update(metrics_out=str(metrics), progress="off", log_level="error")
     stem.with_suffix(".json").write_text(json.dumps(tree))
-    code, failure = launch.run_local(["train", "--config", str(stem.with_suffix(".json"))],
-                                     workers, timeout_s=cfg.launch.timeout_s,
-                                     run_dir=None, threads=cfg.runtime.threads)
+    with launch.environment(for_workers(cfg.model.name)):  # the model's module, as here
+        code, failure = launch.run_local(
+            ["train", "--config", str(stem.with_suffix(".json"))], workers,
+            timeout_s=cfg.launch.timeout_s, run_dir=None, threads=cfg.runtime.threads)
     if code != 0:
         raise FullgraphError(failure.splitlines()[0].removeprefix("fullgraph: ") if failure
                              else f"exit code {code}")
@@ -149,22 +217,5 @@ def _losses(cfg: Any, workers: int, stem: Path) -> list[float]:
     return [float(r["loss"]) for r in rows if r.get("event") == "epoch"]
 
 
-def table_lines(outcomes: list[Outcome]) -> list[str]:
-    """One line per run: its loss difference, the epoch where it is largest, and the
-    verdict (or why it did not run)."""
-    lines = [f"{'strategy':<15} {'loss difference':>15}  result"]
-    for o in outcomes:
-        if o.losses is None:
-            what = f"refused: {o.refused}" if o.refused is not None else f"failed: {o.failed}"
-            lines.append(f"{o.label:<15} {'-':>15}  {what}")
-            continue
-        where = "its forward pass" if o.first_epoch == 1 else \
-            "the gradients or their synchronisation"
-        verdict = "exact" if o.exact else \
-            f"DIFFERS from epoch {o.first_epoch} ({where})"
-        lines.append(f"{o.label:<15} {o.difference:>15.2e}  {verdict}")
-    return lines
-
-
-__all__ = ["DEFAULT_FORMS", "FORMS", "TOLERANCE", "Outcome", "parse_forms",
-           "relative_differences", "run_checks", "table_lines"]
+__all__ = ["DEFAULT_FORMS", "FORMS", "TOLERANCE", "CheckReport", "Outcome", "check_config",
+           "parse_forms", "relative_differences", "run_checks"]
