@@ -154,8 +154,9 @@ class ModelConfig:
                                         "--dropout")
     batch_norm: bool = option(False, "gin: batch normalisation inside the MLP")
     hops: int = option(3, "tagcn: hops K of each coupled layer's filter")
-    options: str = option("", "the model class's own options as key=value,key=value "
-                          "(values as JSON), e.g. eps=0.1 for gin")
+    options: str | None = option(None, "the model class's own options as key=value,key=value "
+                          "(values as JSON; a mapping in a config file), e.g. eps=0.1 for "
+                          "gin")
 
     def __post_init__(self) -> None:
         from fullgraph.models.custom import (
@@ -172,7 +173,7 @@ class ModelConfig:
                  f"{' | '.join(names)}, or {REFERENCE}")
         object.__setattr__(self, "name", canonical(self.name))
         model = resolve(self.name)  # a reference that does not import is refused here
-        given = parse_options(self.options)
+        given = parse_options(self.options or "")
         fields = [f.name for f in dataclasses.fields(self)]
         flagged = sorted(set(given) & set(fields))
         if flagged:
@@ -241,7 +242,7 @@ class ModelConfig:
             opts.update(hops=self.hops)
         from fullgraph.models.custom import parse_options
 
-        opts.update(parse_options(self.options))
+        opts.update(parse_options(self.options or ""))
         return opts
 
 
@@ -497,6 +498,10 @@ def config_from_dict(tree: dict[str, Any], source: str = "config") -> Config:
                               f"section ({', '.join(known)}) or a train flag without --")
         if not isinstance(values, dict):
             raise ConfigError(f"{source}: section {name!r} must be a mapping")
+        if name == "model" and isinstance(values.get("options"), dict):
+            from fullgraph.models.custom import format_options  # a file's mapping, as text
+
+            values = {**values, "options": format_options(values["options"])}
         built[name] = _build_section(known[name], values, f"{source}: {name}")
     core = {k: v for k, v in built.items() if k in CORE_SECTIONS}
     return Config(**core, options={k: v for k, v in built.items() if k not in CORE_SECTIONS})

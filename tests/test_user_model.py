@@ -394,3 +394,13 @@ def test_check_from_python_on_in_memory_data(monkeypatch):
         fullgraph.check(small(), strategy="data")
     with pytest.raises(ConfigError, match="drop --save-model"):
         fullgraph.check(small(), save_model="m.pt")
+
+
+def test_a_config_file_gives_model_options_as_a_mapping(tmp_path):
+    from fullgraph.config import config_from_dict, load_config_file
+
+    path = tmp_path / "run.yaml"
+    path.write_text(f"model:\n  name: {FILE_REF}\n  options:\n    norm: mean\n")
+    cfg = config_from_dict(load_config_file(str(path)))
+    assert cfg.model.options == 'norm="mean"'
+    assert cfg.model.build_options()["norm"] == "mean"
