@@ -156,11 +156,8 @@ def check(data: Any = "cora", *, model: str | type = "gcn",
     from fullgraph import exactness
     from fullgraph.graph import store
 
-    if "strategy" in options:
-        raise ConfigError("check: it runs every strategy; name them with strategies=, not "
-                          "strategy=")
     forms = exactness.parse_forms(strategies if isinstance(strategies, str)
-                                 else ",".join(strategies))
+                                  else ",".join(strategies))
     options.update(workers=workers, epochs=epochs, progress="off")
     in_memory = _run_options("check", data, model, num_classes, options)
     with warnings_recorded(), tempfile.TemporaryDirectory(prefix="fullgraph-check-") as tmp:
@@ -170,8 +167,7 @@ def check(data: Any = "cora", *, model: str | type = "gcn",
             store.save_dataset(dataset, Path(tmp) / "dataset")
             options.update(dataset=str(Path(tmp) / "dataset"), split_seed=0)
         cfg = config_from_options(options)
-        exactness.check_config(cfg)
-        return exactness.run_checks(cfg, forms, workers)
+        return exactness.run_checks(cfg, forms, exactness.prepare(cfg))
 
 
 def _run_options(caller: str, data: Any, model: str | type, num_classes: int | None,

@@ -71,22 +71,28 @@ files of `convert neutronstar` (the NeutronStar / NeutronTask four-file format):
 """
 
 
-def _help_line(f: dataclasses.Field) -> str:
-    """One line: the field's help and its default, given once."""
+def _help_line(f: dataclasses.Field, default: Any = None) -> str:
+    """One line: the field's help and its default (``default`` where the command has
+    its own), given once."""
     from fullgraph.fields import help_of
 
     text = help_of(f).replace("%", "%%")  # argparse formats help with %
-    if f.default is not None:
-        return f"{text} (default: {f.default})"
+    if default is not None or f.default is not None:
+        return f"{text} (default: {f.default if default is None else default})"
     head, _, unset = text.partition("; unset: ")
     return f"{head} (default: {unset})" if unset else f"{text} (default: unset)"
 
 
-def _add_config_flags(parser: argparse.ArgumentParser) -> None:
+def _add_config_flags(parser: argparse.ArgumentParser, *,
+                      defaults: dict[str, Any] | None = None,
+                      without: tuple[str, ...] = ()) -> None:
+    """``--config`` and a flag per option of every section; ``defaults`` (``section.key``
+    -> value) are the command's own, shown in the help, and ``without`` (keys) are
+    options the command does not take."""
     from fullgraph.config import sections
     from fullgraph.fields import choices_of, or_else_of
 
-    flags = flag_names()
+    flags, defaults = flag_names(), defaults or {}
     parser.add_argument("--config", metavar="FILE",
                         help="YAML, TOML or JSON file of options (`fullgraph config --print` "
                         "writes one); flags given here override it")
@@ -97,6 +103,8 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
             kind = [h for h in typing.get_args(hints[f.name]) if h is not type(None)] or \
                 [hints[f.name]]
             flag, dest = "--" + flags[section, f.name], f"{section}.{f.name}"
+            if dest in without:
+                continue
             if kind[0] is bool:
                 group.add_argument(flag, dest=dest, action=argparse.BooleanOptionalAction,
                                    default=None, help=_help_line(f))
@@ -106,7 +114,7 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
                 None if choices else flag[2:].upper().replace("-", "_")
             group.add_argument(flag, dest=dest, type=kind[0], default=None,
                                choices=None if more else choices, metavar=metavar,
-                               help=_help_line(f))
+                               help=_help_line(f, defaults.get(dest)))
             if dest == "train.log_level":
                 group.add_argument("-q", "--quiet", dest=dest, action="store_const",
                                    const="warning", help="print warnings and errors only "
@@ -286,11 +294,11 @@ def build_parser() -> argparse.ArgumentParser:
     p_check = sub.add_parser("check", help="train a few epochs in one process and under "
                              "each strategy, and compare the losses: is your model exact "
                              "everywhere? (same options as train)")
-    _add_config_flags(p_check)
+    _add_config_flags(p_check, defaults=exactness.DEFAULTS, without=exactness.NOT_TAKEN)
     p_check.add_argument("--strategies", default=",".join(exactness.DEFAULT_FORMS),
                          help="the runs to compare with one process, some of data "
                          f"(depcomm and depcache), {', '.join(exactness.FORMS)} (default: "
-                         "%(default)s); --epochs defaults to 3 and --workers to 2 here")
+                         "%(default)s)")
 
     p_rep = sub.add_parser("report", help="PNG figures and an HTML summary of a run's "
                            "--metrics-out file (needs matplotlib: fullgraph[plots])")
@@ -682,23 +690,24 @@ COMMANDS["report"] = cmd_report
 
 def cmd_check(args: argparse.Namespace) -> int:
     from fullgraph import launch
+    from fullgraph.config import load_config_file
 
-    given = vars(args)
     if launch.under_launcher():
         raise FullgraphError("check starts its own workers: run it without torchrun")
-    if given.get("runtime.strategy") is not None:  # even --strategy single
-        raise ConfigError("check runs every strategy: name them with --strategies, not "
-                          "--strategy")
-    forms = exactness.parse_forms(args.strategies)
-    for key, default in (("train.epochs", 3), ("launch.workers", 2)):
-        given[key] = default if given.get(key) is None else given[key]
+    forms = exactness.parse_forms(args.strategies, "--strategies")
+    tree = normalize(load_config_file(args.config), args.config) if args.config else {}
+    given = vars(args)
+    for key, default in exactness.DEFAULTS.items():  # unless a flag or the file sets it
+        section, name = key.split(".")
+        if given.get(key) is None and name not in (tree.get(section) or {}):
+            given[key] = default
     cfg = _config_at_log_level(args)
-    exactness.check_config(cfg)
+    dataset = exactness.prepare(cfg)
     extra = f", options {cfg.model.options}" if cfg.model.options else ""
     print(f"check: model {cfg.model.name}{extra} on {cfg.data.dataset}, {cfg.train.epochs} "
           f"epochs from seed {cfg.train.seed}: one process against {cfg.launch.workers} "
           "workers per strategy", flush=True)
-    report = exactness.run_checks(cfg, forms, cfg.launch.workers)
+    report = exactness.run_checks(cfg, forms, dataset)
     print(report)
     return 0 if report.exact else 1
 

@@ -36,6 +36,13 @@ FORMS: dict[str, dict[str, dict[str, Any]]] = {
 }
 """The runs ``--strategies`` names, as the options each sets over the given ones."""
 DEFAULT_FORMS = ("data/depcomm", "data/depcache", "tensor", "p2p", "task")
+DEFAULTS = {"train.epochs": 3, "launch.workers": 2}
+"""The options whose defaults a check has of its own (``section.key``)."""
+NOT_TAKEN = ("runtime.strategy", "train.metrics_out", "train.save_model",
+             "train.checkpoint_dir", "train.checkpoint_every", "train.resume",
+             "launch.run_dir", "launch.keep_run_dir")
+"""Options of ``train`` that a check does not take: it runs every strategy, and its
+runs write nothing the user keeps."""
 
 
 @dataclasses.dataclass
@@ -50,10 +57,12 @@ class Outcome:
     refused: str | None = None
     failed: str | None = None
     first_epoch: int | None = None  # the first epoch whose loss differs
+    accuracy_epoch: int | None = None  # the first whose accuracies differ by 2+ vertices
 
     @property
     def exact(self) -> bool:
-        return self.losses is not None and self.difference <= TOLERANCE
+        return self.losses is not None and self.difference <= TOLERANCE and \
+            self.accuracy_epoch is None
 
 
 @dataclasses.dataclass
@@ -67,12 +76,14 @@ class CheckReport:
 
     @property
     def exact(self) -> bool:
-        return all(o.exact or o.refused is not None for o in self.outcomes)
+        """Whether a strategy ran and every one that ran matched (none failed)."""
+        ran = [o for o in self.outcomes if o.refused is None]
+        return bool(ran) and all(o.exact for o in ran)
 
     @property
     def not_exact(self) -> list[str]:
-        """The strategies that ran and differed, or failed."""
-        return [o.label for o in self.outcomes if not o.exact and o.refused is None]
+        """The strategies that ran and differed."""
+        return [o.label for o in self.outcomes if o.losses is not None and not o.exact]
 
     def __str__(self) -> str:
         return "\n".join(self.lines())
@@ -89,27 +100,40 @@ class CheckReport:
                     f"failed: {o.failed}"
                 lines.append(f"{o.label:<15} {'-':>15}  {what}")
                 continue
-            where = "its forward pass" if o.first_epoch == 1 else \
-                "the gradients or their synchronisation"
-            verdict = "exact" if o.exact else f"DIFFERS from epoch {o.first_epoch} ({where})"
+            if o.exact:
+                verdict = "exact"
+            elif o.first_epoch is not None:
+                verdict = f"DIFFERS from epoch {o.first_epoch}" + \
+                    (" (already in the forward pass)" if o.first_epoch == 1 else "")
+            else:
+                verdict = f"DIFFERS in evaluation from epoch {o.accuracy_epoch} (the losses " \
+                    "agree; the accuracies do not)"
             lines.append(f"{o.label:<15} {o.difference:>15.2e}  {verdict}")
         if self.not_exact:
             lines.append(f"not exact: {', '.join(self.not_exact)} (a loss further than "
-                         f"{TOLERANCE:.0e} from one process's; README, 'Your own model', "
-                         "has the rules a stage keeps)")
+                         f"{TOLERANCE:.0e} from one process's, or an accuracy by 2 vertices "
+                         "or more; README, 'Your own model', has the rules a stage keeps)")
+        if not any(o.refused is None for o in self.outcomes):
+            lines.append("nothing compared: every strategy refused this model or setup")
         return lines
 
 
 def check_config(cfg: Any) -> None:
     """Refuse what a check cannot compare: a strategy of its own, outputs that each run
-    would overwrite, a checkpoint to resume, fewer than 2 workers.
+    would overwrite, a checkpoint to resume, an approximate mode, fewer than 2 workers.
 
     Raises:
         ConfigError: naming the option (as its flag).
     """
     if cfg.runtime.strategy != "single":
-        raise ConfigError("check runs every strategy: name them with --strategies, not "
-                          "--strategy")
+        raise ConfigError("check runs every strategy: name them with --strategies "
+                          "(strategies= in Python), not --strategy")
+    approximate = [flag for flag, on in (
+        ("--adapt adjust+partial", cfg.section("adapt").mode == "adjust+partial"),
+        ("--task-deps regroup", cfg.section("task_parallel").deps == "regroup")) if on]
+    if approximate:
+        raise ConfigError(f"check compares exact runs, and {approximate[0]} is approximate "
+                          "by design: drop it")
     outputs = [f"--{flag}" for name, flag in (("metrics_out", "metrics-out"),
                                               ("save_model", "save-model"),
                                               ("checkpoint_dir", "checkpoint-dir"),
@@ -122,8 +146,9 @@ def check_config(cfg: Any) -> None:
                           "more (it compares them with one process)")
 
 
-def parse_forms(text: str) -> list[str]:
-    """``data,tensor`` -> the runs named (``data`` is depcomm and depcache).
+def parse_forms(text: str, option: str = "strategies=") -> list[str]:
+    """``data,tensor`` -> the runs named (``data`` is depcomm and depcache); ``option``
+    is how error messages name where the text came from.
 
     Raises:
         ConfigError: a name that is no run, or none at all.
@@ -132,11 +157,11 @@ def parse_forms(text: str) -> list[str]:
     for name in (part.strip() for part in text.split(",") if part.strip()):
         named = [f for f in FORMS if f == name or f.split("/")[0] == name and f != "data/hybrid"]
         if not named:
-            raise ConfigError(f"--strategies: unknown {name!r}; expected some of "
+            raise ConfigError(f"{option}: unknown {name!r}; expected some of "
                               f"{', '.join(['data', *FORMS])}")
         out += [f for f in named if f not in out]
     if not out:
-        raise ConfigError("--strategies: give at least one strategy")
+        raise ConfigError(f"{option}: give at least one strategy")
     return out
 
 
@@ -152,53 +177,92 @@ def relative_differences(losses: list[float], reference: list[float]) -> list[fl
     return out
 
 
-def run_checks(cfg: Any, forms: list[str], workers: int) -> CheckReport:
-    """Train ``cfg`` in one process, then as each of ``forms`` on ``workers`` workers (each
-    run a ``fullgraph train`` of the local launcher, quiet, its losses read from its
-    metrics file), and compare.
+def prepare(cfg: Any) -> Any:
+    """Check ``cfg`` (``check_config``), load its dataset and find, in this process, what
+    its single-process run would refuse (the device, a model that does not build):
+    the dataset.
+
+    Raises:
+        ConfigError, DataError: as ``fullgraph train`` would, before any worker starts.
+    """
+    from fullgraph.graph import datasets
+    from fullgraph.train import build, check_before_launch
+
+    check_config(cfg)
+    dataset = datasets.load_for(cfg.data)
+    single = _with(cfg, runtime={"strategy": "single"}, launch={"workers": 1})
+    check_before_launch(single, dataset, 1)
+    build(dataset, single)
+    return dataset
+
+
+def run_checks(cfg: Any, forms: list[str], dataset: Any) -> CheckReport:
+    """Train ``cfg`` in one process, then as each of ``forms`` on ``cfg.launch.workers``
+    workers (each run a ``fullgraph train`` of the local launcher, quiet, its losses and
+    accuracies read from its metrics file), and compare. ``dataset`` is ``prepare``'s.
 
     Raises:
         FullgraphError: the single-process run failed (nothing to compare with).
+        KeyboardInterrupt: a run was interrupted (Ctrl-C): the check stops there.
     """
-    from fullgraph.config import config_from_dict
-    from fullgraph.graph import datasets
     from fullgraph.train import check_before_launch
 
-    def config(**sections: dict[str, Any]) -> Any:
-        tree = cfg.to_dict()
-        for section, values in sections.items():
-            tree.setdefault(section, {}).update(values)
-        return config_from_dict(tree, source="check")
-
-    dataset = datasets.load_for(cfg.data)
+    workers = cfg.launch.workers
+    sizes = {k: int(v.sum()) for k, v in (("train_acc", dataset.data.train_mask),
+                                          ("val_acc", dataset.data.val_mask),
+                                          ("test_acc", dataset.data.test_mask)) if v is not None}
     with tempfile.TemporaryDirectory(prefix="fullgraph-check-") as tmp:
-        single = config(runtime={"strategy": "single"}, launch={"workers": 1})
-        reference = _losses(single, 1, Path(tmp) / "single")
+        single = _with(cfg, runtime={"strategy": "single"}, launch={"workers": 1})
+        reference = _epochs(single, 1, Path(tmp) / "single")
         outcomes = []
         for label in forms:
             outcome = Outcome(label)
             try:
-                run = config(**FORMS[label], launch={"workers": workers})
+                run = _with(cfg, **FORMS[label], launch={"workers": workers})
                 check_before_launch(run, dataset, workers)
             except (ConfigError, ValueError) as exc:  # the strategy does not take it
                 outcome.refused = str(exc)
             else:
                 try:
-                    outcome.losses = _losses(run, workers, Path(tmp) / label.replace("/", "-"))
+                    rows = _epochs(run, workers, Path(tmp) / label.replace("/", "-"))
                 except FullgraphError as exc:
                     outcome.failed = str(exc)
                 else:
-                    diffs = relative_differences(outcome.losses, reference)
-                    outcome.difference = max(diffs)
-                    outcome.first_epoch = next((e for e, d in enumerate(diffs, 1)
-                                                if d > TOLERANCE), None)
+                    _compare(outcome, rows, reference, sizes)
             outcomes.append(outcome)
-    return CheckReport(reference, outcomes)
+    return CheckReport([r["loss"] for r in reference], outcomes)
 
 
-def _losses(cfg: Any, workers: int, stem: Path) -> list[float]:
-    """The per-epoch losses of ``cfg`` trained by ``fullgraph train`` on ``workers`` local
-    workers, quiet (a failure is raised, named as the launcher names it)."""
+def _compare(outcome: Outcome, rows: list[dict[str, Any]], reference: list[dict[str, Any]],
+             sizes: dict[str, int]) -> None:
+    """Fill ``outcome`` from a run's epoch rows against the single process's: the loss
+    differences, and the first epoch whose accuracies differ by 2 vertices or more on
+    a split (one vertex may tip either way where two classes' logits tie to rounding)."""
+    outcome.losses = [r["loss"] for r in rows]
+    diffs = relative_differences(outcome.losses, [r["loss"] for r in reference])
+    outcome.difference = max(diffs)
+    outcome.first_epoch = next((e for e, d in enumerate(diffs, 1) if d > TOLERANCE), None)
+    for epoch, (row, ref) in enumerate(zip(rows, reference, strict=True), 1):
+        if any(abs(row[k] - ref[k]) * n >= 1.5 for k, n in sizes.items()
+               if row.get(k) is not None and ref.get(k) is not None):
+            outcome.accuracy_epoch = epoch
+            break
+
+
+def _with(cfg: Any, **sections: dict[str, Any]) -> Any:
+    """``cfg`` with the options of ``sections`` set."""
+    from fullgraph.config import config_from_dict
+
+    tree = cfg.to_dict()
+    for section, values in sections.items():
+        tree.setdefault(section, {}).update(values)
+    return config_from_dict(tree, source="check")
+
+
+def _epochs(cfg: Any, workers: int, stem: Path) -> list[dict[str, Any]]:
+    """The epoch rows (loss, accuracies) of ``cfg`` trained by ``fullgraph train`` on
+    ``workers`` local workers, quiet (a failure is raised, named as the launcher names
+    it)."""
     from fullgraph import launch
     from fullgraph.models.custom import for_workers
 
@@ -210,12 +274,15 @@ def _losses(cfg: Any, workers: int, stem: Path) -> list[float]:
         code, failure = launch.run_local(
             ["train", "--config", str(stem.with_suffix(".json"))], workers,
             timeout_s=cfg.launch.timeout_s, run_dir=None, threads=cfg.runtime.threads)
+    if code == 130:  # Ctrl-C: the workers are stopped; so is the check
+        raise KeyboardInterrupt
     if code != 0:
         raise FullgraphError(failure.splitlines()[0].removeprefix("fullgraph: ") if failure
                              else f"exit code {code}")
     rows = [json.loads(line) for line in metrics.read_text().splitlines()]
-    return [float(r["loss"]) for r in rows if r.get("event") == "epoch"]
+    return [r for r in rows if r.get("event") == "epoch"]
 
 
-__all__ = ["DEFAULT_FORMS", "FORMS", "TOLERANCE", "CheckReport", "Outcome", "check_config",
-           "parse_forms", "relative_differences", "run_checks"]
+__all__ = ["DEFAULTS", "DEFAULT_FORMS", "FORMS", "NOT_TAKEN", "TOLERANCE", "CheckReport",
+           "Outcome", "check_config", "parse_forms", "prepare", "relative_differences",
+           "run_checks"]

@@ -19,7 +19,8 @@ The supervisor names the root cause of a failure, once, leading with it:
 
 - a worker that dies (a signal, an exit without a report) or raises on its own; its
   peers then get ``timeout`` to stop before they are killed (``GRACE_S`` after a
-  user's error, which is the cause whatever the peers do);
+  user's error before training, which is the cause whatever the peers do, and leaves
+  no work of theirs to finish);
 - a worker that stops responding: its heartbeat is older than the timeout (stopped,
   or stuck in C code), or, when a peer's collective timed out, it has entered fewer
   communication calls than that peer (it never reached the call). It is killed at
@@ -68,6 +69,8 @@ WORKER_MEMORY_BYTES = 400 * 2**20
 """A floor on one worker's memory: Python, torch and its kernels, before any data."""
 GRACE_S = 5.0
 """How long the other workers get once a peer failure or a hang has been found."""
+EARLY_PHASES = ("start-up", "setup")
+"""The phases before training: a user's error there leaves the others nothing to do."""
 RUN_FILES = ("pid-rank*", "status-rank*", "heartbeat-rank*", "failure-rank*.json")
 
 
@@ -329,8 +332,8 @@ class Supervisor:
                 self.failed[rank] = WorkerExit(rank, code, rank in self.killed)
                 report = read_json(self.dir / f"failure-rank{rank}.json") or {}
                 on_its_own = rank not in self.killed and not report.get("peer_failure")
-                self._arm(self.timeout if on_its_own and not report.get("user_error")
-                          else self.grace)
+                early = report.get("user_error") and report.get("phase") in EARLY_PHASES
+                self._arm(self.timeout if on_its_own and not early else self.grace)
         for rank, reason in self._unresponsive():
             self._kill(rank)
             self.failed[rank] = WorkerExit(rank, -signal.SIGKILL, hung=reason)

@@ -264,29 +264,70 @@ def test_check_finds_a_model_exact_and_one_that_is_not(small_store, capsys):
     assert main(["check", "--model", mixing, "--dataset", str(small_store), "--strategies",
                  "data/depcomm", "--hidden", "8", "--dropout", "0"]) == 1
     out = capsys.readouterr().out
-    assert "DIFFERS from epoch 1 (its forward pass)" in out and "not exact: data/depcomm" in out
+    assert "DIFFERS from epoch 1 (already in the forward pass)" in out
+    assert "not exact: data/depcomm" in out
 
 
-def test_check_counts_a_refusal_apart_from_a_difference(small_store, capsys):
-    """p2p refuses batch normalisation before any worker starts: listed, not a failure."""
-    assert main(["check", "--model", "gin", "--batch-norm", "--dataset", str(small_store),
-                 "--strategies", "p2p"]) == 0
+@pytest.mark.dist
+def test_check_lists_refusals_and_takes_a_config_files_epochs_and_workers(
+        small_store, tmp_path, capsys):
+    """p2p refuses batch normalisation before any worker starts: listed, not a failure;
+    with nothing compared the check fails. The file's epochs and workers are used."""
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text("train:\n  epochs: 2\nlaunch:\n  workers: 3\n")
+    assert main(["check", "--config", str(cfg), "--model", "gin", "--batch-norm",
+                 "--dataset", str(small_store), "--strategies", "p2p"]) == 1
     out = capsys.readouterr().out
+    assert "2 epochs from seed 0: one process against 3 workers" in out
     assert "refused: strategy p2p cannot run model 'gin' with statistics over all rows" in out
+    assert "nothing compared: every strategy refused this model or setup" in out
+
+
+@pytest.mark.dist
+def test_check_compares_the_accuracies_too(small_store, capsys):
+    """A stage wrong in evaluation only: the losses agree, the accuracies do not."""
+    mixing = FILE_REF.replace(":GatedGCN", ":EvalMixingGCN")
+    assert main(["check", "--model", mixing, "--dataset", str(small_store), "--strategies",
+                 "data/depcomm", "--hidden", "8", "--dropout", "0"]) == 1
+    out = capsys.readouterr().out
+    assert "DIFFERS in evaluation from epoch 1 (the losses agree; the accuracies do not)" in out
+
+
+def test_an_interrupted_check_stops(monkeypatch, small_store):
+    """Ctrl-C ends the launcher with 130: the check stops, it does not go on to the next
+    strategy nor report the run as a difference."""
+    from fullgraph import exactness, launch
+    from fullgraph.config import config_from_dict
+
+    monkeypatch.setattr(launch, "run_local", lambda *a, **k: (130, "fullgraph: interrupted"))
+    cfg = config_from_dict({"data": {"dataset": str(small_store)}, "launch": {"workers": 2}})
+    with pytest.raises(KeyboardInterrupt):
+        exactness.run_checks(cfg, ["tensor"], exactness.prepare(cfg))
 
 
 @pytest.mark.parametrize("argv,needle", [
-    (["--strategy", "data"], "name them with --strategies, not --strategy"),
-    (["--metrics-out", "m.jsonl", "--save-model", "m.pt"],
-     "drop --metrics-out, --save-model"),
+    (["--strategy", "data"], "unrecognized arguments: --strategy data"),
+    (["--metrics-out", "m.jsonl"], "unrecognized arguments: --metrics-out"),
     (["--workers", "1"], "--workers 1; the strategies need 2 or more"),
     (["--strategies", "data,pipeline"], "--strategies: unknown 'pipeline'; expected some of "
      "data, data/depcomm"),
     (["--strategies", ","], "give at least one strategy"),
+    (["--adapt", "adjust+partial"], "check compares exact runs, and --adapt adjust+partial "
+     "is approximate by design"),
+    (["--device", "cuda:7"], "cuda"),
 ])
 def test_check_refuses_what_it_cannot_compare(argv, needle, capsys):
-    assert main(["check", *argv]) == 2
-    assert needle in capsys.readouterr().err
+    """Before any run (the header is not printed), in one line."""
+    if argv[0] == "--device" and torch.cuda.is_available():
+        pytest.skip("a GPU is here")
+    if argv[0] in ("--strategy", "--metrics-out"):  # check has no such flags
+        with pytest.raises(SystemExit) as exit_:
+            main(["check", *argv])
+        assert exit_.value.code == 2
+    else:
+        assert main(["check", *argv]) == 2
+    captured = capsys.readouterr()
+    assert needle in captured.err and "check: model" not in captured.out
 
 
 def test_a_model_file_imports_the_modules_beside_it_from_any_directory(
@@ -390,8 +431,11 @@ def test_check_from_python_on_in_memory_data(monkeypatch):
     assert not report.exact and report.not_exact == ["tensor"]
     assert len(report.reference) == 3 and report.outcomes[0].first_epoch == 1
     assert "tensor" in str(report) and "DIFFERS from epoch 1" in str(report)
-    with pytest.raises(ConfigError, match="name them with strategies=, not strategy="):
+    with pytest.raises(ConfigError, match=r"name them with --strategies \(strategies= in "
+                       r"Python\), not --strategy"):
         fullgraph.check(small(), strategy="data")
+    with pytest.raises(ConfigError, match="strategies=: unknown 'dta'"):
+        fullgraph.check(small(), strategies="dta")
     with pytest.raises(ConfigError, match="drop --save-model"):
         fullgraph.check(small(), save_model="m.pt")
 

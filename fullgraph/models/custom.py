@@ -187,7 +187,7 @@ def parse_options(text: str) -> dict[str, Any]:
         if key in out:
             raise ConfigError(f"model.options: {key!r} is given twice")
         start = equals + 1
-        while start < len(text) and text[start] == " ":
+        while start < len(text) and text[start].isspace():
             start += 1
         try:
             value, end = decoder.raw_decode(text, start)
