@@ -162,12 +162,13 @@ def check(data: Any = "cora", *, model: str | type = "gcn",
     in_memory = _run_options("check", data, model, num_classes, options)
     with warnings_recorded(), tempfile.TemporaryDirectory(prefix="fullgraph-check-") as tmp:
         if not isinstance(data, (str, Path)):  # the runs read it from disk, as any dataset
-            cfg = config_from_options(options)
+            cfg = config_from_options(options, "check")
             dataset = _from_pyg(data, cfg.data.split_seed, num_classes) if in_memory else data
             store.save_dataset(dataset, Path(tmp) / "dataset")
             options.update(dataset=str(Path(tmp) / "dataset"), split_seed=0)
-        cfg = config_from_options(options)
-        return exactness.run_checks(cfg, forms, exactness.prepare(cfg))
+        cfg = config_from_options(options, "check")
+        with _own_random_state():  # building the model seeds torch's generator
+            return exactness.run_checks(cfg, forms, exactness.prepare(cfg))
 
 
 def _run_options(caller: str, data: Any, model: str | type, num_classes: int | None,
@@ -205,6 +206,10 @@ def _run_options(caller: str, data: Any, model: str | type, num_classes: int | N
 def _fit(data: Any, options: dict[str, Any], workers: int, verbose: bool,
          num_classes: int | None, in_memory: bool) -> FitResult:
     cfg = config_from_options(options)
+    if workers > 1:  # a class no worker can import is refused before any start (the
+        from fullgraph.models.custom import for_workers  # planner's probe workers too)
+
+        for_workers(cfg.model.name)
     with _own_random_state():
         if isinstance(data, (str, Path)):
             dataset = None
@@ -232,7 +237,7 @@ def _own_random_state() -> Iterator[None]:
         yield
 
 
-def config_from_options(options: dict[str, Any]) -> Any:
+def config_from_options(options: dict[str, Any], caller: str = "fit") -> Any:
     """A ``Config`` from keyword options named as the ``fullgraph train`` flags.
 
     Raises:
@@ -246,11 +251,11 @@ def config_from_options(options: dict[str, Any]) -> Any:
     tree: dict[str, dict[str, Any]] = {}
     for name, value in options.items():
         if name not in by_name:
-            raise ConfigError(f"fit: unknown option {name!r}; expected one of "
+            raise ConfigError(f"{caller}: unknown option {name!r}; expected one of "
                               f"{', '.join(sorted(set(by_name) - {'dataset'}))}")
         section, key = by_name[name]
         tree.setdefault(section, {})[key] = value
-    return config_from_dict(tree, source="fit")
+    return config_from_dict(tree, source=caller)
 
 
 def _from_pyg(data: Any, split_seed: int, num_classes: int | None) -> Any:

@@ -130,6 +130,11 @@ class DataConfig:
         return root
 
 
+FAMILY_FLAGS = {"heads": "gat", "out_heads": "gat", "attn_dropout": "gat", "batch_norm": "gin",
+                "hops": "tagcn"}
+"""The model options with flags that belong to one built-in model (and its subclasses)."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class ModelConfig:
     """Model architecture; ``heads``/``out_heads``/``attn_dropout`` are GAT's only,
@@ -163,6 +168,7 @@ class ModelConfig:
             REFERENCE,
             canonical,
             check_options,
+            family,
             is_reference,
             parse_options,
             resolve,
@@ -174,14 +180,17 @@ class ModelConfig:
         object.__setattr__(self, "name", canonical(self.name))
         model = resolve(self.name)  # a reference that does not import is refused here
         given = parse_options(self.options or "")
-        fields = [f.name for f in dataclasses.fields(self)]
-        flagged = sorted(set(given) & set(fields))
+        # the options with a flag: every model's, and those of the built-in it derives
+        # from (another class may take, say, its own `heads` as a model option)
+        flags = [f.name for f in dataclasses.fields(self)
+                 if FAMILY_FLAGS.get(f.name, family(model)) == family(model)]
+        flagged = sorted(set(given) & set(flags))
         if flagged:
             from fullgraph.configfile import flag_names
 
             raise ConfigError(f"model.options: give {flagged[0]!r} as its own flag, "
                               f"--{flag_names()['model', flagged[0]]}")
-        check_options(model, given, self.name, fields)
+        check_options(model, given, self.name, flags)
         _require(self.hidden >= 1, "model", "hidden", self.hidden, ">= 1")
         _require(self.layers >= 1, "model", "layers", self.layers, ">= 1")
         _require(self.num_props >= 1, "model", "num_props", self.num_props, ">= 1")

@@ -139,6 +139,8 @@ def check_config(cfg: Any) -> None:
                                               ("checkpoint_dir", "checkpoint-dir"),
                                               ("resume", "resume"))
                if getattr(cfg.train, name) is not None]
+    outputs += ["--run-dir"] if cfg.launch.run_dir is not None else []
+    outputs += ["--keep-run-dir"] if cfg.launch.keep_run_dir else []
     if outputs:
         raise ConfigError(f"check writes nothing and resumes nothing: drop {', '.join(outputs)}")
     if cfg.launch.workers < 2:

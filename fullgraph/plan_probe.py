@@ -130,9 +130,9 @@ def main(argv: list[str]) -> int:
 
     out_path, config_path, *labels = argv
     spec = json.loads(Path(config_path).read_text())
-    cfg = config_from_dict(spec["config"], config_path)
 
     def body(status: Any) -> int:
+        cfg = config_from_dict(spec["config"], config_path)  # (a failure is reported)
         backend = None if cfg.launch.backend == "auto" else cfg.launch.backend
         device = "cuda" if cfg.train.device.startswith("cuda") else "cpu"  # as `train` does
         comm = init_comm(backend=backend, timeout_s=cfg.launch.timeout_s, device=device)
@@ -186,8 +186,10 @@ def probe(cfg: Any, labels: list[str], features: int, classes: int) -> Probe:
             launcher).
     """
     from fullgraph import launch
+    from fullgraph.models.custom import for_workers
 
-    with tempfile.TemporaryDirectory(prefix="fullgraph-plan-probe-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="fullgraph-plan-probe-") as tmp, \
+            launch.environment(for_workers(cfg.model.name)):  # the model's module, as here
         out, spec = Path(tmp) / "times.json", Path(tmp) / "config.json"
         spec.write_text(json.dumps({"config": cfg.to_dict(), "features": features,
                                     "classes": classes}))

@@ -174,7 +174,8 @@ def report_start_failure(exc: BaseException) -> bool:
         return False
     status = WorkerStatus(int(os.environ.get("RANK", "0")), None)  # no heartbeat: ending
     status.dir = Path(run_dir)
-    status.report_failure(exc)
+    if not (status.dir / f"failure-rank{status.rank}.json").exists():  # run_worker's first
+        status.report_failure(exc)
     return True
 
 

@@ -29,6 +29,19 @@ def root(tmp_path, monkeypatch):
     return tmp_path / "data"
 
 
+@pytest.fixture(autouse=True)
+def own_import_state(monkeypatch):
+    """Each test finds its model modules afresh: resolving a model puts directories on
+    sys.path and modules in sys.modules, which would let a later test pass for the
+    wrong reason."""
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    before = set(sys.modules)
+    yield
+    for name in set(sys.modules) - before:
+        if name == "user_gnn" or name.startswith("fullgraph_model_"):
+            del sys.modules[name]
+
+
 def small():
     return sbm(67, 3, avg_degree=5.0, num_features=9, seed=11)
 
@@ -53,6 +66,7 @@ def test_a_file_reference_trains_saves_and_loads_from_another_directory(
 def test_a_module_reference_is_found_in_the_working_directory(root, monkeypatch, capsys):
     monkeypatch.chdir(MODELS_DIR)
     monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(MODELS_DIR))])
+    monkeypatch.delitem(sys.modules, "user_gnn", raising=False)  # found here, not cached
     assert main(["train", "--model", "user_gnn:GatedGCN", "--epochs", "2", "--progress",
                  "off"]) == 0
     assert "model    gated-gcn (user_gnn:GatedGCN)" in capsys.readouterr().out
@@ -97,9 +111,10 @@ def test_a_class_only_this_process_has_trains_here_and_is_refused_for_workers():
 
     result = fullgraph.fit(small(), model=Local, epochs=1, hidden=5)
     assert "<locals>" in result.config.model.name
-    with pytest.raises(ConfigError, match="which the workers cannot import; move it to a "
-                       "module or a .py file, or train it with workers=1"):
-        fullgraph.fit(small(), model=Local, strategy="data", workers=2, epochs=1)
+    for strategy in ("data", "auto"):  # auto: before the planner's probe workers, too
+        with pytest.raises(ConfigError, match="which the workers cannot import; move it "
+                           "to a module or a .py file, or train it with workers=1"):
+            fullgraph.fit(small(), model=Local, strategy=strategy, workers=2, epochs=1)
 
 
 def test_a_file_that_trains_when_imported_is_refused_with_the_fix(tmp_path):
@@ -368,6 +383,17 @@ def test_an_incomplete_model_is_one_line(root, tmp_path, capsys, source, argv, n
     assert len(err) == 1 and needle.format(ref=ref) in err[0], err
 
 
+def test_a_class_of_its_own_takes_an_option_named_as_a_built_in_models_flag(tmp_path):
+    path = tmp_path / "own_heads.py"
+    path.write_text("from fullgraph.models import GCN\nclass Heads(GCN):\n"
+                    "    def __init__(self, *args, heads=1, **kw):\n"
+                    "        self.heads = heads\n        super().__init__(*args, **kw)\n")
+    cfg = ModelConfig(name=f"{path}:Heads", options="heads=4")
+    assert build_model(cfg.name, 9, 4, 3, **cfg.build_options()).heads == 4
+    with pytest.raises(ConfigError, match="give 'heads' as its own flag, --heads"):
+        ModelConfig(name="gat", options="heads=4")  # GAT's own: the flag
+
+
 def test_a_subclass_of_a_built_in_model_takes_its_options(tmp_path):
     path = tmp_path / "subclasses.py"
     path.write_text("from fullgraph.models import GAT, GIN\n"
@@ -417,8 +443,12 @@ def test_check_from_python_on_in_memory_data(monkeypatch):
     from user_gnn import EvalMixingGCN
 
     # a stage wrong in evaluation only: the losses agree, the accuracies do not
+    torch.manual_seed(5)
+    expected = torch.rand(3)
+    torch.manual_seed(5)
     report = fullgraph.check(small(), model=EvalMixingGCN, strategies=["data/depcomm"],
                              hidden=8, dropout=0.0)
+    assert torch.equal(torch.rand(3), expected)  # the caller's generator, untouched
     assert isinstance(report, fullgraph.CheckReport)
     assert not report.exact and report.not_exact == ["data/depcomm"]
     outcome = report.outcomes[0]
@@ -433,6 +463,10 @@ def test_check_from_python_on_in_memory_data(monkeypatch):
         fullgraph.check(small(), strategies="dta")
     with pytest.raises(ConfigError, match="drop --save-model"):
         fullgraph.check(small(), save_model="m.pt")
+    with pytest.raises(ConfigError, match="drop --run-dir"):
+        fullgraph.check(small(), run_dir="somewhere")
+    with pytest.raises(ConfigError, match="check: unknown option 'epoch'"):
+        fullgraph.check(small(), epoch=3)
 
 
 def test_a_config_file_gives_model_options_as_a_mapping(tmp_path):

@@ -150,7 +150,9 @@ def for_workers(name: str) -> dict[str, str]:
     if not is_reference(name) or _is_file(target):
         return {}
     resolve(name)  # imported here first, so its top-level package is known
-    top = sys.modules[target.split(".")[0]]
+    top_name = target.split(".")[0]
+    top = sys.modules.get(top_name) or _import(top_name, name)  # (a class known here
+    # by reference_of, whose module was dropped from sys.modules since, is found anew)
     file, found = getattr(top, "__file__", None), list(getattr(top, "__path__", []))
     if file:  # a module's directory, or the one that holds the package's directory
         where = Path(file).parent.parent if Path(file).stem == "__init__" else \
@@ -307,8 +309,10 @@ def _load_file(target: str, name: str):
     _importing.path = str(path)
     try:
         spec.loader.exec_module(module)
-    except Exception as exc:
+    except BaseException as exc:  # SystemExit too: no half-run module is kept
         del sys.modules[key], _files[key]
+        if not isinstance(exc, Exception):
+            raise
         raise ConfigError(f"model {name}: importing {path} failed: "
                           f"{type(exc).__name__}: {exc}") from exc
     finally:
