@@ -322,7 +322,6 @@ def _fit_launched(cfg: Any, dataset: Any, verbose: bool) -> FitResult:
     from fullgraph.models.custom import for_workers
     from fullgraph.train import build, check_before_launch, check_outputs
 
-    for_workers(cfg.model.name)  # a class no worker can import is refused before any start
     launch.check_workers(cfg.launch.workers, cfg.launch.oversubscribe)
     check_outputs(cfg)  # the model file is written here, after the workers
     given = cfg  # what the result reports (not the temporary directory below)

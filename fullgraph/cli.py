@@ -121,8 +121,10 @@ def _add_config_flags(parser: argparse.ArgumentParser, *,
                                    "(same as --log-level warning)")
 
 
-def config_from_args(args: argparse.Namespace) -> Any:
-    """Config file (if any) overlaid with the flags given on the command line."""
+def config_from_args(args: argparse.Namespace,
+                     defaults: dict[str, dict[str, Any]] | None = None) -> Any:
+    """Config file (if any) overlaid with the flags given on the command line, both over
+    ``defaults`` (a command's own, as a config tree)."""
     from fullgraph.config import config_from_dict, load_config_file, merge
 
     tree = load_config_file(args.config) if args.config else {}
@@ -130,6 +132,10 @@ def config_from_args(args: argparse.Namespace) -> Any:
         raise ConfigError(f"{args.config}: expected a mapping of sections and options, got "
                           f"a {type(tree).__name__}")
     tree = normalize(tree, args.config)  # the file's spellings first: then a flag wins
+    for section, values in (defaults or {}).items():  # beneath what the file gives
+        given = tree.get(section, {})
+        if isinstance(given, dict):
+            tree[section] = {**values, **given}
     overrides: dict[str, dict[str, Any]] = {}
     for key, value in vars(args).items():
         if "." in key and value is not None:
@@ -409,11 +415,13 @@ def _one_line_warning(prog: str) -> Any:
     return fmt
 
 
-def _config_at_log_level(args: argparse.Namespace) -> Any:
-    """The run's config; at log level ``error`` no warning is shown, from here on."""
+def _config_at_log_level(args: argparse.Namespace,
+                         defaults: dict[str, dict[str, Any]] | None = None) -> Any:
+    """The run's config (``config_from_args``); at log level ``error`` no warning is
+    shown, from here on."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        cfg = config_from_args(args)
+        cfg = config_from_args(args, defaults)
     if cfg.train.log_level == "error":
         warnings.simplefilter("ignore")
     for w in caught:  # those of the options themselves, shown or not by the level
@@ -690,18 +698,14 @@ COMMANDS["report"] = cmd_report
 
 def cmd_check(args: argparse.Namespace) -> int:
     from fullgraph import launch
-    from fullgraph.config import load_config_file
-
     if launch.under_launcher():
         raise FullgraphError("check starts its own workers: run it without torchrun")
     forms = exactness.parse_forms(args.strategies, "--strategies")
-    tree = normalize(load_config_file(args.config), args.config) if args.config else {}
-    given = vars(args)
-    for key, default in exactness.DEFAULTS.items():  # unless a flag or the file sets it
+    defaults: dict[str, dict[str, Any]] = {}  # beneath the file and the flags
+    for key, value in exactness.DEFAULTS.items():
         section, name = key.split(".")
-        if given.get(key) is None and name not in (tree.get(section) or {}):
-            given[key] = default
-    cfg = _config_at_log_level(args)
+        defaults.setdefault(section, {})[name] = value
+    cfg = _config_at_log_level(args, defaults)
     dataset = exactness.prepare(cfg)
     extra = f", options {cfg.model.options}" if cfg.model.options else ""
     print(f"check: model {cfg.model.name}{extra} on {cfg.data.dataset}, {cfg.train.epochs} "

@@ -182,8 +182,9 @@ class ModelConfig:
         given = parse_options(self.options or "")
         # the options with a flag: every model's, and those of the built-in it derives
         # from (another class may take, say, its own `heads` as a model option)
+        own = family(model)
         flags = [f.name for f in dataclasses.fields(self)
-                 if FAMILY_FLAGS.get(f.name, family(model)) == family(model)]
+                 if FAMILY_FLAGS.get(f.name, own) == own]
         flagged = sorted(set(given) & set(flags))
         if flagged:
             from fullgraph.configfile import flag_names

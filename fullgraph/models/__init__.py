@@ -34,12 +34,11 @@ def build_model(name: str, in_dim: int, hidden: int, out_dim: int, **options) ->
     from fullgraph.errors import ConfigError
     from fullgraph.models.custom import resolve
 
-    cls = resolve(name)
-    if name in MODELS:
-        return cls(in_dim, hidden, out_dim, **options)
     try:
-        return cls(in_dim, hidden, out_dim, **options)
-    except (NotImplementedError, TypeError) as exc:  # a method or an argument it lacks
+        return resolve(name)(in_dim, hidden, out_dim, **options)
+    except (NotImplementedError, TypeError) as exc:  # a user's class lacks a method or
+        if name in MODELS:                            # an argument: one line
+            raise
         raise ConfigError(f"model {name}: {exc}") from exc
 
 

@@ -228,22 +228,15 @@ def check_options(cls: type, options: dict[str, Any], name: str,
     from fullgraph.models.base import GNN
 
     general = set(inspect.signature(GNN.__init__).parameters) - {"self", "conv_options"}
-    taken: set[str] = set(getattr(cls, "conv_option_names", ()))
-    for klass in cls.__mro__:
-        if klass is GNN or not issubclass(klass, GNN):
-            break
-        params = inspect.signature(klass.__init__).parameters.values()
-        taken |= {p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
-    taken -= general | set(flagged) | {"self"}
-    for klass in cls.__mro__:
-        if klass is GNN or not issubclass(klass, GNN):
-            break
-        for p in inspect.signature(klass.__init__).parameters.values():
-            needed = p.default is p.empty and p.kind in (p.KEYWORD_ONLY,
-                                                         p.POSITIONAL_OR_KEYWORD)
-            if needed and p.name in taken and p.name not in options:
-                raise ConfigError(f"model.options: model {name} needs option {p.name!r} "
-                                  f"(--model-options {p.name}=VALUE)")
+    named = [p for klass in cls.__mro__[:cls.__mro__.index(GNN)]
+             for p in inspect.signature(klass).parameters.values()
+             if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    taken = ({p.name for p in named} | set(getattr(cls, "conv_option_names", ()))) - \
+        general - set(flagged)
+    for p in named:
+        if p.default is p.empty and p.name in taken and p.name not in options:
+            raise ConfigError(f"model.options: model {name} needs option {p.name!r} "
+                              f"(--model-options {p.name}=VALUE)")
     for key in options:
         if key in general:
             raise ConfigError(f"model.options: {key!r} is an option of every model: give it "
