@@ -167,7 +167,7 @@ def check(data: Any = "cora", *, model: str | type = "gcn",
             store.save_dataset(dataset, Path(tmp) / "dataset")
             options.update(dataset=str(Path(tmp) / "dataset"), split_seed=0)
         cfg = config_from_options(options, "check")
-        with _own_random_state():  # building the model seeds torch's generator
+        with _own_process_state():  # building the model seeds torch's generator
             return exactness.run_checks(cfg, forms, exactness.prepare(cfg))
 
 
@@ -210,7 +210,7 @@ def _fit(data: Any, options: dict[str, Any], workers: int, verbose: bool,
         from fullgraph.models.custom import for_workers  # planner's probe workers too)
 
         for_workers(cfg.model.name)
-    with _own_random_state():
+    with _own_process_state():
         if isinstance(data, (str, Path)):
             dataset = None
         else:
@@ -230,11 +230,28 @@ def _fit(data: Any, options: dict[str, Any], workers: int, verbose: bool,
 
 
 @contextlib.contextmanager
-def _own_random_state() -> Iterator[None]:
-    """Restore torch's CPU generator after the block: a run seeds it (and reads no
-    other), and the caller's draws should not depend on having called fit."""
-    with torch.random.fork_rng(devices=[]):
-        yield
+def _own_process_state() -> Iterator[None]:
+    """Run the block as a worker process would start, and give the caller's state back.
+
+    A run seeds torch's CPU generator (and reads no other), sets the thread counts of
+    torch and numba, and builds its parameters in float32 with gradients on. A caller's
+    ``torch.set_default_dtype(torch.float64)`` or ``torch.no_grad()`` would otherwise
+    give ``workers=1`` another run than launched workers, and the caller's later draws
+    and thread count should not depend on having called fit."""
+    from fullgraph.ops import kernels
+
+    dtype, threads, numba_threads = torch.get_default_dtype(), torch.get_num_threads(), \
+        kernels.get_threads()
+    try:
+        with torch.random.fork_rng(devices=[]), torch.inference_mode(False), \
+                torch.enable_grad():
+            torch.set_default_dtype(torch.float32)
+            yield
+    finally:
+        torch.set_default_dtype(dtype)
+        if numba_threads is not None:  # numba first: its pool resets OpenMP's count
+            kernels.set_threads(numba_threads)
+        torch.set_num_threads(threads)
 
 
 def config_from_options(options: dict[str, Any], caller: str = "fit") -> Any:

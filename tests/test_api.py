@@ -265,6 +265,31 @@ def test_fit_gives_back_the_callers_random_state() -> None:
     assert not torch.equal(*draws)
 
 
+def test_fit_in_process_ignores_the_callers_dtype_grad_mode_and_threads() -> None:
+    """A notebook's float64 default or no_grad block must not change the run (launched
+    workers never see them), and fit's threads stay its own."""
+    data = sbm(40, 2, avg_degree=4.0, num_features=5, seed=3)
+
+    def losses(**options: object) -> list[float]:
+        return [row["loss"] for row in fullgraph.fit(data, epochs=2, **options).history]
+
+    expected = losses()
+    threads, dtype = torch.get_num_threads(), torch.get_default_dtype()
+    try:
+        torch.set_default_dtype(torch.float64)
+        assert losses() == expected
+        torch.set_default_dtype(torch.float32)
+        with torch.no_grad():
+            assert losses() == expected
+            assert not torch.is_grad_enabled()
+        with torch.inference_mode():
+            assert losses() == expected
+        assert losses(threads=1) == pytest.approx(expected, rel=1e-5)
+        assert torch.get_num_threads() == threads
+    finally:
+        torch.set_default_dtype(dtype)
+
+
 def test_repeated_edges_and_edge_weights_are_named_in_warnings() -> None:
     d = _random_data()
     d.edge_index = torch.cat([d.edge_index, d.edge_index[:, :5]], dim=1)

@@ -48,6 +48,11 @@ def set_threads(num_threads: int) -> None:
         numba.set_num_threads(max(1, min(num_threads, limit)))
 
 
+def get_threads() -> int | None:
+    """The number of numba threads in use (None without numba)."""
+    return numba.get_num_threads() if HAVE_NUMBA else None
+
+
 ROW_BLOCKS = 256
 """Row blocks of the CSR kernels (see ``_row_blocks``). ``prange`` hands each thread
 a contiguous run of about ``ROW_BLOCKS / threads`` blocks, so with up to a few dozen
