@@ -151,6 +151,29 @@ def test_a_file_that_fails_to_import_names_the_file_and_the_error(tmp_path):
         ModelConfig(name=f"{missing_dep}:Net")
 
 
+def test_a_model_file_edited_between_fits_trains_its_new_class(tmp_path):
+    """A notebook edits the file and fits again: the process trains the edited class, as
+    launched workers would (they import it afresh); a file broken by the edit is one
+    error, and the earlier class stays usable."""
+    model_file = tmp_path / "editme.py"
+    ref = f"{model_file}:Net"
+
+    def fit(base: str) -> list[float]:
+        model_file.write_text(f"from fullgraph.models import {base}\n\n"
+                              f"class Net({base}):\n    pass\n")
+        return [r["loss"] for r in fullgraph.fit(small(), model=ref, epochs=2).history]
+
+    gcn, sage = fit("GCN"), fit("GraphSAGE")
+    assert gcn != sage
+    assert sage == [r["loss"] for r in fullgraph.fit(small(), model="sage", epochs=2).history]
+    earlier = resolve(ref)
+    assert earlier.__mro__[1].__name__ == "GraphSAGE"
+    model_file.write_text("def oops(:\n")
+    with pytest.raises(ConfigError, match="SyntaxError"):
+        resolve(ref)
+    assert sys.modules[earlier.__module__].Net is earlier  # pickling still finds it
+
+
 @pytest.mark.parametrize("model,options,needle", [
     ("gin", "foo=1", "model gin takes no option 'foo' (it takes: aggregate_first, eps;"),
     ("gat", "heads=2", "give 'heads' as its own flag, --heads"),

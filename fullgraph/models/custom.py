@@ -46,6 +46,8 @@ _known: dict[str, type] = {}  # reference -> class, for the classes reference_of
 _files: dict[str, Path] = {}  # private module name -> the model file it was loaded from
 _only_here: set[str] = set()  # those of them that no other process can import
 _importing = threading.local()
+_digests: dict[str, str] = {}  # private module name -> digest of the source it ran
+_loading = threading.RLock()  # one import of a model file at a time (a file may load another)
 
 
 def importing_model_file() -> str | None:
@@ -285,32 +287,45 @@ def _import(module: str, name: str):
 
 
 def _load_file(target: str, name: str):
+    """The module of the model file ``target``, run again where its source changed since
+    it last ran here (a notebook that edits the file trains the new class, as launched
+    workers, which import it afresh, do)."""
     path = Path(target).expanduser().resolve()
     if not path.is_file():
         raise ConfigError(f"model {name}: {path} is not a file")
-    key = "fullgraph_model_" + hashlib.sha1(str(path).encode()).hexdigest()[:12]
-    if key in sys.modules:
-        return sys.modules[key]
-    spec = importlib.util.spec_from_file_location(key, path)
-    if spec is None or spec.loader is None:
-        raise ConfigError(f"model {name}: {path} cannot be imported as Python")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[key] = module  # dataclasses and pickling look classes up by module
-    _files[key] = path
-    if str(path.parent) not in sys.path:  # its own imports, as `python file.py` finds them
-        sys.path.insert(0, str(path.parent))
-    _importing.path = str(path)
     try:
-        spec.loader.exec_module(module)
-    except BaseException as exc:  # SystemExit too: no half-run module is kept
-        del sys.modules[key], _files[key]
-        if not isinstance(exc, Exception):
-            raise
-        raise ConfigError(f"model {name}: importing {path} failed: "
-                          f"{type(exc).__name__}: {exc}") from exc
-    finally:
-        _importing.path = None
-    return module
+        digest = hashlib.sha1(path.read_bytes()).hexdigest()
+    except OSError as exc:
+        raise ConfigError(f"model {name}: {path} cannot be read: {exc}") from None
+    key = "fullgraph_model_" + hashlib.sha1(str(path).encode()).hexdigest()[:12]
+    with _loading:
+        if key in sys.modules and _digests.get(key) == digest:
+            return sys.modules[key]
+        spec = importlib.util.spec_from_file_location(key, path)
+        if spec is None or spec.loader is None:
+            raise ConfigError(f"model {name}: {path} cannot be imported as Python")
+        module = importlib.util.module_from_spec(spec)
+        before = sys.modules.get(key)  # the file's earlier run, kept if this one fails
+        sys.modules[key] = module  # dataclasses and pickling look classes up by module
+        _files[key] = path
+        if str(path.parent) not in sys.path:  # its own imports, as `python file.py` finds them
+            sys.path.insert(0, str(path.parent))
+        outer, _importing.path = getattr(_importing, "path", None), str(path)
+        try:
+            spec.loader.exec_module(module)
+        except BaseException as exc:  # SystemExit too: no half-run module is kept
+            if before is None:
+                del sys.modules[key], _files[key]
+            else:
+                sys.modules[key] = before
+            if not isinstance(exc, Exception):
+                raise
+            raise ConfigError(f"model {name}: importing {path} failed: "
+                              f"{type(exc).__name__}: {exc}") from exc
+        finally:
+            _importing.path = outer
+        _digests[key] = digest
+        return module
 
 
 __all__ = ["REFERENCE", "canonical", "check_options", "family", "for_workers", "format_options",
