@@ -197,6 +197,7 @@ def test_device_budget_on_a_gpu_leaves_tensor_parallelism_chunked_within_it(monk
     everything on the device and must fit the budget; on the CPU it limits nothing. A
     budget that cannot hold one vertex refuses tensor parallelism, as the run would."""
     from fullgraph.config import TrainConfig
+    from fullgraph.plan_measure import tiny_run
 
     dataset = tiny_dataset(F, C, n=24)
     cfg = tiny_cfg(2, partition={"method": "chunk"}, tensor_parallel={"device_memory": "1000"})
@@ -219,6 +220,11 @@ def test_device_budget_on_a_gpu_leaves_tensor_parallelism_chunked_within_it(monk
     tiny = tiny_cfg(2, partition={"method": "chunk"}, tensor_parallel={"device_memory": "8"})
     refused = planner.refusals(tiny, dataset)
     assert "cannot hold vertex" in refused["tensor"] and "tensor/chunks" in refused
+    # task parallelism has its own budget (--task-device-memory): it is still timed,
+    # through tensor parallelism's executor without this budget's chunks
+    assert "task" not in refused
+    task = next(c for c in planner.candidates(2) if c.strategy == "task")
+    tiny_run(tiny, task, dataset)(0)
 
 
 def test_auto_with_one_worker_is_single_and_flags_select_the_candidate():
