@@ -148,6 +148,8 @@ def model_meta(model: GNN, cfg: Config, dataset: Dataset,
     given = Path(data["dataset"]).expanduser()
     if any((given / name).is_file() for name in (store.META_FILE, store.SHARDS_FILE)):
         data["dataset"] = str(given.resolve())  # a directory: found from any directory later
+    elif cfg.data.root:  # a name under a root given for the run: looked up there later too
+        data["root"] = str(Path(cfg.data.root).expanduser().resolve())
     param = next(model.parameters())
     return {
         "model": {"name": cfg.model.name, "in_dim": model.in_dim, "hidden": cfg.model.hidden,
@@ -205,14 +207,21 @@ def load_model(path: str | Path) -> SavedModel:
 
 def load_dataset_for(model: SavedModel, dataset: str | None = None,
                      root: str | None = None) -> Dataset:
-    """``dataset`` (default: the one trained on) prepared as the model's training data was."""
+    """``dataset`` (default: the one trained on) prepared as the model's training data was.
+
+    ``root`` defaults, for the dataset trained on, to the ``--root`` its training run was
+    given where that directory is here, else to the usual root (``$FULLGRAPH_DATA``, else
+    the user cache)."""
     from fullgraph.config import DataConfig
     from fullgraph.graph import datasets
     from fullgraph.partition.shards import require_whole
 
     opts = dict(model.meta["data"])
+    trained_root = opts.pop("root", None)  # the --root of its training run, if one was given
     if dataset is not None:
         opts["dataset"] = dataset
+    elif root is None and trained_root is not None and Path(trained_root).is_dir():
+        root = trained_root
     try:
         with warnings.catch_warnings():  # the seed is the model's, said when it trained
             warnings.filterwarnings("ignore", message="--split-seed has no effect")
@@ -223,8 +232,10 @@ def load_dataset_for(model: SavedModel, dataset: str | None = None,
         raise DatasetNotFoundError(
             err.problem, source=err.source, field=err.field, found=err.found,
             expected=err.expected,
-            hint=f"the model was trained on {opts['dataset']!r}; where that was data held in "
-                 "memory, name a stored dataset with --dataset") from None
+            hint=f"the model was trained on {opts['dataset']!r}"
+                 + (f" under --root {trained_root}" if trained_root else "")
+                 + "; give the root it is under with --root, or, where that was data held "
+                 "in memory, name a stored dataset with --dataset") from None
     require_whole(loaded, "predict / evaluate")
     if dataset is None:
         _check_trained_on(model, loaded)

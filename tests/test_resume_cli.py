@@ -143,3 +143,24 @@ def test_outputs_refuse_bad_files(tmp_path, capsys):
     out = tmp_path / "x.npy"
     assert main(["predict", "--model", str(tmp_path / "none.pt"), "--out", str(out)]) == 2
     assert "none.pt not found" in capsys.readouterr().err and not out.exists()
+
+
+def test_a_model_trained_under_a_root_is_evaluated_there_from_anywhere(
+        tmp_path, capsys, monkeypatch):
+    root = tmp_path / "data"
+    datasets.save_processed(sbm(60, 2, avg_degree=4.0, num_features=6, seed=0), root, "tiny")
+    model = tmp_path / "model.pt"
+    assert main(["train", "--dataset", "tiny", "--root", str(root), "--epochs", "2",
+                 "--progress", "off", "--save-model", str(model)]) == 0
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    monkeypatch.setenv("FULLGRAPH_DATA", str(tmp_path / "empty"))
+    capsys.readouterr()
+    assert main(["evaluate", "--model", str(model)]) == 0
+    assert "on tiny" in capsys.readouterr().out
+    root.rename(tmp_path / "moved")  # gone from there: the error says where it looked
+    assert main(["evaluate", "--model", str(model)]) == 2
+    err = capsys.readouterr().err
+    assert f"trained on 'tiny' under --root {root}" in err and "with --root" in err
+    assert main(["evaluate", "--model", str(model), "--root", str(tmp_path / "moved")]) == 0
