@@ -259,7 +259,33 @@ def read(directory: str | Path, what: str = "train.resume") -> dict[str, Any]:
     if ckpt.get("version") != VERSION:
         raise ConfigError(f"{what}: {path} has checkpoint version {ckpt.get('version')}; "
                           f"this fullgraph reads version {VERSION}")
+    damage = _damage(ckpt)
+    if damage:
+        raise ConfigError(f"{what}: {path} is not a whole checkpoint ({damage}); resume from "
+                          "another or train anew")
     return ckpt
+
+
+_PARTS = {"epoch": int, "model": dict, "optimizer": dict, "best": dict, "records": list,
+          "rng": torch.Tensor, "fingerprint": dict, "run": dict}
+"""The parts ``Checkpointer.after_epoch`` writes, and their types."""
+
+
+def _damage(ckpt: dict[str, Any]) -> str:
+    """What is missing or inconsistent in a checkpoint of the right format and version
+    (one changed by hand or by another program), else ''."""
+    missing = [k for k in _PARTS if k not in ckpt]
+    if missing:
+        return f"no {', '.join(missing)}"
+    wrong = [f"{k} is a {type(ckpt[k]).__name__}" for k, kind in _PARTS.items()
+             if not isinstance(ckpt[k], kind) or (kind is int and isinstance(ckpt[k], bool))]
+    if wrong:
+        return "; ".join(wrong)
+    if ckpt["epoch"] < 1 or len(ckpt["records"]) != ckpt["epoch"]:
+        return (f"epoch {ckpt['epoch']} with {len(ckpt['records'])} epoch records; a "
+                "checkpoint after epoch N holds N")
+    best = [k for k in ("val", "epoch", "test", "train", "params") if k not in ckpt["best"]]
+    return f"its best state lacks {', '.join(best)}" if best else ""
 
 
 def check_resumable(cfg: Config, dataset: Dataset, dtype: torch.dtype = torch.float32) -> None:

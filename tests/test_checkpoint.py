@@ -264,3 +264,23 @@ def test_damaged_checkpoint_is_refused_not_resumed(tmp_path):
     with pytest.raises(ConfigError, match=r"checkpoint.pt is not a readable checkpoint: "
                                           r"damaged \(its part .* does not match the checksum"):
         checkpoint.read(tmp_path)
+
+
+@pytest.mark.parametrize("change,needle", [
+    (lambda c: c.pop("optimizer"), r"\(no optimizer\)"),
+    (lambda c: c.update(epoch=-4), r"\(epoch -4 with 2 epoch records;"),
+    (lambda c: c.update(records=c["records"][:1]), r"\(epoch 2 with 1 epoch records;"),
+    (lambda c: c.update(epoch="2"), r"\(epoch is a str\)"),
+    (lambda c: c["best"].pop("params"), r"\(its best state lacks params\)"),
+])
+def test_a_checkpoint_changed_by_hand_is_one_clear_error(tmp_path, change, needle):
+    """A file of the right format and version whose parts another program changed (the
+    checksums are written again with it) is refused before anything is restored."""
+    ds = make_dataset()
+    train(ds, config("single", STOP, tmp_path))
+    saved = checkpoint.read(tmp_path)
+    assert saved["epoch"] == STOP == 2
+    change(saved)
+    checkpoint.write_atomic(tmp_path / checkpoint.FILE_NAME, saved)
+    with pytest.raises(ConfigError, match=r"checkpoint.pt is not a whole checkpoint " + needle):
+        train(ds, config("single", EPOCHS, None, resume=tmp_path))
