@@ -95,6 +95,7 @@ class WorkerStatus:
         self.rank = rank
         self.dir = Path(run_dir) if run_dir else None
         self.phase = "start-up"
+        self.debug = bool(os.environ.get("FULLGRAPH_DEBUG"))  # or --log-level debug
         self.counter: Any = None
         self._lock = threading.Lock()
         self._written: str | None = None  # the phase the status file holds
@@ -114,6 +115,8 @@ class WorkerStatus:
         self.phase = phase
         if self.dir is not None and not phase.startswith(EVERY_EPOCH):
             self._write_status()
+            self._beat()  # the launcher reads the phase from the heartbeat too ("done"
+            # earns the exit grace: the next beat may come only after torch's teardown)
 
     def _write_status(self) -> None:
         assert self.dir is not None, "a status file needs a run directory"
@@ -138,17 +141,23 @@ class WorkerStatus:
         record = {"time": time.time(), "phase": self.phase,
                   "entered": counter.entered if counter is not None else 0,
                   "inside": counter.inside if counter is not None else None}
-        write_atomic(self.dir / f"heartbeat-rank{self.rank}", json.dumps(record))
+        with self._lock:  # set_phase beats too (the same temporary name)
+            write_atomic(self.dir / f"heartbeat-rank{self.rank}", json.dumps(record))
 
-    def report_failure(self, exc: BaseException) -> None:
+    def report_failure(self, exc: BaseException) -> bool:
+        """Report ``exc`` (the launcher reads the file; under torchrun it is printed);
+        whether it is a user's error (exit code 2) rather than a bug (1)."""
         from fullgraph.comm.primitives import CommError
         from fullgraph.errors import FullgraphError
 
         # a user's mistake (bad option, bad file) is one line; a bug keeps its traceback
-        # (or a file-system error on a named path: a directory where a file goes, ...)
-        user_error = (isinstance(exc, (FullgraphError, ValueError)) or
-                      isinstance(exc, OSError) and exc.filename is not None) and \
-            not isinstance(exc, CommError) and not os.environ.get("FULLGRAPH_DEBUG")
+        # (or a file-system error on a named path: a directory where a file goes, ...).
+        # A ValueError is an option's refusal before training; raised in an epoch, by a
+        # model's code say, it is a bug.
+        user_error = (isinstance(exc, FullgraphError) or
+                      isinstance(exc, ValueError) and not self.phase.startswith(EVERY_EPOCH)
+                      or isinstance(exc, OSError) and exc.filename is not None) and \
+            not isinstance(exc, CommError) and not self.debug
         comm_error = exc if isinstance(exc, CommError) else None
         record = {"rank": self.rank, "phase": self.phase, "time": time.time(),
                   "peer_failure": comm_error is not None, "user_error": user_error,
@@ -163,6 +172,9 @@ class WorkerStatus:
         if not os.environ.get(SUPERVISED_ENV):  # else the launcher says it, once
             print(f"fullgraph: rank {self.rank} failed during {self.phase}: "
                   f"{record['error']}", file=sys.stderr, flush=True)
+            if record["traceback"] and not self.debug:  # (debug: raised, so printed)
+                print(record["traceback"], end="", file=sys.stderr, flush=True)
+        return user_error
 
 
 def report_start_failure(exc: BaseException) -> bool:
@@ -179,8 +191,10 @@ def report_start_failure(exc: BaseException) -> bool:
     return True
 
 
-def run_worker(body: Callable[[WorkerStatus], int]) -> int:
-    """Run ``body`` as a worker: report a failure with rank and phase, exit non-zero.
+def run_worker(body: Callable[[WorkerStatus], int], debug: bool = False) -> int:
+    """Run ``body`` as a worker: report a failure with rank and phase, exit non-zero (2
+    for a user's error, 1 for a bug; ``debug``, as ``FULLGRAPH_DEBUG``: every failure
+    is a bug, raised with its traceback).
 
     A failed worker leaves at once (``os._exit`` once its output is flushed): the
     interpreter's shutdown of a torch process can take seconds under load, which the
@@ -188,15 +202,16 @@ def run_worker(body: Callable[[WorkerStatus], int]) -> int:
     """
     _end_with_launcher()
     status = WorkerStatus(int(os.environ.get("RANK", "0")), os.environ.get(RUN_DIR_ENV))
+    status.debug = status.debug or debug
     try:
         return body(status)
     except Exception as exc:  # noqa: BLE001 - every failure must be reported, then re-raised
-        status.report_failure(exc)
-        if os.environ.get("FULLGRAPH_DEBUG"):
+        user_error = status.report_failure(exc)
+        if status.debug:
             raise
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(1)
+        os._exit(2 if user_error else 1)
 
 
 def _end_with_launcher() -> None:
