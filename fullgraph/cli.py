@@ -450,11 +450,13 @@ def cmd_train(args: argparse.Namespace) -> int:
         check_outputs(cfg)  # where they are written: by rank 0 alone
     if launch.under_launcher():
         conflict = launch.torchrun_conflict(cfg.launch.workers)
-        if conflict:  # every worker refuses; one says why
-            if os.environ.get("RANK") == "0":
+        if conflict:  # every worker refuses; one on each host says why (a host that
+            # alone was given the option leaves the others waiting for it at start-up)
+            if os.environ.get("LOCAL_RANK", os.environ.get("RANK")) == "0":
                 print(f"fullgraph {args.command}: error: {conflict}", file=sys.stderr)
             return 2
-        return launch.run_worker(lambda status: _train(cfg, status))
+        return launch.run_worker(lambda status: _train(cfg, status),
+                                 debug=cfg.train.log_level == "debug")
     launch.check_threads(cfg.runtime.threads, cfg.launch.workers)
     if cfg.launch.workers > 1:
         from fullgraph.graph import datasets

@@ -119,15 +119,32 @@ def check_same_options(cfg: Config, comm: Comm) -> None:
         ConfigError: on every rank, naming each option that differs and its value on
             which ranks.
     """
-    mine = {f"{section}.{key}": value for section, values in cfg.to_dict().items()
+    tree = cfg.to_dict()
+    mine = {f"{section}.{key}": value for section, values in tree.items()
             for key, value in values.items()
             if section not in PER_PROCESS_OPTIONS or
             (PER_PROCESS_OPTIONS[section] is not None and
              key not in PER_PROCESS_OPTIONS[section])}  # type: ignore[operator]
-    diffs = _differing(all_gather_object(mine, comm, "options"))
+    # a partition file's path is each host's, but given on some hosts only, the workers
+    # would set up different partitions (and wait on each other in different calls)
+    mine["--partition-file given"] = tree.get("partition", {}).get("file") is not None
+    outputs = {flag: getattr(cfg.train, key) is not None for key, flag in OUTPUT_FLAGS}
+    every = all_gather_object((mine, outputs), comm, "options")
+    diffs = _differing([options for options, _ in every])
     if diffs:
         raise ConfigError("the workers were given different options (" + "; ".join(diffs) +
                           "): give every worker the same command line or config file")
+    lost = [f"{flag} given on rank(s) {_ranks([r for r, (_, o) in enumerate(every) if o[flag]])}"
+            for _, flag in OUTPUT_FLAGS
+            if not every[0][1][flag] and any(o[flag] for _, o in every)]
+    if lost:
+        raise ConfigError(f"{', '.join(lost)} but not on rank 0, which alone writes the run's "
+                          "outputs: give them on rank 0's host (its paths are the ones used)")
+
+
+OUTPUT_FLAGS = (("save_model", "--save-model"), ("checkpoint_dir", "--checkpoint-dir"),
+                ("metrics_out", "--metrics-out"))
+"""The outputs rank 0 alone writes, at the paths rank 0 was given."""
 
 
 def check_same_data(dataset: Dataset, comm: Comm) -> None:

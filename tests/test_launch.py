@@ -33,6 +33,7 @@ from clirun import (
     run_cli,
     two_cores,
 )
+from harness import run_ranks
 
 
 @pytest.fixture(scope="module")
@@ -410,6 +411,41 @@ def test_workers_given_different_options_are_refused(data_root, tmp_path):
         assert "the workers were given different options (train.seed: 1 on rank(s) 0, 2 on " \
                "rank(s) 1)" in err, err
         assert "metrics_out" not in err
+
+
+def _given_on_some_ranks(comm, cases: list) -> None:
+    """Each case: per rank, the options given; the ConfigError expected (or None)."""
+    from fullgraph.config import config_from_dict
+    from fullgraph.errors import ConfigError
+    from fullgraph.train import check_same_options
+
+    for per_rank, expected in cases:
+        cfg = config_from_dict(per_rank[comm.rank], source="test")
+        if expected is None:
+            check_same_options(cfg, comm)
+            continue
+        with pytest.raises(ConfigError) as err:
+            check_same_options(cfg, comm)
+        assert expected in str(err.value), err.value
+
+
+@pytest.mark.dist
+def test_a_per_host_path_given_on_some_hosts_only_is_refused(tmp_path):
+    """Paths may differ per host, but a partition file given on one host only would set
+    up other partitions there (the ranks then wait in different calls until the
+    timeout), and an output given on hosts other than rank 0's is never written."""
+    part = {"partition": {"file": "book.npz"}}
+    other_part = {"partition": {"file": "elsewhere/book.npz"}}
+    save = {"train": {"save_model": "model.pt"}}
+    cases = [
+        ([part, {}], "--partition-file given: True on rank(s) 0, False on rank(s) 1"),
+        ([{}, part], "--partition-file given: False on rank(s) 0, True on rank(s) 1"),
+        ([part, other_part], None),  # each host's own copy
+        ([{}, save], "--save-model given on rank(s) 1 but not on rank 0, which alone writes"),
+        ([save, {}], None),  # rank 0 writes it
+        ([save, {"train": {"save_model": "other.pt"}}], None),
+    ]
+    run_ranks(_given_on_some_ranks, 2, tmp_path, cases)
 
 
 # ---------------------------------------------------------------- the run directory, start-up

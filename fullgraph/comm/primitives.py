@@ -83,18 +83,19 @@ class CommError(RuntimeError):
 
     def __init__(self, rank: int, world_size: int, phase: str, collective: str,
                  cause: BaseException, seconds: float, timeout: datetime.timedelta,
-                 where: str = "") -> None:
+                 where: str = "", hint: str = "") -> None:
         self.rank = rank
         self.phase = phase
         self.collective = collective
         self.cause = cause
         self.seconds = seconds
         self.timed_out = seconds >= 0.9 * timeout.total_seconds()
-        self._args = (rank, world_size, phase, collective, cause, seconds, timeout, where)
+        self._args = (rank, world_size, phase, collective, cause, seconds, timeout, where,
+                      hint)
         super().__init__(
             f"rank {rank} of {world_size}{where}: {collective} in phase {phase!r} failed after "
             f"{seconds:.1f}s (timeout {timeout.total_seconds():g}s): "
-            f"{type(cause).__name__}: {cause}")
+            f"{type(cause).__name__}: {cause}" + (f" ({hint})" if hint else ""))
 
     def __reduce__(self) -> tuple[Any, ...]:  # picklable across processes
         return (type(self), self._args)
@@ -190,8 +191,12 @@ def init_default_group(backend: str, init_method: str, rank: int, world_size: in
         dist.init_process_group(backend, init_method=init_method, rank=rank,
                                 world_size=world_size, timeout=timeout)
     except (RuntimeError, TimeoutError, ValueError) as err:
-        raise CommError(rank, world_size, "comm-init", "init_process_group", err,
-                        time.perf_counter() - start, timeout) from err
+        seconds = time.perf_counter() - start
+        hint = ("not every rank joined within the timeout: a rank that stopped before it "
+                "(a command line that differs between hosts, an error at start-up) says why "
+                "in its own output") if seconds >= 0.9 * timeout.total_seconds() else ""
+        raise CommError(rank, world_size, "comm-init", "init_process_group", err, seconds,
+                        timeout, hint=hint) from err
     return dist.group.WORLD
 
 
