@@ -240,14 +240,19 @@ def build_parser() -> argparse.ArgumentParser:
                        "graph larger than memory can be written")
 
     p_part = sub.add_parser("partition", help="partition a dataset once and save the book; "
-                            "`train --partition-file` reuses it")
-    p_part.add_argument("--dataset", default="cora", help="dataset name or processed directory")
+                            "`train --partition-file` reuses it (give --out, --shards or "
+                            "--report, or several)")
+    p_part.add_argument("--dataset", default="cora",
+                        help="dataset name or processed directory (default: cora)")
     p_part.add_argument("--root", help="dataset root (default: $FULLGRAPH_DATA or user cache)")
     p_part.add_argument("--parts", type=int, required=True, help="number of parts (workers)")
-    p_part.add_argument("--partitioner", default="metis", help="chunk, random, metis, ...")
-    p_part.add_argument("--seed", type=_seed, default=0)
+    p_part.add_argument("--partitioner", default="metis",
+                        help="chunk, random, metis or g3, or a registered name (default: "
+                        "metis)")
+    p_part.add_argument("--seed", type=_seed, default=0,
+                        help="the partitioner's seed: random, metis, g3 (default: 0)")
     p_part.add_argument("--split-seed", type=_seed, default=0,
-                        help="split of a dataset with random splits (as train's)")
+                        help="split of a dataset with random splits, as train's (default: 0)")
     p_part.add_argument("--out", help="where to write the partition book (.npz)")
     p_part.add_argument("--report", action="store_true",
                         help="print |V_i|, |E(V_i)|, remote vertices, edge cut, replication")
@@ -267,7 +272,8 @@ def build_parser() -> argparse.ArgumentParser:
     p_conv = sub.add_parser("convert", help="turn your own files into a processed dataset",
                             epilog=CONVERT_EPILOG,
                             formatter_class=argparse.RawDescriptionHelpFormatter)
-    p_conv.add_argument("format", choices=CONVERT_FORMATS)
+    p_conv.add_argument("format", choices=CONVERT_FORMATS,
+                        help="the input's layout: " + ", ".join(CONVERT_FORMATS))
     p_conv.add_argument("--name", required=True, help="name to train it under (--dataset NAME)")
     p_conv.add_argument("--root", help="dataset root (default: $FULLGRAPH_DATA or user cache)")
     p_conv.add_argument("--edges", help="edgelist/neutronstar: edge file")
@@ -287,15 +293,17 @@ def build_parser() -> argparse.ArgumentParser:
     p_conv.add_argument("--input", help="ogb: directory in the OGB raw layout")
     p_conv.add_argument("--split-scheme", metavar="NAME",
                         help="ogb: the split/ sub-directory to read (default: the only one)")
-    p_conv.add_argument("--seed", type=_seed, default=0, help="split seed when no masks are given")
+    p_conv.add_argument("--seed", type=_seed, default=0,
+                        help="split seed when no masks are given (default: 0)")
     p_conv.add_argument("--sparse-features", choices=("auto", "on", "off"), default="auto",
                         help="store the features as CSR (their non-zeros): on, off, or auto "
                         "(on at 5%% non-zeros or fewer and 64+ columns)")
     cli_outputs.add_parsers(sub)  # predict, evaluate
 
     p_plan = sub.add_parser("plan", help="memory, traffic and epoch time of every strategy, "
-                            "and the one to use (same options as train; nothing is trained)")
-    _add_config_flags(p_plan)
+                            "and the one to use (the options of train but the strategy, "
+                            "outputs and resuming; nothing is trained)")
+    _add_config_flags(p_plan, without=exactness.NOT_TAKEN)  # it prices every strategy
 
     p_check = sub.add_parser("check", help="train a few epochs in one process and under "
                              "each strategy, and compare the losses: is your model exact "
@@ -729,9 +737,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
     cfg, base = _config_at_log_level(args), rss_bytes()
     dataset = datasets.load_for(cfg.data)
     if dataset.shard is not None:
-        print(f"fullgraph plan: {cfg.data.dataset} is per-part shards: they train with "
-              f"--strategy data --workers {dataset.shard.parts}, each worker holding one part; "
-              "plan the dataset they were written from to compare strategies")
+        print(f"fullgraph plan: {cfg.data.dataset} is per-part shards: they train on "
+              f"--workers {dataset.shard.parts} (--strategy data, p2p, tensor or task), each "
+              "worker holding one part; plan the dataset they were written from to compare "
+              "strategies")
         return 0
     print("\n".join(table_lines(plan_run(cfg, dataset, base_rss=base))))
     return 0

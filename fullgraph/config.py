@@ -355,10 +355,13 @@ class LaunchConfig:
     backend: str = option("auto", "communication backend (auto: nccl on cuda with a GPU per "
                           "worker, else gloo)",
                           choices=BACKENDS)
-    timeout_s: float = option(300.0, "seconds any blocking call may wait for a peer")
-    run_dir: str | None = option(None, "directory for worker logs and status files; unset: a "
-                                 "temporary one")
-    keep_run_dir: bool = option(False, "keep the run directory after a successful run")
+    timeout_s: float = option(300.0, "seconds any blocking call may wait for a peer (1 to "
+                              "1e6)")
+    run_dir: str | None = option(None, "directory for worker logs and status files, always "
+                                 "kept; unset: a temporary one, removed after a successful "
+                                 "run")
+    keep_run_dir: bool = option(False, "keep the temporary run directory after a successful "
+                                "run (a --run-dir is always kept)")
     oversubscribe: bool = option(False, "allow more than 4 workers per core or beyond memory")
 
     def __post_init__(self) -> None:

@@ -157,7 +157,7 @@ class WorkerStatus:
         user_error = (isinstance(exc, FullgraphError) or
                       isinstance(exc, ValueError) and not self.phase.startswith(EVERY_EPOCH)
                       or isinstance(exc, OSError) and exc.filename is not None) and \
-            not isinstance(exc, CommError) and not self.debug
+            not isinstance(exc, CommError)
         comm_error = exc if isinstance(exc, CommError) else None
         record = {"rank": self.rank, "phase": self.phase, "time": time.time(),
                   "peer_failure": comm_error is not None, "user_error": user_error,
@@ -166,7 +166,8 @@ class WorkerStatus:
                   "inside": (f"{comm_error.collective} in phase {comm_error.phase!r}"
                              if comm_error is not None else None),
                   "error": f"{type(exc).__name__}: {exc}",
-                  "traceback": "" if user_error else "".join(traceback.format_exception(exc))}
+                  "traceback": "" if user_error and not self.debug  # debug: every one
+                  else "".join(traceback.format_exception(exc))}
         if self.dir is not None:
             write_atomic(self.dir / f"failure-rank{self.rank}.json", json.dumps(record))
         if not os.environ.get(SUPERVISED_ENV):  # else the launcher says it, once
@@ -194,7 +195,7 @@ def report_start_failure(exc: BaseException) -> bool:
 def run_worker(body: Callable[[WorkerStatus], int], debug: bool = False) -> int:
     """Run ``body`` as a worker: report a failure with rank and phase, exit non-zero (2
     for a user's error, 1 for a bug; ``debug``, as ``FULLGRAPH_DEBUG``: every failure
-    is a bug, raised with its traceback).
+    is reported with its traceback, and raised).
 
     A failed worker leaves at once (``os._exit`` once its output is flushed): the
     interpreter's shutdown of a torch process can take seconds under load, which the

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import sys
 
@@ -153,6 +154,42 @@ def test_datasets_describe(root, shared_datasets, capsys):
 def test_options_of_another_strategy_warn(root, capsys):
     with pytest.warns(UserWarning, match="--pipeline has no effect with --strategy single"):
         assert main(["train", "--epochs", "1", "--progress", "off", "--pipeline"]) == 0
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--strategy", "data", "--dep-mode", "depcache", "--byte-cost", "1e-9"],
+     "--byte-cost has no effect with --dep-mode depcache (only with hybrid)"),
+    (["--strategy", "task", "--task-split", "1:1", "--task-gamma", "0.3"],
+     "--task-gamma has no effect with --task-split 1:1"),
+])
+def test_options_another_option_of_the_strategy_disables_warn(flags, message):
+    """An option of the strategy's own section that its other options make ineffective
+    is named, as options of another strategy are."""
+    from fullgraph.config import config_from_dict
+    from fullgraph.parallel import build_strategy
+
+    tree: dict = {}
+    args = iter(flags)
+    for flag, value in zip(args, args):
+        section, key = {"--strategy": ("runtime", "strategy"),
+                        "--dep-mode": ("data_parallel", "mode"),
+                        "--byte-cost": ("data_parallel", "byte_cost"),
+                        "--task-split": ("task_parallel", "split"),
+                        "--task-gamma": ("task_parallel", "gamma")}[flag]
+        tree.setdefault(section, {})[key] = float(value) if "cost" in flag or "gamma" in flag \
+            else value
+    with pytest.warns(UserWarning, match=re.escape(message)):
+        build_strategy(config_from_dict(tree, source="test"))
+
+
+def test_plan_takes_no_strategy_outputs_or_resume(capsys):
+    """plan prices every strategy and writes nothing: those flags of train are not its."""
+    for flag in ("--strategy", "--save-model", "--metrics-out", "--checkpoint-dir",
+                 "--resume", "--run-dir"):
+        with pytest.raises(SystemExit) as exit_:
+            main(["plan", flag, "x"])
+        assert exit_.value.code == 2
+        assert f"unrecognized arguments: {flag} x" in capsys.readouterr().err
 
 
 def test_model_options_without_effect_warn(root):

@@ -53,7 +53,8 @@ def test_a_value_error_in_an_epoch_is_a_bug_with_its_traceback(tmp_path, monkeyp
     record = json.loads((tmp_path / "failure-rank1.json").read_text())
     assert record["user_error"] is user and bool(record["traceback"]) is not user
     status.debug = True  # --log-level debug: every failure keeps its traceback
-    assert status.report_failure(exc) is False
+    assert status.report_failure(exc) is user
+    assert json.loads((tmp_path / "failure-rank1.json").read_text())["traceback"]
 
 
 def test_without_a_run_directory_nothing_is_written(tmp_path, monkeypatch):

@@ -144,6 +144,11 @@ class Strategy(ABC, Generic[PlanT]):
         """Build from the run's option sections, taking only the ones it declares."""
         return cls(sections[cls.section]) if cls.section else cls()
 
+    def unused_options(self) -> list[str]:
+        """Warnings for options of the strategy's own section that the others make
+        ineffective (a hybrid cost under another dependency mode, say); none by default."""
+        return []
+
     def model_device(self, device: torch.device) -> torch.device:
         """Where the model's parameters (the T / E stages) live; ``device`` by default."""
         return device
@@ -337,7 +342,10 @@ def build_strategy(cfg: Any) -> Strategy:
         if changed and name not in users:
             warnings.warn(f"{flags_of(section, changed)} no effect with --strategy {name} "
                           f"(only with {', '.join(users)})", stacklevel=2)
-    return get_strategy(name).from_sections(cfg.options)
+    strategy = get_strategy(name).from_sections(cfg.options)
+    for message in strategy.unused_options():
+        warnings.warn(message, stacklevel=2)
+    return strategy
 
 
 def get_strategy(name: str) -> type[Strategy]:

@@ -35,7 +35,7 @@ from fullgraph.comm.exchange import ExchangeTable
 from fullgraph.comm.group import Comm
 from fullgraph.comm.halo import halo_join
 from fullgraph.comm.reduce import row_sum
-from fullgraph.fields import option
+from fullgraph.fields import changed_fields, option
 from fullgraph.graph.blocks import in_edges
 from fullgraph.graph.csr import Graph
 from fullgraph.graph.data import Dataset, Shard
@@ -207,6 +207,15 @@ class DataParallel(RowPartitioned[DataPlan]):
             return any(getattr(self, name) is None for name in COST_NAMES)
 
     options: Options
+
+    def unused_options(self) -> list[str]:
+        from fullgraph.configfile import flags_of
+
+        costs = changed_fields(self.options, among=COST_NAMES)
+        if costs and self.options.mode != "hybrid":
+            return [f"{flags_of(self.section, costs)} no effect with --dep-mode "
+                    f"{self.options.mode} (only with hybrid)"]
+        return []
 
     # ------------------------------------------------------------------ setup
     def setup(self, dataset: Dataset, program: StageProgram, device: torch.device,

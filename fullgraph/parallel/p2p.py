@@ -112,8 +112,9 @@ class P2PParallel(RowPartitioned[P2PPlan]):
 
         schedule: str = option("multi-level", "which pipelines overlap communication with "
                                "compute (G3 Fig. 17)", choices=SCHEDULES)
-        bin_memory: str | None = option(None, "device memory for bins, e.g. 4GB; unset: "
-                                        "--bin-size")
+        bin_memory: str | None = option(None, "memory for a bin's rows (the device's, or "
+                                        "RAM on the CPU), e.g. 4GB; not with --bin-size; "
+                                        "unset: see --bin-size")
         bin_size: int | None = option(None, "vertices per bin; unset: from free device "
                                       "memory on cuda, else from available RAM (one bin "
                                       "when the graph fits; set it to pipeline over a "

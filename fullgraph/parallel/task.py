@@ -41,7 +41,7 @@ from torch import Tensor
 
 from fullgraph.comm.group import Comm
 from fullgraph.comm.placement import even_counts
-from fullgraph.fields import option
+from fullgraph.fields import changed_fields, option
 from fullgraph.graph.csr import Graph
 from fullgraph.graph.data import Dataset
 from fullgraph.memory import MemoryAccount, parse_bytes
@@ -145,7 +145,8 @@ class TaskParallel(DistributedStrategy[TaskPlan]):
         recompute: bool = option(False, "recompute the T stages' activations in the backward "
                                  "pass instead of keeping them")
         chunks: int = option(0, "cut the vertices into this many chunks, grouped into the "
-                             "subgraphs; 0: one chunk per subgraph")
+                             "subgraphs; 0: one chunk per subgraph (--group-parallel "
+                             "tensor), subgraphs x the P group's workers (data)")
         deps: str = option("exact", "exact: every block aggregated; regroup (approximate): "
                            "chunks regrouped every epoch, blocks from later subgraphs skipped "
                            "in training", choices=DEPS)
@@ -207,13 +208,15 @@ class TaskParallel(DistributedStrategy[TaskPlan]):
 
     options: Options
 
+    def unused_options(self) -> list[str]:
+        if self.options.split != "auto" and changed_fields(self.options, among=("gamma",)):
+            return [f"--task-gamma has no effect with --task-split {self.options.split} (it "
+                    "sizes the groups only under auto)"]
+        return []
+
     def setup(self, dataset: Dataset, program: StageProgram, device: torch.device,
               comm: Comm | None = None, dtype: torch.dtype = torch.float32) -> TaskPlan:
-        if self.options.recompute and program.reduces_rows:
-            raise ValueError("--recompute: this model's T stages reduce over all rows (batch "
-                             "normalisation, reduces_rows), a collective that cannot run "
-                             "again in the backward pass; train without --recompute (or "
-                             "--batch-norm)")
+        self._check_program(program)
         if comm is None or comm.world_size < 2:
             raise ValueError("strategy 'task' runs the T and P stages on different workers: "
                              "it needs at least 2 workers (--workers 2)")
@@ -306,7 +309,16 @@ class TaskParallel(DistributedStrategy[TaskPlan]):
             split=split, recompute=self.options.recompute)
 
     def check_launch(self, program: StageProgram, num_nodes: int, workers: int) -> None:
+        self._check_program(program)
         self.check_sizes(num_nodes, workers)
+
+    def _check_program(self, program: StageProgram) -> None:
+        """Refuse what the options cannot run on ``program``; before launch and in setup."""
+        if self.options.recompute and program.reduces_rows:
+            raise ValueError("--recompute: this model's T stages reduce over all rows (batch "
+                             "normalisation, reduces_rows), a collective that cannot run "
+                             "again in the backward pass; train without --recompute (or "
+                             "--batch-norm)")
 
     def check_sizes(self, num_vertices: int, workers: int | None = None) -> None:
         """Refuse subgraph and chunk counts the graph (or, in the data form with a

@@ -142,6 +142,16 @@ def test_p2p_refuses_batchnorm():
         P2PParallel().setup(make_dataset(), make_gin(), TEST_DEVICE)
 
 
+def test_task_recompute_refuses_batchnorm_before_launch():
+    """As p2p's refusal: found by check_launch, in the launcher, not by a worker's setup."""
+    from fullgraph.parallel.task import TaskParallel
+
+    strategy = TaskParallel(TaskParallel.Options(recompute=True))
+    with pytest.raises(ValueError, match="--recompute: .*reduces_rows"):
+        strategy.check_launch(make_gin(), 30, 2)
+    TaskParallel().check_launch(make_gin(), 30, 2)
+
+
 def test_batchnorm_config_errors():
     from fullgraph.config import ModelConfig
 
