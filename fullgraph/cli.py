@@ -44,6 +44,15 @@ exit codes:
   143  stopped by SIGTERM (129: SIGHUP); the launcher stops its workers
 """
 
+CHECK_EXIT_CODES = """\
+exit codes:
+  0    every strategy compared is exact
+  1    a strategy differs from the single process or its run failed, or every
+       strategy refused the model (nothing was compared)
+  2    usage error (one line on stderr)
+  130  interrupted (Ctrl-C)
+"""
+
 CONVERT_EPILOG = """\
 edge files of `convert edgelist`:
   text             one edge per line, "src dst" (whitespace separated); lines
@@ -307,7 +316,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p_check = sub.add_parser("check", help="train a few epochs in one process and under "
                              "each strategy, and compare the losses: is your model exact "
-                             "everywhere? (same options as train)")
+                             "everywhere? (same options as train)",
+                             epilog=CHECK_EXIT_CODES,
+                             formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_config_flags(p_check, defaults=exactness.DEFAULTS, without=exactness.NOT_TAKEN)
     p_check.add_argument("--strategies", default=",".join(exactness.DEFAULT_FORMS),
                          help="the runs to compare with one process, some of data "
