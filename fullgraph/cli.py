@@ -311,7 +311,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p_plan = sub.add_parser("plan", help="memory, traffic and epoch time of every strategy, "
                             "and the one to use (the options of train but the strategy, "
-                            "outputs and resuming; nothing is trained)")
+                            "outputs, checkpoints, resuming and the run directory; nothing "
+                            "is trained)")
     _add_config_flags(p_plan, without=exactness.NOT_TAKEN)  # it prices every strategy
 
     p_check = sub.add_parser("check", help="train a few epochs in one process and under "
@@ -490,7 +491,16 @@ def cmd_train(args: argparse.Namespace) -> int:
     if cfg.launch.run_dir or cfg.launch.keep_run_dir:
         warnings.warn("--run-dir and --keep-run-dir have no effect with one worker (the run "
                       "directory is the launcher's, for --workers N)", stacklevel=1)
-    return _train(cfg, None)
+    from fullgraph.worker import EVERY_EPOCH, WorkerStatus
+
+    status = WorkerStatus(0, None)  # its phase tells an option's refusal from a bug
+    try:
+        return _train(cfg, status, launched=False)
+    except ValueError as exc:  # raised in an epoch (by a model's code, say): a bug, as on
+        if not status.phase.startswith(EVERY_EPOCH):  # launched workers (run_worker)
+            raise
+        raise RuntimeError(f"failed during {status.phase}: {type(exc).__name__}: "
+                           f"{exc}") from exc
 
 
 def _load_once_per_host(cfg: Any, comm: Comm | None) -> Any:
@@ -506,8 +516,8 @@ def _load_once_per_host(cfg: Any, comm: Comm | None) -> Any:
     return dataset if dataset is not None else datasets.load_for(cfg.data, part=comm.rank)
 
 
-def _train(cfg: Any, status: Any) -> int:
-    """Train in this process: alone, or as one worker of a launched job."""
+def _train(cfg: Any, status: Any, launched: bool = True) -> int:
+    """Train in this process: alone, or as one worker of a launched job (``launched``)."""
     from fullgraph.allocator import memory_line
     from fullgraph.comm.group import destroy_comm, init_comm
     from fullgraph.report import Reporter
@@ -515,7 +525,7 @@ def _train(cfg: Any, status: Any) -> int:
 
     check_device(cfg.train.device)
     comm = None
-    if status is not None:
+    if launched:
         backend = None if cfg.launch.backend == "auto" else cfg.launch.backend
         device = "cuda" if cfg.train.device.startswith("cuda") else "cpu"
         comm = init_comm(backend=backend, timeout_s=cfg.launch.timeout_s, device=device)

@@ -137,11 +137,11 @@ class WorkerStatus:
 
     def _beat(self) -> None:
         assert self.dir is not None, "heartbeats need a run directory"
-        counter = self.counter
-        record = {"time": time.time(), "phase": self.phase,
-                  "entered": counter.entered if counter is not None else 0,
-                  "inside": counter.inside if counter is not None else None}
-        with self._lock:  # set_phase beats too (the same temporary name)
+        with self._lock:  # set_phase beats too: the same temporary name, and the phase read
+            counter = self.counter  # under the lock, so a late beat cannot undo "done"
+            record = {"time": time.time(), "phase": self.phase,
+                      "entered": counter.entered if counter is not None else 0,
+                      "inside": counter.inside if counter is not None else None}
             write_atomic(self.dir / f"heartbeat-rank{self.rank}", json.dumps(record))
 
     def report_failure(self, exc: BaseException) -> bool:
@@ -173,7 +173,7 @@ class WorkerStatus:
         if not os.environ.get(SUPERVISED_ENV):  # else the launcher says it, once
             print(f"fullgraph: rank {self.rank} failed during {self.phase}: "
                   f"{record['error']}", file=sys.stderr, flush=True)
-            if record["traceback"] and not self.debug:  # (debug: raised, so printed)
+            if record["traceback"]:
                 print(record["traceback"], end="", file=sys.stderr, flush=True)
         return user_error
 
@@ -195,7 +195,7 @@ def report_start_failure(exc: BaseException) -> bool:
 def run_worker(body: Callable[[WorkerStatus], int], debug: bool = False) -> int:
     """Run ``body`` as a worker: report a failure with rank and phase, exit non-zero (2
     for a user's error, 1 for a bug; ``debug``, as ``FULLGRAPH_DEBUG``: every failure
-    is reported with its traceback, and raised).
+    is reported with its traceback).
 
     A failed worker leaves at once (``os._exit`` once its output is flushed): the
     interpreter's shutdown of a torch process can take seconds under load, which the
@@ -208,8 +208,6 @@ def run_worker(body: Callable[[WorkerStatus], int], debug: bool = False) -> int:
         return body(status)
     except Exception as exc:  # noqa: BLE001 - every failure must be reported, then re-raised
         user_error = status.report_failure(exc)
-        if status.debug:
-            raise
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(2 if user_error else 1)

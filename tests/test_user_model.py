@@ -5,6 +5,7 @@ clear error for each thing that can be wrong with a reference."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -168,6 +169,14 @@ def test_a_model_file_edited_between_fits_trains_its_new_class(tmp_path):
     assert sage == [r["loss"] for r in fullgraph.fit(small(), model="sage", epochs=2).history]
     earlier = resolve(ref)
     assert earlier.__mro__[1].__name__ == "GraphSAGE"
+    # an edit of the same size within the same second: the bytes read are the ones run,
+    # not the bytecode cached for the file's size and modification time
+    same = tmp_path / "same.py"
+    for letter in "AB":
+        same.write_text(f"from fullgraph.models import GCN\nWHICH = {letter * 3!r}\n\n\n"
+                        "class Net(GCN):\n    pass\n")
+        os.utime(same, ns=(10**18, 10**18))
+        assert sys.modules[resolve(f"{same}:Net").__module__].WHICH == letter * 3
     model_file.write_text("def oops(:\n")
     with pytest.raises(ConfigError, match="SyntaxError"):
         resolve(ref)
@@ -500,3 +509,22 @@ def test_a_config_file_gives_model_options_as_a_mapping(tmp_path):
     cfg = config_from_dict(load_config_file(str(path)))
     assert cfg.model.options == 'norm="mean"'
     assert cfg.model.build_options()["norm"] == "mean"
+
+
+def test_a_value_error_in_an_epoch_is_a_bug_in_one_process_too(root, tmp_path):
+    """As on launched workers: an option's ValueError before training is a usage error
+    (exit 2, one line); raised in an epoch by the model's code it is a bug, raised with
+    its traceback (exit 1)."""
+    model_file = tmp_path / "breaks.py"
+    model_file.write_text(
+        "from fullgraph.models import GCN\n\n\n"
+        "class Breaks(GCN):\n"
+        "    calls = 0\n\n"
+        "    def forward(self, *args, **kwargs):\n"
+        "        type(self).calls += 1\n"
+        "        if type(self).calls == 3:\n"
+        "            raise ValueError('a bug in the model')\n"
+        "        return super().forward(*args, **kwargs)\n")
+    with pytest.raises(RuntimeError, match=r"failed during epoch \d+ \w+.*: ValueError: a bug"):
+        main(["train", "--model", f"{model_file}:Breaks", "--epochs", "5", "--progress", "off"])
+    assert main(["train", "--chunks", "-1", "--strategy", "tensor"]) == 2
