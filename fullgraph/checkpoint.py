@@ -285,7 +285,18 @@ def _damage(ckpt: dict[str, Any]) -> str:
         return (f"epoch {ckpt['epoch']} with {len(ckpt['records'])} epoch records; a "
                 "checkpoint after epoch N holds N")
     best = [k for k in ("val", "epoch", "test", "train", "params") if k not in ckpt["best"]]
-    return f"its best state lacks {', '.join(best)}" if best else ""
+    if best:
+        return f"its best state lacks {', '.join(best)}"
+    fields = dataclasses.fields(EpochRecord)
+    known = {f.name for f in fields}
+    needed = {f.name for f in fields if f.default is dataclasses.MISSING and
+              f.default_factory is dataclasses.MISSING}
+    bad = [i + 1 for i, r in enumerate(ckpt["records"])
+           if not isinstance(r, dict) or not needed <= set(r) <= known]
+    if bad:
+        return f"the record of epoch {bad[0]} is not an epoch record"
+    run = [k for k in ("strategy", "workers") if k not in ckpt["run"]]
+    return f"its run facts lack {', '.join(run)}" if run else ""
 
 
 def check_resumable(cfg: Config, dataset: Dataset, dtype: torch.dtype = torch.float32) -> None:

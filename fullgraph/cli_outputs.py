@@ -23,7 +23,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                        help="a model file written by `train --save-model PATH`")
         p.add_argument("--dataset", help="dataset name or processed directory "
                        "(default: the one the model was trained on)")
-        p.add_argument("--root", help="dataset root (default: $FULLGRAPH_DATA or user cache)")
+        p.add_argument("--root", help="dataset root (default: the training run's --root "
+                       "where it gave one and that directory is here, then $FULLGRAPH_DATA "
+                       "or the user cache)")
         if name == "predict":
             p.add_argument("--out", required=True, metavar="FILE",
                            help="where to write the (N,) int64 predictions (.npy)")

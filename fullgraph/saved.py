@@ -209,23 +209,30 @@ def load_dataset_for(model: SavedModel, dataset: str | None = None,
                      root: str | None = None) -> Dataset:
     """``dataset`` (default: the one trained on) prepared as the model's training data was.
 
-    ``root`` defaults, for the dataset trained on, to the ``--root`` its training run was
-    given where that directory is here, else to the usual root (``$FULLGRAPH_DATA``, else
-    the user cache)."""
+    ``root`` given wins. Else the dataset trained on is looked up under the ``--root``
+    its training run was given, where that directory is here, then under the usual root
+    (``$FULLGRAPH_DATA``, else the user cache)."""
     from fullgraph.config import DataConfig
     from fullgraph.graph import datasets
     from fullgraph.partition.shards import require_whole
 
     opts = dict(model.meta["data"])
     trained_root = opts.pop("root", None)  # the --root of its training run, if one was given
+    roots: list[str | None] = [root]
     if dataset is not None:
         opts["dataset"] = dataset
     elif root is None and trained_root is not None and Path(trained_root).is_dir():
-        root = trained_root
+        roots = [trained_root, None]  # then the usual root, where it may have moved
     try:
         with warnings.catch_warnings():  # the seed is the model's, said when it trained
             warnings.filterwarnings("ignore", message="--split-seed has no effect")
-            loaded = datasets.load_for(DataConfig(root=root, **opts))
+            for i, where in enumerate(roots):
+                try:
+                    loaded = datasets.load_for(DataConfig(root=where, **opts))
+                    break
+                except DatasetNotFoundError:
+                    if i == len(roots) - 1:
+                        raise
     except DatasetNotFoundError as err:
         if dataset is not None:
             raise

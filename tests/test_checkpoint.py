@@ -272,6 +272,9 @@ def test_damaged_checkpoint_is_refused_not_resumed(tmp_path):
     (lambda c: c.update(records=c["records"][:1]), r"\(epoch 2 with 1 epoch records;"),
     (lambda c: c.update(epoch="2"), r"\(epoch is a str\)"),
     (lambda c: c["best"].pop("params"), r"\(its best state lacks params\)"),
+    (lambda c: c["records"].__setitem__(1, 1), r"\(the record of epoch 2 is not an epoch"),
+    (lambda c: c["records"][0].pop("loss"), r"\(the record of epoch 1 is not an epoch"),
+    (lambda c: c.update(run={}), r"\(its run facts lack strategy, workers\)"),
 ])
 def test_a_checkpoint_changed_by_hand_is_one_clear_error(tmp_path, change, needle):
     """A file of the right format and version whose parts another program changed (the
