@@ -530,6 +530,12 @@ def _train(cfg: Any, status: Any, launched: bool = True) -> int:
         device = "cuda" if cfg.train.device.startswith("cuda") else "cpu"
         comm = init_comm(backend=backend, timeout_s=cfg.launch.timeout_s, device=device)
         status.watch(comm.counter)
+        from fullgraph import worker
+
+        if not os.environ.get(worker.SUPERVISED_ENV) and comm.world_size > 1:  # torchrun
+            from fullgraph.comm.tagged import store_of
+
+            status.share_failures(store_of(comm))
     rank = comm.rank if comm is not None else 0
     try:
         if comm is not None:  # under torchrun each host has its own command line
@@ -544,6 +550,10 @@ def _train(cfg: Any, status: Any, launched: bool = True) -> int:
                   local_rank=int(os.environ.get("LOCAL_RANK", "0")))
         finally:
             reporter.close()
+    except Exception as exc:
+        if comm is not None:  # before the group (and maybe its store) is torn down
+            status.share_failure(exc)
+        raise
     finally:
         if comm is not None:
             destroy_comm(comm)

@@ -42,6 +42,11 @@ workers run the same checks of the same options and leave those out."""
 
 _shown: list[str] = []
 
+FAILURE_KEY = "fullgraph/failure"
+"""Where a worker under an external launcher (torchrun) publishes its failure, in the
+process group's store (see ``WorkerStatus.share_failures``)."""
+FAILURE_POLL_S = 2.0
+
 
 @contextlib.contextmanager
 def warnings_recorded() -> Iterator[None]:
@@ -97,6 +102,10 @@ class WorkerStatus:
         self.phase = "start-up"
         self.debug = bool(os.environ.get("FULLGRAPH_DEBUG"))  # or --log-level debug
         self.counter: Any = None
+        self._store: Any = None  # the process group's, under torchrun (share_failures)
+        self._failure_key = FAILURE_KEY
+        self._shared = False  # share_failure ran
+        self._cause: dict[str, Any] | None = None  # the peer's failure that broke ours
         self._lock = threading.Lock()
         self._written: str | None = None  # the phase the status file holds
         if self.dir is not None:
@@ -108,6 +117,42 @@ class WorkerStatus:
     def watch(self, counter: Any) -> None:
         """Report ``counter``'s progress (``entered``, ``inside``) in the heartbeat."""
         self.counter = counter
+
+    def share_failures(self, store: Any) -> None:
+        """Under torchrun nothing supervises the hosts together: publish this worker's
+        failure in the process group's ``store``, and watch it for another's. A worker
+        that finds one ends, naming that failure: one stuck outside any collective (in
+        a model's own loop) ends too, and one whose collective broke names the cause,
+        not only a closed connection. Only a failure's report is acted on; a store
+        that cannot be reached ends the watch (the collectives' timeouts remain)."""
+        run = os.environ.get("TORCHELASTIC_RUN_ID", "")
+        restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")  # a restarted group
+        self._store, self._failure_key = store, f"{FAILURE_KEY}/{run}/{restart}"  # anew
+        threading.Thread(target=self._watch_failures, name=f"fullgraph-failures-{self.rank}",
+                         daemon=True).start()
+
+    def _published_failure(self) -> dict | None:
+        """Another worker's failure report in the store, if there is one."""
+        if not self._store.check([self._failure_key]):
+            return None
+        record = json.loads(self._store.get(self._failure_key))
+        return record if record.get("rank") != self.rank else None
+
+    def _watch_failures(self) -> None:
+        while True:
+            time.sleep(FAILURE_POLL_S)
+            try:
+                record = self._published_failure()
+            except Exception:  # noqa: BLE001 - the store is gone: the run (or its host) ended
+                return
+            if record is not None:
+                print(f"fullgraph: rank {self.rank} stopped during {self.phase}: rank "
+                      f"{record['rank']} failed during {record['phase']}: {record['error']}",
+                      file=sys.stderr, flush=True)
+                from fullgraph.comm import shm
+
+                shm.remove_files(os.getpid())
+                os._exit(2 if record.get("user_error") else 1)
 
     def set_phase(self, phase: str) -> None:
         """Enter ``phase``: written to the status file now, or for the phases of an
@@ -147,6 +192,40 @@ class WorkerStatus:
     def report_failure(self, exc: BaseException) -> bool:
         """Report ``exc`` (the launcher reads the file; under torchrun it is printed);
         whether it is a user's error (exit code 2) rather than a bug (1)."""
+        record = self._record(exc)
+        if self.dir is not None:
+            write_atomic(self.dir / f"failure-rank{self.rank}.json", json.dumps(record))
+        self.share_failure(exc, record)
+        cause = self._cause
+        if not os.environ.get(SUPERVISED_ENV):  # else the launcher says it, once
+            print(f"fullgraph: rank {self.rank} failed during {self.phase}: "
+                  f"{record['error']}", file=sys.stderr, flush=True)
+            if record["traceback"]:
+                print(record["traceback"], end="", file=sys.stderr, flush=True)
+            if cause is not None:
+                print(f"fullgraph: the first failure: rank {cause['rank']} failed during "
+                      f"{cause['phase']}: {cause['error']}", file=sys.stderr, flush=True)
+        return bool(record["user_error"])
+
+    def share_failure(self, exc: BaseException, record: dict[str, Any] | None = None) -> None:
+        """Under torchrun (``share_failures``), once: publish this worker's failure in
+        the store (the first failure's wins), or, for a collective a peer broke, read the
+        failure that peer published (the cause to name). Called before the process group
+        is torn down, whose store may go with it, and again by ``report_failure``."""
+        if self._store is None or self._shared:
+            return
+        self._shared = True
+        record = record or self._record(exc)
+        if record["peer_failure"]:
+            self._cause = _store_call(self._published_failure)
+            if self._cause is not None:
+                return  # else: a peer died unreported, or never came; tell the others
+                # (one may be stuck outside any collective)
+        brief = {k: record[k] for k in ("rank", "phase", "error", "user_error")}
+        _store_call(lambda: self._store.compare_set(self._failure_key, "", json.dumps(brief)))
+
+    def _record(self, exc: BaseException) -> dict[str, Any]:
+        """The failure report of ``exc`` in this worker's phase."""
         from fullgraph.comm.primitives import CommError
         from fullgraph.errors import FullgraphError
 
@@ -168,14 +247,24 @@ class WorkerStatus:
                   "error": f"{type(exc).__name__}: {exc}",
                   "traceback": "" if user_error and not self.debug  # debug: every one
                   else "".join(traceback.format_exception(exc))}
-        if self.dir is not None:
-            write_atomic(self.dir / f"failure-rank{self.rank}.json", json.dumps(record))
-        if not os.environ.get(SUPERVISED_ENV):  # else the launcher says it, once
-            print(f"fullgraph: rank {self.rank} failed during {self.phase}: "
-                  f"{record['error']}", file=sys.stderr, flush=True)
-            if record["traceback"]:
-                print(record["traceback"], end="", file=sys.stderr, flush=True)
-        return user_error
+        return record
+
+
+def _store_call(call: Callable[[], Any], limit_s: float = 3.0) -> Any:
+    """``call()`` on a helper thread, given up after ``limit_s`` (None then, or on an
+    error): a store whose host is unreachable must not hold up a failing worker."""
+    out: list[Any] = [None]
+
+    def run() -> None:
+        try:
+            out[0] = call()
+        except Exception:  # noqa: BLE001 - best effort: the worker is failing anyway
+            pass
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(limit_s)
+    return out[0]
 
 
 def report_start_failure(exc: BaseException) -> bool:

@@ -413,6 +413,74 @@ def test_workers_given_different_options_are_refused(data_root, tmp_path):
         assert "metrics_out" not in err
 
 
+TRAP = textwrap.dedent("""\
+    import os
+    import time
+
+    from fullgraph.models import GNN, Propagate, Transform
+    from fullgraph.models.layers import Dense, activation
+
+
+    class Trap(Transform):
+        \"\"\"A layer's activation whose rank FAIL_RANK raises at the 3rd call and whose
+        other rank then sleeps outside any collective (as a model's own endless loop).\"\"\"
+        calls = 0
+
+        def __init__(self, dim, act):
+            super().__init__(dim, dim)
+            self.act = activation(act)
+
+        def forward(self, x, ctx, layer_input=None):
+            type(self).calls += 1
+            if type(self).calls == 3:
+                if os.environ["RANK"] == os.environ["FAIL_RANK"]:
+                    raise ValueError("trap: a bug in the model")
+                if os.environ.get("STUCK"):
+                    time.sleep(600)
+            return x if self.act is None else self.act(x)
+
+
+    class TrapGCN(GNN):
+        def conv(self, layer, in_dim, out_dim, *, act, residual):
+            return [Dense(in_dim, out_dim, bias=False), Propagate(out_dim, "gcn"),
+                    Trap(out_dim, act)]
+""")
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize("stuck", [False, True])
+def test_under_torchrun_a_failure_reaches_every_host(data_root, tmp_path, stuck):
+    """Nothing supervises torchrun's hosts together: the failed worker publishes its
+    failure in the process group's store. A peer in a collective names it as the first
+    failure (not only a closed connection); a peer stuck outside any collective stops
+    on it within seconds (it would wait forever)."""
+    (tmp_path / "trap.py").write_text(TRAP)
+    port = free_port()
+    procs = []
+    for rank in (0, 1):
+        env = clean_env(data_root, RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank),
+                        LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                        FAIL_RANK="1", STUCK="1" if stuck else "", FULLGRAPH_SHM="0")
+        procs.append(subprocess.Popen(
+            fullgraph_cmd() + TRAIN + ["--strategy", "data", "--model",
+                                       f"{tmp_path / 'trap.py'}:TrapGCN"],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            preexec_fn=two_cores))
+    errs = []
+    for proc in procs:
+        _, err = proc.communicate(timeout=120)
+        errs.append(err)
+        assert proc.returncode == 1, err
+    assert "rank 1 failed during epoch" in errs[1] and "ValueError: trap" in errs[1], errs[1]
+    assert "Traceback" in errs[1]  # a bug: its traceback, as the local launcher shows it
+    cause = "rank 1 failed during epoch"
+    if stuck:
+        assert "fullgraph: rank 0 stopped during epoch" in errs[0] and cause in errs[0], \
+            errs[0]
+    else:
+        assert f"fullgraph: the first failure: {cause}" in errs[0], errs[0]
+
+
 def _given_on_some_ranks(comm, cases: list) -> None:
     """Each case: per rank, the options given; the ConfigError expected (or None)."""
     from fullgraph.config import config_from_dict
