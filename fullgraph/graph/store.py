@@ -415,6 +415,11 @@ def load_shard(path: Path | str, part: int, *, verify: bool = True,
     if not 0 <= part < parts:
         raise ConfigError(f"dataset {path}: a set of {parts} shards has no part {part}; "
                           f"train it with --workers {parts}")
+    if not (path / f"part-{part}").is_dir():  # a host given other parts than its ranks'
+        held = sorted(p.name for p in path.glob("part-*") if p.is_dir())
+        raise ConfigError(f"dataset {path}: this host holds {', '.join(held) or 'no part'}, "
+                          f"not part-{part}, which worker rank {part} reads: copy each "
+                          "host the parts of its own ranks")
     dataset = load_dataset(path / f"part-{part}", verify=verify)
     sh = dataset.shard
     if sh is None or sh.part != part or sh.parts != parts:

@@ -4,6 +4,7 @@ the whole dataset (float64, dropout on), each worker reading only its own part."
 from __future__ import annotations
 
 import dataclasses
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -158,6 +159,11 @@ def test_an_empty_part_and_a_split_seed_mismatch(tmp_path):
     assert empty.data.take_features(torch.zeros(0, dtype=torch.int64)).shape == (0, 9)
     with pytest.raises(ConfigError, match="hold the split of seed 0"):
         load_part(tmp_path / "s", 0, split_seed=1)
+    # a host copied other parts than its ranks read: named as such, not as a damaged part
+    shutil.rmtree(tmp_path / "s" / "part-0")
+    with pytest.raises(ConfigError, match="this host holds part-1, part-2, not part-0, "
+                                          "which worker rank 0 reads"):
+        load_part(tmp_path / "s", 0)
 
 
 @pytest.mark.parametrize("flags", [["--dep-mode", "depcache"], ["--adapt", "adjust"]])
