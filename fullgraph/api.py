@@ -123,6 +123,8 @@ def fit(data: Any = "cora", *, model: str | type = "gcn", strategy: str = "singl
         FullgraphError: a launched worker failed (the message names its rank, the
             phase and its error; the whole report is printed to stderr too).
     """
+    if not isinstance(verbose, bool):
+        raise ConfigError(f"fit: verbose must be True or False, got {verbose!r}")
     options.update(strategy=strategy, workers=workers, epochs=epochs)
     in_memory = _run_options("fit", data, model, num_classes, options)
     with warnings_recorded():  # the launched workers leave out what was shown here

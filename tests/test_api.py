@@ -180,6 +180,7 @@ def test_in_memory_bag_of_words_features_are_held_as_csr(capsys) -> None:
     (lambda: fullgraph.fit(42, epochs=1), "a PyG Data with x, y and edge_index; got int"),
     (lambda: fullgraph.fit("cora", model="gnc"), "model.name: got 'gnc'"),
     (lambda: fullgraph.fit("cora", dataset="x"), "first argument"),
+    (lambda: fullgraph.fit("cora", verbose="yes"), "verbose must be True or False, got 'yes'"),
 ])
 def test_bad_input_is_one_clear_error(call, match) -> None:
     with pytest.raises(ConfigError, match=match):
