@@ -516,6 +516,25 @@ def _load_once_per_host(cfg: Any, comm: Comm | None) -> Any:
     return dataset if dataset is not None else datasets.load_for(cfg.data, part=comm.rank)
 
 
+def _share_failures(status: Any, comm: Any) -> None:
+    """Under torchrun (no local launcher watches the workers), share failures through
+    the process group's store, under a key new for this run (see
+    ``WorkerStatus.share_failures``). Collective."""
+    import uuid
+
+    from fullgraph import worker
+    from fullgraph.comm.primitives import all_gather_object
+    from fullgraph.comm.tagged import store_of
+
+    if os.environ.get(worker.SUPERVISED_ENV) or comm.world_size < 2:
+        return
+    try:
+        store = store_of(comm)
+    except RuntimeError:  # torch's internals moved: the collectives' timeouts remain
+        return
+    status.share_failures(store, all_gather_object(uuid.uuid4().hex, comm, "comm-init")[0])
+
+
 def _train(cfg: Any, status: Any, launched: bool = True) -> int:
     """Train in this process: alone, or as one worker of a launched job (``launched``)."""
     from fullgraph.allocator import memory_line
@@ -530,12 +549,7 @@ def _train(cfg: Any, status: Any, launched: bool = True) -> int:
         device = "cuda" if cfg.train.device.startswith("cuda") else "cpu"
         comm = init_comm(backend=backend, timeout_s=cfg.launch.timeout_s, device=device)
         status.watch(comm.counter)
-        from fullgraph import worker
-
-        if not os.environ.get(worker.SUPERVISED_ENV) and comm.world_size > 1:  # torchrun
-            from fullgraph.comm.tagged import store_of
-
-            status.share_failures(store_of(comm))
+        _share_failures(status, comm)
     rank = comm.rank if comm is not None else 0
     try:
         if comm is not None:  # under torchrun each host has its own command line
@@ -556,6 +570,7 @@ def _train(cfg: Any, status: Any, launched: bool = True) -> int:
         raise
     finally:
         if comm is not None:
+            status.stop_watching()
             destroy_comm(comm)
     return 0
 

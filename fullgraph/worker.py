@@ -105,6 +105,8 @@ class WorkerStatus:
         self._store: Any = None  # the process group's, under torchrun (share_failures)
         self._failure_key = FAILURE_KEY
         self._shared = False  # share_failure ran
+        self._failing = False  # this worker is reporting its own failure
+        self._stopped = threading.Event()  # the watch of share_failures is over
         self._cause: dict[str, Any] | None = None  # the peer's failure that broke ours
         self._lock = threading.Lock()
         self._written: str | None = None  # the phase the status file holds
@@ -118,18 +120,22 @@ class WorkerStatus:
         """Report ``counter``'s progress (``entered``, ``inside``) in the heartbeat."""
         self.counter = counter
 
-    def share_failures(self, store: Any) -> None:
+    def share_failures(self, store: Any, run: str) -> None:
         """Under torchrun nothing supervises the hosts together: publish this worker's
         failure in the process group's ``store``, and watch it for another's. A worker
         that finds one ends, naming that failure: one stuck outside any collective (in
         a model's own loop) ends too, and one whose collective broke names the cause,
-        not only a closed connection. Only a failure's report is acted on; a store
-        that cannot be reached ends the watch (the collectives' timeouts remain)."""
-        run = os.environ.get("TORCHELASTIC_RUN_ID", "")
-        restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")  # a restarted group
-        self._store, self._failure_key = store, f"{FAILURE_KEY}/{run}/{restart}"  # anew
+        not only a closed connection. ``run`` names this run's key (the same on every
+        rank, new for each start: a store may outlive a run, as torchrun's agent's does
+        across restarts). Only a failure's report is acted on; a store that cannot be
+        reached ends the watch (the collectives' timeouts remain)."""
+        self._store, self._failure_key = store, f"{FAILURE_KEY}/{run}"
         threading.Thread(target=self._watch_failures, name=f"fullgraph-failures-{self.rank}",
                          daemon=True).start()
+
+    def stop_watching(self) -> None:
+        """End the watch for other workers' failures (the run is over here)."""
+        self._stopped.set()
 
     def _published_failure(self) -> dict | None:
         """Another worker's failure report in the store, if there is one."""
@@ -139,13 +145,16 @@ class WorkerStatus:
         return record if record.get("rank") != self.rank else None
 
     def _watch_failures(self) -> None:
-        while True:
-            time.sleep(FAILURE_POLL_S)
+        while not self._stopped.wait(FAILURE_POLL_S) and self.phase != "done":
             try:
                 record = self._published_failure()
             except Exception:  # noqa: BLE001 - the store is gone: the run (or its host) ended
                 return
-            if record is not None:
+            if record is None:
+                continue
+            with self._lock:  # not while this worker reports its own failure
+                if self._failing or self._stopped.is_set():
+                    return
                 print(f"fullgraph: rank {self.rank} stopped during {self.phase}: rank "
                       f"{record['rank']} failed during {record['phase']}: {record['error']}",
                       file=sys.stderr, flush=True)
@@ -192,6 +201,8 @@ class WorkerStatus:
     def report_failure(self, exc: BaseException) -> bool:
         """Report ``exc`` (the launcher reads the file; under torchrun it is printed);
         whether it is a user's error (exit code 2) rather than a bug (1)."""
+        with self._lock:
+            self._failing = True
         record = self._record(exc)
         if self.dir is not None:
             write_atomic(self.dir / f"failure-rank{self.rank}.json", json.dumps(record))
@@ -212,6 +223,8 @@ class WorkerStatus:
         the store (the first failure's wins), or, for a collective a peer broke, read the
         failure that peer published (the cause to name). Called before the process group
         is torn down, whose store may go with it, and again by ``report_failure``."""
+        with self._lock:
+            self._failing = True
         if self._store is None or self._shared:
             return
         self._shared = True
@@ -223,6 +236,9 @@ class WorkerStatus:
                 # (one may be stuck outside any collective)
         brief = {k: record[k] for k in ("rank", "phase", "error", "user_error")}
         _store_call(lambda: self._store.compare_set(self._failure_key, "", json.dumps(brief)))
+        if self.rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+            time.sleep(FAILURE_POLL_S + 0.5)  # the store lives in this process: stay until
+            # the others' watches have read it
 
     def _record(self, exc: BaseException) -> dict[str, Any]:
         """The failure report of ``exc`` in this worker's phase."""

@@ -448,37 +448,43 @@ TRAP = textwrap.dedent("""\
 
 
 @pytest.mark.dist
-@pytest.mark.parametrize("stuck", [False, True])
-def test_under_torchrun_a_failure_reaches_every_host(data_root, tmp_path, stuck):
+@pytest.mark.parametrize("failing,stuck", [(1, False), (1, True), (0, True)])
+def test_under_torchrun_a_failure_reaches_every_host(data_root, tmp_path, failing, stuck):
     """Nothing supervises torchrun's hosts together: the failed worker publishes its
     failure in the process group's store. A peer in a collective names it as the first
     failure (not only a closed connection); a peer stuck outside any collective stops
-    on it within seconds (it would wait forever)."""
+    on it within seconds (it would wait forever), also where the failed rank is rank 0,
+    whose process holds the store here (no torchrun agent)."""
     (tmp_path / "trap.py").write_text(TRAP)
     port = free_port()
     procs = []
-    for rank in (0, 1):
-        env = clean_env(data_root, RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank),
-                        LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                        FAIL_RANK="1", STUCK="1" if stuck else "", FULLGRAPH_SHM="0")
-        procs.append(subprocess.Popen(
-            fullgraph_cmd() + TRAIN + ["--strategy", "data", "--model",
-                                       f"{tmp_path / 'trap.py'}:TrapGCN"],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            preexec_fn=two_cores))
-    errs = []
-    for proc in procs:
-        _, err = proc.communicate(timeout=120)
-        errs.append(err)
+    try:
+        for rank in (0, 1):
+            env = clean_env(data_root, RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank),
+                            LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                            MASTER_PORT=str(port), FAIL_RANK=str(failing),
+                            STUCK="1" if stuck else "", FULLGRAPH_SHM="0")
+            procs.append(subprocess.Popen(
+                fullgraph_cmd() + TRAIN + ["--strategy", "data", "--model",
+                                           f"{tmp_path / 'trap.py'}:TrapGCN"],
+                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                preexec_fn=two_cores))
+        errs = [proc.communicate(timeout=120)[1] for proc in procs]
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+    other = 1 - failing
+    for proc, err in zip(procs, errs):
         assert proc.returncode == 1, err
-    assert "rank 1 failed during epoch" in errs[1] and "ValueError: trap" in errs[1], errs[1]
-    assert "Traceback" in errs[1]  # a bug: its traceback, as the local launcher shows it
-    cause = "rank 1 failed during epoch"
+    cause = f"rank {failing} failed during epoch"
+    assert cause in errs[failing] and "ValueError: trap" in errs[failing], errs[failing]
+    assert "Traceback" in errs[failing]  # a bug: its traceback, as the launcher shows it
     if stuck:
-        assert "fullgraph: rank 0 stopped during epoch" in errs[0] and cause in errs[0], \
-            errs[0]
+        assert f"fullgraph: rank {other} stopped during epoch" in errs[other], errs[other]
+        assert cause in errs[other], errs[other]
     else:
-        assert f"fullgraph: the first failure: {cause}" in errs[0], errs[0]
+        assert f"fullgraph: the first failure: {cause}" in errs[other], errs[other]
 
 
 def _given_on_some_ranks(comm, cases: list) -> None:
