@@ -527,6 +527,7 @@ def _epochs(strategy: Strategy, model: GNN, plan: Plan, optimizer: torch.optim.O
                 best = (best[0], epoch, acc["test"], acc["train"], None)
             _diverged(epoch, stats.loss, best[1], best[4] or model.state_dict())
             break
+        phase(f"epoch {epoch} checkpoint")  # (written by rank 0 alone, where due)
         ckpt.after_epoch(epoch, model, optimizer, best, records)
     phase("done")
     return _finish(records, profiles, best, time.perf_counter() - start, model, reporter,

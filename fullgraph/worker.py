@@ -150,8 +150,8 @@ class WorkerStatus:
                 record = self._published_failure()
             except Exception:  # noqa: BLE001 - the store is gone: the run (or its host) ended
                 return
-            if record is None:
-                continue
+            if record is None or self.phase.endswith(" checkpoint"):
+                continue  # (a checkpoint is written whole; a peer's timeout may come of it)
             with self._lock:  # not while this worker reports its own failure
                 if self._failing or self._stopped.is_set():
                     return
