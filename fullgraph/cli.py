@@ -491,13 +491,13 @@ def cmd_train(args: argparse.Namespace) -> int:
     if cfg.launch.run_dir or cfg.launch.keep_run_dir:
         warnings.warn("--run-dir and --keep-run-dir have no effect with one worker (the run "
                       "directory is the launcher's, for --workers N)", stacklevel=1)
-    from fullgraph.worker import EVERY_EPOCH, WorkerStatus
+    from fullgraph.worker import WorkerStatus
 
     status = WorkerStatus(0, None)  # its phase tells an option's refusal from a bug
     try:
         return _train(cfg, status, launched=False)
-    except ValueError as exc:  # raised in an epoch (by a model's code, say): a bug, as on
-        if not status.phase.startswith(EVERY_EPOCH):  # launched workers (run_worker)
+    except ValueError as exc:  # (main reports a ValueError as a user's error, exit 2)
+        if status.is_user_error(exc):
             raise
         raise RuntimeError(f"failed during {status.phase}: {type(exc).__name__}: "
                            f"{exc}") from exc

@@ -136,14 +136,13 @@ def executor_overhead(cfg: Any, cand: P.Candidate, feat_dim: int, classes: int) 
 
 def tiny_run(cfg: Any, cand: P.Candidate, dataset: Dataset) -> Any:
     """A closure running one epoch of ``cand`` on ``dataset`` in this process."""
-    run = candidate_config(cfg, cand)
     if cand.strategy == "task":  # needs 2 workers; it shares tensor parallelism's executor,
         # without tensor parallelism's chunks (--device-memory is not task's budget)
         options = dict(cfg.options)
         options["tensor_parallel"] = dataclasses.replace(
             options["tensor_parallel"], device_memory=None, num_chunks=None)
-        run = candidate_config(dataclasses.replace(cfg, options=options),
-                               P.Candidate("tensor", "tensor"))
+        cfg, cand = dataclasses.replace(cfg, options=options), P.Candidate("tensor", "tensor")
+    run = candidate_config(cfg, cand)
     data = dataset.data
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -223,19 +223,18 @@ def load_dataset_for(model: SavedModel, dataset: str | None = None,
         opts["dataset"] = dataset
     elif root is None and trained_root is not None and Path(trained_root).is_dir():
         roots = [trained_root, None]  # then the usual root, where it may have moved
-    try:
-        with warnings.catch_warnings():  # the seed is the model's, said when it trained
-            warnings.filterwarnings("ignore", message="--split-seed has no effect")
-            for i, where in enumerate(roots):
-                try:
-                    loaded = datasets.load_for(DataConfig(root=where, **opts))
-                    break
-                except DatasetNotFoundError:
-                    if i == len(roots) - 1:
-                        raise
-    except DatasetNotFoundError as err:
+    loaded = None
+    with warnings.catch_warnings():  # the seed is the model's, said when it trained
+        warnings.filterwarnings("ignore", message="--split-seed has no effect")
+        for where in roots:
+            try:
+                loaded = datasets.load_for(DataConfig(root=where, **opts))
+                break
+            except DatasetNotFoundError as exc:
+                err = exc
+    if loaded is None:
         if dataset is not None:
-            raise
+            raise err
         raise DatasetNotFoundError(
             err.problem, source=err.source, field=err.field, found=err.found,
             expected=err.expected,

@@ -86,6 +86,12 @@ def check_device(name: str) -> None:
         raise ConfigError(f"train.device: got {name!r} but {why}; use --device cpu")
 
 
+OUTPUTS = (("save_model", "--save-model", False), ("metrics_out", "--metrics-out", False),
+           ("checkpoint_dir", "--checkpoint-dir", True))
+"""The run's outputs (``train`` options, their flags, whether a directory): rank 0
+alone writes them, at the paths rank 0 was given."""
+
+
 def check_outputs(cfg: Config) -> None:
     """Refuse an output path the run could not write (``--save-model`` a directory, a
     ``--checkpoint-dir`` that is a file, ...) now, not when it is written after the
@@ -94,9 +100,8 @@ def check_outputs(cfg: Config) -> None:
     Raises:
         ConfigError: naming the option and the path.
     """
-    for path, flag, directory in ((cfg.train.save_model, "--save-model", False),
-                                  (cfg.train.metrics_out, "--metrics-out", False),
-                                  (cfg.train.checkpoint_dir, "--checkpoint-dir", True)):
+    for key, flag, directory in OUTPUTS:
+        path = getattr(cfg.train, key)
         if path:
             check_output(path, flag, directory=directory)
 
@@ -128,23 +133,19 @@ def check_same_options(cfg: Config, comm: Comm) -> None:
     # a partition file's path is each host's, but given on some hosts only, the workers
     # would set up different partitions (and wait on each other in different calls)
     mine["--partition-file given"] = tree.get("partition", {}).get("file") is not None
-    outputs = {flag: getattr(cfg.train, key) is not None for key, flag in OUTPUT_FLAGS}
+    outputs = [flag for key, flag, _ in OUTPUTS if getattr(cfg.train, key) is not None]
     every = all_gather_object((mine, outputs), comm, "options")
     diffs = _differing([options for options, _ in every])
     if diffs:
         raise ConfigError("the workers were given different options (" + "; ".join(diffs) +
                           "): give every worker the same command line or config file")
-    lost = [f"{flag} given on rank(s) {_ranks([r for r, (_, o) in enumerate(every) if o[flag]])}"
-            for _, flag in OUTPUT_FLAGS
-            if not every[0][1][flag] and any(o[flag] for _, o in every)]
+    given = {flag: [r for r, (_, outs) in enumerate(every) if flag in outs]
+             for _, flag, _ in OUTPUTS}
+    lost = [f"{flag} given on rank(s) {_ranks(ranks)}" for flag, ranks in given.items()
+            if ranks and ranks[0] != 0]
     if lost:
         raise ConfigError(f"{', '.join(lost)} but not on rank 0, which alone writes the run's "
                           "outputs: give them on rank 0's host (its paths are the ones used)")
-
-
-OUTPUT_FLAGS = (("save_model", "--save-model"), ("checkpoint_dir", "--checkpoint-dir"),
-                ("metrics_out", "--metrics-out"))
-"""The outputs rank 0 alone writes, at the paths rank 0 was given."""
 
 
 def check_same_data(dataset: Dataset, comm: Comm) -> None:

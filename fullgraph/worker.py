@@ -201,8 +201,7 @@ class WorkerStatus:
     def report_failure(self, exc: BaseException) -> bool:
         """Report ``exc`` (the launcher reads the file; under torchrun it is printed);
         whether it is a user's error (exit code 2) rather than a bug (1)."""
-        with self._lock:
-            self._failing = True
+        self._mark_failing()
         record = self._record(exc)
         if self.dir is not None:
             write_atomic(self.dir / f"failure-rank{self.rank}.json", json.dumps(record))
@@ -223,8 +222,7 @@ class WorkerStatus:
         the store (the first failure's wins), or, for a collective a peer broke, read the
         failure that peer published (the cause to name). Called before the process group
         is torn down, whose store may go with it, and again by ``report_failure``."""
-        with self._lock:
-            self._failing = True
+        self._mark_failing()
         if self._store is None or self._shared:
             return
         self._shared = True
@@ -240,19 +238,30 @@ class WorkerStatus:
             time.sleep(FAILURE_POLL_S + 0.5)  # the store lives in this process: stay until
             # the others' watches have read it
 
-    def _record(self, exc: BaseException) -> dict[str, Any]:
-        """The failure report of ``exc`` in this worker's phase."""
+    def is_user_error(self, exc: BaseException) -> bool:
+        """Whether ``exc``, raised in this worker's phase, is a user's mistake (a bad
+        option or file: one line, exit code 2) rather than a bug (its traceback, 1). A
+        ValueError is an option's refusal before training; raised in an epoch, by a
+        model's code say, it is a bug. An OS error on a named path is the user's (a
+        directory where a file goes, ...)."""
         from fullgraph.comm.primitives import CommError
         from fullgraph.errors import FullgraphError
 
-        # a user's mistake (bad option, bad file) is one line; a bug keeps its traceback
-        # (or a file-system error on a named path: a directory where a file goes, ...).
-        # A ValueError is an option's refusal before training; raised in an epoch, by a
-        # model's code say, it is a bug.
-        user_error = (isinstance(exc, FullgraphError) or
-                      isinstance(exc, ValueError) and not self.phase.startswith(EVERY_EPOCH)
-                      or isinstance(exc, OSError) and exc.filename is not None) and \
+        return (isinstance(exc, FullgraphError) or
+                isinstance(exc, ValueError) and not self.phase.startswith(EVERY_EPOCH)
+                or isinstance(exc, OSError) and exc.filename is not None) and \
             not isinstance(exc, CommError)
+
+    def _mark_failing(self) -> None:
+        """From now on the failure watch leaves this worker to report its own."""
+        with self._lock:
+            self._failing = True
+
+    def _record(self, exc: BaseException) -> dict[str, Any]:
+        """The failure report of ``exc`` in this worker's phase."""
+        from fullgraph.comm.primitives import CommError
+
+        user_error = self.is_user_error(exc)
         comm_error = exc if isinstance(exc, CommError) else None
         record = {"rank": self.rank, "phase": self.phase, "time": time.time(),
                   "peer_failure": comm_error is not None, "user_error": user_error,
