@@ -48,7 +48,8 @@ class FitResult:
     """What ``fit`` returns.
 
     Attributes:
-        history: one dict per epoch: epoch, loss, train_acc, val_acc, test_acc
+        history: one dict per epoch run (fewer than ``epochs`` where ``patience=``
+            stopped the run early): epoch, loss, train_acc, val_acc, test_acc
             (NaN on epochs without evaluation), epoch_s, forward_s, backward_s,
             optimizer_s, eval_s (the evaluation's part of epoch_s).
         model: the trained model at its best-validation epoch, on the CPU, in eval

@@ -371,10 +371,11 @@ class Checkpointer:
                 f"strategy {r['strategy']} on {r['workers']} worker(s))"]
 
     def after_epoch(self, epoch: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                    best: Best, records: list[EpochRecord]) -> None:
-        """Write a checkpoint after every ``checkpoint_every``-th epoch and the last one."""
+                    best: Best, records: list[EpochRecord], *, last: bool = False) -> None:
+        """Write a checkpoint after every ``checkpoint_every``-th epoch and the last one
+        (``train.epochs``, or ``last``: where the run stops early)."""
         t = self.cfg.train
-        if not self.writer or (epoch % t.checkpoint_every and epoch != t.epochs):
+        if not self.writer or (epoch % t.checkpoint_every and epoch != t.epochs and not last):
             return
         assert t.checkpoint_dir is not None
         payload = {

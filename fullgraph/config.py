@@ -272,6 +272,9 @@ class TrainConfig:
     seed: int = option(0, "seed of parameter initialisation and dropout")
     device: str = option("cpu", "cpu, cuda, cuda:N or auto (cuda when available)")
     eval_every: int = option(1, "evaluate every N epochs")
+    patience: int | None = option(None, "stop early once the validation accuracy has not "
+                                  "improved for this many epochs (checked at each "
+                                  "evaluation); unset: train every epoch")
     metrics_out: str | None = option(None, "write per-epoch JSON lines (every rank's "
                                      "accounting) to this file; unset: none")
     progress: str = option("auto", "progress bar on stderr (auto: when it is a terminal)",
@@ -298,6 +301,8 @@ class TrainConfig:
         _require(0 <= self.weight_decay < math.inf, "train", "weight_decay", self.weight_decay,
                  ">= 0 and finite")
         _require(self.eval_every >= 1, "train", "eval_every", self.eval_every, ">= 1")
+        _require(self.patience is None or self.patience >= 1, "train", "patience",
+                 self.patience, ">= 1")
         _require(self.progress in PROGRESS, "train", "progress", self.progress,
                  " | ".join(PROGRESS))
         _require(self.log_level in LOG_LEVELS, "train", "log_level", self.log_level,

@@ -40,9 +40,9 @@ DEFAULTS = {"train.epochs": 3, "launch.workers": 2}
 """The options whose defaults a check has of its own (``section.key``)."""
 NOT_TAKEN = ("runtime.strategy", "train.metrics_out", "train.save_model",
              "train.checkpoint_dir", "train.checkpoint_every", "train.resume",
-             "launch.run_dir", "launch.keep_run_dir")
-"""Options of ``train`` that a check does not take: it runs every strategy, and its
-runs write nothing the user keeps."""
+             "train.patience", "launch.run_dir", "launch.keep_run_dir")
+"""Options of ``train`` that a check does not take: it runs every strategy, compares
+every epoch (no early stopping), and its runs write nothing the user keeps."""
 
 
 @dataclasses.dataclass
@@ -120,7 +120,8 @@ class CheckReport:
 
 def check_config(cfg: Any) -> None:
     """Refuse what a check cannot compare: a strategy of its own, outputs that each run
-    would overwrite, a checkpoint to resume, an approximate mode, fewer than 2 workers.
+    would overwrite, a checkpoint to resume, an approximate mode, early stopping, fewer
+    than 2 workers.
 
     Raises:
         ConfigError: naming the option (as its flag).
@@ -143,6 +144,9 @@ def check_config(cfg: Any) -> None:
     outputs += ["--keep-run-dir"] if cfg.launch.keep_run_dir else []
     if outputs:
         raise ConfigError(f"check writes nothing and resumes nothing: drop {', '.join(outputs)}")
+    if cfg.train.patience is not None:
+        raise ConfigError("check compares every epoch of each run: drop --patience (early "
+                          "stopping)")
     if cfg.launch.workers < 2:
         raise ConfigError(f"check: --workers {cfg.launch.workers}; the strategies need 2 or "
                           "more (it compares them with one process)")

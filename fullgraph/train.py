@@ -259,6 +259,21 @@ def _ranks(ranks: list[int]) -> str:
     return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
 
 
+def check_patience(cfg: Config, dataset: Dataset) -> None:
+    """Refuse ``train.patience`` on a dataset without validation vertices (early stopping
+    watches the validation accuracy). A per-part shard holds its own vertices' masks
+    only: the check is left to the whole dataset.
+
+    Raises:
+        ConfigError: patience is set and no vertex is in the validation set.
+    """
+    if cfg.train.patience is not None and dataset.shard is None \
+            and not bool(dataset.data.val_mask.any()):
+        raise ConfigError(f"train.patience: {dataset.name} has no validation vertices, and "
+                          "early stopping watches the validation accuracy; leave out "
+                          "--patience, or give the data a validation set")
+
+
 def check_before_launch(cfg: Config, dataset: Dataset, workers: int) -> None:
     """Find the user errors a ``workers``-worker run would hit, before starting any.
 
@@ -279,6 +294,7 @@ def check_before_launch(cfg: Config, dataset: Dataset, workers: int) -> None:
                           f"{'the CPU' if cfg.train.device != 'auto' else 'the CPU (auto)'}; "
                           "use --backend gloo, or --device cuda")
     check_adapt_options(cfg, workers)
+    check_patience(cfg, dataset)
     shards.check_use(dataset, cfg.runtime.strategy, workers)
     program = build(dataset, cfg)
     try:  # what the strategy's setup would refuse, found before any worker starts
@@ -400,6 +416,7 @@ def train(dataset: Dataset, cfg: Config, *, reporter: Reporter | None = None,
     phase = status.set_phase if status is not None else (lambda _: None)
     strategy = strategy or build_strategy(cfg)
     shards.check_use(dataset, strategy.name, comm.world_size if comm is not None else 1)
+    check_patience(cfg, dataset)
     model = build(dataset, cfg).to(strategy.model_device(device), dtype)
     if cfg.model.residual and (comm is None or comm.rank == 0) and not any(
             getattr(s, "residual", False) for s in model.stages):
@@ -480,7 +497,12 @@ def _epochs(strategy: Strategy, model: GNN, plan: Plan, optimizer: torch.optim.O
     # under partial reduce a worker's loss is its group's: the ranks may not agree on it
     partial = any(hasattr(h, "collective_epoch") for h in hooks)
 
-    for epoch in range(state.epoch + 1, cfg.train.epochs + 1):
+    patience = cfg.train.patience
+    last = cfg.train.epochs
+    if patience is not None and records and not math.isnan(records[-1].val_acc) \
+            and state.epoch - best[1] >= patience:
+        last = state.epoch  # the run resumed had already stopped early
+    for epoch in range(state.epoch + 1, last + 1):
         collective = is_collective(epoch)
         profiler.begin()
         for hook in hooks:
@@ -504,6 +526,10 @@ def _epochs(strategy: Strategy, model: GNN, plan: Plan, optimizer: torch.optim.O
                         copy.deepcopy(model.state_dict()))
             elif math.isnan(acc["val"]):  # no validation vertices: the model is the last one
                 best = (acc["val"], epoch, acc["test"], acc["train"], None)
+            # the accuracies are every rank's (reduced counts): every rank stops here
+            if patience is not None and epoch - best[1] >= patience \
+                    and not math.isnan(acc["val"]):
+                last = epoch
         prof = profiler.end(epoch)
         prof.saved_bytes = int(stats.extra.get("saved_bytes", 0))
         rec = EpochRecord(epoch, stats.loss, acc["train"], acc["val"], acc["test"], prof.wall_s,
@@ -515,7 +541,7 @@ def _epochs(strategy: Strategy, model: GNN, plan: Plan, optimizer: torch.optim.O
             phase(f"epoch {epoch} metrics")
             prof = _exchange_profiles(unsent, comm, profiles, reporter)
             unsent = []
-        if epoch < cfg.train.epochs:
+        if epoch < last:
             phase(f"epoch {epoch} adjustment")
             both = collective and is_collective(epoch + 1)
             _between(strategy, hooks, model, plan, epoch, prof,
@@ -529,10 +555,14 @@ def _epochs(strategy: Strategy, model: GNN, plan: Plan, optimizer: torch.optim.O
             _diverged(epoch, stats.loss, best[1], best[4] or model.state_dict())
             break
         phase(f"epoch {epoch} checkpoint")  # (written by rank 0 alone, where due)
-        ckpt.after_epoch(epoch, model, optimizer, best, records)
+        ckpt.after_epoch(epoch, model, optimizer, best, records, last=epoch == last)
+        if epoch == last:  # stopped early (the range was drawn to train.epochs)
+            break
     phase("done")
+    stopped = f"stopped early after epoch {last}: no better validation accuracy in " \
+        f"{last - best[1]} epochs (--patience {patience})" if last < cfg.train.epochs else None
     return _finish(records, profiles, best, time.perf_counter() - start, model, reporter,
-                   strategy.outcome(model, plan), restored=state.epoch)
+                   strategy.outcome(model, plan), restored=state.epoch, stopped=stopped)
 
 
 def _pct(share: float) -> str:
@@ -590,9 +620,11 @@ def _save_model(cfg: Config, result: TrainResult, dataset: Dataset, world: int) 
 
 def _finish(records: list[EpochRecord], profiles: list[list[EpochProfile]], best: tuple,
             total: float, model: GNN, reporter: Reporter,
-            outcome: list[str] | None = None, restored: int = 0) -> TrainResult:
+            outcome: list[str] | None = None, restored: int = 0,
+            stopped: str | None = None) -> TrainResult:
     """The result and the summary; ``restored``: epochs a checkpoint brought (their
-    records are the result's too, but ``total`` is the time of the epochs after)."""
+    records are the result's too, but ``total`` is the time of the epochs after);
+    ``stopped``: why the run stopped before its last epoch (early stopping)."""
     if best[4] is not None:
         model.load_state_dict(best[4])
     result = TrainResult(records, best[1], best[0], best[2], best[3], total, model)
@@ -616,10 +648,11 @@ def _finish(records: list[EpochRecord], profiles: list[list[EpochProfile]], best
                 f"final test accuracy {_pct(result.test_at_best)} (test accuracy at epoch "
                 f"{result.best_epoch}, the best validation accuracy); {timing}"]
     reporter.summary(
-        summary_lines(per_rank) + (outcome or []) + kept,
+        summary_lines(per_rank) + (outcome or []) + ([stopped] if stopped else []) + kept,
         {"best_epoch": result.best_epoch, "best_val": result.best_val,
          "test_acc": result.test_at_best, "train_acc": result.train_at_best,
-         "total_s": total, "median_epoch_s": times[len(times) // 2]})
+         "total_s": total, "median_epoch_s": times[len(times) // 2],
+         "epochs": len(records), "stopped_early": stopped is not None})
     result.extra["profiles"] = per_rank
     return result
 

@@ -20,6 +20,7 @@ TRAIN_FLAGS = sorted("""
 --model --hidden
 --layers --dropout --input-dropout --activation --residual --decoupled --num-props --heads
 --batch-norm --out-heads --attn-dropout --epochs --lr --weight-decay --seed --device --eval-every
+--patience
 --metrics-out --progress --log-level --quiet --strategy --spmm-backend --threads --workers
 --backend --timeout --run-dir --keep-run-dir --oversubscribe --partitioner --partition-file
 --partition-seed --dep-mode --byte-cost --edge-cost --vertex-cost --device-memory --num-chunks
