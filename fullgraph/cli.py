@@ -371,6 +371,9 @@ def _raise_terminated(signum: int, frame: Any) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if (sys.argv[1:] if argv is None else argv) == ["--version"]:  # without loading torch
+        print(f"fullgraph {__version__}")
+        return 0
     if argv is None:
         from fullgraph.allocator import reexec_with_allocator
 

@@ -92,10 +92,22 @@ def test_unknown_choice_in_a_config_file_lists_the_valid_ones(tmp_path, capsys):
 
 
 def test_version(capsys):
-    with pytest.raises(SystemExit) as exit_:
-        main(["--version"])
-    assert exit_.value.code == 0
+    assert main(["--version"]) == 0
     assert capsys.readouterr().out.strip() == f"fullgraph {fullgraph.__version__}"
+    with pytest.raises(SystemExit) as exit_:  # among other options, argparse's action
+        main(["--version", "--help"])
+    assert exit_.value.code == 0
+
+
+def test_version_does_not_load_torch():
+    import subprocess
+    import sys
+
+    code = ("import sys; from fullgraph.cli import main; main(['--version']); "
+            "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=60).stdout.split()
+    assert out == ["fullgraph", fullgraph.__version__, "False"]
 
 
 def test_every_flag_names_its_option_in_a_config_file():
