@@ -246,7 +246,9 @@ def final_lines(log: RunLog) -> list[str]:
         return [f"unfinished run: last epoch {last['epoch']}, loss {last['loss']:.4f}"]
     restored = sum(bool(e.get("restored")) for e in log.epochs)
     ran = f"{len(log.epochs) - restored} epochs in {s['total_s']:.2f} s" + (
-        f" after {restored} restored from a checkpoint" if restored else "")
+        f" after {restored} restored from a checkpoint" if restored else "") + (
+        f", stopped early (patience {log.config('train', 'patience')})"
+        if s.get("stopped_early") else "")
     return [f"test accuracy {s['test_acc']:.2%} at the best-validation epoch "
             f"{s['best_epoch']} (validation {s['best_val']:.2%}, train {s['train_acc']:.2%})",
             f"final loss {log.epochs[-1]['loss']:.4f}; {ran}, median epoch "

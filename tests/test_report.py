@@ -190,3 +190,15 @@ def test_a_resumed_run_counts_the_epochs_it_ran_against_its_time(tmp_path):
     metrics.write_text("".join(json.dumps(r) + "\n" for r in records))
     assert "2 epochs in 0.20 s after 3 restored from a checkpoint" in \
         final_lines(read_run_log(metrics))[1]
+
+
+def test_a_run_stopped_early_says_so(tmp_path):
+    from fullgraph.plots import final_lines
+
+    metrics = tmp_path / "early.jsonl"
+    fullgraph.fit(sbm(90, 3, avg_degree=5.0, num_features=12, seed=5), epochs=60, lr=0.05,
+                  hidden=8, patience=3, metrics_out=str(metrics))
+    log = read_run_log(metrics)
+    assert len(log.epochs) < 60 and log.summary["stopped_early"]
+    assert f"{len(log.epochs)} epochs in" in final_lines(log)[1]
+    assert "stopped early (patience 3)" in final_lines(log)[1]
