@@ -61,10 +61,9 @@ class Reporter:
         self.bar = enabled and verbose and (
             progress == "on" or (progress == "auto" and sys.stderr.isatty()))
         self.metrics: IO[str] | None = None
-        if enabled and metrics_out:
-            path = Path(metrics_out)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self.metrics = path.open("w")
+        # opened at the first record (the run's header, after its checks): a run refused
+        # before it leaves an earlier run's file as it was
+        self._metrics_path = Path(metrics_out) if enabled and metrics_out else None
         self.start = time.perf_counter()
         self.first = 1  # the first epoch this process runs
 
@@ -126,11 +125,16 @@ class Reporter:
             self.out.flush()
 
     def close(self) -> None:
+        self._metrics_path = None
         if self.metrics is not None:
             self.metrics.close()
             self.metrics = None
 
     def _write(self, record: dict[str, Any]) -> None:
+        if self.metrics is None and self._metrics_path is not None:
+            self._metrics_path.parent.mkdir(parents=True, exist_ok=True)
+            self.metrics = self._metrics_path.open("w")
+            self._metrics_path = None
         if self.metrics is not None:
             self.metrics.write(json.dumps(record, default=str) + "\n")
             self.metrics.flush()

@@ -490,3 +490,12 @@ def test_generate_rmat_streams_the_same_dataset(root, capsys):
     assert torch.equal(got.data.features, want.data.features)
     assert torch.equal(got.data.train_mask, want.data.train_mask)
     assert main(["train", "--dataset", "tiny", "--epochs", "1", "--progress", "off"]) == 0
+
+
+def test_a_refused_run_leaves_an_earlier_metrics_file_as_it_was(root, tmp_path, capsys):
+    metrics = tmp_path / "m.jsonl"
+    metrics.write_text('{"event": "run"}\n')
+    rc = main(["train", "--epochs", "2", "--progress", "off", "--metrics-out", str(metrics),
+               "--resume", str(tmp_path / "no-checkpoint")])
+    assert rc == 2 and "train.resume: no checkpoint" in capsys.readouterr().err
+    assert metrics.read_text() == '{"event": "run"}\n'
