@@ -288,8 +288,13 @@ def _from_pyg(data: Any, split_seed: int, num_classes: int | None) -> Any:
 
 
 def _with_data_options(dataset: Any, cfg: Any) -> Any:
-    """``dataset`` as ``load_for`` would give it: stored dtype, normalised features, held
-    as CSR where ``sparse_features`` says so (``auto``: bag-of-words features)."""
+    """``dataset``, validated, as ``load_for`` would give it: stored dtype, normalised
+    features, held as CSR where ``sparse_features`` says so (``auto``: bag-of-words
+    features).
+
+    Raises:
+        ValidationError: the dataset is inconsistent (as ``Dataset.validate``).
+    """
     import dataclasses
 
     from fullgraph.graph.data import Dataset
@@ -297,6 +302,7 @@ def _with_data_options(dataset: Any, cfg: Any) -> Any:
     from fullgraph.partition.shards import require_whole
 
     require_whole(dataset, "fit(dataset=...)")  # a shard set trains from its directory
+    dataset.validate()  # as saving it for launched workers does
     data = dataset.data
     if cfg.data.feature_dtype != "stored":
         data = data.with_feature_dtype(cfg.data.feature_dtype)

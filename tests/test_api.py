@@ -369,3 +369,26 @@ def test_embeddings_are_the_last_hidden_layer(name, decoupled) -> None:
         else:
             width = 8 * 8 if name == "gat" and not decoupled else 8  # 8 heads, concatenated
             assert model.embed(ds.graph, ds.data.features).shape == (40, width)
+
+
+@pytest.mark.parametrize("change,match", [
+    ("nan", "features\\[5, 2\\]: feature is not finite"),
+    ("overlap", "masks overlap"),
+    ("classes", "at least one class"),
+])
+def test_an_inconsistent_dataset_is_refused_in_this_process_as_on_workers(change, match):
+    from fullgraph.errors import ValidationError
+    from fullgraph.graph.data import Dataset
+
+    base = sbm(60, 3, avg_degree=4.0, num_features=5, seed=2)
+    d = base.data
+    if change == "nan":
+        x = d.features.clone()
+        x[5, 2] = float("nan")
+        d = dataclasses.replace(d, features=x)
+    elif change == "overlap":
+        d = dataclasses.replace(d, test_mask=d.train_mask.clone())
+    else:
+        d = dataclasses.replace(d, num_classes=0)
+    with pytest.raises(ValidationError, match=match):
+        fullgraph.fit(Dataset("bad", base.graph, d, {}), epochs=2)
