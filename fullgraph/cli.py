@@ -219,20 +219,20 @@ def build_parser() -> argparse.ArgumentParser:
     p_gen.add_argument("--root", help="dataset root (default: $FULLGRAPH_DATA or user cache)")
     p_gen.add_argument("--vertices", type=int, default=10_000,
                        help="number of vertices (default: 10000)")
-    p_gen.add_argument("--edges", type=int, default=100_000,
+    p_gen.add_argument("--edges", type=int,
                        help="rmat: edges to draw (default: 100000)")
-    p_gen.add_argument("--avg-degree", type=float, default=10.0,
+    p_gen.add_argument("--avg-degree", type=float,
                        help="sbm: expected degree (default: 10)")
     p_gen.add_argument("--features", type=int, default=128,
                        help="feature columns (default: 128)")
     p_gen.add_argument("--classes", type=int, default=16, help="classes (default: 16)")
     p_gen.add_argument("--rmat", type=float, nargs=4, metavar=("A", "B", "C", "D"),
-                       default=(0.57, 0.19, 0.19, 0.05),
                        help="rmat: quadrant probabilities (default: 0.57 0.19 0.19 0.05)")
-    p_gen.add_argument("--homophily", type=float, default=0.8,
+    p_gen.add_argument("--homophily", type=float,
                        help="sbm: intra-block fraction (default: 0.8)")
-    p_gen.add_argument("--symmetrize", action=argparse.BooleanOptionalAction, default=False,
-                       help="add the reverse of every edge (default: no)")
+    p_gen.add_argument("--symmetrize", action=argparse.BooleanOptionalAction,
+                       help="rmat: add the reverse of every edge (default: no; an sbm graph "
+                       "is symmetric)")
     p_gen.add_argument("--seed", type=_seed, default=0, help="seed of the draws (default: 0)")
     p_gen.add_argument("--feature-dtype", choices=("float32", "float16", "bfloat16"),
                        default="float32", help="how features are stored (default: float32)")
@@ -241,7 +241,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "vertex exactly one (what GCN, GAT, GIN and decoupled models propagate "
                        "over, so their runs use the stored graph without a copy) "
                        "(default: remove)")
-    p_gen.add_argument("--labels", choices=("random", "degree"), default="random",
+    p_gen.add_argument("--labels", choices=("random", "degree"),
                        help="rmat: uniform classes, or in-degree bands (default: random)")
     p_gen.add_argument("--memory", metavar="SIZE",
                        help="memory for the edges being sorted, e.g. 4G (default: a quarter "
@@ -614,6 +614,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
     memory = (parse_bytes(args.memory) if args.memory is not None
               else max(256 << 20, (available_memory() or 4 << 30) // 4))
+    _kind_options(args)
     try:
         return _generate(args, root, memory)
     except ValidationError as err:  # named as its flag, not as the function's argument
@@ -627,8 +628,29 @@ def cmd_generate(args: argparse.Namespace) -> int:
 GENERATE_FLAGS = {"num_nodes": "--vertices", "num_edges": "--edges",
                   "num_features": "--features", "num_classes": "--classes",
                   "avg_degree": "--avg-degree", "homophily": "--homophily",
-                  "a, b, c, d": "--rmat A B C D", "seed": "--seed"}
+                  "a, b, c, d": "--rmat A B C D", "seed": "--seed", "memory_bytes": "--memory"}
 """``generate``'s flags by the names ``graph.synthetic`` checks them under."""
+
+KIND_OPTIONS = {"rmat": {"edges": 100_000, "rmat": (0.57, 0.19, 0.19, 0.05),
+                         "symmetrize": False, "labels": "random"},
+                "sbm": {"avg_degree": 10.0, "homophily": 0.8}}
+"""The options of one generator, with their defaults (unset in the parser, so that one
+given to the other generator is found)."""
+
+
+def _kind_options(args: argparse.Namespace) -> None:
+    """Warn about options of the other generator given to ``args.kind``; fill in the
+    defaults of its own."""
+    from fullgraph.configfile import flags_of
+
+    other = next(k for k in KIND_OPTIONS if k != args.kind)
+    given = [name for name in KIND_OPTIONS[other] if getattr(args, name) is not None]
+    if given:
+        warnings.warn(f"generate {args.kind}: {flags_of('', given)} no effect on "
+                      f"{args.kind} (only on {other})", stacklevel=2)
+    for name, default in KIND_OPTIONS[args.kind].items():
+        if getattr(args, name) is None:
+            setattr(args, name, default)
 
 
 def _generate(args: argparse.Namespace, root: Any, memory: int) -> int:
@@ -655,6 +677,10 @@ def _generate(args: argparse.Namespace, root: Any, memory: int) -> int:
                                   feature_dtype=args.feature_dtype, name=name,
                                   memory_bytes=memory)
     vertices, edges = out["vertices"], out["edges"]
+    if args.kind == "sbm" and edges < 0.8 * args.avg_degree * vertices:
+        warnings.warn(f"the mean degree is {edges / vertices:.1f}, below --avg-degree "
+                      f"{args.avg_degree:g}: on {vertices} vertices in {args.classes} blocks "
+                      "many draws repeat an edge, and a repeat is kept once", stacklevel=2)
     print(f"wrote {name}: {vertices} vertices, {edges} edges -> {path}{replaced}")
     return 0
 

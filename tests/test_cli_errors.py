@@ -184,6 +184,10 @@ def test_more_inputs_that_are_one_line(root, tmp_path, capsys):
         (["generate", "rmat", "--vertices", "0"],
          "--vertices: out of range; found 0; expected an integer"),
         (["generate", "sbm", "--vertices", "3"], "--vertices: out of range; found 3"),
+        (["generate", "sbm", "--vertices", "50", "--avg-degree", "60"],
+         "--avg-degree: out of range; found 60.0; expected at most 49"),
+        (["generate", "rmat", "--vertices", "50", "--memory", "0"],
+         "--memory: out of range; found 0"),
         (["train", "--strategy", "data", "--workers", "2", "--partitioner", "random",
           "--partition-seed", "-1"], "partition seed: got -1; expected an integer in [0, 2**63)"),
         (["train", "--seed", "99999999999999999999"], "train.seed: got 99999999999999999999"),
@@ -355,3 +359,16 @@ def test_a_split_seed_without_effect_is_said_once_at_training(root, tmp_path, ca
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert main(["evaluate", "--model", str(model)]) == 0
+
+
+def test_generate_names_the_options_of_the_other_generator(root):
+    with pytest.warns(UserWarning, match=r"generate sbm: --edges, --symmetrize have no "
+                      r"effect on sbm \(only on rmat\)"):
+        assert main(["generate", "sbm", "--vertices", "60", "--classes", "2", "--name", "s",
+                     "--edges", "500", "--no-symmetrize"]) == 0
+    with pytest.warns(UserWarning, match=r"--homophily has no effect on rmat \(only on sbm"):
+        assert main(["generate", "rmat", "--vertices", "60", "--edges", "300", "--name", "r",
+                     "--homophily", "0.5"]) == 0
+    with pytest.warns(UserWarning, match="below --avg-degree 50"):  # possible, not as asked
+        assert main(["generate", "sbm", "--vertices", "60", "--classes", "2", "--name", "d",
+                     "--avg-degree", "50"]) == 0

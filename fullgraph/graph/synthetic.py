@@ -669,6 +669,10 @@ def _check_sbm_args(num_nodes: int, num_classes: int, avg_degree: float, homophi
     _check_count(num_classes, "num_classes", minimum=1)
     _check_count(num_nodes, "num_nodes", minimum=num_classes)
     _check_count(num_features, "num_features", minimum=1)
+    if avg_degree > num_nodes - 1:  # (NaN passes here, and is refused below)
+        raise ValidationError("out of range", field="avg_degree", found=avg_degree,
+                              expected=f"at most {num_nodes - 1} (vertices - 1) on "
+                              f"{num_nodes} vertices")
     for name, value, ok in (("avg_degree", avg_degree, avg_degree >= 0),
                             ("homophily", homophily, 0.0 <= homophily <= 1.0),
                             ("feature_noise", feature_noise, feature_noise >= 0)):
