@@ -631,9 +631,10 @@ GENERATE_FLAGS = {"num_nodes": "--vertices", "num_edges": "--edges",
                   "a, b, c, d": "--rmat A B C D", "seed": "--seed", "memory_bytes": "--memory"}
 """``generate``'s flags by the names ``graph.synthetic`` checks them under."""
 
-KIND_OPTIONS = {"rmat": {"edges": 100_000, "rmat": (0.57, 0.19, 0.19, 0.05),
-                         "symmetrize": False, "labels": "random"},
-                "sbm": {"avg_degree": 10.0, "homophily": 0.8}}
+KIND_OPTIONS: dict[str, dict[str, Any]] = {
+    "rmat": {"edges": 100_000, "rmat": (0.57, 0.19, 0.19, 0.05), "symmetrize": False,
+             "labels": "random"},
+    "sbm": {"avg_degree": 10.0, "homophily": 0.8}}
 """The options of one generator, with their defaults (unset in the parser, so that one
 given to the other generator is found)."""
 
