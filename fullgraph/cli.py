@@ -722,8 +722,9 @@ def cmd_partition(args: argparse.Namespace) -> int:
         from fullgraph.partition.shards import write_shards
 
         t0 = time.perf_counter()
+        seed = args.split_seed if datasets.split_at_load(dataset.name) else None
         sizes = write_shards(dataset, book, args.shards, args.shard_hops,
-                             dataset_fingerprint(dataset), args.partitioner, args.split_seed)
+                             dataset_fingerprint(dataset), args.partitioner, seed)
         each = ", ".join(f"{s['vertices']}/{s['rows']}/{s['edges']}" for s in sizes)
         print(f"wrote {len(sizes)} shards with {args.shard_hops} hops to {args.shards} in "
               f"{time.perf_counter() - t0:.2f} s (own vertices/feature rows/edges per part: "

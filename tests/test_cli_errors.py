@@ -372,3 +372,18 @@ def test_generate_names_the_options_of_the_other_generator(root):
     with pytest.warns(UserWarning, match="below --avg-degree 50"):  # possible, not as asked
         assert main(["generate", "sbm", "--vertices", "60", "--classes", "2", "--name", "d",
                      "--avg-degree", "50"]) == 0
+
+
+def test_shards_of_a_fixed_split_take_any_split_seed_with_a_warning(root, tmp_path):
+    """Cora's split is public: shards written with --split-seed record none, and train
+    with any seed, warning as the unsharded dataset does."""
+    shards = tmp_path / "shards"
+    with pytest.warns(UserWarning, match="--split-seed has no effect on dataset 'cora'"):
+        assert main(["partition", "--parts", "2", "--split-seed", "5", "--partitioner", "chunk",
+                     "--shards", str(shards)]) == 0
+    assert json.loads((shards / "shards.json").read_text())["split_seed"] is None
+    from fullgraph.graph.store import load_shard
+
+    assert load_shard(shards, 0, split_seed=0).shard is not None
+    with pytest.warns(UserWarning, match="--split-seed has no effect on the shards"):
+        load_shard(shards, 1, split_seed=5)

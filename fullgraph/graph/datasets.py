@@ -166,10 +166,16 @@ def load_for(cfg: Any, part: int = 0) -> Dataset:
     return dataset
 
 
+def split_at_load(name: str) -> bool:
+    """Whether ``name`` is split at load time, by ``split_seed`` (the downloaded datasets
+    without a public split); every other dataset's split was fixed when it was made."""
+    spec = KNOWN.get(name)
+    return spec is not None and spec.format == "npz"
+
+
 def processed_dir(root: Path, name: str, split_seed: int = 0) -> Path:
     """Where the processed form of ``name`` lives (split-seed specific for random splits)."""
-    spec = KNOWN.get(name)
-    if spec is not None and spec.format == "npz" and split_seed:
+    if split_at_load(name) and split_seed:
         return root / name / f"processed-split{split_seed}"
     return root / name / "processed"
 

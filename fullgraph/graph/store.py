@@ -44,6 +44,7 @@ import json
 import os
 import shutil
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -407,8 +408,12 @@ def load_shard(path: Path | str, part: int, *, verify: bool = True,
         raise CacheError("shard manifest lacks its part count", source=path / SHARDS_FILE,
                          field="parts", found=parts,
                          hint="write the shards again with fullgraph partition --shards")
-    written = int(manifest.get("split_seed", 0))
-    if split_seed is not None and split_seed != written:
+    written = manifest.get("split_seed", 0)  # None: the dataset's split was fixed
+    if written is None:
+        if split_seed:
+            warnings.warn(f"--split-seed has no effect on the shards at {path}: the split "
+                          "of their dataset was fixed when it was made", stacklevel=3)
+    elif split_seed is not None and split_seed != int(written):
         raise ConfigError(f"data.split_seed: {split_seed}, but the shards at {path} hold the "
                           f"split of seed {written}; write them with partition --split-seed "
                           f"{split_seed}")

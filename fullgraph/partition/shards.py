@@ -111,12 +111,13 @@ def part_dataset(dataset: Dataset, book: PartitionBook, part: int, hops: int,
 
 def write_shards(dataset: Dataset, book: PartitionBook, out: Path | str, hops: int,
                  fingerprint: dict[str, Any], method: str = "",
-                 split_seed: int = 0) -> list[dict[str, int]]:
+                 split_seed: int | None = 0) -> list[dict[str, int]]:
     """Write one shard per part of ``book`` into ``out``, replacing a shard set there.
 
     ``fingerprint``: the whole dataset's (``checkpoint.dataset_fingerprint``), which
-    every part keeps for checkpoints. Returns per part its vertices, held feature
-    rows and held edges.
+    every part keeps for checkpoints; ``split_seed``: the seed of the split drawn at
+    load time, or None for a dataset whose split was fixed when it was made. Returns
+    per part its vertices, held feature rows and held edges.
 
     Raises:
         ConfigError: ``hops`` < 0, the book is of another graph, or ``out`` exists and
