@@ -405,6 +405,10 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(exc.signum, signal.SIG_DFL)
         os.kill(os.getpid(), exc.signum)
         return 128 + exc.signum  # where the signal is blocked
+    except BrokenPipeError:  # the reader went away (`| head`): end quietly, as `ls` does
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # (the interpreter's last flush goes there)
+        return 128 + signal.SIGPIPE
     except (FullgraphError, ValueError, OSError) as exc:
         if debug:
             traceback.print_exc()

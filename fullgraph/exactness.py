@@ -129,11 +129,15 @@ def check_config(cfg: Any) -> None:
     if cfg.runtime.strategy != "single":
         raise ConfigError("check runs every strategy: name them with --strategies "
                           "(strategies= in Python), not --strategy")
+    adapt = cfg.section("adapt")
     approximate = [flag for flag, on in (
-        ("--adapt adjust+partial", cfg.section("adapt").mode == "adjust+partial"),
+        ("--adapt adjust+partial", adapt.mode == "adjust+partial" and adapt.staleness > 1),
         ("--task-deps regroup", cfg.section("task_parallel").deps == "regroup")) if on]
     if approximate:
         raise ConfigError(f"check compares exact runs, and {approximate[0]} is approximate "
+                          "by design (with --staleness above 1): drop it"
+                          if approximate[0].startswith("--adapt") else
+                          f"check compares exact runs, and {approximate[0]} is approximate "
                           "by design: drop it")
     outputs = [f"--{flag}" for name, flag in (("metrics_out", "metrics-out"),
                                               ("save_model", "save-model"),
@@ -196,7 +200,11 @@ def prepare(cfg: Any) -> Any:
 
     check_config(cfg)
     dataset = datasets.load_for(cfg.data)
-    single = _with(cfg, runtime={"strategy": "single"}, launch={"workers": 1})
+    if dataset.shard is not None:
+        raise ConfigError(f"check compares each strategy with one process, which needs the "
+                          f"whole dataset, and {cfg.data.dataset} is per-part shards: check "
+                          "the dataset they were written from")
+    single = _reference(cfg)
     check_before_launch(single, dataset, 1)
     build(dataset, single)
     return dataset
@@ -218,7 +226,7 @@ def run_checks(cfg: Any, forms: list[str], dataset: Any) -> CheckReport:
                                           ("val_acc", dataset.data.val_mask),
                                           ("test_acc", dataset.data.test_mask)) if v is not None}
     with tempfile.TemporaryDirectory(prefix="fullgraph-check-") as tmp:
-        single = _with(cfg, runtime={"strategy": "single"}, launch={"workers": 1})
+        single = _reference(cfg)
         reference = _epochs(single, 1, Path(tmp) / "single")
         outcomes = []
         for label in forms:
@@ -253,6 +261,18 @@ def _compare(outcome: Outcome, rows: list[dict[str, Any]], reference: list[dict[
                if row.get(k) is not None and ref.get(k) is not None):
             outcome.accuracy_epoch = epoch
             break
+
+
+def _reference(cfg: Any) -> Any:
+    """``cfg`` as the single process that the strategies are compared with runs it:
+    one worker, and none of ``--adapt``'s options (which the strategies take, as exact
+    adaptation or slowdowns, and one process does not)."""
+    import dataclasses
+
+    from fullgraph.config import AdaptConfig
+
+    return _with(cfg, runtime={"strategy": "single"}, launch={"workers": 1},
+                 adapt=dataclasses.asdict(AdaptConfig()))
 
 
 def _with(cfg: Any, **sections: dict[str, Any]) -> Any:

@@ -181,9 +181,13 @@ def check_same_data(dataset: Dataset, comm: Comm) -> None:
                          "masks": digest(d.train_mask, d.val_mask, d.test_mask)})
     diffs = _differing(all_gather_object(mine, comm, "setup"))
     if diffs:
+        fix = ("give every host parts of one shard set (copy them from the directory "
+               "`fullgraph partition --shards` wrote, or write the shards again)"
+               if sh is not None else
+               "give every host the same dataset (copy one host's processed directory to "
+               "the others: its checksums name its files)")
         raise ConfigError("the workers loaded different data (" + "; ".join(diffs) + "): "
-                          "give every host the same dataset (copy one host's processed "
-                          "directory to the others: its checksums name its files)")
+                          + fix)
 
 
 def _differing(every: list[dict[str, Any]]) -> list[str]:

@@ -165,3 +165,50 @@ def test_sigterm_while_writing_leaves_nothing_behind(root):
     assert proc.returncode == -signal.SIGTERM, (proc.returncode, err)
     assert "fullgraph generate: stopped by SIGTERM" in err, err
     assert list((root / "big").iterdir()) == []
+
+
+def test_a_directory_or_a_compressed_binary_file_is_named_as_such(root, tmp_path, capsys):
+    rc = main(["convert", "edgelist", "--name", "g", "--edges", str(tmp_path),
+               *_arrays(tmp_path)])
+    assert rc == 2 and "file is a directory; expected a regular file" in _one_line_error(capsys)
+    import gzip
+
+    edges = _binary_edges(tmp_path, "<u4")
+    packed = tmp_path / "edges.u32.gz"
+    packed.write_bytes(gzip.compress(edges.read_bytes()))
+    rc = main(["convert", "edgelist", "--name", "g", "--edges", str(packed), "--binary",
+               "uint32", *_arrays(tmp_path)])
+    err = _one_line_error(capsys)
+    assert rc == 2 and "binary edge file is gzip-compressed" in err and "gunzip" in err
+    assert not (root / "g").exists()
+
+
+def test_a_dataset_without_its_metadata_or_manifest_is_named_not_unknown(root, tmp_path,
+                                                                        capsys):
+    edges = tmp_path / "e.txt"
+    edges.write_text("".join(f"{i} {(i + 1) % N}\n" for i in range(N)))
+    assert main(["convert", "edgelist", "--name", "g", "--edges", str(edges),
+                 *_arrays(tmp_path)]) == 0
+    (root / "g" / "processed" / "meta.json").unlink()
+    assert main(["datasets", "g"]) == 2
+    assert "meta.json: dataset metadata is missing" in _one_line_error(capsys)
+    assert main(["partition", "--dataset", "cora", "--parts", "2", "--partitioner", "chunk",
+                 "--shards", str(root / "sh")]) == 0
+    (root / "sh" / "shards.json").unlink()
+    capsys.readouterr()
+    assert main(["datasets", "sh"]) == 2  # a bare name, in the root
+    assert "holds part-* folders but no shards.json" in _one_line_error(capsys)
+
+
+def test_a_closed_pipe_ends_the_listing_quietly(root):
+    import subprocess
+    import sys
+
+    code = ("import sys; from fullgraph.cli import main; "
+            "sys.exit(main(['datasets']))")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    assert proc.stdout is not None
+    proc.stdout.close()  # as `| head -0` does: every write finds the pipe closed
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode in (0, 141) and b"error" not in err and b"Traceback" not in err

@@ -367,6 +367,23 @@ def test_check_refuses_what_it_cannot_compare(argv, needle, capsys):
     assert needle in captured.err and "check: model" not in captured.out
 
 
+def test_check_takes_the_adaptation_options_the_strategies_take(small_store):
+    """The single process it compares with runs without them: exact adaptation and
+    injected slowdowns (ranks of the strategies' runs) are checked, not refused; partial
+    reduce is exact, and taken, with --staleness 1."""
+    from fullgraph import exactness
+    from fullgraph.config import config_from_dict
+
+    cfg = config_from_dict({"data": {"dataset": str(small_store)}, "launch": {"workers": 2},
+                            "adapt": {"mode": "adjust", "inject": "sleep:ranks=1,at=2,s=0.01"}})
+    exactness.prepare(cfg)  # (refused before: the reference had --adapt and rank 1)
+    reference = exactness._reference(cfg)
+    assert reference.section("adapt").mode == "off" and reference.section("adapt").inject is None
+    assert reference.launch.workers == 1 and reference.runtime.strategy == "single"
+    exactness.check_config(config_from_dict({"adapt": {"mode": "adjust+partial", "staleness": 1},
+                                             "launch": {"workers": 2}}))
+
+
 def test_a_model_file_imports_the_modules_beside_it_from_any_directory(
         root, tmp_path, monkeypatch, capsys):
     """As ``python file.py`` would; and a class loaded from the file is named by the

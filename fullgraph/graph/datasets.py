@@ -114,6 +114,7 @@ def load(name: str, root: Path, *, feature_dtype: str = "stored", split_seed: in
             warnings.warn(f"{exc}; rebuilding the processed dataset from raw files",
                           stacklevel=2)
     if name not in KNOWN:
+        _incomplete(direct if direct.is_dir() else processed.parent)
         raise DatasetNotFoundError(
             "unknown dataset", field="dataset", found=repr(name),
             expected="one of " + ", ".join(sorted(set(KNOWN) | set(_processed_names(root)))),
@@ -178,6 +179,23 @@ def processed_dir(root: Path, name: str, split_seed: int = 0) -> Path:
     if split_at_load(name) and split_seed:
         return root / name / f"processed-split{split_seed}"
     return root / name / "processed"
+
+
+def _incomplete(where: Path) -> None:
+    """Name what is wrong with a directory that holds part of a dataset (arrays without
+    their metadata, shard parts without the set's manifest), not just "unknown".
+
+    Raises:
+        CacheError: ``where`` or its ``processed`` folder holds arrays but no metadata.
+        ConfigError: ``where`` holds part-* folders but no shard manifest.
+    """
+    if any(where.glob("part-*/")):
+        raise ConfigError(f"dataset {where} holds part-* folders but no {store.SHARDS_FILE}, "
+                          "which `fullgraph partition --shards` writes last: copy it from "
+                          "the shard set, or write the shards again")
+    for folder in (where, where / "processed"):
+        if any(folder.glob("*.npy")):
+            store.load_dataset(folder, verify=False)  # raises, naming the missing metadata
 
 
 def check_name(name: str, *, path_ok: bool = False) -> str:

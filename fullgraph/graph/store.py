@@ -66,7 +66,8 @@ SHARDS_FORMAT = "fullgraph-shards-1"
 CHECKSUM_ALGORITHM = "sha256"
 CHUNK_BYTES = 16 << 20
 REBUILD_HINT = ("delete the directory: a built-in or downloaded dataset is then rebuilt from "
-                "its source files; run `fullgraph convert` or `generate` again for your own")
+                "its source files; run `fullgraph convert` or `generate` again for your own, "
+                "and `fullgraph partition --shards` for a shard set")
 
 # numpy has no bfloat16: such tensors travel as their raw 16-bit patterns.
 _BIT_VIEWS = {torch.bfloat16: (torch.int16, np.uint16)}

@@ -41,12 +41,27 @@ def open_binary(path: PathLike) -> IO[bytes]:
         DatasetNotFoundError: the file does not exist.
     """
     path = Path(path)
-    if not path.is_file():
-        raise DatasetNotFoundError("file not found", source=path,
-                                   hint=f"place the file at {path}")
+    require_file(path)
     if path.suffix == ".gz":
         return gzip.open(path, "rb")  # type: ignore[return-value]
     return open(path, "rb")
+
+
+def require_file(path: str | os.PathLike[str], what: str = "file") -> None:
+    """Refuse a ``path`` that is not a file: missing, or a directory.
+
+    Raises:
+        DatasetNotFoundError: nothing is at ``path``.
+        FormatError: ``path`` is a directory (or another kind of file).
+    """
+    path = Path(path)
+    if path.is_file():
+        return
+    if path.exists():
+        raise FormatError(f"{what} is a {'directory' if path.is_dir() else 'special file'}",
+                          source=path, expected="a regular file")
+    raise DatasetNotFoundError(f"{what} not found", source=path,
+                               hint=f"place the file at {path}")
 
 
 def iter_blocks(fh: IO[bytes], block_bytes: int | None = None, *,

@@ -20,12 +20,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from pathlib import Path
 
 import numpy as np
 import torch
 
-from fullgraph.errors import DatasetNotFoundError, FormatError, ValidationError
+from fullgraph.errors import FormatError, ValidationError
 from fullgraph.graph.csr import Graph
 from fullgraph.graph.data import Dataset
 from fullgraph.graph.formats._common import (
@@ -42,7 +41,7 @@ from fullgraph.graph.formats._common import (
     text_locator,
     warn_repeated_edges,
 )
-from fullgraph.graph.formats._text import read_table
+from fullgraph.graph.formats._text import read_table, require_file
 from fullgraph.graph.split import fraction_split
 
 MaskFiles = PathLike | Sequence[PathLike]
@@ -151,9 +150,13 @@ def read_binary_pairs(path: PathLike, dtype: str | np.dtype | type) -> np.ndarra
     if dt.kind not in "iu":
         raise ValueError(f"binary_dtype must be an integer dtype such as 'uint32' or 'int64', "
                          f"got {dt}")
-    if not Path(path).is_file():
-        raise DatasetNotFoundError("edge file not found", source=path,
-                                   hint=f"place the file at {path}")
+    require_file(path, "edge file")
+    with open(path, "rb") as f:
+        if f.read(2) == b"\x1f\x8b":
+            raise FormatError("binary edge file is gzip-compressed", source=path,
+                              expected=f"raw {dt} src, dst pairs",
+                              hint=f"decompress it first (gunzip {path}); text edge files may "
+                              "be read compressed")
     record = 2 * dt.itemsize
     size = os.path.getsize(path)
     if size % record:
@@ -225,8 +228,7 @@ def load_npy(path: PathLike) -> np.ndarray:
         DatasetNotFoundError: the file does not exist.
         FormatError: not an ``.npy`` file, or it holds Python objects (needs pickle).
     """
-    if not Path(path).is_file():
-        raise DatasetNotFoundError("file not found", source=path, hint=f"place the file at {path}")
+    require_file(path)
     with open(path, "rb") as f:
         head = f.read(6)
     if head != b"\x93NUMPY" and not head.startswith(b"PK"):  # .npz archives: named below

@@ -30,7 +30,7 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
-from fullgraph.errors import DatasetNotFoundError, FormatError, ValidationError
+from fullgraph.errors import FormatError, ValidationError
 from fullgraph.graph.csr import Graph
 from fullgraph.graph.data import Dataset
 from fullgraph.graph.formats._common import (
@@ -43,6 +43,7 @@ from fullgraph.graph.formats._common import (
     check_labels,
     field_locator,
 )
+from fullgraph.graph.formats._text import require_file
 from fullgraph.graph.formats.safe_pickle import load_pickle
 from fullgraph.graph.split import per_class_split
 
@@ -71,9 +72,7 @@ def load_npz(path: PathLike, name: str | None = None, *, seed: int = 0,
         ValidationError: ids out of range, labels negative, non-finite features.
     """
     path = Path(path)
-    if not path.is_file():
-        raise DatasetNotFoundError("npz file not found", source=path,
-                                   hint=f"place the file at {path}")
+    require_file(path, "npz file")
     members = _read_members(path)
     if all(k in members for k in FLAT_KEYS):
         adj, x, y = _flat_layout(members, path)
