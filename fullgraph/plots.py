@@ -127,8 +127,9 @@ def _ranks(fig: Any, log: RunLog, rows: list[RankRow], slow: int | None) -> None
                     ha="center", va="bottom")
     ax.set_xticks(x, [f"rank {r.rank}" for r in rows])
     ax.set_ylim(0, 1.25 * max(bottom + [1e-9]))
-    note = " (one worker: all compute)" if len(rows) < 2 else "" if slow is not None else \
-        " (waiting not split: the ranks' calls differed)"
+    note = (" (no epoch ran: no per-rank records)" if not rows else
+            " (one worker: all compute)" if len(rows) < 2 else "" if slow is not None else
+            " (waiting not split: the ranks' calls differed)")
     ax.set(title="time per epoch by rank (median over epochs)" + note, ylabel="milliseconds")
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.grid(axis="y", alpha=0.3)
@@ -245,14 +246,17 @@ def final_lines(log: RunLog) -> list[str]:
         last = log.epochs[-1]
         return [f"unfinished run: last epoch {last['epoch']}, loss {last['loss']:.4f}"]
     restored = sum(bool(e.get("restored")) for e in log.epochs)
-    ran = f"{len(log.epochs) - restored} epochs in {s['total_s']:.2f} s" + (
-        f" after {restored} restored from a checkpoint" if restored else "") + (
-        f", stopped early (patience {log.config('train', 'patience')})"
-        if s.get("stopped_early") else "")
+    early = f", stopped early (patience {log.config('train', 'patience')})" \
+        if s.get("stopped_early") else ""
+    if restored == len(log.epochs):  # resumed after its last epoch (or its early stop)
+        ran = f"no epoch ran after the {restored} restored from a checkpoint{early}"
+    else:
+        ran = f"{len(log.epochs) - restored} epochs in {s['total_s']:.2f} s" + (
+            f" after {restored} restored from a checkpoint" if restored else "") + early + \
+            f", median epoch {s['median_epoch_s'] * 1e3:.1f} ms"
     return [f"test accuracy {s['test_acc']:.2%} at the best-validation epoch "
             f"{s['best_epoch']} (validation {s['best_val']:.2%}, train {s['train_acc']:.2%})",
-            f"final loss {log.epochs[-1]['loss']:.4f}; {ran}, median epoch "
-            f"{s['median_epoch_s'] * 1e3:.1f} ms"]
+            f"final loss {log.epochs[-1]['loss']:.4f}; {ran}"]
 
 
 def render_page(log: RunLog, rows: list[RankRow], slow: int | None) -> str:
@@ -270,6 +274,8 @@ def render_page(log: RunLog, rows: list[RankRow], slow: int | None) -> str:
         cells += [f"{sum(d.values()) / 1e6:.3f}" for d in (r.sent, r.recv)]
         cells.append(f"{r.peak_mem / 2**20:.0f}" if r.peak_mem else "-")
         table.append("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in cells) + "</tr>")
+    if not rows:
+        table.append('<tr><td colspan="8">no per-rank records: no epoch ran</td></tr>')
     figures = "\n".join(f'<img src="{name}" alt="{name}" width="{FIGURE_PX[0]}">'
                         for name in FIGURES)
     items = "".join(f"<li>{esc(line)}</li>" for line in header_lines(log))

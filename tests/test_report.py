@@ -202,3 +202,24 @@ def test_a_run_stopped_early_says_so(tmp_path):
     assert len(log.epochs) < 60 and log.summary["stopped_early"]
     assert f"{len(log.epochs)} epochs in" in final_lines(log)[1]
     assert "stopped early (patience 3)" in final_lines(log)[1]
+
+
+def test_a_run_resumed_after_its_early_stop_ran_no_epoch(tmp_path, capsys):
+    from fullgraph.plots import final_lines
+    from fullgraph.runlog import rank_rows
+
+    records = [{"event": "run", "workers": 2, "config": {"train": {"patience": 3}}}]
+    records += [{"event": "epoch", "epoch": e, "loss": 1.0, "epoch_s": 0.1, "restored": True,
+                 "train_acc": 0.6, "val_acc": 0.5, "test_acc": 0.5} for e in range(1, 8)]
+    records.append({"event": "summary", "test_acc": 0.5, "best_epoch": 4, "best_val": 0.5,
+                    "train_acc": 0.6, "total_s": 0.0, "median_epoch_s": float("nan"),
+                    "stopped_early": True})
+    metrics = tmp_path / "again.jsonl"
+    metrics.write_text("".join(json.dumps(r) + "\n" for r in records))
+    log = read_run_log(metrics)
+    assert final_lines(log)[1] == ("final loss 1.0000; no epoch ran after the 7 restored "
+                                   "from a checkpoint, stopped early (patience 3)")
+    assert rank_rows(log) == []  # two workers, no per-rank records: not "one worker"
+    pytest.importorskip("matplotlib")
+    page = report(metrics, tmp_path / "report", capsys)
+    assert "no per-rank records: no epoch ran" in page and "median epoch nan" not in page
