@@ -79,6 +79,13 @@ def build_adapters(cfg: Any, strategy: Any, model: Any, plan: Any, rank: int, wo
     if opts.mode == "adjust+partial":
         from fullgraph.adapt.partial import PartialReduce
 
+        if world == 2 and rank == 0:
+            warnings.warn("--adapt adjust+partial on 2 workers: an update waits for a "
+                          "majority (M // 2 + 1), which is both, so no worker is left out "
+                          "of one; only the partial computation (stale halo rows) takes "
+                          "effect. 3 or more workers let it leave a straggler out",
+                          stacklevel=2)
+
         # first, so that its step clock starts before any injected delay
         adapters.insert(0, PartialReduce(strategy, model, plan, opts.staleness, opts.slack,
                                          cfg.train.epochs, note,

@@ -379,3 +379,23 @@ def test_staleness_and_slack_are_checked():
     with pytest.raises(ConfigError, match="late_gradients"):
         AdaptConfig(mode="adjust+partial", late_gradients="average")
 
+
+
+@pytest.mark.parametrize("world,warns", [(2, True), (3, False)])
+def test_two_workers_are_told_that_no_one_is_left_out(monkeypatch, world, warns):
+    """A majority of 2 is both workers: the run says that only the partial computation
+    takes effect there."""
+    import warnings
+
+    from fullgraph import adapt
+    from fullgraph.adapt import partial
+
+    monkeypatch.setattr(partial, "PartialReduce", lambda *a, **k: "partial")
+    monkeypatch.setattr(adapt, "_adjuster", lambda *a, **k: "adjuster")
+    cfg = Config(runtime=RuntimeConfig(strategy="data"), adapt=AdaptConfig(mode="adjust+partial"))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert adapt.build_adapters(cfg, None, None, None, 0, world, None) == \
+            ["partial", "adjuster"]
+    said = [str(w.message) for w in caught if "no worker is left out" in str(w.message)]
+    assert bool(said) == warns
