@@ -440,7 +440,7 @@ class AdaptConfig:
             try:
                 parse(self.inject)
             except ValueError as exc:
-                raise ConfigError(f"adapt.inject: {exc}") from None
+                raise ConfigError(str(exc)) from None  # (it names --inject)
 
 
 CORE_SECTIONS: dict[str, type] = {"data": DataConfig, "model": ModelConfig,

@@ -40,6 +40,7 @@ import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -110,18 +111,30 @@ def _parse_item(kind: str, rest: str, item: str) -> InjectSpec:
         if key in values:
             raise ValueError(f"--inject {item!r}: {key} given twice")
         values[key] = value.strip()
-    try:
-        spec = InjectSpec(
-            kind, p=float(values.get("p", 0.1)),
-            seconds=None if values.get("s", "auto") == "auto" else float(values["s"]),
-            epochs=int(values.get("n", 5)), load=int(values.get("load", 1)),
-            rate=values.get("rate"), delay=values.get("delay"),
-            ranks=tuple(int(r) for r in values["ranks"].split("+")) if "ranks" in values
-            else None,
-            at=tuple(int(e) for e in values["at"].split("+")) if "at" in values else (),
-            seed=int(values.get("seed", 0)))
-    except ValueError as exc:
-        raise ValueError(f"--inject {item!r}: {exc}") from None
+    def number(key: str, default: str, kind: type = int) -> Any:
+        text = values.get(key, default)
+        try:
+            return kind(text)
+        except ValueError:
+            what = "an integer" if kind is int else "a number"
+            raise ValueError(f"--inject {item!r}: {key}={text!r} is not {what}") from None
+
+    def numbers(key: str) -> tuple[int, ...]:  # 1+3: a list of integers
+        if key not in values:
+            return ()
+        try:
+            return tuple(int(t) for t in values[key].split("+"))
+        except ValueError:
+            raise ValueError(f"--inject {item!r}: {key}={values[key]!r} is not integers "
+                             f"joined by '+' (e.g. {key}=1+3)") from None
+
+    spec = InjectSpec(
+        kind, p=number("p", "0.1", float),
+        seconds=None if values.get("s", "auto") == "auto" else number("s", "", float),
+        epochs=number("n", "5"), load=number("load", "1"),
+        rate=values.get("rate"), delay=values.get("delay"),
+        ranks=numbers("ranks") if "ranks" in values else None, at=numbers("at"),
+        seed=number("seed", "0"))
     _check(spec, item)
     return spec
 
@@ -137,7 +150,7 @@ def _check(spec: InjectSpec, item: str) -> None:
     if spec.load < 1:
         problems.append(f"load={spec.load} must be >= 1")
     if spec.ranks is not None and min(spec.ranks) < 0:
-        problems.append(f"ranks={spec.ranks} must be >= 0")
+        problems.append(f"ranks={'+'.join(map(str, spec.ranks))} must be >= 0")
     if spec.kind == "net" and spec.rate is None and spec.delay is None:
         problems.append("net needs rate=... (e.g. 50mbit) or delay=... (e.g. 10ms)")
     if spec.rate is not None and not _TC_RATE.match(spec.rate):
@@ -145,7 +158,8 @@ def _check(spec: InjectSpec, item: str) -> None:
     if spec.delay is not None and not _TC_TIME.match(spec.delay):
         problems.append(f"delay={spec.delay} is not a tc time such as 10ms")
     if spec.at and min(spec.at) < 2:
-        problems.append(f"at={spec.at}: slowdowns start at epoch 2 or later")
+        problems.append(f"at={'+'.join(map(str, spec.at))}: slowdowns start at epoch 2 or "
+                        "later")
     if not is_seed(spec.seed):
         problems.append(f"seed={spec.seed} must be {SEED_RANGE}")
     if problems:
