@@ -145,7 +145,9 @@ def refusals(cfg: Any, dataset: Dataset) -> dict[str, str]:
     """Per candidate whose strategy refuses this model, graph or worker count before a
     launch (``Strategy.check_launch``: p2p and batch normalisation, say), or, tensor
     parallelism, a ``--device-memory`` that cannot hold one vertex, its reason (the
-    message's first clause). The planner neither runs nor recommends them."""
+    message's first clause), or that does not take the run's ``--adapt``. The planner
+    neither runs nor recommends them."""
+    from fullgraph.adapt import check_options as check_adapt_options
     from fullgraph.parallel import build_strategy
 
     workers = cfg.launch.workers
@@ -156,8 +158,11 @@ def refusals(cfg: Any, dataset: Dataset) -> dict[str, str]:
     for cand in candidates(workers):
         with warnings.catch_warnings():  # (options that do not apply to the candidate)
             warnings.simplefilter("ignore")
-            strategy = build_strategy(candidate_config(cfg, cand))
+            run = candidate_config(cfg, cand)
+            strategy = build_strategy(run)
         try:
+            if workers > 1:  # --adapt on a strategy it does not work on
+                check_adapt_options(run, workers)
             strategy.check_launch(program, dataset.graph.num_nodes, workers)
             if cand.strategy == "tensor" and graph is not None:
                 budget_chunks(cfg, cand, program, graph, workers)

@@ -158,6 +158,17 @@ def test_plan_prices_every_candidate_and_marks_what_does_not_fit(monkeypatch):
     assert cand == squeezed.recommended.candidate
 
 
+@pytest.mark.parametrize("mode,taken", [("adjust+partial", {"data"}),
+                                        ("adjust", {"data", "tensor"})])
+def test_strategies_that_do_not_take_the_adaptation_are_left_out(mode, taken):
+    """--strategy auto with --adapt picks among the strategies that take it (it picked
+    tensor, say, then refused the run)."""
+    dataset = tiny_dataset(F, C, n=24)
+    refused = planner.refusals(tiny_cfg(3, adapt={"mode": mode}), dataset)
+    assert {c.strategy for c in P.CANDIDATES if c.label not in refused} == taken
+    assert all("--adapt" in why for why in refused.values())
+
+
 def test_a_strategy_that_refuses_the_model_is_left_out_not_fatal(monkeypatch):
     """GIN with batch normalisation: p2p refuses it before a launch, so the plan marks
     it NO, never runs it (calibration, probe) and recommends among the others."""
