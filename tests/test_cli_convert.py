@@ -212,3 +212,12 @@ def test_a_closed_pipe_ends_the_listing_quietly(root):
     proc.stdout.close()  # as `| head -0` does: every write finds the pipe closed
     _, err = proc.communicate(timeout=120)
     assert proc.returncode in (0, 141) and b"error" not in err and b"Traceback" not in err
+
+
+def test_labels_all_unknown_are_named_as_the_cause_of_an_empty_split(root, tmp_path, capsys):
+    edges = tmp_path / "e.txt"
+    edges.write_text("".join(f"{i} {(i + 1) % N}\n" for i in range(N)))
+    rc = main(["convert", "edgelist", "--name", "g", "--edges", str(edges),
+               *_arrays(tmp_path, labels=-np.ones(N, dtype=np.int64))])
+    err = _one_line_error(capsys)
+    assert rc == 2 and "the train mask is empty" in err and "every label is -1" in err

@@ -186,8 +186,11 @@ class VertexData:
                                       field=f"{name}[{v}]", found="label -1",
                                       expected="a class id")
         if not bool(self.train_mask.any()):
+            unlabelled = not bool((self.labels >= 0).any())
             raise ValidationError("the train mask is empty", source=source, field="train_mask",
-                                  found="0 training vertices", expected="at least one")
+                                  found="0 training vertices", expected="at least one",
+                                  hint="no vertex has a label: every label is -1"
+                                  if unlabelled else None)
         for i in range(3):
             for j in range(i + 1, 3):
                 both = masks[i] & masks[j]
