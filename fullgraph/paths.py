@@ -6,7 +6,10 @@ output option is checked when the run starts, and the error names the option.
 from __future__ import annotations
 
 import os
+import re
 import secrets
+import shutil
+import socket
 import tempfile
 from pathlib import Path
 
@@ -76,17 +79,45 @@ def _can_append(path: Path) -> bool:
 
 def sibling_dir(path: Path, tag: str) -> Path:
     """Make and return a new, uniquely named directory beside ``path``
-    (``.NAME.TAG-PID-RANDOM``), with the mode a plain ``mkdir`` gives (0777 less the
+    (``.NAME.TAG-HOST-PID-RANDOM``), with the mode a plain ``mkdir`` gives (0777 less the
     umask), not ``tempfile.mkdtemp``'s 0700: it becomes ``path`` when renamed into
-    place, which others sharing a dataset root must be able to read."""
+    place, which others sharing a dataset root must be able to read.
+
+    Such directories left by a process of this host that no longer runs (one killed
+    with SIGKILL, which no clean-up survives) are removed first."""
+    prefix = f".{path.name}.{tag}-{socket.gethostname()}-"
+    _remove_orphans(path.parent, prefix)
     for _ in range(100):
-        candidate = path.parent / f".{path.name}.{tag}-{os.getpid()}-{secrets.token_hex(4)}"
+        candidate = path.parent / f"{prefix}{os.getpid()}-{secrets.token_hex(4)}"
         try:
             candidate.mkdir(mode=0o777)
         except FileExistsError:
             continue
         return candidate
     raise FileExistsError(f"no free temporary name beside {path}")
+
+
+def _remove_orphans(parent: Path, prefix: str) -> None:
+    """Remove the directories ``PREFIX<pid>-<hex>`` in ``parent`` whose process is gone."""
+    try:
+        names = [e.name for e in os.scandir(parent) if e.name.startswith(prefix)]
+    except OSError:  # (no parent yet: nothing left there)
+        return
+    for name in names:  # (exactly PID-HEX: a host named HOST-2 is another host)
+        found = re.fullmatch(r"(\d+)-[0-9a-f]{8}", name[len(prefix):])
+        if found and not _alive(int(found.group(1))):
+            shutil.rmtree(parent / name, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    """Whether a process ``pid`` runs on this host (one of another user counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True
+    return True
 
 
 def sibling_file(path: Path, tag: str) -> tuple[int, str]:

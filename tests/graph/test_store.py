@@ -221,6 +221,26 @@ def test_overwrite_replaces_and_leaves_nothing_behind(tmp_path: Path) -> None:
     assert _only_entry(tmp_path) == ["ds"]
 
 
+def test_a_write_killed_outright_is_cleared_by_the_next(tmp_path: Path) -> None:
+    """SIGKILL leaves a writer's temporary directory; the next write beside it removes
+    those of this host's processes that are gone, and keeps a running one's."""
+    import socket
+    import subprocess
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    host = socket.gethostname()
+    dead = tmp_path / f".ds.tmp-{host}-{gone.pid}-0badc0de"
+    running = tmp_path / f".ds.tmp-{host}-{os.getpid()}-0badc0de"
+    other_host = tmp_path / f".ds.tmp-{host}-2-{gone.pid}-0badc0de"  # host HOST-2's
+    for d in (dead, running, other_host):
+        (d / "features.npy").parent.mkdir()
+        (d / "features.npy").write_bytes(b"partial")
+    save_dataset(make_dataset(seed=0), tmp_path / "ds")
+    assert not dead.exists() and running.exists() and other_host.exists()
+    assert_same(make_dataset(seed=0), load_dataset(tmp_path / "ds"))
+
+
 def test_a_written_dataset_has_the_umasks_modes(tmp_path: Path) -> None:
     """Others sharing a dataset root can read it: the directory was mkdtemp's 0700."""
     old = os.umask(0o022)
