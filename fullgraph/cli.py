@@ -372,7 +372,10 @@ def _raise_terminated(signum: int, frame: Any) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     if (sys.argv[1:] if argv is None else argv) == ["--version"]:  # without loading torch
-        print(f"fullgraph {__version__}")
+        try:
+            print(f"fullgraph {__version__}", flush=True)
+        except BrokenPipeError:
+            return _closed_pipe_exit()
         return 0
     if argv is None:
         from fullgraph.allocator import reexec_with_allocator
@@ -405,10 +408,11 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(exc.signum, signal.SIG_DFL)
         os.kill(os.getpid(), exc.signum)
         return 128 + exc.signum  # where the signal is blocked
-    except BrokenPipeError:  # the reader went away (`| head`): end quietly, as `ls` does
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())  # (the interpreter's last flush goes there)
-        return 128 + signal.SIGPIPE
+    except BrokenPipeError as exc:
+        if _stdout_closed():  # the reader went away (`| head`): end quietly, as `ls` does
+            return _closed_pipe_exit()
+        print(f"fullgraph {args.command}: error: {_error_text(exc)}", file=sys.stderr)
+        return 2
     except (FullgraphError, ValueError, OSError) as exc:
         if debug:
             traceback.print_exc()
@@ -421,6 +425,30 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     finally:
         warnings.formatwarning = formatted
+
+
+def _stdout_closed() -> bool:
+    """Whether standard output is a pipe whose reader has gone (a ``BrokenPipeError``
+    from anything else, a FIFO given as ``--metrics-out`` say, is an error)."""
+    import select
+    import stat
+
+    try:
+        if not stat.S_ISFIFO(os.fstat(sys.stdout.fileno()).st_mode):
+            return False
+        poll = select.poll()
+        poll.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & (select.POLLERR | select.POLLHUP) for _, events in poll.poll(0))
+    except (OSError, ValueError, AttributeError):  # (no descriptor, no poll)
+        return False
+
+
+def _closed_pipe_exit() -> int:
+    """Exit as a tool killed by SIGPIPE does, without a message: what is still buffered
+    for standard output goes nowhere."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())  # (the interpreter's last flush goes there)
+    return 128 + signal.SIGPIPE
 
 
 def _error_text(exc: BaseException) -> str:

@@ -147,7 +147,7 @@ def refusals(cfg: Any, dataset: Dataset) -> dict[str, str]:
     parallelism, a ``--device-memory`` that cannot hold one vertex, its reason (the
     message's first clause), or that does not take the run's ``--adapt``. The planner
     neither runs nor recommends them."""
-    from fullgraph.adapt import check_options as check_adapt_options
+    from fullgraph.adapt import check_strategy
     from fullgraph.parallel import build_strategy
 
     workers = cfg.launch.workers
@@ -162,7 +162,7 @@ def refusals(cfg: Any, dataset: Dataset) -> dict[str, str]:
             strategy = build_strategy(run)
         try:
             if workers > 1:  # --adapt on a strategy it does not work on
-                check_adapt_options(run, workers)
+                check_strategy(run)
             strategy.check_launch(program, dataset.graph.num_nodes, workers)
             if cand.strategy == "tensor" and graph is not None:
                 budget_chunks(cfg, cand, program, graph, workers)
@@ -343,7 +343,11 @@ def plan_run(cfg: Any, dataset: Dataset, *, base_rss: int | None = None,
     """Price every candidate, mark the ones that do not fit, recommend the fastest
     (rates measured here unless given; unless ``overheads`` is False, the executors are
     also run to measure what the counts cannot give, see ``measured_rates``)."""
+    from fullgraph.adapt import check_general
+
     workers = cfg.launch.workers
+    if workers > 1:  # what no candidate could run, refused here rather than marked NO
+        check_general(cfg, workers)
     rates = rates or plan_rates(dataset.graph, workers, _worker_threads(cfg),
                                 cfg.runtime.spmm_backend)
     per_candidate = None

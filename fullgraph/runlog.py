@@ -127,10 +127,11 @@ def rank_rows(log: RunLog) -> list[RankRow]:
     """Per rank, medians over epochs as ``fullgraph.profile.summary_lines`` takes them.
 
     A one-worker run has no per-rank records: its one row is the epoch time, all
-    compute. A run of several workers without them (resumed after its last epoch, so
-    none ran) has no rows.
+    compute. A run without them otherwise (resumed after its last epoch, so that none
+    ran) has no rows.
     """
-    if not log.ranks and int(log.run.get("workers", 1)) > 1:
+    if not log.ranks and (int(log.run.get("workers", 1)) > 1 or
+                          all(e.get("restored") for e in log.epochs)):
         return []
     if not log.ranks:
         wall = _median([e["epoch_s"] for e in log.epochs])

@@ -265,14 +265,12 @@ def _ranks(ranks: list[int]) -> str:
 
 def check_patience(cfg: Config, dataset: Dataset) -> None:
     """Refuse ``train.patience`` on a dataset without validation vertices (early stopping
-    watches the validation accuracy). A per-part shard holds its own vertices' masks
-    only: the check is left to the whole dataset.
+    watches the validation accuracy; a per-part shard keeps the whole graph's masks).
 
     Raises:
         ConfigError: patience is set and no vertex is in the validation set.
     """
-    if cfg.train.patience is not None and dataset.shard is None \
-            and not bool(dataset.data.val_mask.any()):
+    if cfg.train.patience is not None and not bool(dataset.data.val_mask.any()):
         raise ConfigError(f"train.patience: {dataset.name} has no validation vertices, and "
                           "early stopping watches the validation accuracy; leave out "
                           "--patience, or give the data a validation set")

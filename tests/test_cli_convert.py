@@ -181,6 +181,12 @@ def test_a_directory_or_a_compressed_binary_file_is_named_as_such(root, tmp_path
     err = _one_line_error(capsys)
     assert rc == 2 and "binary edge file is gzip-compressed" in err and "gunzip" in err
     assert not (root / "g").exists()
+    # raw ids whose first bytes happen to read 1f 8b 08 00 are edges, not gzip
+    from fullgraph.graph.formats.edgelist import read_binary_pairs
+
+    raw = tmp_path / "edges.u32"
+    raw.write_bytes(b"\x1f\x8b\x08\x00" + np.arange(7, dtype="<u4").tobytes())
+    assert read_binary_pairs(raw, "uint32")[0, 0] == 0x00088B1F
 
 
 def test_a_dataset_without_its_metadata_or_manifest_is_named_not_unknown(root, tmp_path,
@@ -198,6 +204,13 @@ def test_a_dataset_without_its_metadata_or_manifest_is_named_not_unknown(root, t
     capsys.readouterr()
     assert main(["datasets", "sh"]) == 2  # a bare name, in the root
     assert "holds part-* folders but no shards.json" in _one_line_error(capsys)
+    # a folder of other files (arrays to convert, part-00000 of another tool) is unknown
+    other = root / "mine"
+    other.mkdir()
+    np.save(other / "x.npy", np.zeros((3, 2)))
+    (other / "part-00000").write_text("a b\n")
+    assert main(["datasets", "mine"]) == 2
+    assert "unknown dataset; found 'mine'" in _one_line_error(capsys)
 
 
 def test_a_closed_pipe_ends_the_listing_quietly(root):
@@ -221,3 +234,15 @@ def test_labels_all_unknown_are_named_as_the_cause_of_an_empty_split(root, tmp_p
                *_arrays(tmp_path, labels=-np.ones(N, dtype=np.int64))])
     err = _one_line_error(capsys)
     assert rc == 2 and "the train mask is empty" in err and "every label is -1" in err
+
+
+def test_a_broken_pipe_that_is_not_standard_output_is_an_error(root, monkeypatch, capsys):
+    """A FIFO given as --metrics-out whose reader went away, say: not ended quietly."""
+    from fullgraph import cli
+
+    def broken(args):
+        raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setitem(cli.COMMANDS, "datasets", broken)
+    assert main(["datasets"]) == 2
+    assert "fullgraph datasets: error: broken pipe" in capsys.readouterr().err

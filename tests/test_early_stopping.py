@@ -14,7 +14,7 @@ from fullgraph import checkpoint
 from fullgraph.config import Config, ModelConfig, RuntimeConfig, TrainConfig
 from fullgraph.errors import ConfigError
 from fullgraph.graph.synthetic import sbm
-from fullgraph.train import check_before_launch, train
+from fullgraph.train import check_before_launch, check_patience, train
 
 EPOCHS = 60
 MODEL = ModelConfig(name="gcn", hidden=8, dropout=0.5)
@@ -114,7 +114,7 @@ def test_every_rank_stops_at_the_single_process_epoch(full, tmp_path):
                                        rtol=1e-5, atol=1e-6)
 
 
-def test_patience_needs_validation_vertices():
+def test_patience_needs_validation_vertices(tmp_path):
     ds = make_dataset()
     ds.data.val_mask = torch.zeros_like(ds.data.val_mask)
     with pytest.raises(ConfigError, match="train.patience: .* no validation vertices"):
@@ -122,6 +122,16 @@ def test_patience_needs_validation_vertices():
     with pytest.raises(ConfigError, match="no validation vertices"):
         train(ds, config(patience=3))
     assert len(train(ds, config(epochs=3)).epochs) == 3  # without it, the last model is kept
+    # per-part shards keep the whole graph's masks: refused there too
+    from fullgraph.checkpoint import dataset_fingerprint
+    from fullgraph.graph.store import load_shard
+    from fullgraph.partition import partition
+    from fullgraph.partition.shards import write_shards
+
+    write_shards(ds, partition(ds.graph, 2, "chunk"), tmp_path / "shards", 0,
+                 dataset_fingerprint(ds))
+    with pytest.raises(ConfigError, match="no validation vertices"):
+        check_patience(config(patience=3), load_shard(tmp_path / "shards", 1))
 
 
 @pytest.mark.parametrize("bad", [0, -2])

@@ -169,6 +169,15 @@ def test_strategies_that_do_not_take_the_adaptation_are_left_out(mode, taken):
     assert all("--adapt" in why for why in refused.values())
 
 
+def test_adaptation_options_no_strategy_takes_are_refused_before_planning():
+    from fullgraph.errors import ConfigError
+
+    dataset = tiny_dataset(F, C, n=24)
+    with pytest.raises(ConfigError, match=r"ranks \[5\] do not exist with 2 worker"):
+        planner.plan_run(tiny_cfg(2, adapt={"inject": "sleep:ranks=5"}), dataset,
+                         overheads=False)
+
+
 def test_a_strategy_that_refuses_the_model_is_left_out_not_fatal(monkeypatch):
     """GIN with batch normalisation: p2p refuses it before a launch, so the plan marks
     it NO, never runs it (calibration, probe) and recommends among the others."""

@@ -22,15 +22,44 @@ ADJUSTABLE = ("data", "tensor")
 
 
 def check_options(cfg: Any, world: int) -> None:
-    """Refuse ``adapt`` options the run cannot honour (before any worker starts).
+    """Refuse ``adapt`` options the run cannot honour (before any worker starts):
+    ``check_general``, then ``check_strategy``.
 
     Raises:
-        ConfigError: adjust on a strategy it does not work on, a cache budget without
-            DepCache adjustment, or an injection item naming a missing rank or an epoch
-            past the last.
+        ConfigError: as those do.
+    """
+    check_general(cfg, world)
+    check_strategy(cfg)
+
+
+def check_general(cfg: Any, world: int) -> None:
+    """Refuse ``adapt`` options that no strategy could honour: a cache budget without
+    adjustment, or an injection item naming a missing rank or an epoch past the last.
+
+    Raises:
+        ConfigError: naming the option.
     """
     from fullgraph.adapt.inject import check_world, parse
 
+    opts = cfg.adapt
+    if opts.cache_budget_mb is not None and opts.mode == "off":
+        raise ConfigError("--cache-budget bounds DepCache under --adapt adjust with "
+                          "--strategy data; it has no effect here")
+    if opts.inject:
+        try:
+            check_world(parse(opts.inject), world, cfg.train.epochs)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+
+
+def check_strategy(cfg: Any) -> None:
+    """Refuse ``adapt`` options that the run's strategy (or backend, or model) does not
+    take: partial reduce off data parallelism, on NCCL or with batch normalisation;
+    adjustment off data and tensor parallelism; a cache budget off data parallelism.
+
+    Raises:
+        ConfigError: naming the option and the strategy.
+    """
     opts, strategy = cfg.adapt, cfg.runtime.strategy
     if opts.mode == "adjust+partial":
         if strategy != "data":
@@ -46,14 +75,9 @@ def check_options(cfg: Any, world: int) -> None:
     if opts.mode == "adjust" and strategy not in ADJUSTABLE:
         raise ConfigError(f"--adapt adjust works on --strategy data (DepCache/DepComm) or "
                           f"tensor (speed-proportional shares); the run uses {strategy!r}")
-    if opts.cache_budget_mb is not None and (opts.mode == "off" or strategy != "data"):
+    if opts.cache_budget_mb is not None and strategy != "data":
         raise ConfigError("--cache-budget bounds DepCache under --adapt adjust with "
                           "--strategy data; it has no effect here")
-    if opts.inject:
-        try:
-            check_world(parse(opts.inject), world, cfg.train.epochs)
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from None
 
 
 def build_adapters(cfg: Any, strategy: Any, model: Any, plan: Any, rank: int, world: int,
@@ -116,4 +140,5 @@ def _adjuster(cfg: Any, strategy: Any, model: Any, plan: Any, note: Note) -> Ada
                           partial=opts.mode == "adjust+partial")
 
 
-__all__ = ["ADJUSTABLE", "Adapter", "build_adapters", "check_options"]
+__all__ = ["ADJUSTABLE", "Adapter", "build_adapters", "check_general", "check_options",
+           "check_strategy"]

@@ -182,19 +182,20 @@ def processed_dir(root: Path, name: str, split_seed: int = 0) -> Path:
 
 
 def _incomplete(where: Path) -> None:
-    """Name what is wrong with a directory that holds part of a dataset (arrays without
-    their metadata, shard parts without the set's manifest), not just "unknown".
+    """Name what is wrong with a directory that holds part of a dataset (the store's
+    arrays without their metadata, shard parts without the set's manifest), not just
+    "unknown"; any other directory is left to that message.
 
     Raises:
         CacheError: ``where`` or its ``processed`` folder holds arrays but no metadata.
         ConfigError: ``where`` holds part-* folders but no shard manifest.
     """
-    if any(where.glob("part-*/")):
+    if any(p.is_dir() and (p / store.META_FILE).is_file() for p in where.glob("part-*")):
         raise ConfigError(f"dataset {where} holds part-* folders but no {store.SHARDS_FILE}, "
                           "which `fullgraph partition --shards` writes last: copy it from "
                           "the shard set, or write the shards again")
-    for folder in (where, where / "processed"):
-        if any(folder.glob("*.npy")):
+    for folder in (where, where / "processed"):  # the store's own arrays, not any .npy
+        if (folder / "indptr.npy").is_file() and (folder / "indices.npy").is_file():
             store.load_dataset(folder, verify=False)  # raises, naming the missing metadata
 
 

@@ -224,15 +224,16 @@ def test_overwrite_replaces_and_leaves_nothing_behind(tmp_path: Path) -> None:
 def test_a_write_killed_outright_is_cleared_by_the_next(tmp_path: Path) -> None:
     """SIGKILL leaves a writer's temporary directory; the next write beside it removes
     those of this host's processes that are gone, and keeps a running one's."""
-    import socket
     import subprocess
+
+    from fullgraph.paths import _process_space
 
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
-    host = socket.gethostname()
-    dead = tmp_path / f".ds.tmp-{host}-{gone.pid}-0badc0de"
-    running = tmp_path / f".ds.tmp-{host}-{os.getpid()}-0badc0de"
-    other_host = tmp_path / f".ds.tmp-{host}-2-{gone.pid}-0badc0de"  # host HOST-2's
+    here = _process_space()
+    dead = tmp_path / f".ds.tmp-{here}-{gone.pid}-0badc0de"
+    running = tmp_path / f".ds.tmp-{here}-{os.getpid()}-0badc0de"
+    other_host = tmp_path / f".ds.tmp-0123456789ab-{gone.pid}-0badc0de"  # another host's
     for d in (dead, running, other_host):
         (d / "features.npy").parent.mkdir()
         (d / "features.npy").write_bytes(b"partial")

@@ -139,24 +139,42 @@ def read_edges(path: PathLike, num_nodes: int, *,
     return src, dst
 
 
+def _gzip_stream(path: PathLike) -> bool:
+    """Whether ``path`` opens as a gzip stream: its header (magic, deflate, no reserved
+    flag) and a first byte that decompresses; ids that merely begin like it do not."""
+    import gzip
+    import zlib
+
+    with open(path, "rb") as f:
+        head = f.read(4)
+    if len(head) < 4 or head[:3] != b"\x1f\x8b\x08" or head[3] & 0xE0:
+        return False
+    try:
+        with gzip.open(path, "rb") as f:
+            f.read(1)
+    except (OSError, EOFError, zlib.error):
+        return False
+    return True
+
+
 def read_binary_pairs(path: PathLike, dtype: str | np.dtype | type) -> np.ndarray:
     """(E, 2) array of a headerless binary file of ``(src, dst)`` records of ``dtype``.
 
     Raises:
         DatasetNotFoundError: the file does not exist.
-        FormatError: the size is not a multiple of the record size.
+        FormatError: the file is gzip-compressed, or its size is not a multiple of the
+            record size.
     """
     dt = np.dtype(dtype)
     if dt.kind not in "iu":
         raise ValueError(f"binary_dtype must be an integer dtype such as 'uint32' or 'int64', "
                          f"got {dt}")
     require_file(path, "edge file")
-    with open(path, "rb") as f:
-        if f.read(2) == b"\x1f\x8b":
-            raise FormatError("binary edge file is gzip-compressed", source=path,
-                              expected=f"raw {dt} src, dst pairs",
-                              hint=f"decompress it first (gunzip {path}); text edge files may "
-                              "be read compressed")
+    if _gzip_stream(path):
+        raise FormatError("binary edge file is gzip-compressed", source=path,
+                          expected=f"raw {dt} src, dst pairs",
+                          hint=f"decompress it first (gunzip {path}); text edge files may "
+                          "be read compressed")
     record = 2 * dt.itemsize
     size = os.path.getsize(path)
     if size % record:
