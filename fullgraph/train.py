@@ -300,8 +300,9 @@ def check_before_launch(cfg: Config, dataset: Dataset, workers: int) -> None:
     shards.check_use(dataset, cfg.runtime.strategy, workers)
     program = build(dataset, cfg)
     try:  # what the strategy's setup would refuse, found before any worker starts
-        get_strategy(cfg.runtime.strategy).from_sections(cfg.options).check_launch(
-            program, dataset.graph.num_nodes, workers)
+        chosen = get_strategy(cfg.runtime.strategy).from_sections(cfg.options)
+        chosen.check_launch(program, dataset.graph.num_nodes, workers)
+        chosen.check_data(program, dataset, workers)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     if dataset.shard is not None:

@@ -217,6 +217,11 @@ def test_more_inputs_that_are_one_line(root, tmp_path, capsys):
     (["--strategy", "tensor", "--shares", "1,2,3"], "gives 3 shares for 2 workers"),
     (["--model", "gin", "--batch-norm", "--strategy", "p2p"], "batch normalisation"),
     (["--strategy", "tensor", "--spill-dir", "spill", "--model", "gat"], "edge weights"),
+    (["--strategy", "tensor", "--device-memory", "1KB"],
+     "cannot hold vertex 1358 with its 169 in-edges (8160 bytes at 8 columns); raise "
+     "--device-memory"),
+    (["--strategy", "task", "--task-device-memory", "1KB"],
+     "(13600 bytes at 16 columns); raise --task-device-memory"),
 ])
 def test_what_a_strategy_refuses_is_found_before_launch(root, capsys, monkeypatch, args,
                                                         needle):

@@ -167,6 +167,16 @@ class Strategy(ABC, Generic[PlanT]):
             ValueError: naming the option or model that cannot run so.
         """
 
+    def check_data(self, program: StageProgram, dataset: Dataset, workers: int) -> None:
+        """Refuse, before any worker starts, what ``setup`` would refuse of ``program``
+        on ``dataset``'s graph (a device budget that cannot hold one vertex with its
+        in-edges, say; nothing by default). Where the refusal depends on what only setup
+        decides, it checks what must hold whatever that is, never more.
+
+        Raises:
+            ValueError: naming the option that cannot run so.
+        """
+
     @abstractmethod
     def setup(self, dataset: Dataset, program: StageProgram, device: torch.device,
               comm: Comm | None = None, dtype: torch.dtype = torch.float32) -> PlanT:

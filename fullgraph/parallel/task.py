@@ -312,6 +312,26 @@ class TaskParallel(DistributedStrategy[TaskPlan]):
         self._check_program(program)
         self.check_sizes(num_nodes, workers)
 
+    def check_data(self, program: StageProgram, dataset: Dataset, workers: int) -> None:
+        """A ``--task-device-memory`` that cannot hold one vertex with its in-edges at
+        the fewest columns a P worker can get (the P group is at most ``workers - 1``,
+        or as ``--task-split`` gives it)."""
+        opts = self.options
+        if opts.device_memory is None or opts.group_parallel == "data" \
+                or dataset.shard is not None or workers < 2:
+            return
+        split = parse_split(opts.split, workers)
+        num_p = split.num_p if split is not None else workers - 1
+        graph = propagation_inputs(program, dataset.graph)[0]
+        narrowest = max((-(-int(s.in_dim) // num_p) for i, s in
+                         zip(describe(program), program.stages) if i.is_propagate), default=1)
+        try:
+            spread_chunks(graph.indptr, [graph.num_dst], narrowest, 4,
+                          budget=parse_bytes(opts.device_memory))
+        except ValueError as err:  # name this strategy's flag, not tensor's
+            raise ValueError(str(err).replace("--device-memory",
+                                              "--task-device-memory")) from None
+
     def _check_program(self, program: StageProgram) -> None:
         """Refuse what the options cannot run on ``program``; before launch and in setup."""
         if self.options.recompute and program.reduces_rows:

@@ -262,6 +262,17 @@ class TensorParallel(DistributedStrategy[ColumnPlan]):
         self.options.share_list(workers)  # one share per worker
         self._check_spill(program)
 
+    def check_data(self, program: StageProgram, dataset: Dataset, workers: int) -> None:
+        """A ``--device-memory`` that cannot hold one vertex with its in-edges at the
+        fewest columns any split gives a worker (a per-part shard lacks the graph)."""
+        if self.options.device_memory is None or dataset.shard is not None:
+            return
+        graph = propagation_inputs(program, dataset.graph)[0]
+        narrowest = max((-(-int(s.in_dim) // workers) for i, s in
+                         zip(describe(program), program.stages) if i.is_propagate), default=1)
+        spread_chunks(graph.indptr, [graph.num_dst], narrowest, 4,
+                      budget=parse_bytes(self.options.device_memory))
+
     def _check_spill(self, program: StageProgram) -> None:
         if self.options.spill_dir is not None and has_edge_stage(program):
             raise ValueError("tensor_parallel.spill_dir: the model learns edge weights "
