@@ -22,7 +22,7 @@ import threading
 import traceback
 import typing
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -131,9 +131,11 @@ def _add_config_flags(parser: argparse.ArgumentParser, *,
 
 
 def config_from_args(args: argparse.Namespace,
-                     defaults: dict[str, dict[str, Any]] | None = None) -> Any:
+                     defaults: dict[str, dict[str, Any]] | None = None,
+                     ignored: Sequence[str] = ()) -> Any:
     """Config file (if any) overlaid with the flags given on the command line, both over
-    ``defaults`` (a command's own, as a config tree)."""
+    ``defaults`` (a command's own, as a config tree); the file's ``ignored`` options
+    (``section.key``: those the command does not take) are dropped."""
     from fullgraph.config import config_from_dict, load_config_file, merge
 
     tree = load_config_file(args.config) if args.config else {}
@@ -141,6 +143,10 @@ def config_from_args(args: argparse.Namespace,
         raise ConfigError(f"{args.config}: expected a mapping of sections and options, got "
                           f"a {type(tree).__name__}")
     tree = normalize(tree, args.config)  # the file's spellings first: then a flag wins
+    for option in ignored:
+        section, key = option.split(".", 1)
+        if isinstance(tree.get(section), dict):
+            tree[section].pop(key, None)
     for section, values in (defaults or {}).items():  # beneath what the file gives
         given = tree.get(section, {})
         if isinstance(given, dict):
@@ -152,13 +158,34 @@ def config_from_args(args: argparse.Namespace,
             overrides.setdefault(section, {})[name] = value
     try:
         return config_from_dict(merge(tree, overrides), source=args.config or "command line")
-    except ConfigError as exc:  # a value the file gave (not a flag): name the file too
-        text = str(exc)
-        found = re.match(r"(\w+)\.(\w+): ", text)
-        if args.config and found and not text.startswith(str(args.config)) and \
-                found.group(2) not in overrides.get(found.group(1), {}):
-            raise ConfigError(f"{args.config}: {text}") from None
-        raise
+    except ConfigError as exc:  # name where the value came from: the file, or the flags
+        if not args.config:
+            raise
+        raise ConfigError(_named_source(str(exc), str(args.config), tree, overrides)) from None
+
+
+def _named_source(text: str, config: str, tree: dict[str, Any],
+                  overrides: dict[str, dict[str, Any]]) -> str:
+    """A config error's ``text`` naming the file ``config`` where the file gave the
+    option (``section.key: ...`` or ``--flag ...``), and the command line where flags
+    gave the section a whole-section check refused (``FILE: section: ...``)."""
+    from fullgraph.configfile import flag_names
+
+    if text.startswith(f"{config}: "):  # the file's name is there already
+        section = re.match(r"(\w+): ", text[len(config) + 2:])
+        if section is not None and overrides.get(section.group(1)):
+            both = bool(tree.get(section.group(1)))
+            return "the command line" + (f" and {config}" if both else "") + \
+                text[len(config):]
+        return text
+    found = re.match(r"(\w+)\.(\w+): ", text)
+    where = (found.group(1), found.group(2)) if found else None
+    flag = re.match(r"--([\w-]+)", text)
+    if where is None and flag is not None:
+        where = {f: key for key, f in flag_names().items()}.get(flag.group(1))
+    if where is not None and where[1] not in overrides.get(where[0], {}):
+        return f"{config}: {text}"  # the file gave it
+    return text
 
 
 class _Parser(argparse.ArgumentParser):
@@ -471,12 +498,13 @@ def _one_line_warning(prog: str) -> Any:
 
 
 def _config_at_log_level(args: argparse.Namespace,
-                         defaults: dict[str, dict[str, Any]] | None = None) -> Any:
+                         defaults: dict[str, dict[str, Any]] | None = None,
+                         ignored: Sequence[str] = ()) -> Any:
     """The run's config (``config_from_args``); at log level ``error`` no warning is
     shown, from here on."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        cfg = config_from_args(args, defaults)
+        cfg = config_from_args(args, defaults, ignored)
     if cfg.train.log_level == "error":
         warnings.simplefilter("ignore")
     for w in caught:  # those of the options themselves, shown or not by the level
@@ -611,9 +639,12 @@ def _train(cfg: Any, status: Any, launched: bool = True) -> int:
 
 
 def cmd_config(args: argparse.Namespace) -> int:
+    from fullgraph.adapt import check_general
     from fullgraph.configfile import template
 
-    print(template(config_from_args(args), args.format), end="")
+    cfg = config_from_args(args)
+    check_general(cfg, cfg.launch.workers)  # (what train refuses whatever the strategy)
+    print(template(cfg, args.format), end="")
     return 0
 
 
@@ -843,7 +874,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from fullgraph.plan_measure import rss_bytes
     from fullgraph.planner import plan_run, table_lines
 
-    cfg, base = _config_at_log_level(args), rss_bytes()
+    # a config file's options that plan does not take (as flags) are ignored, as documented
+    cfg, base = _config_at_log_level(args, ignored=exactness.NOT_TAKEN), rss_bytes()
     dataset = datasets.load_for(cfg.data)
     if dataset.shard is not None:
         print(f"fullgraph plan: {cfg.data.dataset} is per-part shards: they train on "

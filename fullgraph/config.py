@@ -512,14 +512,24 @@ def config_from_dict(tree: dict[str, Any], source: str = "config") -> Config:
     built = {}
     for name, values in tree.items():
         if name not in known:
+            from fullgraph.configfile import flag_names
+
+            negated = str(name)[3:].replace("_", "-") if str(name)[:3] in ("no-", "no_") \
+                and str(name)[3:].replace("_", "-") in flag_names().values() else ""
+            hint = f" (to switch --{negated} off, write {negated}: false)" if negated else ""
             raise ConfigError(f"{source}: unknown section or option {name!r}; expected a "
-                              f"section ({', '.join(known)}) or a train flag without --")
+                              f"section ({', '.join(known)}) or a train flag without --"
+                              + hint)
         if not isinstance(values, dict):
             raise ConfigError(f"{source}: section {name!r} must be a mapping")
         if name == "model" and isinstance(values.get("options"), dict):
             from fullgraph.models.custom import format_options  # a file's mapping, as text
 
-            values = {**values, "options": format_options(values["options"])}
+            try:
+                values = {**values, "options": format_options(values["options"])}
+            except (TypeError, ValueError) as exc:  # a date, bytes: not JSON values
+                raise ConfigError(f"{source}: model.options: {exc}; give numbers, text, "
+                                  "booleans, lists or mappings") from None
         built[name] = _build_section(known[name], values, f"{source}: {name}")
     core = {k: v for k, v in built.items() if k in CORE_SECTIONS}
     return Config(**core, options={k: v for k, v in built.items() if k not in CORE_SECTIONS})
@@ -528,10 +538,14 @@ def config_from_dict(tree: dict[str, Any], source: str = "config") -> Config:
 def _build_section(cls: type, values: dict[str, Any], where: str) -> Any:
     hints = typing.get_type_hints(cls)
     known = {f.name: f for f in dataclasses.fields(cls)}
-    for key, value in values.items():
+    values = dict(values)
+    for key, value in list(values.items()):
         if key not in known:
             raise ConfigError(f"{where}: unknown key {key!r}; expected one of "
                               f"{', '.join(sorted(known))}")
+        if isinstance(value, (int, float)) and not isinstance(value, bool) \
+                and not _type_ok(value, hints[key]) and _type_ok("", hints[key]):
+            value = values[key] = str(value)  # a size or a name written as a number
         if not _type_ok(value, hints[key]):
             raise ConfigError(f"{where}.{key}: got {value!r} ({type(value).__name__}); "
                               f"expected {_type_name(hints[key])}")
@@ -577,11 +591,29 @@ def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 def yaml_load_unique(text: str) -> Any:
     """``yaml.safe_load``, refusing a mapping key given twice (PyYAML keeps the last,
-    so the first would be dropped without a word)."""
+    so the first would be dropped without a word), and reading plain scalars as YAML
+    1.2 does, i.e. as the flags read them: only ``true``/``false`` are booleans (``off``
+    stays the word ``off``), ``1:3`` is text (YAML 1.1 reads base 60, 63), and ``1e-3``
+    is a number (YAML 1.1 wants ``1.0e-3``)."""
+    import re
+
     import yaml
 
     class Loader(yaml.SafeLoader):
         pass
+
+    Loader.yaml_implicit_resolvers = {
+        first: [(tag, regexp) for tag, regexp in resolvers
+                if tag not in ("tag:yaml.org,2002:bool", "tag:yaml.org,2002:int",
+                               "tag:yaml.org,2002:float")]
+        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+    for tag, pattern, firsts in (
+            ("tag:yaml.org,2002:bool", r"^(?:true|True|TRUE|false|False|FALSE)$", "tTfF"),
+            ("tag:yaml.org,2002:int", r"^[-+]?(?:0|[1-9][0-9_]*)$", "-+0123456789"),
+            ("tag:yaml.org,2002:float",
+             r"^[-+]?(?:(?:[0-9][0-9_]*)?\.[0-9_]*(?:[eE][-+]?[0-9]+)?|[0-9][0-9_]*[eE][-+]?[0-9]+"
+             r"|\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$", "-+0123456789.")):
+        Loader.add_implicit_resolver(tag, re.compile(pattern), list(firsts))
 
     def mapping(loader: Any, node: Any, deep: bool = False) -> dict[Any, Any]:
         seen = set()
@@ -600,12 +632,21 @@ def yaml_load_unique(text: str) -> Any:
 def load_config_file(path: str | Path) -> dict[str, Any]:
     """Read a YAML (``.yaml``/``.yml``), TOML (``.toml``) or JSON file into dicts."""
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"{path}: is a directory, not a config file")
     if not path.is_file():
         raise ConfigError(f"{path}: config file not found")
-    text = path.read_text()
+    try:
+        text = path.read_bytes().decode("utf-8-sig")  # (a byte-order mark is dropped)
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start}); "
+                          "save the file as UTF-8") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
     try:
         if path.suffix in (".yaml", ".yml"):
-            tree = yaml_load_unique(text) or {}
+            tree = yaml_load_unique(text)
+            tree = {} if tree is None else tree  # (an empty file; 0 or false is refused)
         elif path.suffix == ".toml":
             if sys.version_info >= (3, 11):
                 import tomllib

@@ -84,12 +84,16 @@ def normalize(tree: Any, source: str) -> Any:
         out.setdefault(section, {})[name] = value
 
     for top, value in tree.items():
-        if top in known and isinstance(value, dict):
+        if top in known and value is None:  # a section whose keys are all commented out
+            out.setdefault(top, {})
+        elif top in known and isinstance(value, dict):
             fields = {f.name for f in dataclasses.fields(known[top])}
             out.setdefault(top, {})
             for key, inner in value.items():
                 alias = by_flag.get(_key(key))
-                name = key if key in fields or alias is None or alias[0] != top else alias[1]
+                name = key if key in fields else _key(key).replace("-", "_") \
+                    if _key(key).replace("-", "_") in fields else \
+                    alias[1] if alias is not None and alias[0] == top else key
                 put(top, name, inner, f"{top}.{key}")
         elif _key(top) in by_flag:
             put(*by_flag[_key(top)], value, str(top))
@@ -109,7 +113,9 @@ def _toml_value(value: Any) -> str:
         return "true" if value else "false"
     if isinstance(value, (int, float)):
         return repr(value)
-    return json.dumps(str(value))
+    # TOML takes any character but the controls (and DEL) as it is; json escapes those
+    # as \uXXXX (a character above the BMP as a surrogate pair, which TOML refuses)
+    return json.dumps(str(value), ensure_ascii=False).replace("\x7f", "\\u007f")
 
 
 def template(cfg: Any, fmt: str = "yaml") -> str:

@@ -132,7 +132,9 @@ def main(argv: list[str]) -> int:
     spec = json.loads(Path(config_path).read_text())
 
     def body(status: Any) -> int:
-        cfg = config_from_dict(spec["config"], config_path)  # (a failure is reported)
+        with warnings.catch_warnings():  # the planner's process said them already
+            warnings.simplefilter("ignore")
+            cfg = config_from_dict(spec["config"], config_path)  # (a failure is reported)
         backend = None if cfg.launch.backend == "auto" else cfg.launch.backend
         device = "cuda" if cfg.train.device.startswith("cuda") else "cpu"  # as `train` does
         comm = init_comm(backend=backend, timeout_s=cfg.launch.timeout_s, device=device)

@@ -52,6 +52,74 @@ def test_flags_override_a_config_file_in_any_spelling(tmp_path, capsys):
     assert tree["partition"]["method"] == "random"
 
 
+def test_a_yaml_file_reads_values_as_the_flags_do(tmp_path, capsys):
+    """YAML 1.1 would read off as False, 1:3 as 63 (base 60) and 1e-3 as text."""
+    f = tmp_path / "run.yaml"
+    f.write_text("progress: off\nadapt: off\ntask-split: 1:3\nlr: 1e-3\n"
+                 "device-memory: 1000000\nnormalize-features: true\n")
+    tree = printed_config(capsys, "--config", str(f))
+    assert tree["train"]["progress"] == "off" and tree["adapt"]["mode"] == "off"
+    assert tree["task_parallel"]["split"] == "1:3" and tree["train"]["lr"] == 0.001
+    assert tree["tensor_parallel"]["device_memory"] == "1000000"
+    assert tree["data"]["normalize_features"] is True
+
+
+@pytest.mark.parametrize("name,content,needle", [
+    ("date.yaml", "model: gin\nmodel-options:\n  eps: 2020-01-01\n",
+     "date.yaml: model.options: Object of type date is not JSON serializable"),
+    ("latin1.yaml", b"dataset: caf\xe9\n", "latin1.yaml: not UTF-8 text"),
+    ("zero.yaml", "0\n", "zero.yaml: expected a mapping"),
+])
+def test_a_config_file_of_odd_values_is_one_error(tmp_path, capsys, name, content, needle):
+    f = tmp_path / name
+    f.write_bytes(content if isinstance(content, bytes) else content.encode())
+    assert main(["train", "--config", str(f)]) == 2
+    one_line_error(capsys, needle)
+
+
+def test_a_config_file_may_start_with_a_byte_order_mark(tmp_path, capsys):
+    for name, text in (("bom.toml", "hidden = 8\n"), ("bom.json", '{"hidden": 8}'),
+                       ("bom.yaml", "hidden: 8\n")):
+        f = tmp_path / name
+        f.write_bytes(b"\xef\xbb\xbf" + text.encode())
+        assert printed_config(capsys, "--config", str(f))["model"]["hidden"] == 8
+    assert main(["train", "--config", str(tmp_path)]) == 2
+    one_line_error(capsys, "is a directory, not a config file")
+
+
+def test_a_config_file_in_other_spellings(tmp_path, capsys):
+    """Empty sections, dashed keys inside a section, a negated flag's name, and an
+    option's error named where it came from (the file, or the command line)."""
+    f = tmp_path / "s.yaml"
+    f.write_text("p2p:\nmodel:\ntask_parallel:\n  device-memory: 2GB\n"
+                 "launch:\n  timeout-s: 60\n")
+    tree = printed_config(capsys, "--config", str(f))
+    assert tree["task_parallel"]["device_memory"] == "2GB"
+    assert tree["launch"]["timeout_s"] == 60 and tree["model"]["name"] == "gcn"
+    f.write_text("no-pipeline: true\n")
+    assert main(["config", "--print", "--config", str(f)]) == 2
+    one_line_error(capsys, "(to switch --pipeline off, write pipeline: false)")
+    f.write_text("inject: bogus\n")
+    assert main(["config", "--print", "--config", str(f)]) == 2
+    one_line_error(capsys, f"{f}: --inject 'bogus': unknown kind")
+    f.write_text("epochs: 2\n")
+    assert main(["config", "--print", "--config", str(f), "--device-memory", "1GB",
+                 "--num-chunks", "3"]) == 2
+    one_line_error(capsys, "error: the command line: tensor_parallel: give device_memory")
+    f.write_text("device-memory: 1GB\n")
+    assert main(["config", "--print", "--config", str(f), "--num-chunks", "3"]) == 2
+    one_line_error(capsys, f"error: the command line and {f}: tensor_parallel: give")
+
+
+def test_a_toml_file_printed_with_any_character_loads_back(tmp_path, capsys):
+    assert main(["config", "--print", "--format", "toml", "--root",
+                 str(tmp_path / "d\U0001F600\u00e9")]) == 0
+    printed = tmp_path / "run.toml"
+    printed.write_text(capsys.readouterr().out, encoding="utf-8")
+    tree = printed_config(capsys, "--config", str(printed))
+    assert tree["data"]["root"] == str(tmp_path / "d\U0001F600\u00e9")
+
+
 def test_a_config_file_that_is_no_mapping_is_one_error(tmp_path, capsys):
     listed = tmp_path / "list.yaml"
     listed.write_text("- a\n- b\n")
@@ -392,3 +460,19 @@ def test_shards_of_a_fixed_split_take_any_split_seed_with_a_warning(root, tmp_pa
     assert load_shard(shards, 0, split_seed=0).shard is not None
     with pytest.warns(UserWarning, match="--split-seed has no effect on the shards"):
         load_shard(shards, 1, split_seed=5)
+
+
+def test_plan_ignores_a_files_options_it_does_not_take(tmp_path):
+    import warnings as w
+
+    from fullgraph import exactness
+    from fullgraph.cli import build_parser, config_from_args
+
+    f = tmp_path / "run.yaml"
+    f.write_text("checkpoint-every: 5\nstrategy: tensor\nepochs: 3\n")
+    args = build_parser().parse_args(["plan", "--config", str(f)])
+    with w.catch_warnings():
+        w.simplefilter("error")  # (--checkpoint-every without --checkpoint-dir warned)
+        cfg = config_from_args(args, ignored=exactness.NOT_TAKEN)
+    assert (cfg.train.checkpoint_every, cfg.runtime.strategy, cfg.train.epochs) == \
+        (10, "single", 3)
