@@ -546,6 +546,9 @@ def _build_section(cls: type, values: dict[str, Any], where: str) -> Any:
         if isinstance(value, (int, float)) and not isinstance(value, bool) \
                 and not _type_ok(value, hints[key]) and _type_ok("", hints[key]):
             value = values[key] = str(value)  # a size or a name written as a number
+        if isinstance(value, str) and value.lower() in _YES_NO and \
+                not _type_ok(value, hints[key]) and _type_ok(True, hints[key]):
+            value = values[key] = _YES_NO[value.lower()]  # YAML 1.1's words for a switch
         if not _type_ok(value, hints[key]):
             raise ConfigError(f"{where}.{key}: got {value!r} ({type(value).__name__}); "
                               f"expected {_type_name(hints[key])}")
@@ -559,6 +562,11 @@ def _build_section(cls: type, values: dict[str, Any], where: str) -> Any:
         raise
     except ValueError as exc:  # a strategy's own validation
         raise ConfigError(f"{where}: {exc}") from None
+
+
+_YES_NO = {"yes": True, "no": False, "on": True, "off": False, "y": True, "n": False}
+"""Words YAML 1.1 read as booleans, still taken for an on/off option (the file is read
+as YAML 1.2, where they are words, so that ``progress: off`` keeps its word)."""
 
 
 def _type_name(hint: Any) -> str:
@@ -609,11 +617,15 @@ def yaml_load_unique(text: str) -> Any:
         for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
     for tag, pattern, firsts in (
             ("tag:yaml.org,2002:bool", r"^(?:true|True|TRUE|false|False|FALSE)$", "tTfF"),
-            ("tag:yaml.org,2002:int", r"^[-+]?(?:0|[1-9][0-9_]*)$", "-+0123456789"),
+            ("tag:yaml.org,2002:int", r"^[-+]?[0-9][0-9_]*$", "-+0123456789"),
             ("tag:yaml.org,2002:float",
-             r"^[-+]?(?:(?:[0-9][0-9_]*)?\.[0-9_]*(?:[eE][-+]?[0-9]+)?|[0-9][0-9_]*[eE][-+]?[0-9]+"
-             r"|\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$", "-+0123456789.")):
+             r"^[-+]?(?:[0-9][0-9_]*\.[0-9_]*|\.[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)?$"
+             r"|^[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+$|^[-+]?\.(?:inf|Inf|INF)$"
+             r"|^\.(?:nan|NaN|NAN)$", "-+0123456789.")):
         Loader.add_implicit_resolver(tag, re.compile(pattern), list(firsts))
+    # decimal, as int() reads a flag: YAML 1.1's constructor reads 010 as octal 8
+    Loader.add_constructor("tag:yaml.org,2002:int", lambda loader, node: int(
+        str(loader.construct_scalar(node)).replace("_", ""), 10))
 
     def mapping(loader: Any, node: Any, deep: bool = False) -> dict[Any, Any]:
         seen = set()

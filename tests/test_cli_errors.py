@@ -476,3 +476,14 @@ def test_plan_ignores_a_files_options_it_does_not_take(tmp_path):
         cfg = config_from_args(args, ignored=exactness.NOT_TAKEN)
     assert (cfg.train.checkpoint_every, cfg.runtime.strategy, cfg.train.epochs) == \
         (10, "single", 3)
+
+
+def test_a_yaml_file_keeps_yaml_1_1_switch_words_and_reads_decimals(tmp_path, capsys):
+    f = tmp_path / "run.yaml"
+    f.write_text("pipeline: yes\nnormalize-features: on\nprogress: off\nepochs: 010\n"
+                 "lr: .5e-1\nhidden: 1_6\n")
+    tree = printed_config(capsys, "--config", str(f))
+    assert tree["tensor_parallel"]["pipeline"] is True
+    assert tree["data"]["normalize_features"] is True and tree["train"]["progress"] == "off"
+    assert (tree["train"]["epochs"], tree["train"]["lr"], tree["model"]["hidden"]) == \
+        (10, 0.05, 16)
