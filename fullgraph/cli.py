@@ -147,6 +147,7 @@ def config_from_args(args: argparse.Namespace,
         section, key = option.split(".", 1)
         if isinstance(tree.get(section), dict):
             tree[section].pop(key, None)
+    in_file = {section for section, values in tree.items() if values}
     for section, values in (defaults or {}).items():  # beneath what the file gives
         given = tree.get(section, {})
         if isinstance(given, dict):
@@ -161,20 +162,22 @@ def config_from_args(args: argparse.Namespace,
     except ConfigError as exc:  # name where the value came from: the file, or the flags
         if not args.config:
             raise
-        raise ConfigError(_named_source(str(exc), str(args.config), tree, overrides)) from None
+        raise ConfigError(_named_source(str(exc), str(args.config), in_file,
+                                        overrides)) from None
 
 
-def _named_source(text: str, config: str, tree: dict[str, Any],
+def _named_source(text: str, config: str, in_file: set[str],
                   overrides: dict[str, dict[str, Any]]) -> str:
     """A config error's ``text`` naming the file ``config`` where the file gave the
     option (``section.key: ...`` or ``--flag ...``), and the command line where flags
-    gave the section a whole-section check refused (``FILE: section: ...``)."""
+    gave the section a whole-section check refused (``FILE: section: ...``; and the
+    file too where it gave that section options, ``in_file``)."""
     from fullgraph.configfile import flag_names
 
     if text.startswith(f"{config}: "):  # the file's name is there already
         section = re.match(r"(\w+): ", text[len(config) + 2:])
         if section is not None and overrides.get(section.group(1)):
-            both = bool(tree.get(section.group(1)))
+            both = section.group(1) in in_file
             return "the command line" + (f" and {config}" if both else "") + \
                 text[len(config):]
         return text

@@ -90,16 +90,26 @@ def normalize(tree: Any, source: str) -> Any:
             fields = {f.name for f in dataclasses.fields(known[top])}
             out.setdefault(top, {})
             for key, inner in value.items():
-                alias = by_flag.get(_key(key))
-                name = key if key in fields else _key(key).replace("-", "_") \
-                    if _key(key).replace("-", "_") in fields else \
-                    alias[1] if alias is not None and alias[0] == top else key
-                put(top, name, inner, f"{top}.{key}")
+                put(top, _field_name(top, key, fields, by_flag), inner, f"{top}.{key}")
         elif _key(top) in by_flag:
             put(*by_flag[_key(top)], value, str(top))
         else:
             out[top] = value  # config_from_dict names the unknown section
     return out
+
+
+def _field_name(section: str, key: Any, fields: set[str],
+                by_flag: dict[str, tuple[str, str]]) -> Any:
+    """The field of ``section`` that ``key`` names: its name (``num_props``), that name
+    dashed (``num-props``), or the option's flag (``dep-mode`` for ``mode``); else the
+    key, which the section then refuses as unknown."""
+    if key in fields:
+        return key
+    underscored = _key(key).replace("-", "_")
+    if underscored in fields:
+        return underscored
+    alias = by_flag.get(_key(key))
+    return alias[1] if alias is not None and alias[0] == section else key
 
 
 def _yaml_value(value: Any) -> str:

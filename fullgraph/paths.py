@@ -119,7 +119,7 @@ def _remove_orphans(parent: Path, prefix: str) -> None:
         names = [e.name for e in os.scandir(parent) if e.name.startswith(prefix)]
     except OSError:  # (no parent yet: nothing left there)
         return
-    for name in names:  # (exactly PID-HEX: a host named HOST-2 is another host)
+    for name in names:  # (exactly PID-HEX after the prefix)
         found = re.fullmatch(r"(\d+)-[0-9a-f]{8}", name[len(prefix):])
         if found and not _alive(int(found.group(1))):
             shutil.rmtree(parent / name, ignore_errors=True)

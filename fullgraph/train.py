@@ -501,9 +501,13 @@ def _epochs(strategy: Strategy, model: GNN, plan: Plan, optimizer: torch.optim.O
     partial = any(hasattr(h, "collective_epoch") for h in hooks)
 
     patience = cfg.train.patience
+
+    def out_of_patience(epoch: int, val: float) -> bool:
+        """Whether early stopping ends the run at ``epoch``, evaluated at ``val``."""
+        return patience is not None and not math.isnan(val) and epoch - best[1] >= patience
+
     last = cfg.train.epochs
-    if patience is not None and records and not math.isnan(records[-1].val_acc) \
-            and state.epoch - best[1] >= patience:
+    if records and out_of_patience(state.epoch, records[-1].val_acc):
         last = state.epoch  # the run resumed had already stopped early
     for epoch in range(state.epoch + 1, last + 1):
         collective = is_collective(epoch)
@@ -530,8 +534,7 @@ def _epochs(strategy: Strategy, model: GNN, plan: Plan, optimizer: torch.optim.O
             elif math.isnan(acc["val"]):  # no validation vertices: the model is the last one
                 best = (acc["val"], epoch, acc["test"], acc["train"], None)
             # the accuracies are every rank's (reduced counts): every rank stops here
-            if patience is not None and epoch - best[1] >= patience \
-                    and not math.isnan(acc["val"]):
+            if out_of_patience(epoch, acc["val"]):
                 last = epoch
         prof = profiler.end(epoch)
         prof.saved_bytes = int(stats.extra.get("saved_bytes", 0))

@@ -21,6 +21,10 @@ ADJUSTABLE = ("data", "tensor")
 """Strategies ``--adapt adjust`` works on."""
 
 
+UNUSED_CACHE_BUDGET = ("--cache-budget bounds DepCache under --adapt adjust with --strategy "
+                       "data; it has no effect here")
+
+
 def check_options(cfg: Any, world: int) -> None:
     """Refuse ``adapt`` options the run cannot honour (before any worker starts):
     ``check_general``, then ``check_strategy``.
@@ -43,8 +47,7 @@ def check_general(cfg: Any, world: int) -> None:
 
     opts = cfg.adapt
     if opts.cache_budget_mb is not None and opts.mode == "off":
-        raise ConfigError("--cache-budget bounds DepCache under --adapt adjust with "
-                          "--strategy data; it has no effect here")
+        raise ConfigError(UNUSED_CACHE_BUDGET)
     if opts.inject:
         try:
             check_world(parse(opts.inject), world, cfg.train.epochs)
@@ -76,8 +79,7 @@ def check_strategy(cfg: Any) -> None:
         raise ConfigError(f"--adapt adjust works on --strategy data (DepCache/DepComm) or "
                           f"tensor (speed-proportional shares); the run uses {strategy!r}")
     if opts.cache_budget_mb is not None and strategy != "data":
-        raise ConfigError("--cache-budget bounds DepCache under --adapt adjust with "
-                          "--strategy data; it has no effect here")
+        raise ConfigError(UNUSED_CACHE_BUDGET)
 
 
 def build_adapters(cfg: Any, strategy: Any, model: Any, plan: Any, rank: int, world: int,

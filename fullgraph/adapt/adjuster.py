@@ -95,9 +95,12 @@ class OnlineAdjuster(Adapter):
         note({"kind": "preprocess", "seconds": self.preprocess_s, "dependencies": self.pre.size})
 
     def header(self) -> list[str]:
-        mb = None if self.budget is None else self.budget / 2**20
-        budget = "no limit" if mb is None else f"{mb:.1f} MB" if mb >= 0.1 or not mb else \
-            f"{self.budget:.0f} bytes"
+        if self.budget is None:
+            budget = "no limit"
+        elif 0 < self.budget < 0.1 * 2**20:  # (0.0 MB would hide it)
+            budget = f"{self.budget:.0f} bytes"
+        else:
+            budget = f"{self.budget / 2**20:.1f} MB"
         exact = "its choices exact, the partial reduce above not" if self.partial else "exact"
         return [f"adapt    adjust ({exact}): DepCache/DepComm re-chosen after every epoch from "
                 f"measured costs, cache budget {budget}; preprocessing "

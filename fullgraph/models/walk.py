@@ -128,6 +128,13 @@ def has_edge_stage(program: StageProgram) -> bool:
     return any(i.is_edge for i in describe(program))
 
 
+def widest_slice(program: StageProgram, parts: int) -> int:
+    """The most columns a worker propagates when each P stage's input columns are split
+    evenly over ``parts`` workers (rounded up); 1 without P stages."""
+    return max((-(-int(program.stages[i.index].in_dim) // parts)
+                for i in describe(program) if i.is_propagate), default=1)
+
+
 def out_dim(program: StageProgram, start: int, stop: int) -> int:
     """Columns of the rows the stages ``[start, stop)`` output (E stages output none)."""
     infos = describe(program)

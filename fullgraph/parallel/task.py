@@ -46,7 +46,7 @@ from fullgraph.graph.csr import Graph
 from fullgraph.graph.data import Dataset
 from fullgraph.memory import MemoryAccount, parse_bytes
 from fullgraph.models.stages import StageProgram, propagation_inputs
-from fullgraph.models.walk import describe, has_edge_stage
+from fullgraph.models.walk import describe, has_edge_stage, widest_slice
 from fullgraph.parallel.assemble import assemble, contiguous_blocks, whole_graph
 from fullgraph.parallel.base import DistributedStrategy, LocalResult, Work, feature_rows, register
 from fullgraph.parallel.columns import ColumnPlan, column_forward, column_work, edge_plan
@@ -66,7 +66,7 @@ from fullgraph.parallel.taskrows import (
     row_work,
     rows_forward,
 )
-from fullgraph.schedule.chunks import spread_chunks
+from fullgraph.schedule.chunks import check_one_vertex, spread_chunks
 from fullgraph.schedule.regroup import DEPS, ChunkGrid, Subgraphs
 
 GROUP_PARALLEL = ("tensor", "data")
@@ -254,8 +254,7 @@ class TaskParallel(DistributedStrategy[TaskPlan]):
             opts = self.options
             budget = None if opts.device_memory is None else parse_bytes(opts.device_memory)
             if budget is not None:  # the fewest chunks a P worker's widest slice fits
-                widest = max((-(-program.stages[i.index].in_dim // split.num_p)
-                              for i in describe(program) if i.is_propagate), default=1)
+                widest = widest_slice(program, split.num_p)
                 try:
                     ranges = spread_chunks(graph.indptr, row_counts, widest,
                                            torch.empty(0, dtype=dtype).element_size(),
@@ -321,16 +320,9 @@ class TaskParallel(DistributedStrategy[TaskPlan]):
                 or dataset.shard is not None or workers < 2:
             return
         split = parse_split(opts.split, workers)
-        num_p = split.num_p if split is not None else workers - 1
-        graph = propagation_inputs(program, dataset.graph)[0]
-        narrowest = max((-(-int(s.in_dim) // num_p) for i, s in
-                         zip(describe(program), program.stages) if i.is_propagate), default=1)
-        try:
-            spread_chunks(graph.indptr, [graph.num_dst], narrowest, 4,
-                          budget=parse_bytes(opts.device_memory))
-        except ValueError as err:  # name this strategy's flag, not tensor's
-            raise ValueError(str(err).replace("--device-memory",
-                                              "--task-device-memory")) from None
+        check_one_vertex(propagation_inputs(program, dataset.graph)[0].indptr,
+                         widest_slice(program, split.num_p if split else workers - 1),
+                         parse_bytes(opts.device_memory), "--task-device-memory")
 
     def _check_program(self, program: StageProgram) -> None:
         """Refuse what the options cannot run on ``program``; before launch and in setup."""

@@ -42,7 +42,7 @@ from fullgraph.fields import is_device_name, option
 from fullgraph.graph.data import Dataset
 from fullgraph.memory import MemoryAccount, parse_bytes
 from fullgraph.models.stages import StageProgram, propagation_inputs
-from fullgraph.models.walk import describe, has_edge_stage
+from fullgraph.models.walk import describe, has_edge_stage, widest_slice
 from fullgraph.ops.chunked import build_chunks
 from fullgraph.ops.sparse import is_sparse
 from fullgraph.ops.spill import Spill
@@ -55,7 +55,7 @@ from fullgraph.parallel.columns import (
     count_resident,
     edge_plan,
 )
-from fullgraph.schedule.chunks import spread_chunks
+from fullgraph.schedule.chunks import check_one_vertex, spread_chunks
 from fullgraph.schedule.pipeline import first_reads
 
 COLUMN_SPLITS = ("balanced", "even")
@@ -267,11 +267,9 @@ class TensorParallel(DistributedStrategy[ColumnPlan]):
         fewest columns any split gives a worker (a per-part shard lacks the graph)."""
         if self.options.device_memory is None or dataset.shard is not None:
             return
-        graph = propagation_inputs(program, dataset.graph)[0]
-        narrowest = max((-(-int(s.in_dim) // workers) for i, s in
-                         zip(describe(program), program.stages) if i.is_propagate), default=1)
-        spread_chunks(graph.indptr, [graph.num_dst], narrowest, 4,
-                      budget=parse_bytes(self.options.device_memory))
+        check_one_vertex(propagation_inputs(program, dataset.graph)[0].indptr,
+                         widest_slice(program, workers),
+                         parse_bytes(self.options.device_memory))
 
     def _check_spill(self, program: StageProgram) -> None:
         if self.options.spill_dir is not None and has_edge_stage(program):

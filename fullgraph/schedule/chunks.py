@@ -94,6 +94,20 @@ def spread_chunks(indptr: Tensor, row_counts: list[int], dim: int, itemsize: int
         count += max(1, count // 16)
 
 
+def check_one_vertex(indptr: Tensor, dim: int, budget: int,
+                     flag: str = "--device-memory") -> None:
+    """Refuse a ``budget`` that cannot hold one destination with its in-edges at ``dim``
+    float32 columns (``spread_chunks``'s first refusal, whatever the row blocks).
+
+    Raises:
+        ValueError: naming the vertex, its bytes and ``flag``.
+    """
+    try:
+        spread_chunks(indptr, [int(indptr.numel()) - 1], dim, 4, budget=budget)
+    except ValueError as err:
+        raise ValueError(str(err).replace("--device-memory", flag)) from None
+
+
 def even_ranges(num_rows: int, num_chunks: int) -> list[tuple[int, int]]:
     """``num_chunks`` contiguous ranges of near-equal row counts."""
     bounds = np.linspace(0, num_rows, max(1, num_chunks) + 1).round().astype(np.int64)
