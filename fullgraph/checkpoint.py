@@ -41,6 +41,7 @@ from fullgraph.config import Config
 from fullgraph.errors import ConfigError
 from fullgraph.graph.data import Dataset
 from fullgraph.graph.sparse import row_blocks
+from fullgraph.paths import unfinished
 from fullgraph.report import EpochRecord
 
 FORMAT = "fullgraph-checkpoint"
@@ -192,14 +193,19 @@ def write_atomic(path: Path, payload: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        with open(tmp, "wb") as f:
-            torch.save(payload, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+        with unfinished(tmp):
+            with open(tmp, "wb") as f:
+                torch.save(payload, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+    except BaseException as exc:
+        cause = _os_error(exc)
+        if cause is None or cause is exc and exc.filename is not None:
+            raise
+        # torch.save reports a failed write (a full disk, a file size limit) as its own
+        # RuntimeError, the OS error only chained: name the file and the OS's reason
+        raise OSError(cause.errno, cause.strerror or str(cause), str(path)) from exc
     try:  # make the rename itself durable
         fd = os.open(path.parent, os.O_RDONLY)
     except OSError:
@@ -210,6 +216,17 @@ def write_atomic(path: Path, payload: Any) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def _os_error(exc: BaseException) -> OSError | None:
+    """The OS error that ``exc`` is or was raised from (its chain followed), else None."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, OSError):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+    return None
 
 
 def load_file(path: Path, what: str, kind: str) -> Any:
@@ -251,6 +268,8 @@ def read(directory: str | Path, what: str = "train.resume") -> dict[str, Any]:
     """
     given = Path(directory)
     path = given if given.is_file() else given / FILE_NAME  # the file itself will do too
+    if path.is_dir():
+        raise ConfigError(f"{what}: {path} is a directory, not a checkpoint file")
     if not path.is_file():
         raise ConfigError(f"{what}: no checkpoint in {directory} ({FILE_NAME} not found)")
     ckpt = load_file(path, what, "checkpoint")

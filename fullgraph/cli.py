@@ -39,9 +39,11 @@ exit codes:
   0    success
   2    usage error: a bad flag or value, config file, dataset or input file (one
        line on stderr), or a missing optional package
-  1    a worker failed (the launcher names the rank and its phase first)
+  1    a worker failed (the launcher names the rank and its phase first);
+       fullgraph check: a strategy differs or failed, or nothing was compared
   130  interrupted (Ctrl-C)
   143  stopped by SIGTERM (129: SIGHUP); the launcher stops its workers
+  141  the reader of standard output went away (`| head`): ends quietly
 """
 
 CHECK_EXIT_CODES = """\
@@ -51,6 +53,7 @@ exit codes:
        strategy refused the model (nothing was compared)
   2    usage error (one line on stderr)
   130  interrupted (Ctrl-C)
+  141  the reader of standard output went away (`| head`): ends quietly
 """
 
 CONVERT_EPILOG = """\
@@ -341,13 +344,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     p_plan = sub.add_parser("plan", help="memory, traffic and epoch time of every strategy, "
                             "and the one to use (the options of train but the strategy, "
-                            "outputs, checkpoints, resuming and the run directory; nothing "
-                            "is trained)")
+                            "--patience, outputs, checkpoints, resuming and the run "
+                            "directory; nothing is trained)")
     _add_config_flags(p_plan, without=exactness.NOT_TAKEN)  # it prices every strategy
 
     p_check = sub.add_parser("check", help="train a few epochs in one process and under "
                              "each strategy, and compare the losses: is your model exact "
-                             "everywhere? (same options as train)",
+                             "everywhere? (the options of train but the strategy, "
+                             "--patience, outputs, checkpoints, resuming and the run "
+                             "directory; --strategies picks the runs)",
                              epilog=CHECK_EXIT_CODES,
                              formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_config_flags(p_check, defaults=exactness.DEFAULTS, without=exactness.NOT_TAKEN)
@@ -447,11 +452,13 @@ def main(argv: list[str] | None = None) -> int:
         if debug:
             traceback.print_exc()
         if not worker.report_start_failure(exc):  # else the launcher names it, once
-            print(f"fullgraph {args.command}: error: {_error_text(exc)}", file=sys.stderr)
+            print(f"fullgraph {args.command}: error: {_as_given(_error_text(exc), args)}",
+                  file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        if not os.environ.get(worker.SUPERVISED_ENV):  # else the launcher says it, once
-            print("fullgraph: interrupted", file=sys.stderr)
+        if os.environ.get(worker.SUPERVISED_ENV):  # the launcher says it, once
+            worker.leave_now(130)  # (torch's shutdown takes seconds: the launcher's grace)
+        print("fullgraph: interrupted", file=sys.stderr)
         return 130
     finally:
         warnings.formatwarning = formatted
@@ -479,6 +486,17 @@ def _closed_pipe_exit() -> int:
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, sys.stdout.fileno())  # (the interpreter's last flush goes there)
     return 128 + signal.SIGPIPE
+
+
+def _as_given(text: str, args: argparse.Namespace) -> str:
+    """An error's ``text`` that begins with an option's key (``launch.timeout_s: ...``)
+    naming its flag instead (``--timeout: ...``) where the flag was given: the user
+    typed the flag (a value from a config file keeps the key the file used)."""
+    found = re.match(r"(\w+)\.(\w+): ", text)
+    if found is None or vars(args).get(f"{found.group(1)}.{found.group(2)}") is None:
+        return text
+    flag = flag_names().get((found.group(1), found.group(2)))
+    return text if flag is None else f"--{flag}: {text[found.end():]}"
 
 
 def _error_text(exc: BaseException) -> str:

@@ -76,15 +76,14 @@ def _save_npy(path: Path, array: Any) -> None:
 
     import numpy as np
 
+    from fullgraph.paths import unfinished
+
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
+    with unfinished(tmp):
         with open(tmp, "wb") as f:
             np.save(f, array)
         os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:

@@ -401,6 +401,10 @@ def _stopped_note(pid: int) -> str:
     return "; its process is stopped, e.g. by SIGSTOP" if state in ("T", "t") else ""
 
 
+_LEFT_ON = (signal.SIGHUP, signal.SIGINT, signal.SIGTERM)
+"""Signals on which a worker leaves with exit code 128 + the signal's number."""
+
+
 def describe_failure(failed: list[WorkerExit], run_dir: Path) -> tuple[str, int]:
     """The root cause, named by rank and phase (with a traceback for a bug), the ranks
     that stopped after it, and the exit code: 2 for a user error, else 1."""
@@ -436,6 +440,8 @@ def _report(f: WorkerExit, run_dir: Path) -> dict:
                       error="still running after the timeout, stopped by the launcher")
     else:
         how = f"signal {-f.returncode}" if f.returncode < 0 else f"exit code {f.returncode}"
+        if f.returncode - 128 in _LEFT_ON:  # a worker ends itself so on these signals
+            how += f", on {signal.Signals(f.returncode - 128).name}"
         record.update(error=f"worker died ({how}) without a report")
         if phase.startswith(EVERY_EPOCH):  # written by its heartbeat: up to HEARTBEAT_S old
             record["phase"] = f"{phase} or later"

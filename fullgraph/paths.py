@@ -5,6 +5,7 @@ output option is checked when the run starts, and the error names the option.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
@@ -12,6 +13,7 @@ import secrets
 import shutil
 import socket
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 from fullgraph.errors import ConfigError
@@ -147,3 +149,29 @@ def sibling_file(path: Path, tag: str) -> tuple[int, str]:
         except FileExistsError:
             continue
     raise FileExistsError(f"no free temporary name beside {path}")
+
+
+_UNFINISHED: set[Path] = set()
+"""Temporary files being written now, for ``remove_unfinished``."""
+
+
+@contextlib.contextmanager
+def unfinished(tmp: Path) -> Iterator[Path]:
+    """While the block runs, ``tmp`` is a file being written (to be renamed into place
+    within the block): removed if the block fails, or by ``remove_unfinished``."""
+    _UNFINISHED.add(tmp)
+    try:
+        yield tmp
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    finally:
+        _UNFINISHED.discard(tmp)
+
+
+def remove_unfinished() -> None:
+    """Remove the temporary files of the writes under way, for a process that must end
+    at once (``os._exit``, past the writers' own clean-up): a worker ended by SIGTERM."""
+    for tmp in list(_UNFINISHED):
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)

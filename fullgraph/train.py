@@ -16,7 +16,7 @@ import math
 import os
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -462,24 +462,28 @@ def train(dataset: Dataset, cfg: Config, *, reporter: Reporter | None = None,
                          "resumed_after": state.epoch})
         if state.records:
             reporter.restored(state.records)
+        save = None
+        if cfg.train.save_model and rank == 0:  # before the summary, which says the run ended
+            def save(result: TrainResult) -> None:
+                phase("saving the model")
+                _save_model(cfg, result, dataset, world)
         result = _epochs(strategy, model, plan, optimizer, cfg, state, ckpt, profiler, hooks,
-                         reporter, comm, phase)
+                         reporter, comm, phase, save)
     except BaseException:  # the hooks let go without waiting on peers: the error stands
         for hook in hooks:
             getattr(hook, "abort", getattr(hook, "close", lambda: None))()
         raise
     for hook in hooks:
         getattr(hook, "close", lambda: None)()
-    if cfg.train.save_model and rank == 0:
-        _save_model(cfg, result, dataset, world)
     return result
 
 
 def _epochs(strategy: Strategy, model: GNN, plan: Plan, optimizer: torch.optim.Optimizer,
             cfg: Config, state: Any, ckpt: Checkpointer, profiler: Profiler,
             hooks: Sequence[Any], reporter: Reporter, comm: Comm | None,
-            phase: Any) -> TrainResult:
-    """The epochs after ``state.epoch``: step, evaluate, report, adapt, checkpoint.
+            phase: Any, save: Callable[[TrainResult], None] | None = None) -> TrainResult:
+    """The epochs after ``state.epoch``: step, evaluate, report, adapt, checkpoint;
+    then ``save`` (the model kept) and the summary.
 
     Under partial reduce only some epochs are collective (a hook's
     ``collective_epoch``): the others skip evaluation, their profiles are exchanged at
@@ -568,7 +572,13 @@ def _epochs(strategy: Strategy, model: GNN, plan: Plan, optimizer: torch.optim.O
     stopped = f"stopped early after epoch {last}: no better validation accuracy in " \
         f"{last - best[1]} epochs (--patience {patience})" if last < cfg.train.epochs else None
     return _finish(records, profiles, best, time.perf_counter() - start, model, reporter,
-                   strategy.outcome(model, plan), restored=state.epoch, stopped=stopped)
+                   strategy.outcome(model, plan), restored=state.epoch, stopped=stopped,
+                   save=save)
+
+
+def _count(n: int, noun: str) -> str:
+    """``1 epoch``, ``3 epochs``."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def _pct(share: float) -> str:
@@ -627,20 +637,26 @@ def _save_model(cfg: Config, result: TrainResult, dataset: Dataset, world: int) 
 def _finish(records: list[EpochRecord], profiles: list[list[EpochProfile]], best: tuple,
             total: float, model: GNN, reporter: Reporter,
             outcome: list[str] | None = None, restored: int = 0,
-            stopped: str | None = None) -> TrainResult:
+            stopped: str | None = None,
+            save: Callable[[TrainResult], None] | None = None) -> TrainResult:
     """The result and the summary; ``restored``: epochs a checkpoint brought (their
     records are the result's too, but ``total`` is the time of the epochs after);
-    ``stopped``: why the run stopped before its last epoch (early stopping)."""
+    ``stopped``: why the run stopped before its last epoch (early stopping); ``save``:
+    writes the result's model, before the summary (a run whose model could not be
+    written has none)."""
     if best[4] is not None:
         model.load_state_dict(best[4])
     result = TrainResult(records, best[1], best[0], best[2], best[3], total, model)
+    if save is not None:
+        save(result)
     times = sorted(r.epoch_s for r in records[restored:]) or [float("nan")]
     per_rank = [list(col) for col in zip(*profiles)] if profiles else []
     if restored == len(records):
         timing = f"no epochs after the checkpoint of epoch {restored}"
     else:
-        ran = f"{len(records) - restored} epochs ({restored + 1}-{len(records)}, after the " \
-            f"checkpoint)" if restored else f"{len(records)} epochs"
+        ran = _count(len(records) - restored, "epoch")
+        if restored:
+            ran += f" ({restored + 1}-{len(records)}, after the checkpoint)"
         timing = f"{ran} in {total:.2f} s, median epoch {times[len(times) // 2]:.4f} s"
     if math.isnan(result.best_val):  # no validation vertices to choose an epoch by
         kept = [f"no validation vertices: the model kept is the last epoch's "

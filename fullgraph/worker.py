@@ -29,7 +29,7 @@ import traceback
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, NoReturn
 
 RUN_DIR_ENV = "FULLGRAPH_RUN_DIR"
 SUPERVISED_ENV = "FULLGRAPH_SUPERVISED"
@@ -327,6 +327,22 @@ def run_worker(body: Callable[[WorkerStatus], int], debug: bool = False) -> int:
         os._exit(2 if user_error else 1)
 
 
+def leave_now(code: int) -> NoReturn:
+    """End this worker of the local launcher at once with exit ``code``, its
+    shared-memory files and half-written outputs removed, its output flushed: the
+    interpreter's shutdown of a torch process takes seconds, which the launcher would
+    count against its grace period."""
+    from fullgraph.comm import shm
+    from fullgraph.paths import remove_unfinished
+
+    shm.remove_files(os.getpid())
+    remove_unfinished()  # a checkpoint or model being written: no half file stays
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
+
+
 def _end_with_launcher() -> None:
     """Make a worker of the local launcher end when the launcher does, whatever ends it
     (SIGKILL too), rather than train on alone: SIGTERM on the launcher's death (Linux's
@@ -339,10 +355,7 @@ def _end_with_launcher() -> None:
         return
 
     def leave(signum: int, frame: Any) -> None:
-        from fullgraph.comm import shm
-
-        shm.remove_files(os.getpid())
-        os._exit(128 + signum)
+        leave_now(128 + signum)
 
     if threading.current_thread() is threading.main_thread() and \
             signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:

@@ -224,6 +224,50 @@ def test_failed_write_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
     assert checkpoint.read(tmp_path)["epoch"] == STOP
 
 
+def test_a_full_disk_is_an_os_error_naming_the_file(tmp_path, monkeypatch):
+    """torch.save reports a failed write as its own RuntimeError with the OS error only
+    chained; the writer raises the OS error, naming the file (one line, exit 2), and
+    leaves no temporary file."""
+    real_save = torch.save
+
+    def full_disk(obj, f, *args, **kwargs):
+        real_save(obj, f, *args, **kwargs)
+        try:
+            raise OSError(28, "No space left on device")
+        except OSError as exc:
+            raise RuntimeError("[enforce fail at inline_container.cc] unexpected pos") from exc
+
+    monkeypatch.setattr(torch, "save", full_disk)
+    path = tmp_path / checkpoint.FILE_NAME
+    with pytest.raises(OSError) as err:
+        checkpoint.write_atomic(path, {"x": torch.ones(3)})
+    assert err.value.errno == 28 and err.value.filename == str(path), err.value
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_write_under_way_is_removed_by_remove_unfinished(tmp_path, monkeypatch):
+    """A worker ended by SIGTERM leaves at once (os._exit, past write_atomic's clean-up):
+    its signal handler removes the temporary file of the write under way."""
+    from fullgraph import paths
+
+    def killed(obj, f, *args, **kwargs):
+        f.write(b"half a checkpoint")
+        paths.remove_unfinished()  # what the handler does, then os._exit
+        raise SystemExit(143)
+
+    monkeypatch.setattr(torch, "save", killed)
+    with pytest.raises(SystemExit):
+        checkpoint.write_atomic(tmp_path / checkpoint.FILE_NAME, {})
+    assert list(tmp_path.iterdir()) == []
+    assert not paths._UNFINISHED
+
+
+def test_a_directory_in_place_of_the_checkpoint_file_is_named(tmp_path):
+    (tmp_path / checkpoint.FILE_NAME).mkdir()
+    with pytest.raises(ConfigError, match="checkpoint.pt is a directory, not a checkpoint"):
+        checkpoint.read(tmp_path)
+
+
 def _mixed_starts(comm, out: str) -> None:
     """Rank 0 resumes the 2-worker checkpoint; rank 1 starts afresh, then resumes a copy
     whose parameters differ (another host's checkpoint of the same epoch)."""

@@ -64,7 +64,7 @@ def test_config_file_and_flag_override(root, tmp_path, capsys):
     cfg.write_text("model:\n  name: sage\n  hidden: 8\ntrain:\n  epochs: 2\n  progress: 'off'\n")
     assert main(["train", "--config", str(cfg), "--epochs", "1"]) == 0
     out = capsys.readouterr().out
-    assert "model    sage" in out and "1 epochs" in out
+    assert "model    sage" in out and "1 epoch in" in out
     toml = tmp_path / "run.toml"
     toml.write_text("[train]\nepochs = 1\nprogress = 'off'\n[model]\nname = 'gin'\n")
     assert main(["train", "--config", str(toml)]) == 0
@@ -435,7 +435,7 @@ def test_cuda_without_cuda_is_one_line(root, capsys, no_launch, monkeypatch, wor
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert main(["train", "--device", "cuda", "--epochs", "1", "--workers", workers]) == 2
-    one_line_error(capsys, "train.device: got 'cuda'", "--device cpu")
+    one_line_error(capsys, "error: --device: got 'cuda'", "--device cpu")
     assert no_launch == []
 
 
@@ -497,5 +497,5 @@ def test_a_refused_run_leaves_an_earlier_metrics_file_as_it_was(root, tmp_path, 
     metrics.write_text('{"event": "run"}\n')
     rc = main(["train", "--epochs", "2", "--progress", "off", "--metrics-out", str(metrics),
                "--resume", str(tmp_path / "no-checkpoint")])
-    assert rc == 2 and "train.resume: no checkpoint" in capsys.readouterr().err
+    assert rc == 2 and "error: --resume: no checkpoint" in capsys.readouterr().err
     assert metrics.read_text() == '{"event": "run"}\n'

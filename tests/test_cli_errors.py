@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,9 +17,11 @@ from fullgraph.cli import main
 README_YAML = """\
 model: gat
 hidden: 8
+epochs: 100
+strategy: data
+workers: 2
 dep-mode: hybrid      # or dep_mode
 partitioner: chunk
-epochs: 100
 """
 
 
@@ -165,12 +168,12 @@ def test_a_file_system_error_is_one_line(root, tmp_path, capsys):
 def test_debug_shows_the_traceback_and_keeps_the_exit_code(root, capsys):
     assert main(["train", "--epochs", "0", "--log-level", "debug"]) == 2
     err = capsys.readouterr().err
-    assert "Traceback" in err and err.strip().endswith("train.epochs: got 0; expected >= 1")
+    assert "Traceback" in err and err.strip().endswith("--epochs: got 0; expected >= 1")
 
 
 def test_a_diverged_run_stops_and_says_so(root, capsys):
     assert main(["train", "--lr", "inf"]) == 2
-    one_line_error(capsys, "train.lr: got inf; expected > 0 and finite")
+    one_line_error(capsys, "error: --lr: got inf; expected > 0 and finite")
     with pytest.warns(UserWarning, match=r"epoch 2: the loss is nan: the training diverged.*"
                                          r"stops here; the model kept is epoch 1's"):
         assert main(["train", "--lr", "1e30", "--epochs", "20", "--progress", "off"]) == 0
@@ -258,13 +261,13 @@ def test_more_inputs_that_are_one_line(root, tmp_path, capsys):
          "--memory: out of range; found 0"),
         (["train", "--strategy", "data", "--workers", "2", "--partitioner", "random",
           "--partition-seed", "-1"], "partition seed: got -1; expected an integer in [0, 2**63)"),
-        (["train", "--seed", "99999999999999999999"], "train.seed: got 99999999999999999999"),
-        (["train", "--split-seed", "-2"], "data.split_seed: got -2"),
-        (["train", "--timeout", "inf"], "launch.timeout_s: got inf; expected seconds in [1, "),
-        (["train", "--timeout", "0.4"], "launch.timeout_s: got 0.4"),
+        (["train", "--seed", "99999999999999999999"], "error: --seed: got 99999999999999999999"),
+        (["train", "--split-seed", "-2"], "error: --split-seed: got -2"),
+        (["train", "--timeout", "inf"], "error: --timeout: got inf; expected seconds in [1, "),
+        (["train", "--timeout", "0.4"], "error: --timeout: got 0.4"),
         (["generate", "rmat", "--vertices", "9", "--rmat", "-1", "1", "0.5", "0.5"],
          "found a = -1.0"),
-        (["train", "--model", "gat", "--heads", "0"], "model.heads: got 0; expected >= 1"),
+        (["train", "--model", "gat", "--heads", "0"], "error: --heads: got 0; expected >= 1"),
         (["evaluate", "--model", str(tmp_path)], "is a directory, not a model file"),
         (["evaluate", "--model", str(afile)], "not a whole file of torch.save"),
     ]
@@ -419,7 +422,7 @@ def test_a_bad_value_from_a_config_file_names_the_file(tmp_path, capsys):
     assert main(["train", "--config", str(cfg)]) == 2
     one_line_error(capsys, f"{cfg}: train.epochs: got -3")
     assert main(["train", "--config", str(cfg), "--epochs", "-4"]) == 2  # the flag's value
-    assert str(cfg) not in one_line_error(capsys, "train.epochs: got -4")
+    assert str(cfg) not in one_line_error(capsys, "error: --epochs: got -4")
 
 
 def test_a_split_seed_without_effect_is_said_once_at_training(root, tmp_path, capsys):
@@ -487,3 +490,54 @@ def test_a_yaml_file_keeps_yaml_1_1_switch_words_and_reads_decimals(tmp_path, ca
     assert tree["data"]["normalize_features"] is True and tree["train"]["progress"] == "off"
     assert (tree["train"]["epochs"], tree["train"]["lr"], tree["model"]["hidden"]) == \
         (10, 0.05, 16)
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--timeout", "0"], "error: --timeout: got 0.0; expected seconds"),
+    (["--model", "mlp"], "error: --model: got 'mlp'; expected gcn"),
+    (["--resume", "nowhere"], "error: --resume: no checkpoint in nowhere"),
+])
+def test_a_flags_bad_value_is_named_by_the_flag(root, capsys, argv, needle):
+    """The user typed the flag: the error names it, not the option's config key."""
+    assert main(["train", "--epochs", "1", *argv]) == 2
+    one_line_error(capsys, needle)
+
+
+def test_the_readme_config_file_runs_as_it_shows(tmp_path, capsys):
+    """README's example sets options of data parallelism: it must choose it too."""
+    flat = tmp_path / "run.yaml"
+    flat.write_text(README_YAML)
+    import yaml
+
+    assert README_YAML in Path(__file__).parents[1].joinpath("README.md").read_text()
+    assert main(["config", "--print", "--config", str(flat)]) == 0
+    out, err = capsys.readouterr()
+    tree = yaml.safe_load(out)
+    assert (tree["runtime"]["strategy"], tree["launch"]["workers"]) == ("data", 2)
+    assert "no effect" not in err, err
+
+
+def test_a_model_that_cannot_be_written_leaves_no_summary(root, tmp_path, capsys,
+                                                           monkeypatch):
+    """A full disk under --save-model: one line naming the file and the OS's reason, exit
+    2, and the metrics file does not end in the summary of a finished run."""
+    import torch
+
+    real_save = torch.save
+
+    def full_disk(obj, f, *args, **kwargs):
+        if not str(getattr(f, "name", "")).endswith(".tmp"):
+            return real_save(obj, f, *args, **kwargs)
+        try:
+            raise OSError(27, "File too large")
+        except OSError as exc:
+            raise RuntimeError("[enforce fail at inline_container.cc] unexpected pos") from exc
+
+    monkeypatch.setattr(torch, "save", full_disk)
+    model, metrics = tmp_path / "model.pt", tmp_path / "run.jsonl"
+    assert main(["train", "--epochs", "2", "--save-model", str(model), "--metrics-out",
+                 str(metrics), "--progress", "off"]) == 2
+    one_line_error(capsys, f"error: {model}: file too large")
+    events = [json.loads(line)["event"] for line in metrics.read_text().splitlines()]
+    assert events[-1] == "epoch" and "summary" not in events, events
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data", "run.jsonl"]

@@ -601,6 +601,42 @@ def test_user_error_in_a_worker_is_one_line_and_exit_2(tmp_path):
         "book is for another graph", f"fullgraph: ranks [0] stopped after it; logs in {tmp_path}"]
 
 
+def test_a_worker_ended_by_a_signal_it_handles_is_named_by_the_signal(tmp_path):
+    """A worker leaves with 128 + n on SIGTERM, SIGINT and SIGHUP (its handler's
+    os._exit): the launcher names the signal, as it does for a SIGKILL."""
+    from fullgraph.launch import WorkerExit, describe_failure
+
+    (tmp_path / "status-rank1").write_text("setup")
+    text, code = describe_failure([WorkerExit(1, 143)], tmp_path)
+    assert code == 1 and text.splitlines()[0] == (
+        "fullgraph: worker rank 1 failed during setup: worker died (exit code 143, on "
+        "SIGTERM) without a report"), text
+    text, _ = describe_failure([WorkerExit(1, 3)], tmp_path)
+    assert "(exit code 3) without a report" in text, text
+
+
+def test_an_interrupted_worker_of_the_launcher_leaves_at_once(monkeypatch):
+    """Ctrl-C reaches every worker; one of the local launcher's leaves through
+    os._exit (torch's shutdown would take seconds of the launcher's grace period)."""
+    from fullgraph import cli, worker
+
+    left = []
+
+    def leave_now(code):
+        left.append(code)
+        raise SystemExit(code)
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setenv(worker.SUPERVISED_ENV, str(os.getppid()))
+    monkeypatch.setattr(worker, "leave_now", leave_now)
+    monkeypatch.setitem(cli.COMMANDS, "datasets", interrupted)
+    with pytest.raises(SystemExit):
+        cli.main(["datasets"])
+    assert left == [130]
+
+
 class FakeWorker:
     """Stands for a worker process in ``Supervisor``: running until killed or given a code."""
 

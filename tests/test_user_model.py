@@ -421,12 +421,17 @@ def test_a_model_file_imports_the_modules_beside_it_from_any_directory(
      "        return [Dense(i, o), Propagate(i, 'gcn')]\n", [],
      "model Wide: stage 2 (Propagate, layer 1) takes 1433 columns but stage 1 (Dense) "
      "gives 16"),
+    ("class Two(Transform):\n    def forward(self, x, ctx):\n        return x\n"
+     "class TwoArgs(GNN):\n    def conv(self, layer, i, o, *, act, residual):\n"
+     "        return [Dense(i, o), Propagate(o, 'gcn'), Two(o, o)]\n", [],
+     "model TwoArgs: stage 3 (Two, layer 1) has forward(x, ctx); a Transform's forward "
+     "takes (x, ctx, layer_input=None)"),
 ])
 def test_an_incomplete_model_is_one_line(root, tmp_path, capsys, source, argv, needle):
     path = tmp_path / "incomplete.py"
-    path.write_text("from fullgraph.models import GNN, Propagate\n"
+    path.write_text("from fullgraph.models import GNN, Propagate, Transform\n"
                     "from fullgraph.models.layers import Dense\n" + source)
-    ref = f"{path}:{source.split()[1].split('(')[0]}"
+    ref = f"{path}:{source.split('class ')[-1].split('(')[0]}"
     assert main(["train", "--model", ref, "--epochs", "1", *argv]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and needle.format(ref=ref) in err[0], err

@@ -55,7 +55,7 @@ WARMUP = 1
 counted from the first epoch the process runs (after a resume, its first too)."""
 MIN_SHARE = 0.05
 """No worker's share falls below this fraction of the whole, or half an equal share
-where that is less (21 workers and more: ``floor_share``)."""
+where that is less (more than 10 workers: ``floor_share``)."""
 THRESHOLD = 0.1
 """Re-plan only when a worker's share changes by more than this fraction of itself."""
 MIN_SAMPLES = 3

@@ -22,6 +22,7 @@ Shapes: R rows, N_dst / N_src vertices of a block, E edges, D columns, H heads.
 from __future__ import annotations
 
 import enum
+import inspect
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Callable, ClassVar, overload
@@ -259,6 +260,7 @@ class StageProgram(nn.Module):
             raise ValueError("a stage program must start with a LayerInput stage")
         seen_edge, width, before = False, self.stages[0].in_dim, "the input"
         for s in self.stages:
+            _check_forward(s, self.name, self.layer_of[s.index])
             seen_edge |= isinstance(s, EdgeTransform)
             if not isinstance(s, EdgeTransform):  # an E stage leaves the rows as they are
                 if s.in_dim != width:
@@ -285,6 +287,30 @@ class StageProgram(nn.Module):
         from fullgraph.models.walk import GraphRunner, walk  # walk builds on this module
 
         return walk(self, GraphRunner(graph, norms, ctx), x)
+
+
+_CALLED_WITH = {"Transform": "x, ctx, layer_input", "EdgeTransform": "graph, x_dst, x_src, ctx"}
+"""The arguments with which the walker calls each kind of stage a model may define."""
+
+
+def _check_forward(stage: Stage, model: str, layer: int) -> None:
+    """Refuse a stage whose ``forward`` cannot take the arguments the walker gives it
+    (a user's ``Transform.forward(self, x, ctx)`` fails at its first call otherwise)."""
+    kind = "EdgeTransform" if isinstance(stage, EdgeTransform) else \
+        "Transform" if isinstance(stage, Transform) else None
+    if kind is None:
+        return
+    try:
+        signature = inspect.signature(stage.forward)
+    except (TypeError, ValueError):  # no signature to read: it is called as it is
+        return
+    try:
+        signature.bind(*_CALLED_WITH[kind].split(", "))
+    except TypeError:
+        raise ValueError(f"model {model}: stage {stage.index} ({type(stage).__name__}, layer "
+                         f"{layer + 1}) has forward{signature}; a {kind}'s forward takes "
+                         f"({_CALLED_WITH[kind]}{'=None' if kind == 'Transform' else ''})"
+                         ) from None
 
 
 def propagation_inputs(program: StageProgram, graph: Graph, dtype: torch.dtype = torch.float32,

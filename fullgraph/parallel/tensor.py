@@ -404,7 +404,8 @@ class TensorParallel(DistributedStrategy[ColumnPlan]):
         account = plan.account
         assert account is not None
         budget = "no budget" if account.budget is None else f"budget {account.budget} B"
-        line = (f"tensor   {len(plan.chunks)} chunks ({budget}) streamed from host memory"
+        chunks = f"{len(plan.chunks)} chunk{'' if len(plan.chunks) == 1 else 's'}"
+        line = (f"tensor   {chunks} ({budget}) streamed from host memory"
                 f"{', pipelined' if plan.first_reads is not None else ''}"
                 f"{', next chunk prefetched on a side stream' if plan.prefetch else ''}")
         if account.resident:
