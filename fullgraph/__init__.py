@@ -38,6 +38,11 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'fullgraph' has no attribute {name!r}")
 
 
+def __dir__() -> list[str]:
+    """Every public name, the lazily loaded ones too (tab completion offers ``fit``)."""
+    return sorted(set(globals()) | set(__all__))
+
+
 def load_model(path: str | Path) -> SavedModel:
     """The model saved by ``train --save-model PATH``, a plain ``torch.nn.Module``:
     ``model(graph, features)`` gives logits (see ``fullgraph.saved``)."""

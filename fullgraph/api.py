@@ -41,6 +41,12 @@ RESULT_ENV = "FULLGRAPH_FIT_RESULT"
 """Where rank 0 of a launched ``fit`` writes its result (set for the workers)."""
 QUIET_ENV = "FULLGRAPH_FIT_QUIET"
 """Set for the workers of a ``fit`` that is not verbose: rank 0 prints no table."""
+WARNINGS_ENV = "FULLGRAPH_FIT_WARNINGS"
+"""Where the workers of a ``fit`` write their warnings (``PREFIX-rankR.jsonl``), for the
+caller to raise as Python warnings."""
+DATA_ENV = "FULLGRAPH_FIT_DATA"
+"""The data options as the caller of ``fit`` gave them (JSON), where the workers read a
+temporary copy: what ``metrics_out``'s run record names."""
 
 
 @dataclass
@@ -140,11 +146,14 @@ def check(data: Any = "cora", *, model: str | type = "gcn",
     same seed, and compare the per-epoch losses (``fullgraph check``).
 
     Args:
-        data, model, num_classes, **options: as ``fit``'s (no ``strategy``, and no
-            outputs: ``metrics_out``, ``save_model``, ``checkpoint_dir``, ``resume``).
+        data, model, num_classes, **options: as ``fit``'s, but ``strategy``,
+            ``patience``, the outputs (``metrics_out``, ``save_model``), checkpoints
+            (``checkpoint_dir``, ``checkpoint_every``, ``resume``) and the run directory
+            (``run_dir``, ``keep_run_dir``), which it refuses.
         strategies: some of ``data`` (depcomm and depcache), ``data/depcomm``,
             ``data/depcache``, ``data/hybrid``, ``tensor``, ``p2p``, ``task``, as a list
-            or a comma-separated string (default: every strategy).
+            or a comma-separated string (default: ``data/depcomm``, ``data/depcache``,
+            ``tensor``, ``p2p`` and ``task``).
         workers: workers of each distributed run (default: 2).
         epochs: epochs of each run (default: 3).
 
@@ -192,6 +201,11 @@ def _run_options(caller: str, data: Any, model: str | type, num_classes: int | N
             f"{caller}: called while {inside} was imported for its model class; call "
             f"{caller} under `if __name__ == \"__main__\":` so that importing the file "
             "only defines the model")
+    if not isinstance(model, (str, type)):
+        raise ConfigError(f"{caller}: model must be a name (gcn, sage, gat, gin, tagcn, "
+                          f"'module:Class' or 'file.py:Class') or a fullgraph.models.GNN "
+                          f"subclass; got an instance of {type(model).__name__} (pass the "
+                          "class, not an object: the run builds its own)")
     options["model"] = reference_of(model) if isinstance(model, type) else model
     if isinstance(options.get("model_options"), dict):
         options["model_options"] = format_options(options["model_options"])
@@ -266,13 +280,16 @@ def config_from_options(options: dict[str, Any], caller: str = "fit") -> Any:
     """
     from fullgraph.cli import flag_names
     from fullgraph.config import config_from_dict
+    from fullgraph.exactness import NOT_TAKEN
 
     by_name = {flag.replace("-", "_"): key for key, flag in flag_names().items()}
+    refused = {name for name, key in by_name.items() if ".".join(key) in NOT_TAKEN}
+    taken = set(by_name) - {"dataset"} - (refused if caller == "check" else set())
     tree: dict[str, dict[str, Any]] = {}
     for name, value in options.items():
         if name not in by_name:
             raise ConfigError(f"{caller}: unknown option {name!r}; expected one of "
-                              f"{', '.join(sorted(set(by_name) - {'dataset'}))}")
+                              f"{', '.join(sorted(taken))}")
         section, key = by_name[name]
         tree.setdefault(section, {})[key] = value
     return config_from_dict(tree, source=caller)
@@ -352,6 +369,7 @@ def _fit_launched(cfg: Any, dataset: Any, verbose: bool) -> FitResult:
     check_outputs(cfg)  # the model file is written here, after the workers
     given = cfg  # what the result reports (not the temporary directory below)
     in_memory = dataset is not None
+    signalled = 0
     with tempfile.TemporaryDirectory(prefix="fullgraph-fit-") as tmp:
         if in_memory:  # the workers read it from disk, as any processed dataset
             store.save_dataset(dataset, Path(tmp) / "dataset")
@@ -368,26 +386,64 @@ def _fit_launched(cfg: Any, dataset: Any, verbose: bool) -> FitResult:
         tree["train"]["progress"] = "auto" if verbose else "off"
         config_file.write_text(json.dumps(tree))
         # the launcher hands this process's environment to the workers
+        warned = Path(tmp) / "warnings"
         with launch.environment({RESULT_ENV: str(result_file), QUIET_ENV: "" if verbose else "1",
-                           **for_workers(cfg.model.name)}):
+                                 WARNINGS_ENV: str(warned),
+                                 DATA_ENV: json.dumps(given.to_dict()["data"]),
+                                 **for_workers(cfg.model.name)}):
             code, failure = launch.run_local(
                 ["train", "--config", str(config_file)], cfg.launch.workers,
                 timeout_s=cfg.launch.timeout_s, run_dir=cfg.launch.run_dir,
                 threads=cfg.runtime.threads, keep_run_dir=cfg.launch.keep_run_dir,
-                module=__name__)
-        if code == 130:  # Ctrl-C: the workers are stopped; the caller sees its interrupt
+                module=__name__, resignal=False)
+        _warn_as_workers_did(warned)
+        if code - 128 in launch.RESIGNALLED:  # sent on once the copy above is removed
+            signalled = code - 128
+        elif code == 130:  # Ctrl-C: the workers are stopped; the caller sees its interrupt
             raise KeyboardInterrupt
-        if code != 0:
+        elif code != 0:
             cause = failure.splitlines()[0].removeprefix("fullgraph: ") if failure else \
                 f"exit code {code}"
             raise FullgraphError(f"fit: {cause} (the whole report is printed to stderr)")
-        payload = torch.load(result_file, weights_only=True)
-        model = build(dataset, cfg)
-        model.load_state_dict(payload.pop("state_dict"))
-        result = _result(payload, model, given, dataset)
+        else:
+            payload = torch.load(result_file, weights_only=True)
+            model = build(dataset, cfg)
+            model.load_state_dict(payload.pop("state_dict"))
+            result = _result(payload, model, given, dataset)
+    if signalled:  # this process's own handler, or the signal's default end
+        import signal
+
+        os.kill(os.getpid(), signalled)
+        raise FullgraphError(f"fit: stopped by {signal.Signals(signalled).name}; the workers "
+                             "were stopped")
     if in_memory and given.train.save_model:
         result.model.save(given.train.save_model)
     return result
+
+
+def _warn_as_workers_did(prefix: Path) -> None:
+    """Raise, as Python warnings in this process, those the workers wrote to
+    ``PREFIX-rankR.jsonl`` (each message once), attributed to the caller of ``fit``."""
+    import builtins
+    import warnings
+
+    seen: dict[tuple[str, str], None] = {}
+    for path in sorted(prefix.parent.glob(f"{prefix.name}-rank*.jsonl")):
+        for line in path.read_text().splitlines():
+            with contextlib.suppress(ValueError, KeyError, TypeError):
+                record = json.loads(line)
+                seen[str(record["category"]), str(record["message"])] = None
+    frame, level = sys._getframe(0), 1
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+        frame, level = frame.f_back, level + 1
+    for name, message in seen:
+        category = getattr(builtins, name, None)
+        if not (isinstance(category, type) and issubclass(category, Warning)):
+            category = UserWarning
+        warnings.warn(message, category, stacklevel=level)
+
+
+_PACKAGE = str(Path(__file__).resolve().parent)
 
 
 def _payload(result: Any) -> dict[str, Any]:
@@ -424,8 +480,30 @@ def _worker_main(argv: list[str]) -> int:
               "is not set); use `fullgraph train` from a shell", file=sys.stderr)
         return 2
     real_train = training.train
+    warned = os.environ.get(WARNINGS_ENV)
+    if warned:  # this rank's warnings go back to the caller of fit, as Python warnings
+        import warnings
+
+        to_caller = Path(f"{warned}-rank{os.environ.get('RANK', '0')}.jsonl")
+
+        def write(message: Any, category: type[Warning], *args: Any, **kwargs: Any) -> None:
+            with open(to_caller, "a") as f:
+                f.write(json.dumps({"category": category.__name__,
+                                    "message": str(message)}) + "\n")
+
+        warnings.showwarning = write
 
     def train_and_keep(*args: Any, **kwargs: Any) -> Any:
+        reporter = kwargs.get("reporter")
+        given = os.environ.get(DATA_ENV)
+        if reporter is not None and given:  # the run record names the data as given
+            header = reporter.header
+
+            def header_as_given(lines: list[str], record: dict[str, Any]) -> None:
+                config = {**record.get("config", {}), "data": json.loads(given)}
+                header(lines, {**record, "config": config})
+
+            reporter.header = header_as_given
         result = real_train(*args, **kwargs)
         if os.environ.get("RANK", "0") == "0":
             out = Path(os.environ[RESULT_ENV])

@@ -181,9 +181,13 @@ def environment(values: dict[str, str]) -> Iterator[None]:
 
 def run_local(argv: list[str], workers: int, *, timeout_s: float, run_dir: str | None,
               threads: int | None, keep_run_dir: bool = False,
-              module: str = "fullgraph.cli") -> tuple[int, str]:
+              module: str = "fullgraph.cli", resignal: bool = True) -> tuple[int, str]:
     """``launch_local``, returning the failure's description too ("" after success),
-    as printed to stderr: its first line names the failed rank, phase and error."""
+    as printed to stderr: its first line names the failed rank, phase and error.
+
+    Stopped by SIGTERM or SIGHUP (exit code 128 + the signal), it sends the signal on
+    to this process once the workers are stopped, unless ``resignal`` is False: the
+    caller then has files of its own to remove first, and sends it itself."""
     temporary = run_dir is None
     path = Path(run_dir or tempfile.mkdtemp(prefix="fullgraph-run-"))
     path.mkdir(parents=True, exist_ok=True)
@@ -208,9 +212,13 @@ def run_local(argv: list[str], workers: int, *, timeout_s: float, run_dir: str |
         shutil.rmtree(path, ignore_errors=True)
     elif code == 0 and temporary:  # kept, but the user did not name it
         print(f"fullgraph: run directory kept: {path}", file=sys.stderr)
-    if code - 128 in (signal.SIGTERM, signal.SIGHUP):  # the workers are stopped: now this
+    if resignal and code - 128 in RESIGNALLED:  # the workers are stopped: now this
         os.kill(os.getpid(), code - 128)  # process's own handler, or its default end
     return code, text
+
+
+RESIGNALLED = (signal.SIGTERM, signal.SIGHUP)
+"""The signals that stop a local run and are then sent on to the launching process."""
 
 
 def _start(procs: list[subprocess.Popen], argv: list[str], workers: int, run_dir: Path,

@@ -105,6 +105,10 @@ class SavedModel(nn.Module):
         write_atomic(Path(path), payload)
 
     def _run(self, graph: Graph | Tensor, features: Tensor, stop: int | None) -> Tensor:
+        if not isinstance(features, Tensor):  # numpy and scipy features, as fit takes them
+            from fullgraph.graph.formats.pyg import feature_tensor
+
+            features = feature_tensor(features, "model input")
         if features.dim() != 2:
             raise ValueError(f"features must be an (N, F) matrix; got shape "
                              f"{tuple(features.shape)}")

@@ -51,8 +51,9 @@ FAILURE_POLL_S = 2.0
 @contextlib.contextmanager
 def warnings_recorded() -> Iterator[None]:
     """Within: every warning this process shows is also remembered (``shown_warnings``),
-    for the workers it launches to leave out."""
-    show = warnings.showwarning
+    for the workers it launches to leave out; forgotten after (another ``fit`` in this
+    process warns again)."""
+    show, start = warnings.showwarning, len(_shown)
 
     def record(message: Warning | str, *args: Any, **kwargs: Any) -> None:
         _shown.append(str(message))
@@ -63,6 +64,7 @@ def warnings_recorded() -> Iterator[None]:
         yield
     finally:
         warnings.showwarning = show
+        del _shown[start:]
 
 
 def shown_warnings() -> list[str]:

@@ -181,6 +181,8 @@ def test_in_memory_bag_of_words_features_are_held_as_csr(capsys) -> None:
     (lambda: fullgraph.fit("cora", model="gnc"), "model.name: got 'gnc'"),
     (lambda: fullgraph.fit("cora", dataset="x"), "first argument"),
     (lambda: fullgraph.fit("cora", verbose="yes"), "verbose must be True or False, got 'yes'"),
+    (lambda: fullgraph.fit("cora", model=fullgraph.models.build_model("gcn", 4, 8, 3)),
+     "^fit: model must be a name .* got an instance of GCN \\(pass the class, not an "),
 ])
 def test_bad_input_is_one_clear_error(call, match) -> None:
     with pytest.raises(ConfigError, match=match):
@@ -207,6 +209,50 @@ def test_a_failed_launch_raises_naming_the_cause(monkeypatch) -> None:
         fullgraph.fit(ds, strategy="data", workers=2, epochs=1, partitioner="chunk")
     assert seen["workers"] == 2 and seen["module"] == "fullgraph.api"
     assert seen["argv"][:2] == ["train", "--config"]
+
+
+def test_a_fit_stopped_by_sigterm_removes_its_copy_of_the_data(monkeypatch) -> None:
+    """SIGTERM stops the workers (exit 143): the data's temporary copy is removed before
+    the signal is sent on to this process, whose default would end it at once."""
+    import os
+    import signal
+
+    from fullgraph import launch
+
+    copies, sent = [], []
+
+    def stopped(argv, workers, **kwargs):
+        assert kwargs["resignal"] is False  # fit sends it on itself
+        copies.append(os.path.dirname(argv[2]))
+        return 143, "fullgraph: stopped by SIGTERM; the workers were stopped"
+
+    monkeypatch.setattr(launch, "run_local", stopped)
+    monkeypatch.setattr(os, "kill", lambda pid, sig: sent.append((pid, sig)))
+    with pytest.raises(fullgraph.FullgraphError, match="stopped by SIGTERM"):
+        fullgraph.fit(_random_data(), strategy="data", workers=2, epochs=1)
+    assert sent == [(os.getpid(), signal.SIGTERM)]
+    assert not os.path.exists(copies[0])
+
+
+@pytest.mark.dist
+def test_launched_workers_warn_the_caller_and_record_the_data_as_given(tmp_path) -> None:
+    """A worker's warning is a Python warning of the caller, every fit anew (a second fit
+    that warns alike is not left silent), and the metrics file's run record names the
+    data as the caller gave it, not the workers' temporary copy."""
+    metrics = tmp_path / "run.jsonl"
+    for _ in range(2):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            result = fullgraph.fit(_random_data(), strategy="data", workers=2, epochs=4,
+                                   lr=1e30, split_seed=5, metrics_out=str(metrics))
+        diverged = [w for w in caught if "the training diverged" in str(w.message)]
+        assert len(diverged) == 1 and diverged[0].category is UserWarning, \
+            [str(w.message) for w in caught]
+        assert diverged[0].filename == __file__  # the caller's line
+        assert len(result.history) < 4
+    run = json.loads(metrics.read_text().splitlines()[0])
+    assert run["config"]["data"] == result.config.to_dict()["data"]
+    assert (run["config"]["data"]["dataset"], run["config"]["data"]["split_seed"]) == ("pyg", 5)
 
 
 def test_workers_without_a_distributed_strategy_are_refused_before_launch(
@@ -325,6 +371,21 @@ def test_the_saved_model_refuses_inputs_of_the_wrong_shape_or_dtype(tmp_path) ->
         model.half()(d.edge_index, d.x.half())
     model.double().save(tmp_path / "m.pt")
     assert next(fullgraph.load_model(tmp_path / "m.pt").parameters()).dtype == torch.float64
+
+
+def test_the_saved_model_takes_numpy_and_scipy_features() -> None:
+    import scipy.sparse as sp
+
+    d = _random_data()
+    model = fullgraph.fit(d, epochs=1, hidden=4).model
+    want = model(d.edge_index, d.x)
+    torch.testing.assert_close(model(d.edge_index.numpy(), d.x.numpy()), want)
+    torch.testing.assert_close(model(d.edge_index, sp.csr_matrix(d.x.numpy())), want)
+
+
+def test_tab_completion_offers_the_api() -> None:
+    assert {"fit", "check", "FitResult", "SavedModel", "from_pyg", "to_pyg",
+            "load_model"} <= set(dir(fullgraph))
 
 
 def test_the_saved_model_in_training_mode_draws_new_dropout_masks() -> None:

@@ -73,8 +73,9 @@ def from_pyg(data: Any, name: str = "pyg", *, split_index: int = 0, seed: int = 
     n = features.shape[0]
     labels = as_labels(_numpy(y), source=name, field="y")
     if labels.shape[0] != n:
-        raise FormatError("y needs one label per vertex", source=name, field="y",
-                          found=labels.shape[0], expected=n)
+        raise FormatError("y needs one label per vertex, a vertex being a row of x",
+                          source=name, field="y", found=f"{labels.shape[0]} labels",
+                          expected=f"{n} (x has {n} rows)")
     num_classes = check_labels(labels, num_classes, source=name, locate=field_locator("y[{k}]"))
     ei = edge_index_array(edge_index, name)
     if ei.shape[1] == 0:
@@ -139,6 +140,14 @@ def to_pyg(dataset: Dataset) -> Any:
 
 
 _SPARSE_LAYOUTS = (torch.sparse_coo, torch.sparse_csr, torch.sparse_csc)
+
+
+def feature_tensor(x: Any, name: str) -> Tensor:
+    """Features given as a tensor, a numpy array or a scipy sparse matrix, as a tensor
+    (sparse ones as CSR)."""
+    if _is_sparse_input(x):
+        return _sparse_features(x, name)
+    return x if isinstance(x, Tensor) else torch.as_tensor(_numpy(x))
 
 
 def _is_sparse_input(x: Any) -> bool:
