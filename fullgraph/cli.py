@@ -67,7 +67,8 @@ edge files of `convert edgelist`:
   Vertex ids are 0 .. N-1, N = rows of --features. A binary file that reads as
   valid pairs only at the other width (e.g. int64 pairs given as --binary uint32)
   is refused with a message naming that width. Repeated edges are dropped (with
-  a warning that counts them).
+  a warning that counts them; with --symmetrize an edge may come in either
+  direction or both, and none is counted).
 
 files of `convert neutronstar` (the NeutronStar / NeutronTask four-file format):
   --edges     binary, no header: per edge src then dst, each a little-endian
