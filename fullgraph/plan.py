@@ -19,6 +19,7 @@ without processes.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -180,8 +181,11 @@ def _gemm_flops(stage: Any, rows: int) -> int:
 
 
 def data_cost(program: StageProgram, graph: Graph, rows: RowPlan, world: int,
-              feat_dim: int, itemsize: int = 4) -> RankCost:
-    """One data-parallel worker (any dependency mode) from its ``RowPlan``."""
+              feat_dim: int, itemsize: int = 4, served: Sequence[int] | None = None
+              ) -> RankCost:
+    """One data-parallel worker (any dependency mode) from its ``RowPlan``; ``served``:
+    per stage, how many of its rows the other workers fetch (``served_rows``), whose
+    gradients it receives in the backward pass (default: as many as it fetches)."""
     owned = rows.owned.numel()
     topo = inter = halo = flops = moved = rounds = 0
     aggs: list[tuple[int, int]] = []
@@ -202,7 +206,8 @@ def data_cost(program: StageProgram, graph: Graph, rows: RowPlan, world: int,
         fetched = rows.fetched[s].numel()
         if fetched and not rows.shares_halo[s]:
             halo += fetched * int(stage.in_dim) * itemsize
-            moved += AGG_PASSES * fetched * int(stage.in_dim) * itemsize
+            back = fetched if served is None else served[s]  # the gradients of its rows
+            moved += ((AGG_PASSES - 1) * fetched + back) * int(stage.in_dim) * itemsize
             rounds += AGG_PASSES
     replicas = (rows.input_rows.numel() - owned) * feat_dim * itemsize + halo
     moved += _grad_sync(program, world)
@@ -210,6 +215,20 @@ def data_cost(program: StageProgram, graph: Graph, rows: RowPlan, world: int,
                          params=param_bytes(program), intermediate=inter, replicas=replicas),
                     bytes_moved=moved, aggregations=tuple(aggs), flops=flops,
                     rounds=rounds + (BASE_ROUNDS if world > 1 else 0))
+
+
+def served_rows(plans: Sequence[RowPlan], book: PartitionBook) -> list[list[int]]:
+    """Per worker and stage, how many of its rows the others fetch (``RowPlan.fetched``
+    of every worker, by owner)."""
+    part_of = torch.as_tensor(book.part_of)
+    served = [[0] * len(plans[0].fetched) for _ in plans]
+    for plan in plans:
+        for s, gids in enumerate(plan.fetched):
+            if gids.numel() and not plan.shares_halo[s]:
+                for owner, count in enumerate(torch.bincount(part_of[gids],
+                                                             minlength=len(plans)).tolist()):
+                    served[owner][s] += count
+    return served
 
 
 def data_rows(program: StageProgram, graph: Graph, book: PartitionBook, rank: int,

@@ -29,8 +29,6 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-import torch
-
 EPOCHS = 6
 """Epochs per run of a candidate; the first is left out of the median."""
 ROUNDS = 3
@@ -61,22 +59,29 @@ def probe_config(cfg: Any, cand: Any) -> Any:
 
 
 def measure(cfg: Any, labels: list[str], features: int, classes: int,
-            comm: Any) -> dict[str, float]:
+            comm: Any) -> tuple[dict[str, float], int]:
     """Per candidate label, the median epoch (seconds) on the probe ring with
     ``comm``'s workers, each epoch the slowest worker's (the epoch as the benchmarks
     read ``fullgraph train``'s metrics): over ``ROUNDS`` rounds that train every
     candidate in turn, the epochs after each run's first pooled, so that a stretch of
     load on the machine falls on one run of several candidates rather than on every
-    epoch of one (a single run moved 2x between probes of the same candidate)."""
+    epoch of one (a single run moved 2x between probes of the same candidate).
+
+    Also the largest peak resident size of the workers after their first run: that of
+    a worker that has trained one strategy (on the ring), as a real run's worker does
+    before its data; the later runs leave kernels and freed memory of their own.
+    """
     import torch
 
     from fullgraph import plan as P
     from fullgraph.comm.primitives import all_gather_object
     from fullgraph.plan_measure import tiny_dataset
+    from fullgraph.profile import peak_memory_bytes
     from fullgraph.train import train
 
     cands = {c.label: c for c in P.CANDIDATES}
     epochs: dict[str, list[float]] = {label: [] for label in labels}
+    peak = 0
     for _ in range(ROUNDS):
         for label in labels:
             torch.random.default_generator.manual_seed(0)  # every worker, the same ring
@@ -88,7 +93,10 @@ def measure(cfg: Any, labels: list[str], features: int, classes: int,
             mine = [r.epoch_s for r in result.epochs[1:]]
             epochs[label] += [max(walls) for walls in
                               zip(*all_gather_object(mine, comm, "probe"))]
-    return {label: statistics.median(walls) for label, walls in epochs.items()}
+            if not peak:
+                peak = max(all_gather_object(peak_memory_bytes(torch.device("cpu")), comm,
+                                             "probe"))
+    return {label: statistics.median(walls) for label, walls in epochs.items()}, peak
 
 
 def link_seconds(comm: Any, nbytes: int = LINK_BYTES, trips: int = 5) -> float:
@@ -126,7 +134,6 @@ def main(argv: list[str]) -> int:
     from fullgraph.comm.primitives import all_gather_object, barrier
     from fullgraph.config import config_from_dict
     from fullgraph.plan_measure import workload_seconds
-    from fullgraph.profile import peak_memory_bytes
 
     out_path, config_path, *labels = argv
     spec = json.loads(Path(config_path).read_text())
@@ -140,11 +147,7 @@ def main(argv: list[str]) -> int:
         comm = init_comm(backend=backend, timeout_s=cfg.launch.timeout_s, device=device)
         status.watch(comm.counter)
         try:
-            times = measure(cfg, labels, spec["features"], spec["classes"], comm)
-            # a worker's size after training on the ring, before the workload and link
-            # measurements below allocate their own buffers
-            peak = max(all_gather_object(peak_memory_bytes(torch.device("cpu")), comm,
-                                         "probe"))
+            times, peak = measure(cfg, labels, spec["features"], spec["classes"], comm)
             barrier(comm, "probe")  # every worker at once
             concurrent = max(all_gather_object(workload_seconds(), comm, "probe"))
             per_byte = link_seconds(comm)

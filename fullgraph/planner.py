@@ -314,8 +314,9 @@ def _costs(cfg: Any, cand: P.Candidate, program: StageProgram, graph: Any,
         # the hybrid mode's own cost model times its aggregation at 32 columns
         at32 = max(rates.edge, rates.edge_min / 32)
         dep_rates = costmodel.Rates(rates.byte, at32, rates.flop * 64)
-        return [P.data_cost(program, graph, P.data_rows(program, graph, book, r, mode,
-                                                        dep_rates), workers, feat)
+        plans = [P.data_rows(program, graph, book, r, mode, dep_rates) for r in range(workers)]
+        served = P.served_rows(plans, book)
+        return [P.data_cost(program, graph, plans[r], workers, feat, served=served[r])
                 for r in range(workers)], None
     if cand.strategy == "tensor":
         chunks = cand.overrides.get("tensor_parallel", {}).get("num_chunks")

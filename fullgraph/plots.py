@@ -2,7 +2,7 @@
 
 Figures (``FIGURES``), each ``FIGURE_PX`` pixels: loss and accuracy per epoch
 (the best-validation epoch marked), per-rank compute / transfer / waiting time per
-epoch as stacked bars (medians over epochs; the slowest rank, the one the others
+epoch as stacked bars (each rank's median epoch; the slowest rank, the one the others
 waited for, outlined and labelled), bytes sent per epoch by communication phase
 (stacked by rank), and epoch time over the run (log scale when the first epochs
 are much slower than the rest). ``index.html`` shows the run header, the final
@@ -21,7 +21,15 @@ from pathlib import Path
 from typing import Any
 
 from fullgraph.errors import ConfigError
-from fullgraph.runlog import RankRow, RunLog, phases, rank_rows, read_run_log, slowest_rank
+from fullgraph.runlog import (
+    RankRow,
+    RunLog,
+    phases,
+    rank_rows,
+    read_run_log,
+    slowest_rank,
+    waiting_split,
+)
 
 FIGURE_PX = (960, 480)
 DPI = 100
@@ -129,8 +137,10 @@ def _ranks(fig: Any, log: RunLog, rows: list[RankRow], slow: int | None) -> None
     ax.set_ylim(0, 1.25 * max(bottom + [1e-9]))
     note = (" (no epoch ran: no per-rank records)" if not rows else
             " (one worker: all compute)" if len(rows) < 2 else "" if slow is not None else
-            " (waiting not split: the ranks' calls differed)")
-    ax.set(title="time per epoch by rank (median over epochs)" + note, ylabel="milliseconds")
+            " (waiting not split: the ranks' calls differed)" if not waiting_split(log) else
+            " (no one rank held the others up)")
+    ax.set(title="time per epoch by rank (each rank's median epoch)" + note,
+           ylabel="milliseconds")
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.grid(axis="y", alpha=0.3)
 
@@ -289,7 +299,7 @@ td,th{{padding:2px 10px;text-align:right}} img{{max-width:100%}}</style></head>
 <p>from {esc(str(log.source))}</p>
 <h2>Run</h2><ul>{items}</ul>
 <h2>Result</h2><ul>{final}</ul>
-<h2>Per rank (median per epoch)</h2><table>{"".join(table)}</table>
+<h2>Per rank (its median epoch)</h2><table>{"".join(table)}</table>
 <details><summary>complete configuration</summary><pre>{config}</pre></details>
 <h2>Figures</h2>
 {figures}

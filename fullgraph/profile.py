@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from fullgraph.runlog import slowest
+from fullgraph.runlog import median_epoch, slowest
 
 WAIT_PHASE = "wait"
 """Phase of the barrier strategies call before the gradient sync (split like any call)."""
@@ -161,24 +161,17 @@ def _delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
     return {k: v - before.get(k, 0) for k, v in after.items() if v - before.get(k, 0)}
 
 
-def _medians(profiles: list[EpochProfile], keys: tuple[str, ...]) -> dict[str, float]:
-    out = {}
-    for key in keys:
-        values = sorted(getattr(p, key) for p in profiles)
-        out[key] = values[len(values) // 2]
-    return out
-
-
 def summary_lines(profiles: list[list[EpochProfile]]) -> list[str]:
-    """Table 2-style summary over epochs: per rank medians, then max / min / total."""
+    """Table 2-style summary over epochs: per rank its median epoch, then max / min /
+    total."""
     if not profiles or not profiles[0]:
         return []
     rows = []
     for per_rank in profiles:
-        med = _medians(per_rank, ("compute_s", "cpu_s", "comm_s", "wait_s", "wall_s"))
-        rows.append({"rank": per_rank[0].rank, "compute": med["compute_s"],
-                     "cpu": med["cpu_s"], "comm": med["comm_s"], "wait": med["wait_s"],
-                     "wall": med["wall_s"],
+        med = median_epoch(per_rank, lambda p: p.wall_s)
+        rows.append({"rank": per_rank[0].rank, "compute": med.compute_s,
+                     "cpu": med.cpu_s, "comm": med.comm_s, "wait": med.wait_s,
+                     "wall": med.wall_s,
                      "sent": sum(sum(p.bytes_sent.values()) for p in per_rank) / len(per_rank),
                      "recv": sum(sum(p.bytes_recv.values()) for p in per_rank) / len(per_rank),
                      "mem": max(p.peak_mem for p in per_rank),
@@ -186,8 +179,9 @@ def summary_lines(profiles: list[list[EpochProfile]]) -> list[str]:
                      "edges": per_rank[-1].edges_local + per_rank[-1].edges_redundant,
                      "redundant": per_rank[-1].edges_redundant,
                      "edge_dims": per_rank[-1].edge_dims})
-    lines = ["per-rank medians per epoch (bytes: means, peak and saved: maxima, edges: one "
-             "forward pass; an evaluated epoch's time and bytes include its evaluation):",
+    lines = ["per rank, its median epoch by wall time (compute + comm + wait = wall; bytes: "
+             "means, peak and saved: maxima, edges: one forward pass; an evaluated epoch's "
+             "time and bytes include its evaluation):",
              "rank  compute_s   cpu_s  comm_s  wait_s  wall_s   sent_MB   recv_MB  peak_MB"
              "  saved_MB     edges  redundant"]
     for r in rows:

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import json
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from fullgraph.errors import DataError
+
+T = TypeVar("T")
 
 KNOWN_EVENTS = ("run", "epoch", "rank_epoch", "summary")
 
@@ -46,7 +48,7 @@ class RunLog:
 
 @dataclass
 class RankRow:
-    """One rank's medians per epoch (seconds) and means per epoch (bytes)."""
+    """One rank's median epoch (seconds: ``median_epoch``) and means per epoch (bytes)."""
 
     rank: int
     compute_s: float
@@ -110,6 +112,13 @@ def read_run_log(path: str | Path) -> RunLog:
     return log
 
 
+def median_epoch(epochs: Sequence[T], wall: Callable[[T], float]) -> T:
+    """Of one rank's ``epochs``, the one of median ``wall`` time (the later of the middle
+    two for an even count): its compute, transfer and waiting add up to its wall time,
+    where medians taken apart would not."""
+    return sorted(epochs, key=wall)[len(epochs) // 2]
+
+
 def _median(values: list[float]) -> float:
     ordered = sorted(values)
     return ordered[len(ordered) // 2] if ordered else 0.0
@@ -124,7 +133,8 @@ def _mean_by_phase(records: list[dict[str, Any]], key: str) -> dict[str, float]:
 
 
 def rank_rows(log: RunLog) -> list[RankRow]:
-    """Per rank, medians over epochs as ``fullgraph.profile.summary_lines`` takes them.
+    """Per rank, its median epoch (``median_epoch``) as ``fullgraph.profile.summary_lines``
+    takes it.
 
     A one-worker run has no per-rank records: its one row is the epoch time, all
     compute. A run without them otherwise (resumed after its last epoch, so that none
@@ -136,11 +146,13 @@ def rank_rows(log: RunLog) -> list[RankRow]:
     if not log.ranks:
         wall = _median([e["epoch_s"] for e in log.epochs])
         return [RankRow(0, wall, 0.0, 0.0, wall, {}, {}, 0)]
-    return [RankRow(rank, _median([r["compute_s"] for r in recs]),
-                    _median([r["comm_s"] for r in recs]), _median([r["wait_s"] for r in recs]),
-                    _median([r["wall_s"] for r in recs]), _mean_by_phase(recs, "bytes_sent"),
-                    _mean_by_phase(recs, "bytes_recv"), max(r.get("peak_mem", 0) for r in recs))
-            for rank, recs in sorted(log.ranks.items())]
+    rows = []
+    for rank, recs in sorted(log.ranks.items()):
+        med = median_epoch(recs, lambda r: r["wall_s"])
+        rows.append(RankRow(rank, med["compute_s"], med["comm_s"], med["wait_s"], med["wall_s"],
+                            _mean_by_phase(recs, "bytes_sent"), _mean_by_phase(recs, "bytes_recv"),
+                            max(r.get("peak_mem", 0) for r in recs)))
+    return rows
 
 
 def slowest(compute: Sequence[float], wait: Sequence[float]) -> tuple[int, bool]:
@@ -153,6 +165,12 @@ def slowest(compute: Sequence[float], wait: Sequence[float]) -> tuple[int, bool]
     return i, not (others and wait[i] >= min(others) > 0)
 
 
+def waiting_split(log: RunLog) -> bool:
+    """Whether waiting was told from transfer in every per-rank record (the ranks'
+    communication calls matched)."""
+    return all(r.get("waiting_split", False) for recs in log.ranks.values() for r in recs)
+
+
 def slowest_rank(log: RunLog, rows: list[RankRow]) -> int | None:
     """The rank the others waited for (largest compute), or None.
 
@@ -163,7 +181,7 @@ def slowest_rank(log: RunLog, rows: list[RankRow]) -> int | None:
     """
     if len(rows) < 2:
         return None
-    if not all(r.get("waiting_split", False) for recs in log.ranks.values() for r in recs):
+    if not waiting_split(log):
         return None
     at, clear = slowest([r.compute_s for r in rows], [r.wait_s for r in rows])
     return rows[at].rank if clear else None

@@ -49,6 +49,32 @@ def test_depcomm_fetches_the_one_boundary_row_at_each_propagation():
     assert cost.edge_dims == 8 * H + 8 * C
 
 
+def test_depcomm_receives_in_the_backward_the_gradients_of_the_rows_it_serves():
+    """A star's centre (vertex 0, part 0) is fetched by each other part; part 0 fetches
+    every leaf but its own (2-6: two rows of parts 1 and 2, one of part 3). Backward, a
+    part receives the gradients of the rows others fetched from it, not of its own."""
+    torch.manual_seed(0)
+    program = build_model("gcn", F, H, C, num_layers=2)
+    leaves = np.arange(1, 7)
+    star = Graph.from_edges(np.zeros(6, np.int64), leaves, 7, symmetrize=True)
+    graph = propagation_inputs(program, star)[0]
+    book = PartitionBook.from_assignment(torch.tensor([0, 0, 1, 1, 2, 2, 3]), 4)
+    plans = [P.data_rows(program, graph, book, r, "depcomm") for r in range(4)]
+    served = P.served_rows(plans, book)
+    p_stages = [s for s, gids in enumerate(plans[1].fetched) if gids.numel()]
+    assert [[served[r][s] for s in p_stages] for r in range(4)] == \
+        [[3, 3], [2, 2], [2, 2], [1, 1]]
+    assert [plans[r].fetched[p_stages[0]].numel() for r in range(4)] == [5, 1, 1, 1]
+    for r in range(4):
+        cost = P.data_cost(program, graph, plans[r], 4, F, served=served[r])
+        fetched = [plans[r].fetched[s].numel() for s in p_stages]
+        widths = [int(program.stages[s].in_dim) for s in p_stages]
+        halo = sum((2 * f + b) * w * 4 for f, b, w in
+                   zip(fetched, [served[r][s] for s in p_stages], widths))
+        assert cost.bytes_moved == halo + P.data_cost(  # the gradients' all-reduce besides
+            program, graph, P.data_rows(program, graph, book, r, "depcache"), 4, F).bytes_moved
+
+
 def test_depcache_replicates_the_two_hop_inputs_and_moves_only_gradients():
     program, graph, book = gcn()
     cost = P.data_cost(program, graph, P.data_rows(program, graph, book, 0, "depcache"), 2, F)

@@ -323,8 +323,9 @@ def rows_to_cols(x_rows: Tensor, layout: RowColLayout, comm: Comm,
         returns: (N, D_r + S), all rows, this rank's columns ``layout.col_slice(r)``
         then the S shared ones.
 
-    Bytes per rank: sent (N_r D - N_r D_r) s, received (N - N_r) D_r s; the
-    backward moves the same volumes the other way.
+    Bytes per rank: sent N_r (D - D_r - S + (P - 1) S) s (each peer p gets its D_p
+    columns and the S shared ones), received (N - N_r)(D_r + S) s; the backward moves
+    the same volumes the other way.
     """
     if comm.world_size == 1:
         _check_layout(x_rows, layout, comm, layout.num_rows, layout.num_cols, "rows_to_cols")

@@ -73,9 +73,8 @@ def from_pyg(data: Any, name: str = "pyg", *, split_index: int = 0, seed: int = 
     n = features.shape[0]
     labels = as_labels(_numpy(y), source=name, field="y")
     if labels.shape[0] != n:
-        raise FormatError("y needs one label per vertex, a vertex being a row of x",
-                          source=name, field="y", found=f"{labels.shape[0]} labels",
-                          expected=f"{n} (x has {n} rows)")
+        raise FormatError(f"y needs one label per vertex, a row of x (x has {n} rows)",
+                          source=name, field="y", found=labels.shape[0], expected=n)
     num_classes = check_labels(labels, num_classes, source=name, locate=field_locator("y[{k}]"))
     ei = edge_index_array(edge_index, name)
     if ei.shape[1] == 0:
