@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import re
+import resource
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -148,3 +150,20 @@ def available_ram() -> int:
     """Memory available to new processes (``available_memory``: MemAvailable, within
     this process's cgroup limit), or physical memory where that is unknown."""
     return available_memory() or os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident size: its memory's high-water mark (``VmHWM``) on
+    Linux. ``getrusage``'s ``ru_maxrss`` is not that there: it keeps the size of the
+    launching process at the fork that started this one (Linux carries it over the
+    exec), so a worker started by a launcher holding a dataset would report the
+    launcher's size."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+    return int(peak) if sys.platform == "darwin" else int(peak) * 1024

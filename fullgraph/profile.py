@@ -23,13 +23,13 @@ work. The slowest rank is the one with the largest compute; the others waited fo
 from __future__ import annotations
 
 import dataclasses
-import resource
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from fullgraph.memory import peak_rss_bytes
 from fullgraph.runlog import median_epoch, slowest
 
 WAIT_PHASE = "wait"
@@ -40,7 +40,7 @@ def peak_memory_bytes(device: torch.device) -> int:
     """Peak resident memory of this process (CPU) or of the CUDA allocator (GPU)."""
     if device.type == "cuda":
         return int(torch.cuda.max_memory_allocated(device))
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+    return peak_rss_bytes()
 
 
 @dataclass

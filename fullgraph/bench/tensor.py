@@ -136,9 +136,9 @@ def timed_epochs(strategy: Any, model: Any, plan: Any, comm: Any,
 
 
 def _rss_mib() -> float:
-    import resource
+    from fullgraph.memory import peak_rss_bytes
 
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return peak_rss_bytes() / 2**20
 
 
 def rank_main(rank: int, args: argparse.Namespace, store: str, result: str) -> None:
