@@ -134,8 +134,13 @@ def fit(data: Any = "cora", *, model: str | type = "gcn", strategy: str = "singl
         raise ConfigError(f"fit: verbose must be True or False, got {verbose!r}")
     options.update(strategy=strategy, workers=workers, epochs=epochs)
     in_memory = _run_options("fit", data, model, num_classes, options)
-    with warnings_recorded():  # the launched workers leave out what was shown here
-        return _fit(data, options, workers, verbose, num_classes, in_memory)
+    from fullgraph import launch
+
+    try:
+        with warnings_recorded():  # the launched workers leave out what was shown here
+            return _fit(data, options, workers, verbose, num_classes, in_memory)
+    except launch.SignalStop as stop:  # the temporary copy of the data is gone: now end
+        launch.send_on(stop, "fit")
 
 
 def check(data: Any = "cora", *, model: str | type = "gcn",
@@ -172,15 +177,22 @@ def check(data: Any = "cora", *, model: str | type = "gcn",
                                   else ",".join(strategies))
     options.update(workers=workers, epochs=epochs, progress="off")
     in_memory = _run_options("check", data, model, num_classes, options)
-    with warnings_recorded(), tempfile.TemporaryDirectory(prefix="fullgraph-check-") as tmp:
-        if not isinstance(data, (str, Path)):  # the runs read it from disk, as any dataset
+    from fullgraph import launch
+
+    try:
+        with warnings_recorded(), \
+                tempfile.TemporaryDirectory(prefix="fullgraph-check-") as tmp:
+            if not isinstance(data, (str, Path)):  # the runs read it from disk, as any
+                cfg = config_from_options(options, "check")  # dataset
+                dataset = _from_pyg(data, cfg.data.split_seed, num_classes) if in_memory \
+                    else data
+                store.save_dataset(dataset, Path(tmp) / "dataset")
+                options.update(dataset=str(Path(tmp) / "dataset"), split_seed=0)
             cfg = config_from_options(options, "check")
-            dataset = _from_pyg(data, cfg.data.split_seed, num_classes) if in_memory else data
-            store.save_dataset(dataset, Path(tmp) / "dataset")
-            options.update(dataset=str(Path(tmp) / "dataset"), split_seed=0)
-        cfg = config_from_options(options, "check")
-        with _own_process_state():  # building the model seeds torch's generator
-            return exactness.run_checks(cfg, forms, exactness.prepare(cfg))
+            with _own_process_state():  # building the model seeds torch's generator
+                return exactness.run_checks(cfg, forms, exactness.prepare(cfg))
+    except launch.SignalStop as stop:  # the temporary files are gone: now end
+        launch.send_on(stop, "check")
 
 
 def _run_options(caller: str, data: Any, model: str | type, num_classes: int | None,
@@ -369,16 +381,14 @@ def _fit_launched(cfg: Any, dataset: Any, verbose: bool) -> FitResult:
     check_outputs(cfg)  # the model file is written here, after the workers
     given = cfg  # what the result reports (not the temporary directory below)
     in_memory = dataset is not None
-    signalled = 0
     with tempfile.TemporaryDirectory(prefix="fullgraph-fit-") as tmp:
         if in_memory:  # the workers read it from disk, as any processed dataset
             store.save_dataset(dataset, Path(tmp) / "dataset")
             # (the split is drawn into the copy already: no seed is left for the workers)
             data = dataclasses.asdict(cfg.data) | {"dataset": str(Path(tmp) / "dataset"),
                                                    "split_seed": 0}
-            # the model file is written here, naming the data as given, not its copy
-            cfg = dataclasses.replace(cfg, data=DataConfig(**data),
-                                      train=dataclasses.replace(cfg.train, save_model=None))
+            # (the workers' run record and model file name the data as given: DATA_ENV)
+            cfg = dataclasses.replace(cfg, data=DataConfig(**data))
         dataset = datasets.load_for(cfg.data)
         check_before_launch(cfg, dataset, cfg.launch.workers)
         config_file, result_file = Path(tmp) / "config.json", Path(tmp) / "result.pt"
@@ -396,29 +406,20 @@ def _fit_launched(cfg: Any, dataset: Any, verbose: bool) -> FitResult:
                 timeout_s=cfg.launch.timeout_s, run_dir=cfg.launch.run_dir,
                 threads=cfg.runtime.threads, keep_run_dir=cfg.launch.keep_run_dir,
                 module=__name__, resignal=False)
-        _warn_as_workers_did(warned)
-        if code - 128 in launch.RESIGNALLED:  # sent on once the copy above is removed
-            signalled = code - 128
-        elif code == 130:  # Ctrl-C: the workers are stopped; the caller sees its interrupt
-            raise KeyboardInterrupt
-        elif code != 0:
-            cause = failure.splitlines()[0].removeprefix("fullgraph: ") if failure else \
-                f"exit code {code}"
-            raise FullgraphError(f"fit: {cause} (the whole report is printed to stderr)")
-        else:
-            payload = torch.load(result_file, weights_only=True)
-            model = build(dataset, cfg)
-            model.load_state_dict(payload.pop("state_dict"))
-            result = _result(payload, model, given, dataset)
-    if signalled:  # this process's own handler, or the signal's default end
-        import signal
-
-        os.kill(os.getpid(), signalled)
-        raise FullgraphError(f"fit: stopped by {signal.Signals(signalled).name}; the workers "
-                             "were stopped")
-    if in_memory and given.train.save_model:
-        result.model.save(given.train.save_model)
-    return result
+        try:  # (warnings that are errors here must not hide how the run ended)
+            _warn_as_workers_did(warned)
+        finally:
+            launch.raise_if_signalled(code)  # sent on once the copy above is removed
+            if code == 130:  # Ctrl-C: the workers are stopped; the caller sees its interrupt
+                raise KeyboardInterrupt
+            if code != 0:
+                cause = failure.splitlines()[0].removeprefix("fullgraph: ") if failure \
+                    else f"exit code {code}"
+                raise FullgraphError(f"fit: {cause} (the whole report is printed to stderr)")
+        payload = torch.load(result_file, weights_only=True)
+        model = build(dataset, cfg)
+        model.load_state_dict(payload.pop("state_dict"))
+        return _result(payload, model, given, dataset)
 
 
 def _warn_as_workers_did(prefix: Path) -> None:
@@ -427,23 +428,24 @@ def _warn_as_workers_did(prefix: Path) -> None:
     import builtins
     import warnings
 
-    seen: dict[tuple[str, str], None] = {}
+    seen: dict[tuple[str, str, str], None] = {}
     for path in sorted(prefix.parent.glob(f"{prefix.name}-rank*.jsonl")):
         for line in path.read_text().splitlines():
             with contextlib.suppress(ValueError, KeyError, TypeError):
                 record = json.loads(line)
-                seen[str(record["category"]), str(record["message"])] = None
-    frame, level = sys._getframe(0), 1
-    while frame.f_back is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+                seen[str(record["module"]), str(record["category"]),
+                     str(record["message"])] = None
+    frame, level = sys._getframe(0), 1  # the first frame outside this package: the caller's
+    while frame.f_back is not None and \
+            frame.f_globals.get("__name__", "").partition(".")[0] == "fullgraph":
         frame, level = frame.f_back, level + 1
-    for name, message in seen:
-        category = getattr(builtins, name, None)
-        if not (isinstance(category, type) and issubclass(category, Warning)):
-            category = UserWarning
+    for module, name, message in seen:
+        found: Any = builtins if module == "builtins" else sys.modules.get(module)
+        for part in name.split("."):  # (a class nested in another: its qualified name)
+            found = getattr(found, part, None)
+        category = found if isinstance(found, type) and issubclass(found, Warning) else \
+            UserWarning  # (of a module this process has not imported)
         warnings.warn(message, category, stacklevel=level)
-
-
-_PACKAGE = str(Path(__file__).resolve().parent)
 
 
 def _payload(result: Any) -> dict[str, Any]:
@@ -488,23 +490,21 @@ def _worker_main(argv: list[str]) -> int:
 
         def write(message: Any, category: type[Warning], *args: Any, **kwargs: Any) -> None:
             with open(to_caller, "a") as f:
-                f.write(json.dumps({"category": category.__name__,
+                f.write(json.dumps({"module": category.__module__,
+                                    "category": category.__qualname__,
                                     "message": str(message)}) + "\n")
 
         warnings.showwarning = write
 
-    def train_and_keep(*args: Any, **kwargs: Any) -> Any:
-        reporter = kwargs.get("reporter")
+    def train_and_keep(dataset: Any, cfg: Any, *args: Any, **kwargs: Any) -> Any:
         given = os.environ.get(DATA_ENV)
-        if reporter is not None and given:  # the run record names the data as given
-            header = reporter.header
+        if given:  # the run record and the model file name the data as given, not the
+            import dataclasses  # copy read here (train reads the data from ``dataset``)
 
-            def header_as_given(lines: list[str], record: dict[str, Any]) -> None:
-                config = {**record.get("config", {}), "data": json.loads(given)}
-                header(lines, {**record, "config": config})
+            from fullgraph.config import DataConfig
 
-            reporter.header = header_as_given
-        result = real_train(*args, **kwargs)
+            cfg = dataclasses.replace(cfg, data=DataConfig(**json.loads(given)))
+        result = real_train(dataset, cfg, *args, **kwargs)
         if os.environ.get("RANK", "0") == "0":
             out = Path(os.environ[RESULT_ENV])
             tmp = out.with_name(out.name + ".tmp")

@@ -43,7 +43,8 @@ exit codes:
        fullgraph check: a strategy differs or failed, or nothing was compared
   130  interrupted (Ctrl-C)
   143  stopped by SIGTERM (129: SIGHUP); the launcher stops its workers
-  141  the reader of standard output went away (`| head`): ends quietly
+  141  the reader of standard output went away (`| head`): a command in one
+       process ends quietly
 """
 
 CHECK_EXIT_CODES = """\
@@ -458,7 +459,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         if os.environ.get(worker.SUPERVISED_ENV):  # the launcher says it, once
-            worker.leave_now(130)  # (torch's shutdown takes seconds: the launcher's grace)
+            worker.leave_now(130, flush=True)  # (torch's shutdown takes seconds: the
+            # launcher's grace period)
         print("fullgraph: interrupted", file=sys.stderr)
         return 130
     finally:
@@ -497,7 +499,10 @@ def _as_given(text: str, args: argparse.Namespace) -> str:
     if found is None or vars(args).get(f"{found.group(1)}.{found.group(2)}") is None:
         return text
     flag = flag_names().get((found.group(1), found.group(2)))
-    return text if flag is None else f"--{flag}: {text[found.end():]}"
+    rest = text[found.end():]
+    if flag is None:
+        return text
+    return rest if rest.startswith(f"--{flag} ") else f"--{flag}: {rest}"
 
 
 def _error_text(exc: BaseException) -> str:
@@ -580,7 +585,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     status = WorkerStatus(0, None)  # its phase tells an option's refusal from a bug
     try:
-        return _train(cfg, status, launched=False)
+        with _stopped_by_signals(True):  # a checkpoint or model being written is removed
+            return _train(cfg, status, launched=False)
     except ValueError as exc:  # (main reports a ValueError as a user's error, exit 2)
         if status.is_user_error(exc):
             raise
@@ -883,7 +889,10 @@ def cmd_check(args: argparse.Namespace) -> int:
     print(f"check: model {cfg.model.name}{extra} on {cfg.data.dataset}, {cfg.train.epochs} "
           f"epochs from seed {cfg.train.seed}: one process against {cfg.launch.workers} "
           "workers per strategy", flush=True)
-    report = exactness.run_checks(cfg, forms, dataset)
+    try:
+        report = exactness.run_checks(cfg, forms, dataset)
+    except launch.SignalStop as stop:  # its temporary directory is gone: now end
+        launch.send_on(stop, "fullgraph check")
     print(report)
     return 0 if report.exact else 1
 

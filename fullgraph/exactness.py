@@ -299,7 +299,9 @@ def _epochs(cfg: Any, workers: int, stem: Path) -> list[dict[str, Any]]:
     with launch.environment(for_workers(cfg.model.name)):  # the model's module, as here
         code, failure = launch.run_local(
             ["train", "--config", str(stem.with_suffix(".json"))], workers,
-            timeout_s=cfg.launch.timeout_s, run_dir=None, threads=cfg.runtime.threads)
+            timeout_s=cfg.launch.timeout_s, run_dir=None, threads=cfg.runtime.threads,
+            resignal=False)
+    launch.raise_if_signalled(code)  # unwinds through the check's temporary directory
     if code == 130:  # Ctrl-C: the workers are stopped; so is the check
         raise KeyboardInterrupt
     if code != 0:

@@ -47,10 +47,10 @@ import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from fullgraph.comm import shm
-from fullgraph.errors import ConfigError
+from fullgraph.errors import ConfigError, FullgraphError
 from fullgraph.memory import available_memory
 from fullgraph.worker import (  # noqa: F401
     EVERY_EPOCH,
@@ -219,6 +219,31 @@ def run_local(argv: list[str], workers: int, *, timeout_s: float, run_dir: str |
 
 RESIGNALLED = (signal.SIGTERM, signal.SIGHUP)
 """The signals that stop a local run and are then sent on to the launching process."""
+
+
+class SignalStop(BaseException):
+    """A local run stopped by SIGTERM or SIGHUP (``signum``), its workers stopped: what
+    a caller of ``run_local(resignal=False)`` raises to unwind through its own clean-up
+    (temporary directories) before ``send_on``. A BaseException, as KeyboardInterrupt
+    is, so that no ``except Exception`` stops it on its way out."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def raise_if_signalled(code: int) -> None:
+    """Raise ``SignalStop`` where ``code`` is ``run_local``'s for SIGTERM or SIGHUP."""
+    if code - 128 in RESIGNALLED:
+        raise SignalStop(code - 128)
+
+
+def send_on(stop: SignalStop, caller: str) -> NoReturn:
+    """End this process as ``stop``'s signal would (its handler, or its default end),
+    once the caller has cleaned up; where a handler returns, an error saying so."""
+    os.kill(os.getpid(), stop.signum)
+    raise FullgraphError(f"{caller}: stopped by {signal.Signals(stop.signum).name}; the "
+                         "workers were stopped")
 
 
 def _start(procs: list[subprocess.Popen], argv: list[str], workers: int, run_dir: Path,

@@ -261,7 +261,8 @@ def final_lines(log: RunLog) -> list[str]:
     if restored == len(log.epochs):  # resumed after its last epoch (or its early stop)
         ran = f"no epoch ran after the {restored} restored from a checkpoint{early}"
     else:
-        ran = f"{len(log.epochs) - restored} epochs in {s['total_s']:.2f} s" + (
+        count = len(log.epochs) - restored
+        ran = f"{count} epoch{'' if count == 1 else 's'} in {s['total_s']:.2f} s" + (
             f" after {restored} restored from a checkpoint" if restored else "") + early + \
             f", median epoch {s['median_epoch_s'] * 1e3:.1f} ms"
     return [f"test accuracy {s['test_acc']:.2%} at the best-validation epoch "

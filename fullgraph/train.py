@@ -45,6 +45,7 @@ from fullgraph.partition import PartitionBook, shards
 from fullgraph.paths import check_output
 from fullgraph.profile import EpochProfile, Profiler, split_waiting, summary_lines
 from fullgraph.report import EpochRecord, Reporter
+from fullgraph.worker import SAVING_PHASE
 
 
 @dataclass
@@ -465,8 +466,9 @@ def train(dataset: Dataset, cfg: Config, *, reporter: Reporter | None = None,
         save = None
         if cfg.train.save_model and rank == 0:  # before the summary, which says the run ended
             def save(result: TrainResult) -> None:
-                phase("saving the model")
+                phase(SAVING_PHASE)
                 _save_model(cfg, result, dataset, world)
+                phase("done")
         result = _epochs(strategy, model, plan, optimizer, cfg, state, ckpt, profiler, hooks,
                          reporter, comm, phase, save)
     except BaseException:  # the hooks let go without waiting on peers: the error stands

@@ -89,6 +89,8 @@ def write_atomic(path: Path, text: str) -> None:
     tmp.replace(path)
 
 
+SAVING_PHASE = "saving the model"
+"""The phase of rank 0 while it writes ``--save-model``'s file, after the last epoch."""
 EVERY_EPOCH = "epoch "
 """Phases that start so change several times an epoch: ``set_phase`` leaves their
 status file to the heartbeat thread (at most ``HEARTBEAT_S`` behind). Writing the file
@@ -152,8 +154,9 @@ class WorkerStatus:
                 record = self._published_failure()
             except Exception:  # noqa: BLE001 - the store is gone: the run (or its host) ended
                 return
-            if record is None or self.phase.endswith(" checkpoint"):
-                continue  # (a checkpoint is written whole; a peer's timeout may come of it)
+            if record is None or self.phase.endswith(" checkpoint") or \
+                    self.phase == SAVING_PHASE:
+                continue  # (a file is written whole; a peer's timeout may come of it)
             with self._lock:  # not while this worker reports its own failure
                 if self._failing or self._stopped.is_set():
                     return
@@ -329,9 +332,10 @@ def run_worker(body: Callable[[WorkerStatus], int], debug: bool = False) -> int:
         os._exit(2 if user_error else 1)
 
 
-def leave_now(code: int) -> NoReturn:
+def leave_now(code: int, flush: bool = False) -> NoReturn:
     """End this worker of the local launcher at once with exit ``code``, its
-    shared-memory files and half-written outputs removed, its output flushed: the
+    shared-memory files and half-written outputs removed (and, with ``flush``, its
+    output flushed: not from a signal handler, where a full pipe would block it): the
     interpreter's shutdown of a torch process takes seconds, which the launcher would
     count against its grace period."""
     from fullgraph.comm import shm
@@ -339,7 +343,7 @@ def leave_now(code: int) -> NoReturn:
 
     shm.remove_files(os.getpid())
     remove_unfinished()  # a checkpoint or model being written: no half file stays
-    for stream in (sys.stdout, sys.stderr):
+    for stream in (sys.stdout, sys.stderr) if flush else ():
         with contextlib.suppress(Exception):
             stream.flush()
     os._exit(code)

@@ -453,3 +453,71 @@ def test_an_inconsistent_dataset_is_refused_in_this_process_as_on_workers(change
         d = dataclasses.replace(d, num_classes=0)
     with pytest.raises(ValidationError, match=match):
         fullgraph.fit(Dataset("bad", base.graph, d, {}), epochs=2)
+
+
+def test_workers_warnings_keep_their_category_and_point_at_the_caller(tmp_path) -> None:
+    """Each (category, message) once, its category found where this process has its
+    module (a scipy warning stays a scipy warning), attributed to the caller's line."""
+    import scipy.sparse as sp
+
+    from fullgraph.api import _warn_as_workers_did
+
+    prefix = tmp_path / "warnings"
+    lines = [{"module": "scipy.sparse._base", "category": "SparseEfficiencyWarning",
+              "message": "expensive"},
+             {"module": "builtins", "category": "RuntimeWarning", "message": "overflow"},
+             {"module": "not.imported", "category": "Odd", "message": "odd"}]
+    for rank in (0, 1):  # every rank says the same: raised once
+        (tmp_path / f"warnings-rank{rank}.jsonl").write_text(
+            "\n".join(json.dumps(line) for line in lines) + "\n")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _warn_as_workers_did(prefix)
+    assert [(w.category, str(w.message)) for w in caught] == [
+        (sp.SparseEfficiencyWarning, "expensive"), (RuntimeWarning, "overflow"),
+        (UserWarning, "odd")]
+    assert {w.filename for w in caught} == {__file__}
+
+
+def test_warnings_as_errors_do_not_hide_how_a_launched_run_ended(monkeypatch) -> None:
+    """With warnings as errors, a worker's warning must not stand in for the run's end:
+    SIGTERM is still sent on, Ctrl-C is still an interrupt."""
+    import os
+    import signal
+
+    from fullgraph import api, launch
+
+    def ended(code):
+        def run_local(argv, workers, **kwargs):
+            prefix = os.environ[api.WARNINGS_ENV]
+            with open(f"{prefix}-rank0.jsonl", "w") as f:
+                f.write(json.dumps({"module": "builtins", "category": "UserWarning",
+                                    "message": "the loss is nan"}) + "\n")
+            return code, "fullgraph: stopped"
+        return run_local
+
+    sent = []
+    monkeypatch.setattr(os, "kill", lambda pid, sig: sent.append(sig))
+    for code, raised in ((143, fullgraph.FullgraphError), (130, KeyboardInterrupt)):
+        monkeypatch.setattr(launch, "run_local", ended(code))
+        with warnings.catch_warnings():
+            warnings.filterwarnings("error", message="the loss is nan")  # (the worker's)
+            with pytest.raises(raised):
+                fullgraph.fit(_random_data(), strategy="data", workers=2, epochs=1)
+    assert sent == [signal.SIGTERM]
+
+
+def test_a_check_stopped_by_sigterm_removes_its_temporary_files(monkeypatch, tmp_path) -> None:
+    import os
+    import signal
+    import tempfile
+
+    from fullgraph import launch
+
+    sent = []
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(os, "kill", lambda pid, sig: sent.append(sig))
+    monkeypatch.setattr(launch, "run_local", lambda *a, **k: (143, "fullgraph: stopped"))
+    with pytest.raises(fullgraph.FullgraphError, match="check: stopped by SIGTERM"):
+        fullgraph.check(_random_data(), strategies="tensor", epochs=1)
+    assert sent == [signal.SIGTERM] and list(tmp_path.iterdir()) == []

@@ -331,3 +331,20 @@ def test_a_checkpoint_changed_by_hand_is_one_clear_error(tmp_path, change, needl
     checkpoint.write_atomic(tmp_path / checkpoint.FILE_NAME, saved)
     with pytest.raises(ConfigError, match=r"checkpoint.pt is not a whole checkpoint " + needle):
         train(ds, config("single", EPOCHS, None, resume=tmp_path))
+
+
+def test_rank_0_is_done_after_saving_the_model(tmp_path):
+    """The launcher gives a worker in phase "done" its exit grace, and the failure watch
+    stops there: saving the model ends in "done" again."""
+    from fullgraph.worker import WorkerStatus
+
+    status = WorkerStatus(0, None)
+    phases = []
+    real = status.set_phase
+    status.set_phase = lambda phase: (phases.append(phase), real(phase))[1]
+    cfg = config("single", 1, None)
+    cfg = dataclasses.replace(cfg, train=dataclasses.replace(
+        cfg.train, save_model=str(tmp_path / "model.pt")))
+    train(make_dataset(), cfg, status=status)
+    assert phases[-2:] == ["saving the model", "done"] and status.phase == "done"
+    assert (tmp_path / "model.pt").is_file()

@@ -550,3 +550,25 @@ def test_a_value_error_in_an_epoch_is_a_bug_in_one_process_too(root, tmp_path):
     with pytest.raises(RuntimeError, match=r"failed during epoch \d+ \w+.*: ValueError: a bug"):
         main(["train", "--model", f"{model_file}:Breaks", "--epochs", "5", "--progress", "off"])
     assert main(["train", "--chunks", "-1", "--strategy", "tensor"]) == 2
+
+
+def test_a_wrapped_forward_is_checked_by_its_own_signature():
+    """A decorator that adapts a 2-argument forward to the walker's 3 (functools.wraps
+    copies the inner signature into ``__wrapped__``) is called by its own signature."""
+    import functools
+
+    from fullgraph.models.stages import LayerInput, StageProgram, Transform
+
+    def adapt(f):
+        @functools.wraps(f)
+        def call(self, x, ctx, layer_input=None):
+            return f(self, x, ctx)
+        return call
+
+    class Twice(Transform):
+        @adapt
+        def forward(self, x, ctx):
+            return 2 * x
+
+    program = StageProgram([LayerInput(4, 0.0), Twice(4, 4)], self_loops=False, name="m")
+    assert program.signature() == "TT"

@@ -301,7 +301,7 @@ def _check_forward(stage: Stage, model: str, layer: int) -> None:
     if kind is None:
         return
     try:
-        signature = inspect.signature(stage.forward)
+        signature = inspect.signature(stage.forward, follow_wrapped=False)  # what is called
     except (TypeError, ValueError):  # no signature to read: it is called as it is
         return
     try:

@@ -146,7 +146,12 @@ def feature_tensor(x: Any, name: str) -> Tensor:
     (sparse ones as CSR)."""
     if _is_sparse_input(x):
         return _sparse_features(x, name)
-    return x if isinstance(x, Tensor) else torch.as_tensor(_numpy(x))
+    if isinstance(x, Tensor):
+        return x
+    features = as_features(_numpy(x), source=name, field="features")  # as from_pyg reads x
+    check_finite(features, source=name, locate=lambda k: {"field": "features"})
+    return torch.from_numpy(np.require(features, requirements=["C", "W"]))  # (a copy where
+    # the rows run backwards, or the array is read-only)
 
 
 def _is_sparse_input(x: Any) -> bool:
