@@ -43,8 +43,8 @@ exit codes:
        fullgraph check: a strategy differs or failed, or nothing was compared
   130  interrupted (Ctrl-C)
   143  stopped by SIGTERM (129: SIGHUP); the launcher stops its workers
-  141  the reader of standard output went away (`| head`): a command in one
-       process ends quietly
+  141  the reader of standard output went away (`| head`): ends quietly (and
+       stops the workers)
 """
 
 CHECK_EXIT_CODES = """\
@@ -438,7 +438,9 @@ def main(argv: list[str] | None = None) -> int:
         worker.ignore_launcher_warnings()
     try:
         with _stopped_by_signals(args.command in CLEAN_ON_SIGNALS), worker.warnings_recorded():
-            return COMMANDS[args.command](args)
+            code = COMMANDS[args.command](args)
+        # (launched workers whose output's reader went away: end as quietly as they did)
+        return _closed_pipe_exit() if code == worker.CLOSED_PIPE_EXIT else code
     except _Terminated as exc:  # the files being written are removed; then end as signalled
         name = signal.Signals(exc.signum).name
         print(f"fullgraph {args.command}: stopped by {name}", file=sys.stderr)
@@ -446,7 +448,7 @@ def main(argv: list[str] | None = None) -> int:
         os.kill(os.getpid(), exc.signum)
         return 128 + exc.signum  # where the signal is blocked
     except BrokenPipeError as exc:
-        if _stdout_closed():  # the reader went away (`| head`): end quietly, as `ls` does
+        if worker.stdout_closed():  # the reader went away (`| head`): end quietly, as `ls` does
             return _closed_pipe_exit()
         print(f"fullgraph {args.command}: error: {_error_text(exc)}", file=sys.stderr)
         return 2
@@ -465,22 +467,6 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     finally:
         warnings.formatwarning = formatted
-
-
-def _stdout_closed() -> bool:
-    """Whether standard output is a pipe whose reader has gone (a ``BrokenPipeError``
-    from anything else, a FIFO given as ``--metrics-out`` say, is an error)."""
-    import select
-    import stat
-
-    try:
-        if not stat.S_ISFIFO(os.fstat(sys.stdout.fileno()).st_mode):
-            return False
-        poll = select.poll()
-        poll.register(sys.stdout.fileno(), select.POLLOUT)
-        return any(events & (select.POLLERR | select.POLLHUP) for _, events in poll.poll(0))
-    except (OSError, ValueError, AttributeError):  # (no descriptor, no poll)
-        return False
 
 
 def _closed_pipe_exit() -> int:

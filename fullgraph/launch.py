@@ -53,6 +53,7 @@ from fullgraph.comm import shm
 from fullgraph.errors import ConfigError, FullgraphError
 from fullgraph.memory import available_memory
 from fullgraph.worker import (  # noqa: F401
+    CLOSED_PIPE_EXIT,
     EVERY_EPOCH,
     HEARTBEAT_S,
     RUN_DIR_ENV,
@@ -208,7 +209,7 @@ def run_local(argv: list[str], workers: int, *, timeout_s: float, run_dir: str |
     code, text = _supervise(procs, path, timeout_s)
     for p in procs:  # a worker that was killed left its shared-memory files behind
         shm.remove_files(p.pid)
-    if code == 0 and temporary and not keep_run_dir:
+    if code in (0, CLOSED_PIPE_EXIT) and temporary and not keep_run_dir:
         shutil.rmtree(path, ignore_errors=True)
     elif code == 0 and temporary:  # kept, but the user did not name it
         print(f"fullgraph: run directory kept: {path}", file=sys.stderr)
@@ -321,6 +322,8 @@ def _supervise(procs: list[subprocess.Popen], run_dir: Path,
             sup.failed[rank] = WorkerExit(rank, p.returncode, rank in sup.killed)
     if not sup.failed:
         return 0, ""
+    if any(f.returncode == CLOSED_PIPE_EXIT for f in sup.failed.values()):
+        return CLOSED_PIPE_EXIT, ""  # the reader of the output went away: end quietly
     text, code = describe_failure(list(sup.failed.values()), run_dir)
     print(text, file=sys.stderr)
     return code, text

@@ -311,6 +311,27 @@ def report_start_failure(exc: BaseException) -> bool:
     return True
 
 
+def stdout_closed() -> bool:
+    """Whether standard output is a pipe whose reader has gone (a ``BrokenPipeError``
+    from anything else, a FIFO given as ``--metrics-out`` say, is an error)."""
+    import select
+    import stat
+
+    try:
+        if not stat.S_ISFIFO(os.fstat(sys.stdout.fileno()).st_mode):
+            return False
+        poll = select.poll()
+        poll.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & (select.POLLERR | select.POLLHUP) for _, events in poll.poll(0))
+    except (OSError, ValueError, AttributeError):  # (no descriptor, no poll)
+        return False
+
+
+CLOSED_PIPE_EXIT = 141
+"""A worker's exit code where standard output's reader went away (``| head``), as a
+tool's killed by SIGPIPE: the launcher ends as quietly."""
+
+
 def run_worker(body: Callable[[WorkerStatus], int], debug: bool = False) -> int:
     """Run ``body`` as a worker: report a failure with rank and phase, exit non-zero (2
     for a user's error, 1 for a bug; ``debug``, as ``FULLGRAPH_DEBUG``: every failure
@@ -326,6 +347,8 @@ def run_worker(body: Callable[[WorkerStatus], int], debug: bool = False) -> int:
     try:
         return body(status)
     except Exception as exc:  # noqa: BLE001 - every failure must be reported, then re-raised
+        if isinstance(exc, BrokenPipeError) and stdout_closed():
+            leave_now(CLOSED_PIPE_EXIT)  # quietly: the reader of the output went away
         user_error = status.report_failure(exc)
         sys.stdout.flush()
         sys.stderr.flush()

@@ -714,3 +714,20 @@ def test_cgroup_memory_limit_reads_v1_and_v2(tmp_path, version):
     limit.write_text("max\n" if version == 2 else "9223372036854771712\n")
     assert cgroup_memory_limit(str(cgroups), str(tmp_path)) is None
     assert cgroup_memory_limit(str(tmp_path / "missing"), str(tmp_path)) is None
+
+
+@pytest.mark.dist
+def test_launched_workers_end_quietly_when_the_outputs_reader_goes(tmp_path):
+    """`fullgraph train --workers 2 | head -2`: rank 0 finds standard output's reader
+    gone; every worker stops and the run ends with 141, as a tool killed by SIGPIPE,
+    without an error or a traceback."""
+    proc = subprocess.Popen(fullgraph_cmd() + [*TRAIN, "--epochs", "200", "--strategy", "data",
+                                               "--workers", "2"],
+                            env=clean_env(tmp_path / "data"), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, preexec_fn=two_cores)
+    assert proc.stdout is not None
+    proc.stdout.readline()  # the run has started
+    proc.stdout.close()
+    _, err = proc.communicate(timeout=180)
+    assert proc.returncode == 141, err
+    assert b"error" not in err and b"Traceback" not in err and b"failed" not in err, err
