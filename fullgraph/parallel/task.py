@@ -62,6 +62,7 @@ from fullgraph.parallel.taskpieces import Pieces, PiecesRunner, build_pieces, de
 from fullgraph.parallel.taskrows import (
     RowGroups,
     check_row_chunks,
+    row_chunks_problem,
     row_groups,
     row_work,
     rows_forward,
@@ -345,6 +346,14 @@ class TaskParallel(DistributedStrategy[TaskPlan]):
         if split is not None and opts.group_parallel == "data":
             check_row_chunks(opts.chunks, opts.subgraphs, split.num_p)
 
+    def p_group_fits(self, num_p: int) -> bool:
+        """Whether a P group of ``num_p`` workers can run the options (the data form's
+        chunk grid; one worker always can, the options having at least as many chunks
+        as subgraphs): the automatic split takes such a size."""
+        opts = self.options
+        return opts.group_parallel != "data" or \
+            row_chunks_problem(opts.chunks, opts.subgraphs, num_p) is None
+
     def _split(self, program: StageProgram, num_vertices: int, num_edges: int, comm: Comm,
                dtype: torch.dtype, device: torch.device) -> tuple[TaskSplit, str]:
         """The group sizes: given, or from the scheduling model (collective)."""
@@ -355,7 +364,7 @@ class TaskParallel(DistributedStrategy[TaskPlan]):
         itemsize = torch.empty(0, dtype=dtype).element_size()
         t_time, p_time = predict_times(program, num_vertices, num_edges, machine,
                                        self.options.gamma, itemsize)
-        return choose_split(comm.world_size, t_time, p_time), machine.describe()
+        return choose_split(comm.world_size, t_time, p_time, self.p_group_fits), machine.describe()
 
     def describe(self, model: StageProgram, plan: TaskPlan) -> list[str]:
         split = plan.split

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -115,13 +116,23 @@ def predict_times(program: StageProgram, num_vertices: int, num_edges: int, mach
     return t_flop / machine.flops, p_time
 
 
-def choose_split(world_size: int, t_time: float, p_time: float) -> TaskSplit:
-    """Formulas 7 and 8, rounded to whole workers with at least one per group."""
+def choose_split(world_size: int, t_time: float, p_time: float,
+                 fits: Callable[[int], bool] | None = None) -> TaskSplit:
+    """Formulas 7 and 8, rounded to whole workers with at least one per group: of the
+    P group sizes that ``fits`` (default: all), the nearest to the formulas' share.
+
+    Raises:
+        ValueError: fewer than 2 workers, or no P group size fits.
+    """
     if world_size < 2:
         raise ValueError(f"task parallelism needs at least 2 workers, got {world_size}")
     total = t_time + p_time
     share = p_time / total if total > 0 else 0.5
-    num_p = min(world_size - 1, max(1, round(world_size * share)))
+    ideal = min(world_size - 1, max(1, round(world_size * share)))
+    sizes = [n for n in range(1, world_size) if fits is None or fits(n)]
+    if not sizes:
+        raise ValueError(f"no P group of 1 to {world_size - 1} workers fits the options")
+    num_p = min(sizes, key=lambda n: (abs(n - ideal), n))
     return TaskSplit(world_size - num_p, num_p, t_time, p_time, "auto")
 
 

@@ -57,21 +57,30 @@ from fullgraph.schedule.rowfetch import (
 )
 
 
+def row_chunks_problem(chunks: int, subgraphs: int, num_p: int) -> str | None:
+    """Why a P group of ``num_p`` workers cannot share the chunk grid equally (data
+    form), or None where it can (``chunks`` 0: the executor's own count)."""
+    if chunks and chunks % num_p:
+        return (f"--chunks {chunks} with --group-parallel data: the chunk count must be a "
+                f"multiple of the P group's {num_p} workers, so that every worker gets an "
+                "equal share")
+    if chunks and chunks // num_p < subgraphs:
+        return (f"--subgraphs {subgraphs} with --group-parallel data needs at least "
+                f"{subgraphs} chunks per P worker; --chunks {chunks} over {num_p} P workers "
+                f"gives {chunks // num_p}")
+    return None
+
+
 def check_row_chunks(chunks: int, subgraphs: int, num_p: int) -> None:
-    """Refuse a chunk grid the P group cannot share equally (data form).
+    """Refuse a chunk grid the P group cannot share equally (``row_chunks_problem``).
 
     Raises:
         ValueError: ``chunks`` is not a multiple of the P group's size, or gives a
             P worker fewer chunks than there are subgraphs.
     """
-    if chunks and chunks % num_p:
-        raise ValueError(f"--chunks {chunks} with --group-parallel data: the chunk count must "
-                         f"be a multiple of the P group's {num_p} workers, so that every "
-                         "worker gets an equal share")
-    if chunks and chunks // num_p < subgraphs:
-        raise ValueError(f"--subgraphs {subgraphs} with --group-parallel data needs at least "
-                         f"{subgraphs} chunks per P worker; --chunks {chunks} over "
-                         f"{num_p} P workers gives {chunks // num_p}")
+    problem = row_chunks_problem(chunks, subgraphs, num_p)
+    if problem is not None:
+        raise ValueError(problem)
 
 
 @dataclass

@@ -333,6 +333,21 @@ def test_scheduling_model_formulas():
         choose_split(1, 1.0, 1.0)
 
 
+def test_the_automatic_split_takes_a_p_group_the_chunk_grid_fits():
+    """--group-parallel data --chunks N shares N chunks equally over the P group: the
+    automatic split takes the size nearest the model's share that divides N (one
+    worker always does), where a worker's setup refused the formulas' size."""
+    odd = TaskParallel.Options(group_parallel="data", chunks=7)
+    assert choose_split(5, 2.0, 3.0).num_p == 3  # the formulas alone
+    assert choose_split(5, 2.0, 3.0, TaskParallel(odd).p_group_fits).num_p == 1
+    six = TaskParallel(TaskParallel.Options(group_parallel="data", chunks=6))
+    assert choose_split(5, 2.0, 3.0, six.p_group_fits).num_p == 3
+    assert choose_split(5, 1.0, 3.0, six.p_group_fits).num_p == 3  # 4 does not divide 6
+    per_worker = TaskParallel(TaskParallel.Options(group_parallel="data", chunks=8,
+                                                    subgraphs=3))
+    assert choose_split(5, 1.0, 3.0, per_worker.p_group_fits).num_p == 2  # 4 x 2 < 3
+
+
 def test_wider_features_move_work_to_the_t_group():
     """T time grows with the input width, P time with the degree (§5.2)."""
     machine = Machine(flops=1e10, bandwidth=1e10)
