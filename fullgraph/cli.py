@@ -396,9 +396,26 @@ def _stopped_by_signals(active: bool) -> Iterator[None]:
         for sig in (signal.SIGTERM, signal.SIGHUP):
             if signal.getsignal(sig) is signal.SIG_DFL:
                 before[sig] = signal.signal(sig, _raise_terminated)
+    unraisable = sys.unraisablehook
+
+    def again(what: Any) -> None:
+        """``_Terminated`` raised in a callback from C (numba's compiler calls some)
+        is swallowed there: send the signal again, from another thread a moment later
+        (sent now, it would be raised in this hook, and swallowed too), to be raised
+        where it unwinds."""
+        if isinstance(what.exc_value, _Terminated):
+            resend = threading.Timer(0.05, os.kill, (os.getpid(), what.exc_value.signum))
+            resend.daemon = True
+            resend.start()
+        else:
+            unraisable(what)
+
+    if before:
+        sys.unraisablehook = again
     try:
         yield
     finally:
+        sys.unraisablehook = unraisable
         for signum, handler in before.items():
             signal.signal(signum, handler)
 

@@ -330,11 +330,11 @@ def _costs(cfg: Any, cand: P.Candidate, program: StageProgram, graph: Any,
     machine = taskmodel.Machine(1.0 / rates.flop, rates.bandwidth)
     t, p = taskmodel.predict_times(program, graph.num_dst, graph.num_edges, machine,
                                    cfg.options["task_parallel"].gamma)
-    from fullgraph.parallel import build_strategy
+    from fullgraph.parallel.task import TaskParallel
 
-    task = build_strategy(candidate_config(cfg, cand))
+    task = TaskParallel(cfg.options["task_parallel"])  # (its options as given: no warnings)
     # the sizes the run's own choice takes (its chunk grid)
-    split = taskmodel.choose_split(workers, t, p, getattr(task, "p_group_fits", None))
+    split = taskmodel.choose_split(workers, t, p, task.p_group_fits)
     return P.task_costs(program, graph, workers, feat, split), split
 
 

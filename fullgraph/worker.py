@@ -328,8 +328,9 @@ def stdout_closed() -> bool:
 
 
 CLOSED_PIPE_EXIT = 141
-"""A worker's exit code where standard output's reader went away (``| head``), as a
-tool's killed by SIGPIPE: the launcher ends as quietly."""
+"""A local launcher's worker's exit code where standard output's reader went away
+(``| head``), as of a tool killed by SIGPIPE: the launcher ends as quietly. (Under
+torchrun the worker reports it as a failure, which stops its peers at once.)"""
 
 
 def run_worker(body: Callable[[WorkerStatus], int], debug: bool = False) -> int:
@@ -347,7 +348,8 @@ def run_worker(body: Callable[[WorkerStatus], int], debug: bool = False) -> int:
     try:
         return body(status)
     except Exception as exc:  # noqa: BLE001 - every failure must be reported, then re-raised
-        if isinstance(exc, BrokenPipeError) and stdout_closed():
+        if isinstance(exc, BrokenPipeError) and os.environ.get(SUPERVISED_ENV) and \
+                stdout_closed():
             leave_now(CLOSED_PIPE_EXIT)  # quietly: the reader of the output went away
         user_error = status.report_failure(exc)
         sys.stdout.flush()

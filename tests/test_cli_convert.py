@@ -167,6 +167,28 @@ def test_sigterm_while_writing_leaves_nothing_behind(root):
     assert list((root / "big").iterdir()) == []
 
 
+def test_a_signal_swallowed_in_a_callback_from_c_is_raised_again():
+    """SIGTERM that lands in a callback from C (numba's compiler calls some through
+    ctypes) raises there, where the exception is swallowed: the signal is sent again and
+    raised where it unwinds, so that the files being written are still removed (the run
+    went on to finish and exit 0)."""
+    import ctypes
+    import signal
+    import time
+
+    from fullgraph import cli
+
+    def interrupted() -> None:
+        raise cli._Terminated(signal.SIGTERM)
+
+    callback = ctypes.CFUNCTYPE(None)(interrupted)
+    with pytest.raises(cli._Terminated):
+        with cli._stopped_by_signals(True):
+            callback()  # swallowed by ctypes, handed to sys.unraisablehook
+            time.sleep(5)  # the signal sent again lands here
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
 def test_a_directory_or_a_compressed_binary_file_is_named_as_such(root, tmp_path, capsys):
     rc = main(["convert", "edgelist", "--name", "g", "--edges", str(tmp_path),
                *_arrays(tmp_path)])
