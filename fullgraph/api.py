@@ -23,6 +23,7 @@ import json
 import os
 import sys
 import tempfile
+import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -190,7 +191,10 @@ def check(data: Any = "cora", *, model: str | type = "gcn",
                 options.update(dataset=str(Path(tmp) / "dataset"), split_seed=0)
             cfg = config_from_options(options, "check")
             with _own_process_state():  # building the model seeds torch's generator
-                return exactness.run_checks(cfg, forms, exactness.prepare(cfg))
+                dataset = exactness.prepare(cfg)
+                for message in exactness.unused_options(cfg, forms, "strategies="):
+                    warnings.warn(message, stacklevel=2)
+                return exactness.run_checks(cfg, forms, dataset)
     except launch.SignalStop as stop:  # the temporary files are gone: now end
         launch.send_on(stop, "check")
 

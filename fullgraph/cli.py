@@ -888,6 +888,8 @@ def cmd_check(args: argparse.Namespace) -> int:
         defaults.setdefault(section, {})[name] = value
     cfg = _config_at_log_level(args, defaults)
     dataset = exactness.prepare(cfg)
+    for message in exactness.unused_options(cfg, forms):
+        warnings.warn(message, stacklevel=1)
     extra = f", options {cfg.model.options}" if cfg.model.options else ""
     print(f"check: model {cfg.model.name}{extra} on {cfg.data.dataset}, {cfg.train.epochs} "
           f"epochs from seed {cfg.train.seed}: one process against {cfg.launch.workers} "

@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from fullgraph.errors import ConfigError, FullgraphError
+from fullgraph.errors import ConfigError, DataError, FullgraphError
 
 TOLERANCE = 1e-5
 """The largest relative loss difference counted as exact: float32 runs differ by about
@@ -175,6 +175,42 @@ def parse_forms(text: str, option: str = "strategies=") -> list[str]:
     return out
 
 
+def unused_options(cfg: Any, forms: list[str], option: str = "--strategies") -> list[str]:
+    """What a check of ``forms`` would take and not use: options of a section that no
+    strategy checked reads, ``--dep-mode`` (each data run sets its own), the hybrid
+    cost model's options without ``data/hybrid``, and what the other strategies say of
+    their own options (``Strategy.unused_options``). ``option`` names the list of
+    strategies as the caller gave it."""
+    from fullgraph.configfile import flags_of
+    from fullgraph.fields import changed_fields
+    from fullgraph.parallel.base import get_strategy, section_users
+    from fullgraph.parallel.data import COST_NAMES
+
+    names = {FORMS[f]["runtime"]["strategy"] for f in forms}
+    out = []
+    for section, users in section_users().items():
+        changed = changed_fields(cfg.options[section], skip=("mode",) if section ==
+                                 "data_parallel" else ())
+        if changed and not names & set(users):
+            out.append(f"{flags_of(section, changed)} no effect with {option} "
+                       f"{','.join(forms)} (only with {', '.join(users)})")
+    if changed_fields(cfg.options["data_parallel"], among=("mode",)):
+        out.append("--dep-mode has no effect on a check: each data run sets its own; name "
+                   f"data/depcomm, data/depcache or data/hybrid in {option}")
+    costs = changed_fields(cfg.options["data_parallel"], among=COST_NAMES)
+    if costs and "data" in names and "data/hybrid" not in forms:
+        out.append(f"{flags_of('data_parallel', costs)} no effect without data/hybrid in "
+                   f"{option} (the hybrid dependency mode's cost model)")
+    for label in (f for f in forms if not f.startswith("data/")):  # data's: above
+        run = _with(cfg, **FORMS[label])
+        try:
+            strategy = get_strategy(run.runtime.strategy).from_sections(run.options)
+        except (ConfigError, ValueError):  # the run refuses it: its outcome will say so
+            continue
+        out += strategy.unused_options()
+    return out
+
+
 def relative_differences(losses: list[float], reference: list[float]) -> list[float]:
     """``|a - b| / max(|b|, 1e-12)`` per epoch (0 where both are NaN, inf where a loss
     is not finite in one run only)."""
@@ -193,13 +229,18 @@ def prepare(cfg: Any) -> Any:
     the dataset.
 
     Raises:
-        ConfigError, DataError: as ``fullgraph train`` would, before any worker starts.
+        ConfigError, DataError: as ``fullgraph train`` would, before any worker starts;
+            DataError too for a dataset of one class (its loss is 0 in every run).
     """
     from fullgraph.graph import datasets
     from fullgraph.train import build, check_before_launch
 
     check_config(cfg)
     dataset = datasets.load_for(cfg.data)
+    if dataset.data.num_classes < 2:
+        raise DataError(f"check compares the runs' losses, and {cfg.data.dataset} has "
+                        f"{dataset.data.num_classes} class: cross-entropy over one class "
+                        "is 0 whatever the model computes, so nothing would be compared")
     if dataset.shard is not None:
         raise ConfigError(f"check compares each strategy with one process, which needs the "
                           f"whole dataset, and {cfg.data.dataset} is per-part shards: check "
@@ -313,4 +354,4 @@ def _epochs(cfg: Any, workers: int, stem: Path) -> list[dict[str, Any]]:
 
 __all__ = ["DEFAULTS", "DEFAULT_FORMS", "FORMS", "NOT_TAKEN", "TOLERANCE", "CheckReport",
            "Outcome", "check_config", "parse_forms", "prepare", "relative_differences",
-           "run_checks"]
+           "run_checks", "unused_options"]

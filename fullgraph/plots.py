@@ -236,8 +236,8 @@ def header_lines(log: RunLog) -> list[str]:
     return [
         f"dataset {ds.get('name', '?')}: {ds.get('vertices', '?')} vertices, "
         f"{ds.get('edges', '?')} edges, {ds.get('features', '?')} features, "
-        f"{ds.get('classes', '?')} classes (train {ds.get('train', '?')} / val "
-        f"{ds.get('val', '?')} / test {ds.get('test', '?')})",
+        f"{ds.get('classes', '?')} class{'' if ds.get('classes') == 1 else 'es'} (train "
+        f"{ds.get('train', '?')} / val {ds.get('val', '?')} / test {ds.get('test', '?')})",
         f"model {model.get('name', '?')}: {model.get('layers', '?')} layers, hidden "
         f"{model.get('hidden', '?')}, dropout {model.get('dropout', '?')}, stages "
         f"{log.run.get('program', '?')}",

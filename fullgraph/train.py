@@ -431,6 +431,12 @@ def train(dataset: Dataset, cfg: Config, *, reporter: Reporter | None = None,
                       f"({dataset.data.num_features} features, --hidden {cfg.model.hidden}, "
                       f"{dataset.data.num_classes} classes, --layers {cfg.model.layers})",
                       stacklevel=2)
+    if dataset.data.num_classes < 2 and (comm is None or comm.rank == 0):
+        import warnings
+
+        warnings.warn(f"the dataset has {dataset.data.num_classes} class: cross-entropy over "
+                      "one class is 0 whatever the model computes, so nothing trains",
+                      stacklevel=2)
     check_shard_hops(cfg, dataset, model)
     if comm is not None and comm.world_size > 1:
         check_same_data(dataset, comm)
@@ -713,8 +719,9 @@ def _header_lines(dataset: Dataset, model: GNN, cfg: Config, device: torch.devic
     gpu = "" if device.type == "cpu" else f"gpu kernels {gpu_kernels.describe(device)}, "
     return [
         f"dataset  {s['name']}: {s['vertices']} vertices, {s['edges']} edges, "
-        f"{s['features']} features{layout}, {s['classes']} classes "
-        f"(train {s['train']} / val {s['val']} / test {s['test']}){held}",
+        f"{s['features']} features{layout}, {s['classes']} "
+        f"class{'es' if s['classes'] != 1 else ''} (train {s['train']} / val {s['val']} / "
+        f"test {s['test']}){held}",
         f"model    {model.name}{_model_source(cfg)}: {cfg.model.layers} layers, hidden "
         f"{cfg.model.hidden}, {params} parameters, stages {model.signature()}",
         f"run      strategy {cfg.runtime.strategy}, {world} worker(s), device {device}, "

@@ -384,6 +384,41 @@ def test_check_takes_the_adaptation_options_the_strategies_take(small_store):
                                              "launch": {"workers": 2}}))
 
 
+@pytest.mark.parametrize("options,forms,said", [
+    ({"task_parallel": {"chunks": 4}}, "tensor",
+     ["--chunks has no effect with --strategies tensor (only with task)"]),
+    ({"data_parallel": {"mode": "hybrid"}}, "data",
+     ["--dep-mode has no effect on a check: each data run sets its own"]),
+    ({"data_parallel": {"byte_cost": 2e-9}}, "data",
+     ["--byte-cost has no effect without data/hybrid in --strategies"]),
+    ({"data_parallel": {"byte_cost": 2e-9}}, "data/depcomm,data/hybrid", []),
+    ({"task_parallel": {"chunks": 4}}, "tensor,task", []),
+])
+def test_check_names_the_options_none_of_its_runs_uses(options, forms, said):
+    """As ``train`` does for its one strategy: an option that no strategy checked reads
+    is named, and ``--dep-mode``, which each data run sets itself."""
+    from fullgraph import exactness
+    from fullgraph.config import config_from_dict
+
+    cfg = config_from_dict(options)
+    got = exactness.unused_options(cfg, exactness.parse_forms(forms))
+    assert len(got) == len(said) and all(g.startswith(s) for g, s in zip(got, said))
+
+
+def test_check_refuses_a_dataset_of_one_class(tmp_path, capsys):
+    """Its loss is 0 in every run whatever the model computes: a check would call any
+    model exact. ``train`` warns instead."""
+    from fullgraph.graph import store
+
+    store.save_dataset(sbm(60, 1, avg_degree=4.0, num_features=3, seed=1), tmp_path / "one")
+    assert main(["check", "--dataset", str(tmp_path / "one"), "--strategies", "tensor"]) == 2
+    captured = capsys.readouterr()
+    assert "has 1 class: cross-entropy over one class is 0" in captured.err
+    assert "check: model" not in captured.out
+    with pytest.warns(UserWarning, match="has 1 class: .* so nothing trains"):
+        fullgraph.fit(str(tmp_path / "one"), epochs=1)
+
+
 def test_a_model_file_imports_the_modules_beside_it_from_any_directory(
         root, tmp_path, monkeypatch, capsys):
     """As ``python file.py`` would; and a class loaded from the file is named by the
