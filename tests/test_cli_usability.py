@@ -110,6 +110,19 @@ def test_version_does_not_load_torch():
     assert out == ["fullgraph", fullgraph.__version__, "False"]
 
 
+def test_python_m_fullgraph_runs_the_command_line():
+    """For an environment whose scripts are not on the PATH, and ``torchrun -m``."""
+    import subprocess
+    import sys
+
+    version = subprocess.run([sys.executable, "-m", "fullgraph", "--version"],
+                             capture_output=True, text=True, check=True, timeout=60)
+    assert version.stdout.strip() == f"fullgraph {fullgraph.__version__}"
+    bad = subprocess.run([sys.executable, "-m", "fullgraph", "train", "--epochs", "0"],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "--epochs" in bad.stderr and "Traceback" not in bad.stderr
+
+
 def test_every_flag_names_its_option_in_a_config_file():
     for (section, field), flag in flag_names().items():
         for spelled in (flag, flag.replace("-", "_")):

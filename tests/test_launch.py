@@ -133,7 +133,7 @@ def test_torchrun_gives_the_same_result(launched, data_root, tmp_path):
     assert out.returncode == 0, out.stderr
     torch_metrics = tmp_path / "torchrun.jsonl"
     run = run_cli(["--nproc-per-node", "2", "--master-port", str(free_port()),
-                   "-m", "fullgraph.cli"] + TRAIN +
+                   "-m", "fullgraph"] + TRAIN +
                   ["--strategy", "data", "--metrics-out", str(torch_metrics)], data_root,
                   cmd=[sys.executable, "-m", "torch.distributed.run"])
     assert run.returncode == 0, run.stdout + run.stderr
