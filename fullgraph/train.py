@@ -509,7 +509,8 @@ def _epochs(strategy: Strategy, model: GNN, plan: Plan, optimizer: torch.optim.O
     def is_collective(epoch: int) -> bool:
         return all(getattr(h, "collective_epoch", lambda _: True)(epoch) for h in hooks)
 
-    # under partial reduce a worker's loss is its group's: the ranks may not agree on it
+    # under partial reduce only a collective epoch's loss is known to be every rank's, and
+    # only there is nothing in flight between the ranks: a divergence stops the run there
     partial = any(hasattr(h, "collective_epoch") for h in hooks)
 
     patience = cfg.train.patience
@@ -567,7 +568,7 @@ def _epochs(strategy: Strategy, model: GNN, plan: Plan, optimizer: torch.optim.O
             if not both and is_collective(epoch + 1):
                 deferred = (epoch, prof)
             profiler.work = strategy.work(model, plan)  # the plan may have changed
-        if not math.isfinite(stats.loss) and not partial:  # the same on every rank: all stop
+        if not math.isfinite(stats.loss) and (collective or not partial):  # every rank stops
             if best[4] is None:  # no model was kept before: the one kept is this epoch's
                 best = (best[0], epoch, acc["test"], acc["train"], None)
             _diverged(epoch, stats.loss, best[1], best[4] or model.state_dict())

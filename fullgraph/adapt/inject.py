@@ -8,8 +8,10 @@ and lasts n epochs. Two kinds are injected here, both from one spec string
 - ``sleep:p=0.1,s=auto,n=5`` the paper's method: ``s`` seconds added to every epoch
   of the slowdown, half before the forward pass and half at the start of the
   backward pass (so both passes' exchanges wait for it); ``s=auto`` (default) is
-  twice this worker's mean epoch time over the epochs without injection before it
-  (after a resume, the checkpoint's epochs count too);
+  twice this worker's mean epoch time over the epochs without injection before it,
+  the first epoch run left out unless it is the only one (its one-off setup costs
+  made it 10x a later epoch on Cora; after a resume, the checkpoint's epochs count
+  too);
 - ``cpu:p=0.1,load=1,n=5`` a throttle that really takes CPU away: for the
   slowdown's epochs ``load`` busy processes run pinned to the worker's core, so the
   worker's measured per-vertex and per-edge costs change, not only its wall clock

@@ -5,10 +5,15 @@ bounded by ``--staleness K``:
 
 - **Partial computation** (§5.2). The data strategy's halo exchanges become
   deadline-bounded (``fullgraph.comm.stale``): each exchange point (a P / E stage,
-  forward or backward) gets a baseline T0 (the median time from the previous point
-  to this one over the warm-up epochs) and waits at most until (1 + alpha) T0 after
-  the previous point; a peer that missed it is replaced by its historical rows, at
-  most K epochs old (older: the worker waits).
+  forward or backward) gets a baseline T0 (the usual time from the previous point
+  to this one over the last ``WINDOW`` full-synchronisation epochs,
+  the first epoch left out: it carries one-off setup costs) and waits at most until
+  (1 + alpha) T0 after the previous point; a peer that missed it is replaced by its
+  historical rows, at most K epochs old (older: the worker waits). The paper fixes
+  T0 after a warm-up; here it follows the later synchronisations, so a slowdown
+  during the warm-up (which would otherwise raise T0 for the whole run) counts only
+  until clean synchronisations come (``usual``), and a plan's change of cost is
+  followed.
 - **Partial update** (§5.3). After its backward pass a worker marks itself ready in
   the process group's store. Once every worker is ready, or the step's deadline
   (1 + alpha) T0_step from its start has passed with a majority (M // 2 + 1) ready,
@@ -42,6 +47,7 @@ historical rows of the vertices it starts to fetch.
 """
 from __future__ import annotations
 
+import collections
 import itertools
 import math
 import statistics
@@ -72,9 +78,20 @@ from fullgraph.graph.blocks import in_edges
 from fullgraph.models.walk import describe
 
 WARMUP = 3
-"""Full-synchronisation epochs at the start, which set the baselines T0."""
+"""Full-synchronisation epochs at the start, which set the first baselines T0."""
+WINDOW = 9
+"""The full-synchronisation epochs whose times set the baselines T0 (``usual``)."""
 PHASE = "partial-update"
 _RUNS = itertools.count()
+
+
+def usual(times: Sequence[float]) -> float:
+    """A step's usual time: the lower quartile of ``times``, the smallest of fewer than
+    4 (a full synchronisation waits for every worker, so a slowed worker's epochs are
+    among them; they raise it only when they are three quarters of them, or all)."""
+    if len(times) < 4:
+        return float(min(times))
+    return statistics.quantiles(sorted(times), n=4, method="inclusive")[0]
 
 
 class PartialReduce(Adapter):
@@ -124,10 +141,11 @@ class PartialReduce(Adapter):
         self.incoming: list[tuple[int, int, Tagged]] = []
         self.reused: list[int] = []  # this epoch's workers whose held gradient was added
         self.reused_age = 0  # the oldest of them, in epochs
-        self.samples: dict[Point, list[float]] = {}
+        self.samples: dict[Point, collections.deque[float]] = {}
         self.t0: dict[Point, float] = {}
-        self.step_samples: list[float] = []
-        self.wait_samples: list[float] = []
+        self.step_samples: collections.deque[float] = collections.deque(maxlen=WINDOW)
+        self.wait_samples: collections.deque[float] = collections.deque(maxlen=WINDOW)
+        self.sampled = False  # samples were taken since the baselines were set
         self.t0_step = math.inf
         self.wait0 = 0.0
         self.epoch, self.sync = 0, True
@@ -157,10 +175,16 @@ class PartialReduce(Adapter):
     def _warming(self) -> bool:
         return self.start is not None and self.epoch - self.start < self.warmup
 
+    def _sampling(self) -> bool:
+        """Whether this epoch's times feed the baselines: a full synchronisation, not
+        the first epoch run here (its times hold one-off costs: allocation, the
+        kernels' first calls)."""
+        return self.sync and self.start is not None and self.epoch > self.start
+
     # ------------------------------------------------------------------ hooks
     def before_epoch(self, epoch: int) -> None:
         self.epoch, self.sync = epoch, self.collective_epoch(epoch)
-        if not self._warming() and not self.t0:
+        if not self._warming() and self.sampled:
             self._set_baselines()
         self.halo.begin_epoch(epoch, self.sync)
         if self.sync:  # every worker comes here: the backlog of a straggler is waited for
@@ -181,10 +205,11 @@ class PartialReduce(Adapter):
         self.t_step = self.t_prev = time.perf_counter()
 
     def _set_baselines(self) -> None:
-        self.t0 = {p: statistics.median(v) for p, v in self.samples.items() if v}
+        self.t0 = {p: usual(v) for p, v in self.samples.items() if v}
         if self.step_samples:
-            self.t0_step = statistics.median(self.step_samples)
-            self.wait0 = statistics.median(self.wait_samples)
+            self.t0_step = usual(self.step_samples)
+            self.wait0 = usual(self.wait_samples)
+        self.sampled = False
 
     def _deadline(self, point: Point) -> float:
         base = self.t0.get(point)
@@ -192,8 +217,10 @@ class PartialReduce(Adapter):
 
     def _reached(self, point: Point) -> None:
         now = time.perf_counter()
-        if self._warming():
-            self.samples.setdefault(point, []).append(now - self.t_prev)
+        if self._sampling():
+            self.samples.setdefault(point, collections.deque(maxlen=WINDOW)).append(
+                now - self.t_prev)
+            self.sampled = True
         self.t_prev = now
 
     # ------------------------------------------------------- gradient sync
@@ -205,9 +232,10 @@ class PartialReduce(Adapter):
             self.strategy.sync_grads(model, plan)
             value = self.strategy.reduce_loss(loss, plan)
             blocked = stats.blocked_s + time.perf_counter() - ready
-            if self._warming():
+            if self._sampling():
                 self.step_samples.append(ready - self.t_step)
                 self.wait_samples.append(blocked)
+                self.sampled = True
             self.note(self._event(stats, blocked, list(range(self.comm.world_size)), True))
             return value
         members = self._ready_set(ready)

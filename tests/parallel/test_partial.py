@@ -289,6 +289,47 @@ def test_fast_workers_go_on_without_a_straggler_for_at_most_k_epochs(tmp_path, l
     run_ranks(_straggler_world, 3, tmp_path, late)
 
 
+def test_the_usual_time_is_the_smallest_then_the_lower_quartile():
+    """A slowed worker's full synchronisations raise it only when they are all of the
+    first three or three quarters of more (a sleep of 10 x the step)."""
+    from fullgraph.adapt.partial import usual
+
+    assert usual([10.0, 1.0]) == usual([10.0, 10.0, 1.0]) == usual([10, 1, 10, 1, 10]) == 1.0
+    assert usual([10.0, 10.0]) == 10.0 and usual([1.0, 10, 10, 10, 10]) == 10.0
+
+
+def _warmup_straggler_world(comm: Comm) -> None:
+    # rank 2 sleeps in epochs 2-3 (the warm-up) and again from epoch 10; K = 3: full
+    # synchronisations at 1-3, 6, 9, 12 and 15
+    inject = "sleep:p=0,s=0.6,n=2,at=2,ranks=2;sleep:p=0,s=0.6,n=100,at=10,ranks=2"
+    result = train(sbm(300, 3, seed=1), _config("gcn", 15, inject=inject, staleness=3),
+                   comm=comm)
+    events = [next(e for e in p.events if e["kind"] == "partial")
+              for p in result.extra["profiles"][comm.rank]]
+    left_out = [epoch for epoch, e in enumerate(events, 1) if e["skipped"]]
+    # before the fix the warm-up's median kept the deadline above the sleep all run
+    assert {10, 11, 13, 14} <= set(left_out), (left_out, events)
+
+
+@pytest.mark.dist
+def test_a_slowdown_in_the_warm_up_does_not_switch_partial_update_off(tmp_path):
+    run_ranks(_warmup_straggler_world, 3, tmp_path)
+
+
+def _diverging_world(comm: Comm) -> None:
+    with pytest.warns(UserWarning, match="the training diverged"):
+        result = train(sbm(240, 3, seed=2), _config("gcn", 12, lr=1e37, staleness=3),
+                       comm=comm)
+    assert len(result.epochs) < 12 and not np.isfinite(result.epochs[-1].loss)
+
+
+@pytest.mark.dist
+def test_a_diverged_run_stops_under_partial_reduce_too(tmp_path):
+    """At a full synchronisation (every rank's loss, nothing in flight); it trained on
+    NaN to the end before."""
+    run_ranks(_diverging_world, 3, tmp_path)
+
+
 def _resume_world(comm: Comm, ckpt: str) -> None:
     dataset = sbm(200, 3, seed=3)
     first = _config("gcn", 6, staleness=2)
