@@ -23,8 +23,10 @@ The supervisor names the root cause of a failure, once, leading with it:
   no work of theirs to finish);
 - a worker that stops responding: its heartbeat is older than the timeout (stopped,
   or stuck in C code), or, when a peer's collective timed out, it has entered fewer
-  communication calls than that peer (it never reached the call). It is killed at
-  once, and the others get ``GRACE_S`` (they have waited a timeout already);
+  communication calls than that peer (it never reached the call), or a peer's
+  point-to-point receive from it timed out while it waits for no one (a straggler
+  under partial reduce). It is killed at once, and the others get ``GRACE_S`` (they
+  have waited a timeout already);
 - otherwise the earliest peer failure (``CommError``), and everything else is killed
   after ``GRACE_S``.
 
@@ -399,9 +401,17 @@ class Supervisor:
         # a peer timed out and nothing else explains it: someone never reached the call
         waited = max(timed_out, key=lambda r: r["entered"]) if timed_out and all(
             r and r.get("peer_failure") for r in reports) else None
+        # a point-to-point wait timed out on a peer that is not itself waiting: that peer
+        awaited = {r["peer"]: r for r in timed_out if r.get("peer") is not None} \
+            if waited is not None else {}
         out = []
         for rank in alive:
             beat = read_json(self.dir / f"heartbeat-rank{rank}")
+            if rank in awaited and beat is not None and beat.get("inside") is None:
+                by = awaited[rank]
+                out.append((rank, f"rank {by['rank']} timed out in {by['inside']}, while it "
+                                  "waited for no one"))
+                continue
             age = time.time() - beat["time"] if beat else float("inf")
             silent = "no heartbeat yet" if beat is None else f"no heartbeat for {age:.0f} s"
             # a worker past its training may go quiet while its interpreter shuts down

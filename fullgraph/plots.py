@@ -189,8 +189,8 @@ def _epoch_time(fig: Any, log: RunLog, rows: list[RankRow], slow: int | None) ->
         ax.axvspan(epoch - 0.5, epoch + 0.5, color="tab:orange", alpha=0.15, linewidth=0,
                    label="slowdown injected" if i == 0 else None)
     for i, epoch in enumerate(switched):
-        ax.axvline(epoch + 0.5, color="tab:purple", linestyle=":", linewidth=1,
-                   label="plan switched after" if i == 0 else None)
+        ax.axvline(epoch - 0.5, color="tab:purple", linestyle=":", linewidth=1,
+                   label="plan switched" if i == 0 else None)
     title = "epoch time over the run"
     if max(times) > 10 * median:
         ax.set_yscale("log")
@@ -202,8 +202,10 @@ def _epoch_time(fig: Any, log: RunLog, rows: list[RankRow], slow: int | None) ->
 
 
 def adapt_epochs(log: RunLog) -> tuple[list[int], list[int]]:
-    """The epochs in which a slowdown was injected on some rank, and those after which
-    an adapter switched the plan (``--inject``, ``--adapt``)."""
+    """The epochs in which a slowdown was injected on some rank, and those that were
+    the first on a plan an adapter switched to (``--inject``, ``--adapt``): an
+    adapter's event is kept in the record of the epoch it shaped, the one after the
+    adapter ran."""
     slowed, switched = set(), set()
     for recs in log.ranks.values():
         for r in recs:

@@ -525,6 +525,7 @@ def _epochs(strategy: Strategy, model: GNN, plan: Plan, optimizer: torch.optim.O
     for epoch in range(state.epoch + 1, last + 1):
         collective = is_collective(epoch)
         profiler.begin()
+        phase(f"epoch {epoch} start")  # (partial reduce waits here for a straggler's backlog)
         for hook in hooks:
             getattr(hook, "before_epoch", lambda _: None)(epoch)
         if deferred is not None and collective:

@@ -274,6 +274,7 @@ class WorkerStatus:
                   "entered": self.counter.entered if self.counter is not None else 0,
                   "inside": (f"{comm_error.collective} in phase {comm_error.phase!r}"
                              if comm_error is not None else None),
+                  "peer": comm_error.peer if comm_error is not None else None,
                   "error": f"{type(exc).__name__}: {exc}",
                   "traceback": "" if user_error and not self.debug  # debug: every one
                   else "".join(traceback.format_exception(exc))}

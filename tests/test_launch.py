@@ -680,6 +680,34 @@ def test_supervisor_finds_the_rank_that_never_reached_the_collective(tmp_path):
     assert "Traceback" not in text
 
 
+def test_supervisor_names_the_peer_a_point_to_point_wait_timed_out_on(tmp_path):
+    """Under partial reduce rank 0 waits for rank 1's halo rows; rank 1 beats and has
+    entered more calls (tagged messages), but waits for no one: it is the straggler.
+    Rank 2, waiting in a call itself, is not blamed."""
+    from fullgraph.launch import Supervisor, describe_failure
+
+    now = time.time()
+    (tmp_path / "failure-rank0.json").write_text(json.dumps(
+        {"rank": 0, "phase": "epoch 6 start", "time": now, "peer_failure": True,
+         "timed_out": True, "entered": 10, "peer": 1,
+         "inside": "irecv(tag 7) with rank 1 in phase 'halo'", "error": "CommError: timed out",
+         "traceback": ""}))
+    for rank, inside in {1: None, 2: "all_reduce in phase 'grad-sync'"}.items():
+        (tmp_path / f"heartbeat-rank{rank}").write_text(json.dumps(
+            {"time": now - 0.2, "phase": "epoch 4 training step", "entered": 12,
+             "inside": inside}))
+        (tmp_path / f"status-rank{rank}").write_text("epoch 4 training step")
+    procs = [FakeWorker(1), FakeWorker(), FakeWorker()]
+    sup = Supervisor(procs, tmp_path, timeout_s=60)
+    sup.step()
+    assert sorted(sup.failed) == [0, 1] and procs[1].code == -9 and procs[2].code is None
+    text, _ = describe_failure(list(sup.failed.values()), tmp_path)
+    assert text.splitlines()[0] == (
+        "fullgraph: worker rank 1 failed during epoch 4 training step: stopped responding "
+        "(rank 0 timed out in irecv(tag 7) with rank 1 in phase 'halo', while it waited for "
+        "no one); killed by the launcher")
+
+
 def test_a_worker_that_finished_may_be_quiet_while_it_exits(tmp_path):
     """Past its training (phase "done") a worker's interpreter shuts down without
     heartbeats for a few seconds: a short --timeout must not kill it then."""

@@ -5,6 +5,7 @@ one-worker run and hand-edited copies cover the other shapes of the file.
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import shlex
@@ -168,11 +169,24 @@ def test_the_page_and_the_epoch_figure_show_what_was_injected_and_switched(tmp_p
             if epoch == 2:
                 events.append({"kind": "shares", "switched": True, "trial": "balance"})
             records.append({"event": "rank_epoch", "epoch": epoch, "rank": rank,
-                            "events": events})
+                            "wall_s": 0.1, "events": events})
     metrics = tmp_path / "adapt.jsonl"
     metrics.write_text("".join(json.dumps(r) + "\n" for r in records))
     log = read_run_log(metrics)
     assert adapt_epochs(log) == ([2], [2])
+    if importlib.util.find_spec("matplotlib") is not None:  # the switch: before epoch 2
+        import matplotlib
+
+        matplotlib.use("Agg")
+        from matplotlib.figure import Figure
+
+        from fullgraph.plots import _epoch_time
+
+        fig = Figure()
+        _epoch_time(fig, log, [], None)
+        lines = [line for line in fig.axes[0].get_lines()
+                 if line.get_label() == "plan switched"]
+        assert len(lines) == 1 and list(lines[0].get_xdata()) == [1.5, 1.5]
     assert adapt_lines(log) == [
         "adapt    rank 0: injected nothing; plan switched 1 time(s)",
         "adapt    rank 1: injected 1 epoch(s) of sleep; plan switched 1 time(s)"]

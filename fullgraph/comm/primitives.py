@@ -76,6 +76,8 @@ class CommError(RuntimeError):
         seconds: how long the call had waited when it failed.
         timed_out: it failed because it waited (about) the whole timeout, not because
             a peer's connection broke.
+        peer: the global rank a point-to-point call waited for (None for collectives,
+            which wait for every rank of the group).
 
     On a sub-group the message says which one and this worker's world rank:
     "rank 0 of 3 in group 'P' (global rank 1): ...".
@@ -83,15 +85,16 @@ class CommError(RuntimeError):
 
     def __init__(self, rank: int, world_size: int, phase: str, collective: str,
                  cause: BaseException, seconds: float, timeout: datetime.timedelta,
-                 where: str = "", hint: str = "") -> None:
+                 where: str = "", hint: str = "", peer: int | None = None) -> None:
         self.rank = rank
+        self.peer = peer
         self.phase = phase
         self.collective = collective
         self.cause = cause
         self.seconds = seconds
         self.timed_out = seconds >= 0.9 * timeout.total_seconds()
         self._args = (rank, world_size, phase, collective, cause, seconds, timeout, where,
-                      hint)
+                      hint, peer)
         super().__init__(
             f"rank {rank} of {world_size}{where}: {collective} in phase {phase!r} failed after "
             f"{seconds:.1f}s (timeout {timeout.total_seconds():g}s): "

@@ -112,7 +112,8 @@ class Tagged:
             what = "isend" if self.sending else "irecv"
             raise CommError(self.comm.rank, self.comm.world_size, self.phase,
                             f"{what}(tag {self.tag}) with rank {self.peer}", self._error,
-                            self._seconds, self.comm.timeout)
+                            self._seconds, self.comm.timeout,
+                            peer=_peer(self.comm, self.peer))
         nbytes = self.buffer.numel() * self.buffer.element_size()
         sent, recv = (nbytes, 0) if self.sending else (0, nbytes)
         self.comm.counter.add(self.phase, sent, recv, self.blocked_s)
