@@ -2,7 +2,9 @@
 
 At start (``OnlineAdjuster.__init__``, collective): Algorithm 2 over this worker's
 direct remote dependencies (``fullgraph.parallel.adjust.preprocess``), ordered by
-DepCache cost at the unit costs the data strategy measured or was given.
+DepCache cost at the unit costs the data strategy measured or was given; a starting
+plan (``--dep-mode depcache`` or hybrid's choice) whose cached set takes more than
+``--cache-budget`` is cut to Algorithm 3's set at those costs before the first epoch.
 
 After every epoch (``between_epochs``, collective): this worker's unit costs are
 measured from the epoch just run, Algorithm 3 (``adjust``) picks the DepCache set
@@ -51,7 +53,8 @@ LINK_SPREAD = 1.5
 """Peers' links are told apart only when their probe times differ by this factor."""
 MIN_CHANGE = 0.02
 """Plans switch only when some worker would move more than this share of its
-dependencies (a switch rebuilds every worker's row plan and exchange tables)."""
+dependencies (a switch rebuilds every worker's row plan and exchange tables), or
+holds more than the cache budget."""
 
 RatesFor = Callable[[int, Any], costmodel.Rates]
 
@@ -86,6 +89,7 @@ class OnlineAdjuster(Adapter):
         work = costmodel.dependency_work(model, plan.graph, owned, plan.deps.direct, itemsize)
         owner = plan.book.part_of[plan.deps.direct].numpy()
         self.pre = preprocess(work, owner, self.start_rates)
+        self.storage = work.storage  # (R,) formula 12, in the dependency order
         self.preprocess_s = time.perf_counter() - t0
         if plan.device.type == "cpu":
             plan.clock = StageClock()
@@ -93,6 +97,27 @@ class OnlineAdjuster(Adapter):
         self.probes: list[list[float]] = []
         self.byte = self.start_rates.byte
         note({"kind": "preprocess", "seconds": self.preprocess_s, "dependencies": self.pre.size})
+        self._fit_budget(model, plan)
+
+    def _over_budget(self, cached: torch.Tensor) -> bool:
+        return self.budget is not None and \
+            float(self.storage[cached.numpy()].sum()) > self.budget
+
+    def _fit_budget(self, model: Any, plan: DataPlan) -> None:
+        """Cut a starting plan that caches more than the budget (collective)."""
+        over = torch.tensor([int(self._over_budget(plan.deps.cached))])
+        if plan.comm.world_size > 1:
+            prim.all_reduce_(over, plan.comm, "adjust", op="max")
+        if not int(over):
+            return
+        t0 = time.perf_counter()
+        decision = adjust(self.pre, self.start_rates, self.budget)
+        cached = torch.from_numpy(decision.cached) if self._over_budget(plan.deps.cached) \
+            else plan.deps.cached
+        self.strategy.replan(model, plan, cached)
+        event = _event(decision, self.start_rates, True, time.perf_counter() - t0)
+        event["at"] = "start: the starting plan cached more than the budget"
+        self.note(event)
 
     def header(self) -> list[str]:
         if self.budget is None:
@@ -141,7 +166,8 @@ class OnlineAdjuster(Adapter):
         decision = adjust(self.pre, rates, self.budget, per_owner)
         cached = torch.from_numpy(decision.cached)
         moved = int((cached != plan.deps.cached).sum())
-        wanted = moved > MIN_CHANGE * cached.numel()
+        wanted = moved > MIN_CHANGE * cached.numel() or \
+            moved > 0 and self._over_budget(plan.deps.cached)
         changed = torch.tensor([int(wanted)])
         if plan.comm.world_size > 1:
             prim.all_reduce_(changed, plan.comm, "adjust", op="max")

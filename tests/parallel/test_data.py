@@ -349,3 +349,30 @@ def check_different_data_is_refused(comm, out: str):
 @pytest.mark.dist
 def test_workers_with_different_data_are_refused(tmp_path):
     run_ranks(check_different_data_is_refused, 2, tmp_path, str(tmp_path))
+
+
+def _budget_world(comm, ref_losses) -> None:
+    import dataclasses
+
+    from adjust_checks import config, dataset
+
+    from fullgraph.config import AdaptConfig
+    from fullgraph.train import train
+
+    cfg = config("gcn", "data")
+    cfg = dataclasses.replace(cfg, adapt=AdaptConfig(mode="adjust", cache_budget_mb=1e-4))
+    cfg.options["data_parallel"] = DataParallel.Options(mode="depcache")
+    result = train(dataset(), cfg, comm=comm, dtype=torch.float64)
+    first = [e for e in result.extra["profiles"][comm.rank][0].events
+             if e["kind"] == "adjust"]
+    assert first and first[0]["at"].startswith("start") and first[0]["budget_bound"], first
+    # exact whatever is cached
+    torch.testing.assert_close(torch.tensor([r.loss for r in result.epochs]),
+                               torch.tensor(ref_losses))
+
+
+@pytest.mark.dist
+def test_a_starting_plan_over_the_cache_budget_is_cut_before_the_first_epoch(tmp_path):
+    """--dep-mode depcache with --cache-budget: the first epoch ran fully cached
+    whatever the budget before (the budget bound only the first adjustment)."""
+    run_ranks(_budget_world, 2, tmp_path, reference("gcn")[0])
