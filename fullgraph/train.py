@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from fullgraph.adapt import build_adapters
+from fullgraph.adapt import build_adapters, check_local_launch
 from fullgraph.adapt import check_options as check_adapt_options
 from fullgraph.checkpoint import Checkpointer, run_facts
 from fullgraph.comm.group import Comm
@@ -282,8 +282,9 @@ def check_before_launch(cfg: Config, dataset: Dataset, workers: int) -> None:
 
     Checks the device and backend, what the strategy would refuse of this model, graph
     and worker count (``Strategy.check_launch``), the optional packages the options
-    need (pymetis for METIS partitions, numba for the numba SpMM) and a partition file
-    against the dataset. The output paths are the caller's to check
+    need (pymetis for METIS partitions, numba for the numba SpMM), a partition file
+    against the dataset, and what workers of the local launcher cannot honour
+    (``--inject net``; ``workers`` > 1 is such a launch). The output paths are the caller's to check
     (``check_outputs``: they are written where the caller runs).
 
     Raises:
@@ -297,6 +298,8 @@ def check_before_launch(cfg: Config, dataset: Dataset, workers: int) -> None:
                           f"{'the CPU' if cfg.train.device != 'auto' else 'the CPU (auto)'}; "
                           "use --backend gloo, or --device cuda")
     check_adapt_options(cfg, workers)
+    if workers > 1:  # (the local launcher's workers: under torchrun nothing is launched)
+        check_local_launch(cfg)
     check_patience(cfg, dataset)
     shards.check_use(dataset, cfg.runtime.strategy, workers)
     program = build(dataset, cfg)

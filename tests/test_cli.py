@@ -416,6 +416,18 @@ def test_partition_file_is_checked_before_launch(root, tmp_path, capsys, no_laun
     assert no_launch == []
 
 
+def test_a_net_slowdown_is_refused_before_the_local_launcher_starts_workers(
+        root, tmp_path, capsys, no_launch):
+    """It shapes a worker's own interface, which the workers of one host do not have;
+    before, each worker refused it after the header, leaving a metrics file without
+    a summary."""
+    metrics = tmp_path / "m.jsonl"
+    assert main(["train", "--strategy", "data", "--workers", "2", "--inject",
+                 "net:rate=10mbit,ranks=1,at=3", "--metrics-out", str(metrics)]) == 2
+    one_line_error(capsys, "--inject net: shapes a worker's own network interface")
+    assert no_launch == [] and not metrics.exists()
+
+
 def test_missing_optional_package_is_found_before_launch(root, capsys, no_launch, monkeypatch):
     monkeypatch.setitem(sys.modules, "pymetis", None)  # import pymetis now fails
     assert main(["train", "--strategy", "data", "--workers", "2"]) == 2

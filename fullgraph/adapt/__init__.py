@@ -55,6 +55,23 @@ def check_general(cfg: Any, world: int) -> None:
             raise ConfigError(str(exc)) from None
 
 
+def check_local_launch(cfg: Any) -> None:
+    """Refuse what workers the local launcher starts on this host cannot honour: a
+    ``net`` slowdown, which shapes a worker's own network interface (they share this
+    host's).
+
+    Raises:
+        ConfigError: naming the option.
+    """
+    from fullgraph.adapt.inject import parse
+
+    if cfg.adapt.inject and any(s.kind == "net" for s in parse(cfg.adapt.inject)):
+        raise ConfigError("--inject net: shapes a worker's own network interface, and the "
+                          "workers --workers N starts share this host's; start one process "
+                          "per rank (torchrun), each with GLOO_SOCKET_IFNAME naming its own "
+                          "interface, as `python -m fullgraph.bench.cloud --link 1gbit` does")
+
+
 def check_strategy(cfg: Any) -> None:
     """Refuse ``adapt`` options that the run's strategy (or backend, or model) does not
     take: partial reduce off data parallelism, on NCCL or with batch normalisation;
