@@ -139,3 +139,32 @@ def test_adjuster_measures_unit_costs_from_stage_times_and_halo_transfer():
     assert adj.measure(plan, late).byte == pytest.approx(2e-9)
     late.waiting_split = True
     assert adj.measure(plan, late).byte == pytest.approx(0.4 / 200)
+
+
+def test_links_are_probed_at_the_first_adjustments_then_every_few(monkeypatch):
+    """The probe is collective and cost 15-21 ms an adjustment on 3-5 workers of one
+    host: after the first WINDOW it runs at every PROBE_EVERY-th, on a schedule every
+    rank shares; the last probes' split stands in between."""
+    from types import SimpleNamespace
+
+    from fullgraph.adapt import adjuster
+
+    calls = []
+
+    def probe(comm, nbytes):
+        calls.append(len(calls))
+        return [0.0, 1.0, 3.0]  # rank 0's links: peer 2's is 3x peer 1's
+
+    monkeypatch.setattr(adjuster, "probe_links", probe)
+    adj = object.__new__(adjuster.OnlineAdjuster)
+    adj.probes, adj.adjustments = [], 0
+    plan = SimpleNamespace(comm=SimpleNamespace(world_size=3, rank=0))
+    probed = []
+    for _ in range(12):
+        before = len(calls)
+        split = adj.per_owner(plan, 2.0)
+        probed.append(len(calls) > before)
+        assert split == {1: 1.0, 2: 3.0}
+    every = adjuster.PROBE_EVERY
+    assert probed == [n <= adjuster.WINDOW or n % every == 0 for n in range(1, 13)]
+    assert sum(probed) < 12
