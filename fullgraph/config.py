@@ -561,6 +561,12 @@ def _build_section(cls: type, values: dict[str, Any], where: str) -> Any:
     except ConfigError:
         raise
     except ValueError as exc:  # a strategy's own validation
+        text = str(exc)  # one that names a field first is named as the others are
+        field = next((f.name for f in dataclasses.fields(cls)
+                      if text.startswith(f"{f.name} ")), None)
+        if field is not None:
+            raise ConfigError(f"{where.rsplit(': ', 1)[-1]}.{field}: "
+                              f"{text[len(field) + 1:]}") from None
         raise ConfigError(f"{where}: {exc}") from None
 
 

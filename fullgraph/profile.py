@@ -221,13 +221,13 @@ def event_lines(profiles: list[list[Any]]) -> list[str]:
                 elif e.get("kind") in ("adjust", "shares") and e.get("switched"):
                     switches += 1
                 if e.get("kind") == "shares":
-                    probes += e.get("trial") == "probe"
+                    probes += e.get("judged") == "probe kept"
                     undone += str(e.get("judged")).endswith("undone")
         rank = per_rank[0].rank
         if slowed or switches:
             what = ", ".join(f"{n} epoch(s) of {k}" for k, n in sorted(slowed.items()))
-            tried = f" ({probes} probe(s) giving a worker work back; {undone} trial(s) " \
-                "undone by the switch after)" if probes or undone else ""
+            tried = f" ({probes} probe(s) that gave a worker work back and were kept; " \
+                f"{undone} trial(s) undone by the switch after)" if probes or undone else ""
             out.append(f"adapt    rank {rank}: injected {what or 'nothing'}; "
                        f"plan switched {switches} time(s){tried}")
         if partial:

@@ -112,6 +112,15 @@ def test_a_config_file_in_other_spellings(tmp_path, capsys):
     f.write_text("device-memory: 1GB\n")
     assert main(["config", "--print", "--config", str(f), "--num-chunks", "3"]) == 2
     one_line_error(capsys, f"error: the command line and {f}: tensor_parallel: give")
+    # a strategy's check of one option names it as the others are named: its flag where
+    # the flag gave it, the file and key where the file did
+    assert main(["config", "--print", "--bin-size", "-1"]) == 2
+    one_line_error(capsys, "error: --bin-size: must be >= 1, got -1")
+    f.write_text("p2p:\n  bin_size: -1\n")
+    assert main(["config", "--print", "--config", str(f)]) == 2
+    one_line_error(capsys, f"error: {f}: p2p.bin_size: must be >= 1, got -1")
+    assert main(["config", "--print", "--shares", "2,-1"]) == 2
+    one_line_error(capsys, "error: --shares: '2,-1': expected comma-separated")
 
 
 def test_a_toml_file_printed_with_any_character_loads_back(tmp_path, capsys):

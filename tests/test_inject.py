@@ -45,6 +45,7 @@ def test_parse_reads_every_key_and_the_defaults():
     (" ; ", "no item"),
     ("sleep:seed=-1", r"seed=-1 must be an integer in \[0, 2\*\*63\)"),
     ("sleep:s=0.1, s=0.2", "s given twice"),
+    ("cpu:load=100000", "load=100000 would start that many busy processes; at most 64"),
 ])
 def test_parse_names_what_is_wrong(text, message):
     with pytest.raises(ValueError, match=message):
@@ -65,6 +66,21 @@ def test_config_refuses_a_bad_spec_and_check_world_a_missing_rank():
     with pytest.raises(ValueError, match=r"at=9 is past the run's last epoch \(8\)"):
         check_world(parse("sleep:at=4+9"), 3, epochs=8)
     check_world(parse("sleep:at=4+8"), 3, epochs=8)
+
+
+def test_a_sleep_as_long_as_the_timeout_is_refused():
+    """The other workers would time out waiting and take the slowed one for hung."""
+    from fullgraph.adapt import check_general
+    from fullgraph.config import config_from_dict
+
+    cfg = config_from_dict({"adapt": {"inject": "sleep:s=8,p=0,at=3,ranks=1"},
+                            "launch": {"timeout_s": 5}})
+    with pytest.raises(ConfigError, match=r"s=8 is at least --timeout \(5 s\)"):
+        check_general(cfg, 2)
+    check_general(config_from_dict({"adapt": {"inject": "sleep:s=8,p=0,at=3"},
+                                    "launch": {"timeout_s": 5}}), 1)  # nobody waits
+    check_general(config_from_dict({"adapt": {"inject": "sleep:s=4,p=0,at=3,ranks=1"},
+                                    "launch": {"timeout_s": 5}}), 2)
 
 
 def test_schedule_is_seeded_per_rank_and_does_not_overlap():

@@ -61,13 +61,16 @@ def test_summary_counts_injected_slowdowns_and_plan_switches_per_rank():
     assert "adapt    rank 0: injected 1 epoch(s) of cpu, 2 epoch(s) of sleep; plan switched " \
            "1 time(s)" in lines
     assert not any(line.startswith("adapt    rank 1") for line in lines)
-    # tensor shares: switches on trial, probes among them
-    c, d, e = _record(0, 1.0, []), _record(0, 1.0, []), _record(0, 1.0, [])
+    # tensor shares: switches on trial, the probes kept among them (an undone one gave
+    # nothing back)
+    c, d, e, f = (_record(0, 1.0, []) for _ in range(4))
     c.events = [{"kind": "shares", "switched": True, "trial": "probe", "judged": None}]
-    d.events = [{"kind": "shares", "switched": True, "trial": None, "judged": "probe undone"}]
-    e.events = [{"kind": "shares", "switched": False, "trial": None, "judged": "balance kept"}]
-    assert "adapt    rank 0: injected nothing; plan switched 2 time(s) (1 probe(s) giving a " \
-           "worker work back; 1 trial(s) undone by the switch after)" in summary_lines([[c, d, e]])
+    d.events = [{"kind": "shares", "switched": True, "trial": "probe", "judged": "probe undone"}]
+    e.events = [{"kind": "shares", "switched": False, "trial": None, "judged": "probe kept"}]
+    f.events = [{"kind": "shares", "switched": False, "trial": None, "judged": "balance kept"}]
+    assert "adapt    rank 0: injected nothing; plan switched 2 time(s) (1 probe(s) that gave " \
+           "a worker work back and were kept; 1 trial(s) undone by the switch after)" in \
+        summary_lines([[c, d, e, f]])
 
 
 def test_unmatched_calls_are_not_split_and_say_so():

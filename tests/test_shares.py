@@ -219,3 +219,28 @@ def test_a_balancing_switch_that_does_not_shorten_the_slowest_time_is_undone():
     assert all(stuck.decide([50.0, 25.0], e, [0.01, 0.02]) is None for e in range(11, 16))
     helped = run([0.0135, 0.0135])  # as predicted: kept
     assert helped.shares == pytest.approx([2 / 3, 1 / 3], abs=0.01) and helped.balance_wait == 0
+
+
+def test_an_undone_trial_restores_the_first_split_itself():
+    """Without --shares the first split is setup's (even rows, --column-split's
+    columns), not equal shares' proportional one: going back to the first shares
+    replans with None, which splits as setup does."""
+    calls = []
+
+    class Strategy:
+        def replan(self, model, plan, shares):
+            calls.append(shares)
+
+    balancer = ShareBalancer(Strategy(), FakePlan(), lambda e: None)
+    plan = type("P", (), {"comm": FakePlan.comm, "row_counts": [5, 5]})()
+    for target in ([0.7, 0.3], [0.5, 0.5]):
+        balancer.measure = lambda *a: (None, None)
+        balancer.decide = lambda *a, t=target: balancer._switch(t)
+        balancer.between_epochs(None, plan, 3, None)
+    assert calls == [[0.7, 0.3], None]
+    given = type("G", (FakePlan,), {"shares": (1.0, 1.0)})()  # --shares 1,1: kept as such
+    again = ShareBalancer(Strategy(), given, lambda e: None)
+    again.measure = lambda *a: (None, None)
+    again.decide = lambda *a: again._switch([0.5, 0.5])
+    again.between_epochs(None, plan, 3, None)
+    assert calls[-1] == [0.5, 0.5]

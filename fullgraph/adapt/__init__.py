@@ -50,9 +50,16 @@ def check_general(cfg: Any, world: int) -> None:
         raise ConfigError(UNUSED_CACHE_BUDGET)
     if opts.inject:
         try:
-            check_world(parse(opts.inject), world, cfg.train.epochs)
+            specs = parse(opts.inject)
+            check_world(specs, world, cfg.train.epochs)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
+        long = [s for s in specs if s.seconds is not None and s.seconds >= cfg.launch.timeout_s]
+        if long and world > 1:
+            raise ConfigError(f"--inject {long[0].kind}: s={long[0].seconds:g} is at least "
+                              f"--timeout ({cfg.launch.timeout_s:g} s): the other workers "
+                              "would stop, taking the slowed one for hung; give a shorter "
+                              "sleep or a longer --timeout")
 
 
 def check_local_launch(cfg: Any) -> None:

@@ -141,6 +141,10 @@ def _parse_item(kind: str, rest: str, item: str) -> InjectSpec:
     return spec
 
 
+MAX_LOAD = 64
+"""The most busy processes a ``cpu`` slowdown starts per worker."""
+
+
 def _check(spec: InjectSpec, item: str) -> None:
     problems = []
     if not 0.0 <= spec.p <= 1.0:
@@ -151,6 +155,10 @@ def _check(spec: InjectSpec, item: str) -> None:
         problems.append(f"n={spec.epochs} must be >= 1")
     if spec.load < 1:
         problems.append(f"load={spec.load} must be >= 1")
+    elif spec.load > MAX_LOAD:
+        problems.append(f"load={spec.load} would start that many busy processes; at most "
+                        f"{MAX_LOAD} (a load of L leaves the worker about 1 / (L + 1) of "
+                        "its core)")
     if spec.ranks is not None and min(spec.ranks) < 0:
         problems.append(f"ranks={'+'.join(map(str, spec.ranks))} must be >= 0")
     if spec.kind == "net" and spec.rate is None and spec.delay is None:

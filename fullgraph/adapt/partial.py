@@ -156,7 +156,9 @@ class PartialReduce(Adapter):
     def header(self) -> list[str]:
         late = ("a left-out worker's latest gradient (up to K epochs old) reused, else "
                 "BFS-weighted" if self.reuse else "BFS-weighted")
-        return [f"partial  adjust+partial (approximate): halo rows up to K={self.staleness} "
+        kind = "approximate" if self.staleness > 1 else \
+            "exact with K=1: every epoch is synchronised"
+        return [f"partial  adjust+partial ({kind}): halo rows up to K={self.staleness} "
                 f"epochs old past a per-stage deadline of (1 + {self.slack}) x its warm-up "
                 f"time; gradients summed over the ready majority, {late}; every worker "
                 f"synchronised on the first {self.warmup} epochs, then every {self.staleness} "

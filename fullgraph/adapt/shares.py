@@ -131,6 +131,7 @@ class ShareBalancer(Adapter):
         self.strategy, self.note, self.speeds_for = strategy, note, speeds_for
         world = plan.comm.world_size
         given = plan.shares if plan.shares is not None else (1.0,) * world
+        self.unset = plan.shares is None  # the first split is setup's, not shares'
         self.shares = [w / sum(given) for w in given]
         self.min_share = floor_share(world)
         self.first = list(self.shares)
@@ -274,8 +275,9 @@ class ShareBalancer(Adapter):
         judged = self.trial["kind"] if self.trial is not None else None
         speeds, seconds = self.measure(model, plan, profile)
         target = self.decide(speeds, epoch, seconds)
-        if target is not None:
-            self.strategy.replan(model, plan, target)
+        if target is not None:  # back to the first shares: to the first split itself
+            self.strategy.replan(model, plan, None if self.unset and target == self.first
+                                 else target)
         self.note({"kind": "shares", "shares": list(self.shares), "speeds": self.smooth,
                    "rows": list(plan.row_counts), "switched": target is not None,
                    "trial": self.trial["kind"] if self.trial is not None else None,

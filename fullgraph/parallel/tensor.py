@@ -195,8 +195,8 @@ class TensorParallel(DistributedStrategy[ColumnPlan]):
                 return None
             shares = parse_shares(self.shares)
             if len(shares) != world:
-                raise ValueError(f"tensor_parallel.shares {self.shares!r} gives {len(shares)} "
-                                 f"shares for {world} workers")
+                raise ValueError(f"tensor_parallel.shares: {self.shares!r} gives "
+                                 f"{len(shares)} shares for {world} workers")
             return shares
 
     options: Options
@@ -320,8 +320,8 @@ class TensorParallel(DistributedStrategy[ColumnPlan]):
         if plan.account is not None and rows_device == plan.device:
             count_resident(program, plan, dtype)
 
-    def replan(self, program: StageProgram, plan: ColumnPlan, shares: Sequence[float],
-               *, row_counts: Sequence[int] | None = None,
+    def replan(self, program: StageProgram, plan: ColumnPlan,
+               shares: Sequence[float] | None, *, row_counts: Sequence[int] | None = None,
                col_counts: Mapping[int, Sequence[int]] | None = None) -> None:
         """Split rows and columns anew between epochs (collective: every worker calls it
         with the same arguments). Exact: only where rows and columns are computed
@@ -331,16 +331,18 @@ class TensorParallel(DistributedStrategy[ColumnPlan]):
             program: the stage program.
             plan: this worker's plan (from ``setup``).
             shares: relative speeds, one per worker; rows (at least one each) and every
-                propagation's columns are split in proportion.
+                propagation's columns are split in proportion; None: split as ``setup``
+                does without ``--shares`` (even rows, ``--column-split`` columns).
             row_counts: given row counts instead (summing to the vertex count).
             col_counts: given column counts for some P-stage widths (summing to it).
         """
         world, n = plan.comm.world_size, plan.graph.num_dst
-        if len(shares) != world:
+        if shares is not None and len(shares) != world:
             raise ValueError(f"replan: {len(shares)} shares for {world} workers")
-        shares = tuple(float(w) for w in shares)
-        rows = share_counts(n, shares, minimum=1) if row_counts is None \
-            else check_counts(row_counts, n, world, "replan row_counts")
+        shares = None if shares is None else tuple(float(w) for w in shares)
+        rows = check_counts(row_counts, n, world, "replan row_counts") if row_counts \
+            is not None else even_counts(n, world) if shares is None \
+            else share_counts(n, shares, minimum=1)
         cols = {int(d): check_counts(c, int(d), world, f"replan col_counts[{d}]")
                 for d, c in (col_counts or {}).items()}
         if plan.source.row_ids is not None and list(rows) != plan.row_counts:
