@@ -244,3 +244,20 @@ def test_an_undone_trial_restores_the_first_split_itself():
     again.decide = lambda *a: again._switch([0.5, 0.5])
     again.between_epochs(None, plan, 3, None)
     assert calls[-1] == [0.5, 0.5]
+
+
+def test_a_balancing_switch_kept_by_a_slowdown_that_ended_is_undone():
+    """Rank 1 was slow (speeds 2:1); its slowdown ends in the epoch the switch takes
+    work from it: the slowest time falls, but rank 1 took far less than its smaller
+    share predicts, so the fall is not the switch's and the shares go back."""
+    balancer = ShareBalancer(Recorder(), FakePlan(), lambda e: None)
+    balancer.decide([1.0, 1.0], 1, [0.01, 0.01])  # warm-up
+    out = None
+    for e in range(2, 2 + WINDOW):
+        out = balancer.decide([0.5 / 0.01, 0.5 / 0.02], e, [0.01, 0.02])
+        if out is not None:
+            break
+    assert out == pytest.approx([2 / 3, 1 / 3], abs=0.01)
+    # predicted for rank 1: 0.02 x (1/3) / (1/2) = 0.0133; it took 0.004 (recovered)
+    assert balancer.decide([0.67 / 0.0135, 0.33 / 0.004], 10, [0.0135, 0.004]) == \
+        pytest.approx([0.5, 0.5])

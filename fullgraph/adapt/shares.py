@@ -241,7 +241,11 @@ class ShareBalancer(Adapter):
           than the ``ELASTIC`` power of the share's growth): it is still slow;
         - a balancing switch is undone where the slowest time did not fall by half of
           what shares in proportion to the measured speeds predicted: the speeds were
-          not what limits the epoch (a fixed cost of one worker, noise).
+          not what limits the epoch (a fixed cost of one worker, noise); and where a
+          worker that lost work took less than half the time its new share predicts:
+          it got faster (its slowdown ended with the switch), so the speeds the
+          switch followed are gone, and the fall of the slowest time is not the
+          switch's.
 
         An undone trial doubles the wait before the next of its kind; a kept one
         measures afresh from this epoch."""
@@ -257,7 +261,9 @@ class ShareBalancer(Adapter):
             predicted = max(t * new / max(old, 1e-12)
                             for t, new, old in zip(times, self.shares, before))
             gain = max(0.0, 1 - predicted / max(times))
-            undo = max(seconds) > max(times) * (1 - gain / 2)
+            recovered = any(took < t * new / max(old, 1e-12) / 2 for took, t, new, old
+                            in zip(seconds, times, self.shares, before) if new < old)
+            undo = max(seconds) > max(times) * (1 - gain / 2) or recovered
         wait = "probe_wait" if trial["kind"] == "probe" else "balance_wait"
         if undo:
             setattr(self, wait, max(WINDOW, 2 * getattr(self, wait)))
