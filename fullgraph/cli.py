@@ -552,8 +552,13 @@ def cmd_train(args: argparse.Namespace) -> int:
                                  "torchrun run `fullgraph plan` and pass its strategy")
         from fullgraph.graph import datasets
         from fullgraph.planner import resolve_config
+        from fullgraph.train import check_any_strategy
 
-        cfg, flags = resolve_config(cfg, datasets.load_for(cfg.data))
+        dataset = datasets.load_for(cfg.data)
+        if cfg.launch.workers > 1:  # what train would refuse of any strategy, before probing
+            launch.check_workers(cfg.launch.workers, cfg.launch.oversubscribe)
+        check_any_strategy(cfg, dataset, cfg.launch.workers)
+        cfg, flags = resolve_config(cfg, dataset)
         if cfg.train.log_level in ("debug", "info"):  # --quiet: warnings and errors only
             print(f"strategy auto: {' '.join(flags)} (see `fullgraph plan`)", file=sys.stderr)
         args.argv = [*args.argv, *flags]
@@ -906,13 +911,19 @@ COMMANDS["check"] = cmd_check
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    from fullgraph import launch
     from fullgraph.graph import datasets
     from fullgraph.plan_measure import rss_bytes
     from fullgraph.planner import plan_run, table_lines
+    from fullgraph.train import check_any_strategy
 
     # a config file's options that plan does not take (as flags) are ignored, as documented
     cfg, base = _config_at_log_level(args, ignored=exactness.NOT_TAKEN), rss_bytes()
     dataset = datasets.load_for(cfg.data)
+    if dataset.shard is None:  # what train would refuse of any strategy, before probing
+        if cfg.launch.workers > 1:
+            launch.check_workers(cfg.launch.workers, cfg.launch.oversubscribe)
+        check_any_strategy(cfg, dataset, cfg.launch.workers)
     if dataset.shard is not None:
         print(f"fullgraph plan: {cfg.data.dataset} is per-part shards: they train on "
               f"--workers {dataset.shard.parts} (--strategy data, p2p, tensor or task), each "

@@ -161,6 +161,45 @@ class PlanRates:
     worker_bytes: int = 0
 
 
+@dataclass(frozen=True)
+class Features:
+    """How a run holds the input features: ``dim`` columns, dense, or CSR with
+    ``density`` of the entries non-zero (``sparse``: held so and read so by the first
+    layer, whose dropout output is CSR too and whose product is sparse x dense)."""
+
+    dim: int
+    density: float = 1.0
+    sparse: bool = False
+
+    def row_bytes(self, itemsize: int) -> float:
+        """Bytes of one row as held: values and column ids of its non-zeros and its
+        offset where sparse."""
+        if not self.sparse:
+            return float(self.dim * itemsize)
+        return self.density * self.dim * (itemsize + INDEX) + INDEX
+
+    def rows_bytes(self, rows: int, itemsize: int) -> int:
+        return int(rows * self.row_bytes(itemsize))
+
+
+def as_features(feat: int | Features) -> Features:
+    """A column count as dense features; ``Features`` as they are."""
+    return feat if isinstance(feat, Features) else Features(int(feat))
+
+
+def _first_layer(f: Features, s: int, stage: Any, rows: int, itemsize: int) -> tuple[int, int]:
+    """(intermediate bytes, GEMM flops) of T stage ``s`` over ``rows`` rows, with the
+    first two stages (the features' dropout, the first product) priced on the
+    non-zeros where the features are sparse."""
+    inter = rows * int(stage.out_dim) * itemsize
+    flops = _gemm_flops(stage, rows)
+    if f.sparse and s == 0:
+        inter = f.rows_bytes(rows, itemsize)
+    if f.sparse and s == 1:
+        flops = int(flops * f.density)
+    return inter, flops
+
+
 def _mem(**values: int) -> dict[str, int]:
     return {c: int(values.get(c, 0)) for c in CATEGORIES}
 
@@ -181,11 +220,12 @@ def _gemm_flops(stage: Any, rows: int) -> int:
 
 
 def data_cost(program: StageProgram, graph: Graph, rows: RowPlan, world: int,
-              feat_dim: int, itemsize: int = 4, served: Sequence[int] | None = None
-              ) -> RankCost:
+              feat_dim: int | Features, itemsize: int = 4,
+              served: Sequence[int] | None = None) -> RankCost:
     """One data-parallel worker (any dependency mode) from its ``RowPlan``; ``served``:
     per stage, how many of its rows the other workers fetch (``served_rows``), whose
     gradients it receives in the backward pass (default: as many as it fetches)."""
+    f = as_features(feat_dim)
     owned = rows.owned.numel()
     topo = inter = halo = flops = moved = rounds = 0
     aggs: list[tuple[int, int]] = []
@@ -193,11 +233,12 @@ def data_cost(program: StageProgram, graph: Graph, rows: RowPlan, world: int,
         width = int(stage.out_dim)
         if info.is_edge:
             width = 0  # its coefficients are counted per edge below
-        inter += rows.rows[s].numel() * width * itemsize
         block = rows.blocks[s]
         if block is None:
-            flops += _gemm_flops(stage, rows.rows[s].numel())
+            bytes_, gemm = _first_layer(f, s, stage, rows.rows[s].numel(), itemsize)
+            inter, flops = inter + bytes_, flops + gemm
             continue
+        inter += rows.rows[s].numel() * width * itemsize
         edges = block.graph.num_edges
         topo += (block.graph.num_dst + 1 + 2 * edges) * INDEX + edges * itemsize
         aggs.append((edges, int(stage.in_dim)))
@@ -209,9 +250,9 @@ def data_cost(program: StageProgram, graph: Graph, rows: RowPlan, world: int,
             back = fetched if served is None else served[s]  # the gradients of its rows
             moved += ((AGG_PASSES - 1) * fetched + back) * int(stage.in_dim) * itemsize
             rounds += AGG_PASSES
-    replicas = (rows.input_rows.numel() - owned) * feat_dim * itemsize + halo
+    replicas = f.rows_bytes(rows.input_rows.numel() - owned, itemsize) + halo
     moved += _grad_sync(program, world)
-    return RankCost(_mem(topology=topo, features=owned * feat_dim * itemsize,
+    return RankCost(_mem(topology=topo, features=f.rows_bytes(owned, itemsize),
                          params=param_bytes(program), intermediate=inter, replicas=replicas),
                     bytes_moved=moved, aggregations=tuple(aggs), flops=flops,
                     rounds=rounds + (BASE_ROUNDS if world > 1 else 0))
@@ -266,16 +307,18 @@ def _whole_topology(graph: Graph, itemsize: int, norms: int) -> int:
     return 2 * (graph.num_dst + 1 + graph.num_edges) * INDEX + norms * graph.num_edges * itemsize
 
 
-def tensor_cost(program: StageProgram, graph: Graph, rank: int, world: int, feat_dim: int,
-                chunks: int | None = None, itemsize: int = 4) -> RankCost:
+def tensor_cost(program: StageProgram, graph: Graph, rank: int, world: int,
+                feat_dim: int | Features, chunks: int | None = None,
+                itemsize: int = 4) -> RankCost:
     """One tensor-parallel worker: rows for T stages, a column slice of every vertex
     for P stages, the whole topology (in host memory when chunked)."""
+    f = as_features(feat_dim)
     n, rows = graph.num_dst, even_counts(graph.num_dst, world)[rank]
     topo = _whole_topology(graph, itemsize, max(1, len(program.norms)))
     inter = flops = moved = rounds = 0
     aggs: list[tuple[int, int]] = []
     on_rows = True
-    for info, stage in zip(describe(program), program.stages):
+    for s, (info, stage) in enumerate(zip(describe(program), program.stages)):
         d_in, cols = int(stage.in_dim), column_slice(int(stage.in_dim), world)
         if info.is_propagate:
             if on_rows:  # split: my rows' other columns out, my columns of others' rows in
@@ -294,10 +337,10 @@ def tensor_cost(program: StageProgram, graph: Graph, rank: int, world: int, feat
             aggs.append((graph.num_edges, max(1, d_in // world)))
             rounds += 2 * AGG_PASSES
             continue
-        inter += rows * int(stage.out_dim) * itemsize
-        flops += _gemm_flops(stage, rows)
+        bytes_, gemm = _first_layer(f, s, stage, rows, itemsize)
+        inter, flops = inter + bytes_, flops + gemm
     moved += _grad_sync(program, world)
-    return RankCost(_mem(topology=topo, features=rows * feat_dim * itemsize,
+    return RankCost(_mem(topology=topo, features=f.rows_bytes(rows, itemsize),
                          params=param_bytes(program), intermediate=inter),
                     host_only=topo if chunks else 0, bytes_moved=moved,
                     aggregations=tuple(aggs), flops=flops,
@@ -309,9 +352,10 @@ def column_slice(dim: int, world: int) -> int:
     return dim // world + dim % world if dim >= world else dim
 
 
-def task_costs(program: StageProgram, graph: Graph, world: int, feat_dim: int,
+def task_costs(program: StageProgram, graph: Graph, world: int, feat_dim: int | Features,
                split: taskmodel.TaskSplit, itemsize: int = 4) -> list[RankCost]:
     """Every worker of task parallelism: the T group on rows, the P group on columns."""
+    f = as_features(feat_dim)
     n, out = graph.num_dst, []
     for rank in range(world):
         on_t = rank < split.num_t
@@ -319,7 +363,7 @@ def task_costs(program: StageProgram, graph: Graph, world: int, feat_dim: int,
         rows = even_counts(n, split.num_t)[rank] if on_t else 0
         inter = flops = moved = rounds = 0
         aggs: list[tuple[int, int]] = []
-        for info, stage in zip(describe(program), program.stages):
+        for s, (info, stage) in enumerate(zip(describe(program), program.stages)):
             d_in = int(stage.in_dim)
             if info.is_propagate and not on_t:
                 cols = even_counts(d_in, group)[rank - split.num_t]
@@ -328,15 +372,15 @@ def task_costs(program: StageProgram, graph: Graph, world: int, feat_dim: int,
                 moved += AGG_PASSES * n * cols * itemsize
                 rounds += AGG_PASSES
             elif not info.is_propagate and on_t:
-                inter += rows * int(stage.out_dim) * itemsize
-                flops += _gemm_flops(stage, rows)
+                bytes_, gemm = _first_layer(f, s, stage, rows, itemsize)
+                inter, flops = inter + bytes_, flops + gemm
                 if info.is_edge:
                     aggs.append((graph.num_edges, max(1, d_in // group)))
             elif info.is_propagate:  # the T rank sends its rows and gets them back
                 moved += AGG_PASSES * rows * d_in * itemsize
                 rounds += AGG_PASSES
         topo = 0 if on_t else _whole_topology(graph, itemsize, max(1, len(program.norms)))
-        out.append(RankCost(_mem(topology=topo, features=rows * feat_dim * itemsize,
+        out.append(RankCost(_mem(topology=topo, features=f.rows_bytes(rows, itemsize),
                                  params=param_bytes(program), intermediate=inter),
                             bytes_moved=moved + _grad_sync(program, world),
                             aggregations=tuple(aggs), flops=flops,

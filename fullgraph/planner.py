@@ -22,12 +22,12 @@ from fullgraph import plan as P
 from fullgraph.comm.placement import even_counts
 from fullgraph.errors import ConfigError
 from fullgraph.graph.data import Dataset
-from fullgraph.graph.sparse import nbytes
+from fullgraph.graph.sparse import density, is_sparse, nbytes
 from fullgraph.launch import threads_per_worker
 from fullgraph.memory import available_ram, parse_bytes
 from fullgraph.models import build_model
 from fullgraph.models.stages import StageProgram, propagation_inputs
-from fullgraph.models.walk import describe
+from fullgraph.models.walk import describe, reads_sparse
 from fullgraph.parallel import costmodel, taskmodel
 from fullgraph.partition import PartitionBook, partition
 from fullgraph.plan_measure import (
@@ -106,10 +106,20 @@ def price(cfg: Any, dataset: Dataset, rates: P.PlanRates,
     out = []
     for cand in candidates(workers):
         costs, split = _costs(cfg, cand, program, graph, book, rates,
-                              dataset.data.num_features)
+                              features_of(dataset, program))
         timed = (per_candidate or {}).get(cand.label, rates)
         out.append(Estimate(cand, costs, P.epoch_seconds(cand.label, costs, timed, split)))
     return out
+
+
+def features_of(dataset: Dataset, program: StageProgram) -> P.Features:
+    """How the run will hold ``dataset``'s features for ``program``: CSR where they are
+    stored sparse (``--sparse-features``) and the model's first layer reads them so
+    (``reads_sparse``), else dense."""
+    x = dataset.data.features
+    if is_sparse(x) and reads_sparse(program):
+        return P.Features(int(x.shape[1]), density(x), True)
+    return P.Features(int(x.shape[1]))
 
 
 def candidates(workers: int) -> list[P.Candidate]:
@@ -267,7 +277,7 @@ def _calibrate(cfg: Any, dataset: Dataset, rates: P.PlanRates,
     one = PartitionBook.from_assignment(torch.zeros(graph.num_dst, dtype=torch.int64), 1)
     single = P.data_cost(program, graph, P.data_rows(program, graph, one, 0, "depcomm",
                                                      costmodel.Rates(1.0, 1.0, 1.0)),
-                         1, dataset.data.num_features)
+                         1, features_of(dataset, program))
     predicted = P.graph_seconds(single, rates)
     if 4 * len(cands) * predicted * rates.slowdown > CALIBRATE_MAX_S or \
             rss_bytes() + len(cands) * single.total > available_ram() // 2:
@@ -306,7 +316,7 @@ def _timed(fn: Any, arg: Any) -> float:
 
 def _costs(cfg: Any, cand: P.Candidate, program: StageProgram, graph: Any,
            book: PartitionBook, rates: P.PlanRates,
-           feat: int) -> tuple[list[P.RankCost], taskmodel.TaskSplit | None]:
+           feat: int | P.Features) -> tuple[list[P.RankCost], taskmodel.TaskSplit | None]:
     """Every worker's costs under ``cand`` (and task parallelism's split)."""
     workers = book.num_parts
     if cand.strategy in ("data", "p2p", "single"):
@@ -451,8 +461,9 @@ def table_lines(result: PlanResult) -> list[str]:
     lines.append(f"rates: edge x column {r.edge:.3g} s (at least {r.edge_min:.3g} s per edge), "
                  f"GEMM flop {r.flop:.3g} s, byte "
                  f"{r.byte:.3g} s, round {r.latency:.3g} s, cores shared x{r.slowdown:.2f}, "
-                 f"graph work x{r.calibration:.2f} (median over the strategies; one epoch "
-                 "of each measured here)")
+                 f"graph work x{r.calibration:.2f} " + (
+                     "(median over the strategies; one epoch of each measured here)"
+                     if r.calibration != 1.0 else "(not calibrated: the counts as they are)"))
     lines += explain(result)
     return lines
 

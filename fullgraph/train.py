@@ -277,6 +277,32 @@ def check_patience(cfg: Config, dataset: Dataset) -> None:
                           "--patience, or give the data a validation set")
 
 
+def check_any_strategy(cfg: Config, dataset: Dataset, workers: int) -> None:
+    """Find the user errors that a ``workers``-worker run of any strategy would hit
+    (for ``fullgraph plan`` and ``--strategy auto``, before they measure anything): the
+    device and backend, ``--adapt``'s and ``--inject``'s options as any strategy reads
+    them, more workers than vertices, and what the local launcher's workers cannot
+    honour (``workers`` > 1 is such a launch).
+
+    Raises:
+        ConfigError: naming the option.
+    """
+    from fullgraph.adapt import check_general
+
+    check_device(cfg.train.device)
+    if cfg.launch.backend == "nccl" and not cfg.train.on_gpu:
+        raise ConfigError(f"launch.backend: 'nccl' needs CUDA devices, and the run is on "
+                          f"{'the CPU' if cfg.train.device != 'auto' else 'the CPU (auto)'}; "
+                          "use --backend gloo, or --device cuda")
+    check_general(cfg, workers)
+    nodes = dataset.graph.num_nodes
+    if workers > nodes:
+        raise ConfigError(f"{workers} workers for a graph of {nodes} vertices: every strategy "
+                          f"splits the vertices or their work; use at most {nodes} workers")
+    if workers > 1:  # (the local launcher's workers: under torchrun nothing is launched)
+        check_local_launch(cfg)
+
+
 def check_before_launch(cfg: Config, dataset: Dataset, workers: int) -> None:
     """Find the user errors a ``workers``-worker run would hit, before starting any.
 
@@ -292,14 +318,8 @@ def check_before_launch(cfg: Config, dataset: Dataset, workers: int) -> None:
             another number of parts than there are workers.
         DataError: the partition file is unreadable or for another graph.
     """
-    check_device(cfg.train.device)
-    if cfg.launch.backend == "nccl" and not cfg.train.on_gpu:
-        raise ConfigError(f"launch.backend: 'nccl' needs CUDA devices, and the run is on "
-                          f"{'the CPU' if cfg.train.device != 'auto' else 'the CPU (auto)'}; "
-                          "use --backend gloo, or --device cuda")
+    check_any_strategy(cfg, dataset, workers)
     check_adapt_options(cfg, workers)
-    if workers > 1:  # (the local launcher's workers: under torchrun nothing is launched)
-        check_local_launch(cfg)
     check_patience(cfg, dataset)
     shards.check_use(dataset, cfg.runtime.strategy, workers)
     program = build(dataset, cfg)

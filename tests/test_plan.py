@@ -577,3 +577,58 @@ def test_the_runner_up_named_is_another_run_not_the_same_one():
                  estimate("data/hybrid", 1e-3, kept="depcache")]
     result = planner.PlanResult(estimates, best, RATES, 0, 1 << 30, None, 2)
     assert "(data/depcomm next at 3.0 ms)" in planner.explain(result)[1]
+
+
+def test_sparse_features_are_priced_as_the_run_holds_them():
+    """Bag-of-words features held as CSR, read so by GCN's first layer: the features,
+    the dropout's output and the first product are priced on the non-zeros (they were
+    priced dense: 243.9 MiB of features per worker on Coauthor CS, against 1.9 MB)."""
+    from fullgraph.graph.data import Dataset, VertexData
+    from fullgraph.graph.sparse import nbytes
+    from fullgraph.parallel.taskmodel import TaskSplit
+
+    program, graph, book = gcn()
+    dense = torch.zeros(6, F)
+    dense[torch.arange(6), torch.arange(6) % F] = 1.0  # one non-zero per row
+    masks = torch.ones(6, dtype=torch.bool)
+    data = VertexData(dense.to_sparse_csr(), torch.arange(6) % C, masks, masks, masks, C)
+    sparse = planner.features_of(Dataset("bow", graph, data), program)
+    assert sparse.sparse and sparse.density == pytest.approx(1 / F)
+    rows = P.data_rows(program, graph, book, 0, "depcomm")
+    held, flat = P.data_cost(program, graph, rows, 2, sparse), P.data_cost(program, graph,
+                                                                           rows, 2, F)
+    assert held.memory["features"] == pytest.approx(nbytes(dense[:3].to_sparse_csr()), rel=0.3)
+    assert flat.memory["features"] == 3 * F * 4
+    first = 2 * 3 * F * H  # the first product's flops over 3 dense rows
+    assert flat.flops - held.flops == pytest.approx(first * (1 - 1 / F))
+    tensor = P.tensor_cost(program, graph, 0, 2, sparse)
+    assert tensor.memory["features"] == held.memory["features"]
+    task = P.task_costs(program, graph, 3, sparse, TaskSplit(1, 2))[0]  # the T rank: all rows
+    assert task.memory["features"] == pytest.approx(2 * held.memory["features"], rel=0.01)
+
+
+def test_plan_and_auto_refuse_what_train_would_before_probing(tmp_path, capsys, monkeypatch):
+    """More workers than vertices, more per core than train starts, a device this torch
+    lacks: one line and exit 2 before a probe starts (they probed for 69-97 s and then
+    failed in an internal message, or recommended a command train refuses)."""
+    from fullgraph import plan_probe
+    from fullgraph.graph import store
+    from fullgraph.graph.synthetic import sbm
+
+    monkeypatch.setattr(plan_probe, "probe", lambda *a, **k: pytest.fail("probed"))
+    monkeypatch.setattr(planner, "probe", lambda *a, **k: pytest.fail("probed"))
+    store.save_dataset(sbm(6, 2, avg_degree=2.0, num_features=3, seed=0), tmp_path / "six")
+    for argv in (["plan", "--dataset", str(tmp_path / "six"), "--workers", "8"],
+                 ["train", "--dataset", str(tmp_path / "six"), "--workers", "8",
+                  "--strategy", "auto", "--oversubscribe"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert "8 workers for a graph of 6 vertices" in err and "Traceback" not in err
+    import os
+
+    many = 4 * (os.cpu_count() or 1) + 1
+    assert main(["plan", "--workers", str(many)]) == 2
+    assert "--oversubscribe to start them anyway" in capsys.readouterr().err
+    if not torch.cuda.is_available():
+        assert main(["plan", "--device", "cuda", "--workers", "2"]) == 2
+        assert "this torch build has no CUDA" in capsys.readouterr().err
