@@ -128,6 +128,11 @@ def link_seconds(comm: Any, nbytes: int = LINK_BYTES, trips: int = 5) -> float:
     return float(max(all_gather_object(per_byte, comm, "probe")))
 
 
+PROBE_TIMEOUT_S = 120.0
+"""The most ``--timeout`` the probe's workers get: their work (a ring of a few vertices
+per worker) takes seconds, start-up included."""
+
+
 def main(argv: list[str]) -> int:
     from fullgraph import launch
     from fullgraph.comm.group import destroy_comm, init_comm
@@ -147,9 +152,12 @@ def main(argv: list[str]) -> int:
         comm = init_comm(backend=backend, timeout_s=cfg.launch.timeout_s, device=device)
         status.watch(comm.counter)
         try:
+            status.set_phase(f"the probe's epochs of {', '.join(labels)}")
             times, peak = measure(cfg, labels, spec["features"], spec["classes"], comm)
+            status.set_phase("the probe's shared workload")
             barrier(comm, "probe")  # every worker at once
             concurrent = max(all_gather_object(workload_seconds(), comm, "probe"))
+            status.set_phase("the probe's link timing")
             per_byte = link_seconds(comm)
         finally:
             destroy_comm(comm)
@@ -193,13 +201,17 @@ def probe(cfg: Any, labels: list[str], features: int, classes: int) -> Probe:
     from fullgraph import launch
     from fullgraph.models.custom import for_workers
 
+    # its work takes seconds: a hung worker is given up on sooner than a run's would be
+    timeout = min(cfg.launch.timeout_s, PROBE_TIMEOUT_S)
+    tree = cfg.to_dict()
+    tree["launch"]["timeout_s"] = timeout
     with tempfile.TemporaryDirectory(prefix="fullgraph-plan-probe-") as tmp, \
             launch.environment(for_workers(cfg.model.name)):  # the model's module, as here
         out, spec = Path(tmp) / "times.json", Path(tmp) / "config.json"
-        spec.write_text(json.dumps({"config": cfg.to_dict(), "features": features,
+        spec.write_text(json.dumps({"config": tree, "features": features,
                                     "classes": classes}))
         code = launch.launch_local([str(out), str(spec), *labels], cfg.launch.workers,
-                                   timeout_s=cfg.launch.timeout_s, run_dir=None,
+                                   timeout_s=timeout, run_dir=None,
                                    threads=cfg.runtime.threads,
                                    module="fullgraph.plan_probe")
         if code != 0 or not out.exists():

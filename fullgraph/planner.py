@@ -154,9 +154,8 @@ def budget_chunks(cfg: Any, cand: P.Candidate, program: StageProgram, graph: Any
 def refusals(cfg: Any, dataset: Dataset) -> dict[str, str]:
     """Per candidate whose strategy refuses this model, graph or worker count before a
     launch (``Strategy.check_launch``: p2p and batch normalisation, say), or, tensor
-    parallelism, a ``--device-memory`` that cannot hold one vertex, its reason (the
-    message's first clause), or that does not take the run's ``--adapt``. The planner
-    neither runs nor recommends them."""
+    parallelism, a ``--device-memory`` that cannot hold one vertex, its reason, or that
+    does not take the run's ``--adapt``. The planner neither runs nor recommends them."""
     from fullgraph.adapt import check_strategy
     from fullgraph.parallel import build_strategy
 
@@ -177,7 +176,7 @@ def refusals(cfg: Any, dataset: Dataset) -> dict[str, str]:
             if cand.strategy == "tensor" and graph is not None:
                 budget_chunks(cfg, cand, program, graph, workers)
         except ValueError as err:
-            out[cand.label] = str(err).split(": ")[0]
+            out[cand.label] = str(err)
     return out
 
 
@@ -367,6 +366,12 @@ def plan_run(cfg: Any, dataset: Dataset, *, base_rss: int | None = None,
                                 cfg.runtime.spmm_backend)
     per_candidate = None
     refused = refusals(cfg, dataset)
+    if len(refused) == len(candidates(workers)):  # options no strategy takes: not memory
+        reasons: dict[str, list[str]] = {}
+        for label, why in refused.items():
+            reasons.setdefault(why, []).append(label)
+        raise ConfigError("no strategy can run these options: " + "; ".join(
+            f"{', '.join(labels)}: {why}" for why, labels in reasons.items()))
     if overheads:
         rates, per_candidate = measured_rates(cfg, dataset, rates, frozenset(refused))
     estimates = price(cfg, dataset, rates, per_candidate)

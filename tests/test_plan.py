@@ -632,3 +632,15 @@ def test_plan_and_auto_refuse_what_train_would_before_probing(tmp_path, capsys, 
     if not torch.cuda.is_available():
         assert main(["plan", "--device", "cuda", "--workers", "2"]) == 2
         assert "this torch build has no CUDA" in capsys.readouterr().err
+
+
+def test_options_no_strategy_takes_are_one_error_not_a_memory_advice(capsys, monkeypatch):
+    """Every candidate refused by the options: one error with each one's whole reason,
+    before probing (it said every strategy needed more memory, and exited 0)."""
+    monkeypatch.setattr(planner, "probe", lambda *a, **k: pytest.fail("probed"))
+    assert main(["plan", "--workers", "2", "--model", "gin", "--batch-norm", "--adapt",
+                 "adjust+partial"]) == 2
+    err = capsys.readouterr().err
+    assert "no strategy can run these options: data/depcomm, data/depcache, data/hybrid: " \
+           "--adapt adjust+partial: batch normalisation sums" in err
+    assert "memory" not in err
