@@ -55,6 +55,8 @@ class Estimate:
     why_not: str = ""
     kept: str = ""
     """Hybrid: the mode its setup trial is predicted to keep (``_price_the_trial``)."""
+    refused: bool = False
+    """The strategy refuses the run (``refusals``): never probed, its time not shown."""
 
     @property
     def peak(self) -> P.RankCost:
@@ -389,7 +391,7 @@ def plan_run(cfg: Any, dataset: Dataset, *, base_rss: int | None = None,
             _mark_fit(hybrid, process, ram, limit)
     for e in estimates:
         if e.candidate.label in refused:
-            e.fits, e.why_not = False, refused[e.candidate.label]
+            e.fits, e.why_not, e.refused = False, refused[e.candidate.label], True
     fitting = [e for e in estimates if e.fits] or \
         [e for e in estimates if e.candidate.label not in refused] or estimates
     best = min(fitting, key=lambda e: e.seconds)
@@ -461,7 +463,8 @@ def table_lines(result: PlanResult) -> list[str]:
         lines.append(f"{e.candidate.label:<14}" + "".join(f"{_fmt(peak.memory[c]):>13}"
                                                         for c in P.CATEGORIES)
                      + f"{_fmt(peak.total):>11}{_fmt(e.bytes_moved):>13}"
-                     f"{e.seconds * 1e3:>8.1f}ms  {mark}")
+                     + (f"{'-':>10}" if e.refused else f"{e.seconds * 1e3:>8.1f}ms")
+                     + f"  {mark}")
     r = result.rates
     lines.append(f"rates: edge x column {r.edge:.3g} s (at least {r.edge_min:.3g} s per edge), "
                  f"GEMM flop {r.flop:.3g} s, byte "
@@ -488,8 +491,10 @@ def explain(result: PlanResult) -> list[str]:
         return [f"recommended: {best.candidate.label} "
                 f"({' '.join(candidate_flags(best.candidate, budget))}), the fastest, but "
                 "nothing fits",
-                "why: every strategy needs more memory than there is (see NO above): use more "
-                "workers, a smaller model, or --device-memory with tensor parallelism"]
+                "why: every strategy needs more memory than there is (see NO above): use a "
+                "smaller model or a host with more memory per worker (more workers on this "
+                "host each get less), or tensor parallelism's --spill-dir for its "
+                "propagation's matrices"]
     return [f"recommended: {best.candidate.label} "
             f"({' '.join(candidate_flags(best.candidate, budget))})",
             f"why: the fastest predicted epoch that fits, {best.seconds * 1e3:.1f} ms ({nxt}); "

@@ -175,7 +175,8 @@ def test_plan_prices_every_candidate_and_marks_what_does_not_fit(monkeypatch):
     assert not any(e.fits for e in squeezed.estimates)
     lines = planner.table_lines(squeezed)
     assert all("NO: needs" in line for line in lines[2:2 + len(P.CANDIDATES)])
-    assert "nothing fits" in lines[-2]
+    assert "nothing fits" in lines[-2] and "more workers on this host each get less" in \
+        lines[-1]
     # --strategy auto still runs the fastest, and says that nothing fits
     monkeypatch.setattr(planner, "plan_run", lambda cfg, dataset: squeezed)
     with pytest.warns(UserWarning, match=r"--strategy auto: no strategy fits \(needs .* of "
@@ -211,7 +212,8 @@ def test_a_strategy_that_refuses_the_model_is_left_out_not_fatal(monkeypatch):
     cfg = tiny_cfg(2, partition={"method": "chunk"}, model={"name": "gin", "batch_norm": True})
     assert planner.refusals(cfg, dataset) == {
         "p2p": "strategy p2p cannot run model 'gin' with statistics over all rows (batch "
-               "normalisation, reduces_rows)"}
+               "normalisation, reduces_rows): p2p computes T stages in bins of rows, and the "
+               "statistics need all rows at once; use strategy single, data, tensor or task"}
     ran: list[list[str]] = []
 
     def measured(cfg, dataset, rates, skip):
@@ -225,6 +227,8 @@ def test_a_strategy_that_refuses_the_model_is_left_out_not_fatal(monkeypatch):
     assert not p2p.fits and "batch normalisation" in p2p.why_not
     assert result.recommended.fits and result.recommended.candidate.label != "p2p"
     assert "left out (NO above): p2p" in planner.explain(result)[1]
+    (row,) = [line for line in planner.table_lines(result) if line.startswith("p2p ")]
+    assert row.split("  NO: ")[0].endswith(" -")  # never run: no epoch time to show
 
 
 def test_a_partition_file_of_another_worker_count_is_refused(tmp_path):
