@@ -21,6 +21,7 @@ import torch
 from fullgraph import plan as P
 from fullgraph.comm.placement import even_counts
 from fullgraph.errors import ConfigError
+from fullgraph.fields import changed_fields
 from fullgraph.graph.data import Dataset
 from fullgraph.graph.sparse import density, is_sparse, nbytes
 from fullgraph.launch import threads_per_worker
@@ -78,6 +79,22 @@ class PlanResult:
     ram_per_worker: int
     device_budget: int | None
     workers: int
+    unpriced: str = ""
+    """The options given that the prices leave out (``unpriced``), as a line; "" none."""
+
+
+def unpriced(cfg: Any) -> str:
+    """The options given that no price follows: ``--adapt`` and ``--inject`` (every
+    strategy is priced without them) and ``--dep-mode`` (each data row is one mode)."""
+    adapt, left = cfg.section("adapt"), []
+    if adapt.mode != "off":
+        left.append(f"--adapt {adapt.mode}")
+    if adapt.inject:
+        left.append("--inject")
+    if changed_fields(cfg.options["data_parallel"], among=("mode",)):
+        left.append("--dep-mode (each data row is priced in its own mode)")
+    return f"not priced: {', '.join(left)}; the rows are the strategies without them" \
+        if left else ""
 
 
 def _program(dataset: Dataset, cfg: Any) -> StageProgram:
@@ -119,9 +136,10 @@ def features_of(dataset: Dataset, program: StageProgram) -> P.Features:
     stored sparse (``--sparse-features``) and the model's first layer reads them so
     (``reads_sparse``), else dense."""
     x = dataset.data.features
+    itemsize = (x.values() if is_sparse(x) else x).element_size()  # --feature-dtype's
     if is_sparse(x) and reads_sparse(program):
-        return P.Features(int(x.shape[1]), density(x), True)
-    return P.Features(int(x.shape[1]))
+        return P.Features(int(x.shape[1]), density(x), True, itemsize)
+    return P.Features(int(x.shape[1]), itemsize=itemsize)
 
 
 def candidates(workers: int) -> list[P.Candidate]:
@@ -330,7 +348,8 @@ def _costs(cfg: Any, cand: P.Candidate, program: StageProgram, graph: Any,
         return [P.data_cost(program, graph, plans[r], workers, feat, served=served[r])
                 for r in range(workers)], None
     if cand.strategy == "tensor":
-        chunks = cand.overrides.get("tensor_parallel", {}).get("num_chunks")
+        chunks = cand.overrides.get("tensor_parallel", {}).get(
+            "num_chunks", cfg.options["tensor_parallel"].num_chunks)  # the run's, as given
         if device_budget(cfg) is not None:  # the run cuts its chunks to the budget
             try:
                 chunks = len(budget_chunks(cfg, cand, program, graph, workers))
@@ -344,8 +363,9 @@ def _costs(cfg: Any, cand: P.Candidate, program: StageProgram, graph: Any,
     from fullgraph.parallel.task import TaskParallel
 
     task = TaskParallel(cfg.options["task_parallel"])  # (its options as given: no warnings)
-    # the sizes the run's own choice takes (its chunk grid)
-    split = taskmodel.choose_split(workers, t, p, task.p_group_fits)
+    # the split given, else the sizes the run's own choice takes (its chunk grid)
+    split = taskmodel.parse_split(task.options.split, workers) or \
+        taskmodel.choose_split(workers, t, p, task.p_group_fits)
     return P.task_costs(program, graph, workers, feat, split), split
 
 
@@ -395,7 +415,7 @@ def plan_run(cfg: Any, dataset: Dataset, *, base_rss: int | None = None,
     fitting = [e for e in estimates if e.fits] or \
         [e for e in estimates if e.candidate.label not in refused] or estimates
     best = min(fitting, key=lambda e: e.seconds)
-    return PlanResult(estimates, best, rates, process, ram, budget, workers)
+    return PlanResult(estimates, best, rates, process, ram, budget, workers, unpriced(cfg))
 
 
 def _mark_fit(e: Estimate, process: int, ram: int, budget: int | None) -> None:
@@ -473,7 +493,7 @@ def table_lines(result: PlanResult) -> list[str]:
                      "(median over the strategies; one epoch of each measured here)"
                      if r.calibration != 1.0 else "(not calibrated: the counts as they are)"))
     lines += explain(result)
-    return lines
+    return lines + ([result.unpriced] if result.unpriced else [])
 
 
 def explain(result: PlanResult) -> list[str]:

@@ -648,3 +648,29 @@ def test_options_no_strategy_takes_are_one_error_not_a_memory_advice(capsys, mon
     assert "no strategy can run these options: data/depcomm, data/depcache, data/hybrid: " \
            "--adapt adjust+partial: batch normalisation sums" in err
     assert "memory" not in err
+
+
+def test_the_given_task_split_chunks_and_feature_dtype_are_priced_and_the_rest_named():
+    """--task-split T:P and tensor's --num-chunks as the run takes them, the features at
+    their stored width; --adapt and --inject named as not priced."""
+    dataset = tiny_dataset(F, C, n=24)
+    program = build_model("gcn", F, H, C, num_layers=2)
+    graph = propagation_inputs(program, dataset.graph)[0]
+    book = PartitionBook.from_assignment(torch.arange(24) % 3, 3)
+    (task,) = [c for c in P.CANDIDATES if c.strategy == "task"]
+    (tensor,) = [c for c in P.CANDIDATES if c.label == "tensor"]
+    for given, (num_t, num_p) in (("1:2", (1, 2)), ("2:1", (2, 1))):
+        cfg = tiny_cfg(3, task_parallel={"split": given})
+        _, split = planner._costs(cfg, task, program, graph, book, RATES, F)
+        assert (split.num_t, split.num_p) == (num_t, num_p)
+    plain = planner._costs(tiny_cfg(3), tensor, program, graph, book, RATES, F)[0]
+    cut = planner._costs(tiny_cfg(3, tensor_parallel={"num_chunks": 8}), tensor, program,
+                         graph, book, RATES, F)[0]
+    assert cut[0].rounds == plain[0].rounds + 8
+    half = P.data_cost(program, graph, P.data_rows(program, graph, book, 0, "depcomm"), 3,
+                       P.Features(F, itemsize=2))
+    full = P.data_cost(program, graph, P.data_rows(program, graph, book, 0, "depcomm"), 3, F)
+    assert 2 * half.memory["features"] == full.memory["features"]
+    assert planner.unpriced(tiny_cfg(3)) == ""
+    assert planner.unpriced(tiny_cfg(3, adapt={"mode": "adjust", "inject": "sleep"})) == \
+        "not priced: --adapt adjust, --inject; the rows are the strategies without them"
