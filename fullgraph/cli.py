@@ -702,6 +702,12 @@ def cmd_datasets(args: argparse.Namespace) -> int:
     return 0
 
 
+MAX_KEY_RANGES = 1024
+"""The most ranges of edge sort keys ``generate --memory`` may cut the edges into: every
+range draws all the edges again (``--memory 64``, bytes, made a 4 s graph take 92 s;
+the time grows with the edges squared over the budget)."""
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
     from fullgraph.config import DataConfig
     from fullgraph.graph import datasets
@@ -714,6 +720,14 @@ def cmd_generate(args: argparse.Namespace) -> int:
     memory = (parse_bytes(args.memory) if args.memory is not None
               else max(256 << 20, (available_memory() or 4 << 30) // 4))
     _kind_options(args)
+    edges = args.edges if args.kind == "rmat" else args.avg_degree * args.vertices
+    if memory >= 1 and edges * 8 > MAX_KEY_RANGES * memory:  # (0: refused as out of range)
+        # the edges are drawn again for every range of sort keys that fits the budget
+        raise ConfigError(f"--memory: {args.memory} ({memory} bytes) holds the sort keys of "
+                          f"{max(1, memory // 8)} edges, so {edges:.0f} edges would be drawn "
+                          f"over {-(-edges * 8 // memory):.0f} times; give at least "
+                          f"{-(-edges * 8 // MAX_KEY_RANGES):.0f} bytes (with a unit, e.g. "
+                          "512M)")
     try:
         return _generate(args, root, memory)
     except ValidationError as err:  # named as its flag, not as the function's argument
@@ -804,6 +818,10 @@ def cmd_partition(args: argparse.Namespace) -> int:
 
     if args.out:
         check_output(args.out, "--out")
+    if args.shards:
+        from fullgraph.partition.shards import check_target
+
+        check_target(args.shards)  # before the work, and before --out is written
 
     data_cfg = DataConfig(dataset=args.dataset, root=args.root, split_seed=args.split_seed)
     dataset = datasets.load(data_cfg.dataset, data_cfg.resolved_root(),

@@ -268,6 +268,9 @@ def test_more_inputs_that_are_one_line(root, tmp_path, capsys):
          "--avg-degree: out of range; found 60.0; expected at most 49"),
         (["generate", "rmat", "--vertices", "50", "--memory", "0"],
          "--memory: out of range; found 0"),
+        (["generate", "rmat", "--vertices", "50", "--edges", "200000", "--memory", "64"],
+         "--memory: 64 (64 bytes) holds the sort keys of 8 edges, so 200000 edges would be "
+         "drawn over 25000 times"),
         (["train", "--strategy", "data", "--workers", "2", "--partitioner", "random",
           "--partition-seed", "-1"], "partition seed: got -1; expected an integer in [0, 2**63)"),
         (["train", "--seed", "99999999999999999999"], "error: --seed: got 99999999999999999999"),
@@ -550,3 +553,26 @@ def test_a_model_that_cannot_be_written_leaves_no_summary(root, tmp_path, capsys
     events = [json.loads(line)["event"] for line in metrics.read_text().splitlines()]
     assert events[-1] == "epoch" and "summary" not in events, events
     assert sorted(p.name for p in tmp_path.iterdir()) == ["data", "run.jsonl"]
+
+
+def test_a_shards_directory_is_checked_before_the_partition_is_made(root, tmp_path, capsys):
+    """Before loading and partitioning, and before --out is written; an unwritable one is
+    named as given (it was named by an internal temporary directory)."""
+    taken = tmp_path / "taken"
+    taken.mkdir()
+    (taken / "file").write_text("x")
+    book = tmp_path / "book.npz"
+    assert main(["partition", "--dataset", "cora", "--parts", "2", "--out", str(book),
+                 "--shards", str(taken)]) == 2
+    assert "exists and is not a shard set" in capsys.readouterr().err and not book.exists()
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    try:
+        if os.access(locked, os.W_OK):  # (root writes anywhere)
+            return
+        assert main(["partition", "--dataset", "cora", "--parts", "2", "--shards",
+                     str(locked / "sh")]) == 2
+        assert f"--shards {locked / 'sh'}: " in capsys.readouterr().err
+    finally:
+        locked.chmod(0o700)

@@ -352,7 +352,7 @@ def convert(fmt: str, opts: ConvertOptions) -> Dataset:
             "ogb": ("input", "symmetrize", "split_scheme")}[fmt]
     unused = changed_fields(opts, skip=(*read, "name", "num_classes"))
     if unused:
-        warnings.warn(f"convert {fmt}: {', '.join('--' + n for n in unused)} "
+        warnings.warn(f"convert {fmt}: {', '.join('--' + n.replace('_', '-') for n in unused)} "
                       f"{'has' if len(unused) == 1 else 'have'} no effect on this format",
                       stacklevel=2)
     if fmt == "edgelist":

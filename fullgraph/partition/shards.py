@@ -109,6 +109,24 @@ def part_dataset(dataset: Dataset, book: PartitionBook, part: int, hops: int,
     return Dataset(dataset.name, sub, vdata, dict(dataset.info), shard=shard)
 
 
+def check_target(out: str | Path) -> None:
+    """Refuse a ``--shards`` directory that cannot take a shard set: something else is
+    there, or its parent cannot be written.
+
+    Raises:
+        ConfigError: naming the directory.
+    """
+    from fullgraph.paths import check_output
+
+    out = Path(out)
+    replaceable = out.is_dir() and ((out / MANIFEST).is_file() or not any(out.iterdir()))
+    if out.exists() and not replaceable:
+        raise ConfigError(f"partition --shards: {out} exists and is not a shard set; "
+                          "give a new directory")
+    if not out.exists():
+        check_output(str(out), "--shards", directory=True)
+
+
 def write_shards(dataset: Dataset, book: PartitionBook, out: Path | str, hops: int,
                  fingerprint: dict[str, Any], method: str = "",
                  split_seed: int | None = 0) -> list[dict[str, int]]:
@@ -131,10 +149,7 @@ def write_shards(dataset: Dataset, book: PartitionBook, out: Path | str, hops: i
         raise ConfigError(f"partition --shards: the partition has {book.num_nodes} vertices, "
                           f"the graph {dataset.graph.num_nodes}")
     out = Path(out)
-    replaceable = out.is_dir() and ((out / MANIFEST).is_file() or not any(out.iterdir()))
-    if out.exists() and not replaceable:
-        raise ConfigError(f"partition --shards: {out} exists and is not a shard set; "
-                          "give a new directory")
+    check_target(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     # the layout `--sparse-features auto` picks for the whole dataset, for every part
     features = choose_layout(dataset.data.features, "auto")

@@ -140,7 +140,7 @@ def _read_labels(path: Path, num_nodes: int,
     _check_rows(table.shape[0], num_nodes, path)
     values = table[:, 0] if table.size else np.zeros(0)
     labelled = ~np.isnan(values)
-    whole = ~labelled | (values == np.floor(values))
+    whole = ~labelled | (np.isfinite(values) & (values == np.floor(values)))
     if not whole.all():
         k = int(np.argmax(~whole))
         raise FormatError("label is not a class id", source=path, found=float(values[k]),

@@ -82,6 +82,23 @@ def test_uncompressed_csv_and_nan_labels(root: Path) -> None:
     assert int(ds.data.labels[unlabelled]) == -1
 
 
+def test_an_infinite_label_is_named_as_such(root: Path) -> None:
+    """inf is not a whole class id (it was cast to -2**63 with a numpy warning)."""
+    import warnings
+
+    from fullgraph.errors import FormatError
+
+    (root / "raw" / "node-label.csv.gz").unlink()
+    labels = Y.astype(object)
+    labels[2] = "inf"
+    (root / "raw" / "node-label.csv").write_text(_csv(np.array(labels)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(FormatError, match="node-label.csv:3: label is not a class id; "
+                                              "found inf"):
+            load_ogb(root, "ogbn-tiny")
+
+
 def test_split_scheme_choice(root: Path) -> None:
     shutil.copytree(root / "split" / "random", root / "split" / "time")
     with pytest.raises(DatasetNotFoundError, match="split scheme") as err:
