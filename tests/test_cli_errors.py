@@ -576,3 +576,13 @@ def test_a_shards_directory_is_checked_before_the_partition_is_made(root, tmp_pa
         assert f"--shards {locked / 'sh'}: " in capsys.readouterr().err
     finally:
         locked.chmod(0o700)
+
+
+def test_a_shard_set_in_the_dataset_root_is_found_by_its_name(root, capsys):
+    """It was refused as holding part-* folders but no shards.json, which it holds."""
+    from fullgraph.graph import datasets
+
+    assert main(["partition", "--dataset", "cora", "--parts", "2", "--shards",
+                 str(root / "corash")]) == 0
+    part = datasets.load("corash", root, part=1)
+    assert part.shard is not None and part.shard.parts == 2

@@ -94,6 +94,14 @@ class VertexData:
             raise ValidationError("unknown feature storage dtype", field="feature_dtype",
                                   found=name, expected=" | ".join(FEATURE_DTYPES))
         x = convert(self.features, FEATURE_DTYPES[name], self.features.device)
+        values = x.values() if x.layout == torch.sparse_csr else x
+        if x.dtype == torch.float16 and values.numel() and bool(torch.isinf(values).any()):
+            source = self.features.values() if self.features.layout == torch.sparse_csr \
+                else self.features
+            big = float(source.abs().max())
+            raise ValidationError("a feature value does not fit float16", field="features",
+                                  found=f"{big:g}", expected="at most 65504 in magnitude",
+                                  hint="use --feature-dtype bfloat16 or float32")
         return dataclasses.replace(self, features=x)
 
     def row_normalized(self, low: float | None = None) -> "VertexData":

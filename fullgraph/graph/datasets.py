@@ -100,6 +100,9 @@ def load(name: str, root: Path, *, feature_dtype: str = "stored", split_seed: in
         return _finish(_fixed_split(store.load_dataset(direct, verify=verify), split_seed),
                        feature_dtype)
     check_name(name, path_ok=True)
+    if name not in KNOWN and (root / name / store.SHARDS_FILE).is_file():  # by its name
+        return _finish(store.load_shard(root / name, part, verify=verify,
+                                        split_seed=split_seed), feature_dtype)
     processed = processed_dir(root, name, split_seed)
     spec = KNOWN.get(name)
     if (processed / store.META_FILE).exists():

@@ -130,3 +130,21 @@ def test_a_built_in_bag_of_words_dataset_is_stored_as_csr(tmp_path: Path) -> Non
     assert size < 3 * 2**20
     again = datasets.load("cora", tmp_path)  # from the store
     assert torch.equal(densify(again.data.features), densify(ds.data.features))
+
+
+def test_features_beyond_float16s_range_are_refused_for_float16() -> None:
+    """They became inf, and the loss NaN from epoch 1, blamed on the learning rate."""
+    import torch
+
+    from fullgraph.errors import ValidationError
+    from fullgraph.graph.data import VertexData
+
+    mask = torch.ones(3, dtype=torch.bool)
+    data = VertexData(torch.tensor([[1.0, 2e5], [0.0, 1.0], [1.0, 1.0]]),
+                      torch.tensor([0, 1, 0]), mask, mask, mask, 2)
+    with pytest.raises(ValidationError, match="does not fit float16; found 200000.*bfloat16"):
+        data.with_feature_dtype("float16")
+    assert data.with_feature_dtype("bfloat16").features.dtype == torch.bfloat16
+    sparse = VertexData(data.features.to_sparse_csr(), data.labels, mask, mask, mask, 2)
+    with pytest.raises(ValidationError, match="does not fit float16"):
+        sparse.with_feature_dtype("float16")
