@@ -702,6 +702,8 @@ def cmd_datasets(args: argparse.Namespace) -> int:
     return 0
 
 
+GENERATE_BYTES_PER_VERTEX = 40
+"""What the generators hold per vertex beside the edge keys (``graph.synthetic``)."""
 MAX_KEY_RANGES = 1024
 """The most ranges of edge sort keys ``generate --memory`` may cut the edges into: every
 range draws all the edges again (``--memory 64``, bytes, made a 4 s graph take 92 s;
@@ -720,6 +722,12 @@ def cmd_generate(args: argparse.Namespace) -> int:
     memory = (parse_bytes(args.memory) if args.memory is not None
               else max(256 << 20, (available_memory() or 4 << 30) // 4))
     _kind_options(args)
+    free = available_memory()
+    if free and args.vertices * GENERATE_BYTES_PER_VERTEX > free:  # (a MemoryError, else)
+        raise ConfigError(f"--vertices: {args.vertices} vertices need about "
+                          f"{args.vertices * GENERATE_BYTES_PER_VERTEX / 2**30:.1f} GiB while "
+                          f"generating ({GENERATE_BYTES_PER_VERTEX} bytes each), and "
+                          f"{free / 2**30:.1f} GiB is available")
     edges = args.edges if args.kind == "rmat" else args.avg_degree * args.vertices
     if memory >= 1 and edges * 8 > MAX_KEY_RANGES * memory:  # (0: refused as out of range)
         # the edges are drawn again for every range of sort keys that fits the budget

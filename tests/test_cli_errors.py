@@ -268,6 +268,8 @@ def test_more_inputs_that_are_one_line(root, tmp_path, capsys):
          "--avg-degree: out of range; found 60.0; expected at most 49"),
         (["generate", "rmat", "--vertices", "50", "--memory", "0"],
          "--memory: out of range; found 0"),
+        (["generate", "rmat", "--vertices", "99999999999999", "--edges", "10"],
+         "--vertices: 99999999999999 vertices need about"),
         (["generate", "rmat", "--vertices", "50", "--edges", "200000", "--memory", "64"],
          "--memory: 64 (64 bytes) holds the sort keys of 8 edges, so 200000 edges would be "
          "drawn over 25000 times"),

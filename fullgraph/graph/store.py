@@ -38,6 +38,8 @@ Shapes: N = number of vertices, E = number of edges, F = feature dimension.
 """
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import io
 import json
@@ -45,6 +47,7 @@ import os
 import shutil
 import tempfile
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -200,18 +203,20 @@ class ArrayAppender:
         if array.dtype != self.stored or tuple(array.shape[1:]) != self.row_shape:
             raise ValueError(f"{self.path.name}: cannot append {array.dtype} "
                              f"{array.shape} to rows of {self.stored} {self.row_shape}")
-        self.file.write(np.ascontiguousarray(array).data)
+        with _writing(self.path):
+            self.file.write(np.ascontiguousarray(array).data)
         self.rows += array.shape[0]
 
     def close(self) -> dict[str, Any]:
         """Put the row count in the header, fsync, return the ``meta.json`` entry."""
         shape = (self.rows, *self.row_shape)
         header = _npy_header(self.stored, shape)
-        self.file.flush()
-        self.file.seek(0)
-        self.file.write(header)
-        self.file.flush()
-        os.fsync(self.file.fileno())
+        with _writing(self.path):
+            self.file.flush()
+            self.file.seek(0)
+            self.file.write(header)
+            self.file.flush()
+            os.fsync(self.file.fileno())
         self.file.close()
         return {"file": self.path.name, "dtype": _dtype_name(self.dtype), "shape": list(shape),
                 "checksum": file_checksum(self.path)}
@@ -253,12 +258,31 @@ def _write_array(file: Path, tensor: Tensor) -> dict[str, Any]:
     """Write one tensor as ``.npy``, fsync it, and return its ``meta.json`` entry."""
     dtype_name = _dtype_name(tensor.dtype)
     array = stored_array(tensor)
-    with open(file, "wb") as f:
+    with _writing(file), open(file, "wb") as f:
         np.lib.format.write_array(f, array, allow_pickle=False)
         f.flush()
         os.fsync(f.fileno())
     return {"file": file.name, "dtype": dtype_name, "shape": list(tensor.shape),
             "checksum": file_checksum(file)}
+
+
+@contextlib.contextmanager
+def _writing(file: Path) -> Iterator[None]:
+    """Re-raise a failed write as an ``OSError`` naming ``file`` and the cause (numpy's
+    short write says only "N requested and M written", without either)."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.filename is not None and exc.errno is not None:
+            raise
+        code = exc.errno
+        if code is None:  # a short write: most often a full disk
+            try:
+                full = shutil.disk_usage(file.parent).free < 1 << 20
+            except OSError:
+                full = False
+            code = errno.ENOSPC if full else errno.EIO
+        raise OSError(code, os.strerror(code), str(file)) from exc
 
 
 def stored_array(tensor: Tensor) -> np.ndarray:

@@ -348,3 +348,25 @@ def test_sampled_density_reaches_the_last_row_exactly():
     y = torch.zeros(5000, 2)
     y[-1] = 1.0
     assert sampled_density(y, rows=2) == 0.5
+
+
+def test_a_short_write_names_the_file_and_a_full_disk(tmp_path, monkeypatch):
+    """numpy's short write says only "N requested and M written": the error names the
+    file, and the cause where the disk is full; nothing is left half-written."""
+    import errno
+    import shutil
+    from collections import namedtuple
+
+    from fullgraph.graph import store
+    from fullgraph.graph.synthetic import sbm
+
+    def short(*args, **kwargs):
+        raise OSError("1280000 requested and 382944 written")
+
+    monkeypatch.setattr(store.np.lib.format, "write_array", short)
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(10, 10, 0))
+    with pytest.raises(OSError) as err:
+        store.save_dataset(sbm(30, 2, seed=0), tmp_path / "d")
+    assert err.value.errno == errno.ENOSPC and err.value.filename.endswith(".npy")
+    assert not (tmp_path / "d").exists()
