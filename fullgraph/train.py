@@ -454,6 +454,14 @@ def train(dataset: Dataset, cfg: Config, *, reporter: Reporter | None = None,
                       f"({dataset.data.num_features} features, --hidden {cfg.model.hidden}, "
                       f"{dataset.data.num_classes} classes, --layers {cfg.model.layers})",
                       stacklevel=2)
+    if not model.self_loops and (comm is None or comm.rank == 0) and \
+            dataset.graph.has_self_loops():
+        import warnings
+
+        warnings.warn(f"--model {cfg.model.name} propagates without self-loops and leaves out "
+                      "the ones the graph stores (its own term is the root weight); PyG's "
+                      "SAGEConv and TAGConv would aggregate them: convert the edges without "
+                      "them to match", stacklevel=2)
     if dataset.data.num_classes < 2 and (comm is None or comm.rank == 0):
         import warnings
 

@@ -104,3 +104,19 @@ def test_public_split_accuracy(shared_datasets, model, name, bound, layout):
     accs = [train(ds, Config(model=mcfg, train=TrainConfig(epochs=200, lr=lr, seed=s))).test_at_best
             for s in range(3)]
     assert statistics.mean(accs) >= bound, accs
+
+
+@pytest.mark.parametrize("model,warns", [("sage", True), ("tagcn", True), ("gcn", False)])
+def test_stored_self_loops_that_a_model_leaves_out_are_named(model, warns):
+    """SAGE and TAGCN propagate without self-loops, where PyG's layers would aggregate
+    those a graph stores; GCN keeps one per vertex, as PyG adds them."""
+    import warnings
+
+    ds = sbm(60, 3, avg_degree=4.0, num_features=5, seed=0)
+    ds.graph = ds.graph.with_self_loops(True)
+    cfg = Config(model=ModelConfig(name=model, hidden=4), train=TrainConfig(epochs=1))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        train(ds, cfg)
+    said = [w for w in caught if "leaves out the ones the graph stores" in str(w.message)]
+    assert len(said) == int(warns)
