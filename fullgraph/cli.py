@@ -425,6 +425,16 @@ def _raise_terminated(signum: int, frame: Any) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The ``fullgraph`` command: run ``argv`` (default: ``sys.argv[1:]``); the exit
+    code."""
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:  # before the command started: loading torch, parsing
+        print("fullgraph: interrupted", file=sys.stderr)
+        return 130
+
+
+def _main(argv: list[str] | None) -> int:
     if (sys.argv[1:] if argv is None else argv) == ["--version"]:  # without loading torch
         try:
             print(f"fullgraph {__version__}", flush=True)
@@ -560,7 +570,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         check_any_strategy(cfg, dataset, cfg.launch.workers)
         cfg, flags = resolve_config(cfg, dataset)
         if cfg.train.log_level in ("debug", "info"):  # --quiet: warnings and errors only
-            print(f"strategy auto: {' '.join(flags)} (see `fullgraph plan`)", file=sys.stderr)
+            why = "per-part shards train data parallel here" if dataset.shard is not None \
+                else "see `fullgraph plan`"
+            print(f"strategy auto: {' '.join(flags)} ({why})", file=sys.stderr)
         args.argv = [*args.argv, *flags]
     from fullgraph.train import check_outputs
 

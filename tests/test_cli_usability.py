@@ -110,6 +110,19 @@ def test_version_does_not_load_torch():
     assert out == ["fullgraph", fullgraph.__version__, "False"]
 
 
+def test_ctrl_c_before_the_command_starts_is_one_line(monkeypatch, capsys):
+    """While torch loads or the flags are parsed (a traceback from inside the imports
+    before)."""
+    from fullgraph import cli
+
+    def interrupted():
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "build_parser", interrupted)
+    assert main(["train"]) == 130
+    assert capsys.readouterr().err == "fullgraph: interrupted\n"
+
+
 def test_python_m_fullgraph_runs_the_command_line():
     """For an environment whose scripts are not on the PATH, and ``torchrun -m``."""
     import subprocess

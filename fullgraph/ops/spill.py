@@ -59,6 +59,8 @@ class Spill:
         if memory < 1:
             raise ValueError(f"spill memory must be at least 1 byte, got {memory}")
         self.directory, self.memory = Path(directory), int(memory)
+        if self.directory.exists() and not self.directory.is_dir():
+            raise ValueError(f"spill directory {str(directory)!r} is a file, not a directory")
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
             with tempfile.TemporaryFile(dir=self.directory):

@@ -203,6 +203,9 @@ def test_spill_refuses_attention_and_unwritable_directories(tmp_path):
     strategy = TensorParallel(TensorParallel.Options(spill_dir=str(blocker / "sub")))
     with pytest.raises(ValueError, match="cannot be written"):
         strategy.setup(dataset, model, torch.device("cpu"), None, torch.float64)
+    strategy = TensorParallel(TensorParallel.Options(spill_dir=str(blocker)))
+    with pytest.raises(ValueError, match="is a file, not a directory"):  # (was: File exists)
+        strategy.setup(dataset, model, torch.device("cpu"), None, torch.float64)
 
 
 def test_kept_graph_arrays_are_in_files_and_give_the_same_gradients(tmp_path):
