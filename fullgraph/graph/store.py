@@ -129,6 +129,10 @@ class DatasetWriter:
     def __init__(self, path: Path | str) -> None:
         self.path = Path(path)
         _check_replaceable(self.path)
+        # the folders made here for it (``<root>/<name>`` of a first write), which an
+        # abort removes again where they stayed empty
+        self.made = [p for p in (self.path.parent, *self.path.parent.parents)
+                     if not p.exists()]
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.tmp = sibling_dir(self.path, "tmp")
         self.entries: dict[str, dict[str, Any]] = {}
@@ -184,6 +188,11 @@ class DatasetWriter:
             appender.file.close()
         self._open.clear()
         shutil.rmtree(self.tmp, ignore_errors=True)
+        for folder in self.made:  # innermost first
+            try:
+                folder.rmdir()
+            except OSError:  # not empty (another writer's), or gone
+                break
         self._done = True
 
 

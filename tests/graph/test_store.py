@@ -370,3 +370,17 @@ def test_a_short_write_names_the_file_and_a_full_disk(tmp_path, monkeypatch):
         store.save_dataset(sbm(30, 2, seed=0), tmp_path / "d")
     assert err.value.errno == errno.ENOSPC and err.value.filename.endswith(".npy")
     assert not (tmp_path / "d").exists()
+
+
+def test_a_failed_first_write_leaves_no_empty_folders(tmp_path, monkeypatch):
+    """<root>/<name>/ made for a first write is removed with the rest (it was left)."""
+    from fullgraph.graph import store
+    from fullgraph.graph.synthetic import sbm
+
+    def short(*args, **kwargs):
+        raise OSError("1 requested and 0 written")
+
+    monkeypatch.setattr(store.np.lib.format, "write_array", short)
+    with pytest.raises(OSError):
+        store.save_dataset(sbm(30, 2, seed=0), tmp_path / "root" / "name" / "processed")
+    assert list(tmp_path.iterdir()) == []
