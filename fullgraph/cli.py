@@ -430,6 +430,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _main(argv)
     except KeyboardInterrupt:  # before the command started: loading torch, parsing
+        from fullgraph import worker
+
+        if os.environ.get(worker.SUPERVISED_ENV):  # the launcher says it, once
+            worker.leave_now(130, flush=True)
         print("fullgraph: interrupted", file=sys.stderr)
         return 130
 
@@ -961,7 +965,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if dataset.shard is None:  # what train would refuse of any strategy, before probing
         if cfg.launch.workers > 1:
             launch.check_workers(cfg.launch.workers, cfg.launch.oversubscribe)
-        check_any_strategy(cfg, dataset, cfg.launch.workers)
+        check_any_strategy(cfg, dataset, cfg.launch.workers, launching=False)
     if dataset.shard is not None:
         print(f"fullgraph plan: {cfg.data.dataset} is per-part shards: they train on "
               f"--workers {dataset.shard.parts} (--strategy data, p2p, tensor or task), each "

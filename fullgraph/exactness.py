@@ -183,17 +183,13 @@ def unused_options(cfg: Any, forms: list[str], option: str = "--strategies") -> 
     strategies as the caller gave it."""
     from fullgraph.configfile import flags_of
     from fullgraph.fields import changed_fields
-    from fullgraph.parallel.base import get_strategy, section_users
+    from fullgraph.parallel.base import get_strategy, unused_sections
     from fullgraph.parallel.data import COST_NAMES
 
     names = {FORMS[f]["runtime"]["strategy"] for f in forms}
-    out = []
-    for section, users in section_users().items():
-        changed = changed_fields(cfg.options[section], skip=("mode",) if section ==
-                                 "data_parallel" else ())
-        if changed and not names & set(users):
-            out.append(f"{flags_of(section, changed)} no effect with {option} "
-                       f"{','.join(forms)} (only with {', '.join(users)})")
+    out = [f"{flags_of(section, changed)} no effect with {option} {','.join(forms)} (only "
+           f"with {', '.join(users)})" for section, changed, users in unused_sections(
+               cfg.options, names, skip={"data_parallel": ("mode",)})]
     if changed_fields(cfg.options["data_parallel"], among=("mode",)):
         out.append("--dep-mode has no effect on a check: each data run sets its own; name "
                    f"data/depcomm, data/depcache or data/hybrid in {option}")

@@ -401,15 +401,25 @@ class Supervisor:
         # a peer timed out and nothing else explains it: someone never reached the call
         waited = max(timed_out, key=lambda r: r["entered"]) if timed_out and all(
             r and r.get("peer_failure") for r in reports) else None
-        # a point-to-point wait timed out on a peer that is not itself waiting: that peer
-        awaited = {r["peer"]: r for r in timed_out if r.get("peer") is not None} \
-            if waited is not None else {}
+        # a point-to-point wait timed out on a peer: follow the waits from it to the rank
+        # that waits for no one (a straggler under partial reduce)
+        beats = {r: read_json(self.dir / f"heartbeat-rank{r}") for r in alive}
+        awaited: dict[int, dict] = {}
+        for report in (r for r in timed_out if r.get("peer") is not None):
+            rank, seen = report["peer"], set()
+            while rank not in seen and (beats.get(rank) or {}).get("awaiting") is not None:
+                seen.add(rank)
+                rank = (beats.get(rank) or {})["awaiting"]
+            beat = beats.get(rank)
+            if beat is not None and beat.get("inside") is None and \
+                    beat.get("awaiting") is None and waited is not None:
+                awaited.setdefault(rank, report)
         out = []
         for rank in alive:
-            beat = read_json(self.dir / f"heartbeat-rank{rank}")
-            if rank in awaited and beat is not None and beat.get("inside") is None:
+            beat = beats[rank]
+            if rank in awaited:
                 by = awaited[rank]
-                out.append((rank, f"rank {by['rank']} timed out in {by['inside']}, while it "
+                out.append((rank, f"rank {by['rank']} timed out in {by['inside']}, and it "
                                   "waited for no one"))
                 continue
             age = time.time() - beat["time"] if beat else float("inf")

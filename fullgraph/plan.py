@@ -170,12 +170,10 @@ class Features:
     dim: int
     density: float = 1.0
     sparse: bool = False
-    itemsize: int | None = None  # of a stored value (``--feature-dtype``); None: the run's
 
     def row_bytes(self, itemsize: int) -> float:
         """Bytes of one row as held: values and column ids of its non-zeros and its
-        offset where sparse (values of ``self.itemsize`` where given, else ``itemsize``)."""
-        itemsize = self.itemsize or itemsize
+        offset where sparse."""
         if not self.sparse:
             return float(self.dim * itemsize)
         return self.density * self.dim * (itemsize + INDEX) + INDEX

@@ -135,11 +135,10 @@ def features_of(dataset: Dataset, program: StageProgram) -> P.Features:
     """How the run will hold ``dataset``'s features for ``program``: CSR where they are
     stored sparse (``--sparse-features``) and the model's first layer reads them so
     (``reads_sparse``), else dense."""
-    x = dataset.data.features
-    itemsize = (x.values() if is_sparse(x) else x).element_size()  # --feature-dtype's
+    x = dataset.data.features  # (held in the run's dtype whatever --feature-dtype stored)
     if is_sparse(x) and reads_sparse(program):
-        return P.Features(int(x.shape[1]), density(x), True, itemsize)
-    return P.Features(int(x.shape[1]), itemsize=itemsize)
+        return P.Features(int(x.shape[1]), density(x), True)
+    return P.Features(int(x.shape[1]))
 
 
 def candidates(workers: int) -> list[P.Candidate]:
@@ -364,8 +363,11 @@ def _costs(cfg: Any, cand: P.Candidate, program: StageProgram, graph: Any,
 
     task = TaskParallel(cfg.options["task_parallel"])  # (its options as given: no warnings)
     # the split given, else the sizes the run's own choice takes (its chunk grid)
-    split = taskmodel.parse_split(task.options.split, workers) or \
-        taskmodel.choose_split(workers, t, p, task.p_group_fits)
+    try:
+        split = taskmodel.parse_split(task.options.split, workers)
+    except ValueError:  # refused (``refusals``): priced as the automatic split
+        split = None
+    split = split or taskmodel.choose_split(workers, t, p, task.p_group_fits)
     return P.task_costs(program, graph, workers, feat, split), split
 
 

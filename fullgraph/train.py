@@ -277,12 +277,14 @@ def check_patience(cfg: Config, dataset: Dataset) -> None:
                           "--patience, or give the data a validation set")
 
 
-def check_any_strategy(cfg: Config, dataset: Dataset, workers: int) -> None:
+def check_any_strategy(cfg: Config, dataset: Dataset, workers: int, *,
+                       launching: bool = True) -> None:
     """Find the user errors that a ``workers``-worker run of any strategy would hit
     (for ``fullgraph plan`` and ``--strategy auto``, before they measure anything): the
     device and backend, ``--adapt``'s and ``--inject``'s options as any strategy reads
     them, more workers than vertices, and what the local launcher's workers cannot
-    honour (``workers`` > 1 is such a launch).
+    honour (``workers`` > 1 is such a launch; ``launching`` False: a plan, which
+    injects nothing).
 
     Raises:
         ConfigError: naming the option.
@@ -299,7 +301,7 @@ def check_any_strategy(cfg: Config, dataset: Dataset, workers: int) -> None:
     if workers > nodes:
         raise ConfigError(f"{workers} workers for a graph of {nodes} vertices: every strategy "
                           f"splits the vertices or their work; use at most {nodes} workers")
-    if workers > 1:  # (the local launcher's workers: under torchrun nothing is launched)
+    if workers > 1 and launching:  # (the local launcher's: under torchrun none is launched)
         check_local_launch(cfg)
 
 

@@ -200,7 +200,8 @@ class WorkerStatus:
             counter = self.counter  # under the lock, so a late beat cannot undo "done"
             record = {"time": time.time(), "phase": self.phase,
                       "entered": counter.entered if counter is not None else 0,
-                      "inside": counter.inside if counter is not None else None}
+                      "inside": counter.inside if counter is not None else None,
+                      "awaiting": counter.awaiting if counter is not None else None}
             write_atomic(self.dir / f"heartbeat-rank{self.rank}", json.dumps(record))
 
     def report_failure(self, exc: BaseException) -> bool:

@@ -426,6 +426,12 @@ def test_a_net_slowdown_is_refused_before_the_local_launcher_starts_workers(
                  "net:rate=10mbit,ranks=1,at=3", "--metrics-out", str(metrics)]) == 2
     one_line_error(capsys, "--inject net: shapes a worker's own network interface")
     assert no_launch == [] and not metrics.exists()
+    from fullgraph.config import config_from_dict
+    from fullgraph.graph import datasets
+    from fullgraph.train import check_any_strategy
+
+    cfg = config_from_dict({"adapt": {"inject": "net:rate=10mbit,ranks=1,at=3"}})
+    check_any_strategy(cfg, datasets.load("cora", root), 2, launching=False)  # plan's
 
 
 def test_missing_optional_package_is_found_before_launch(root, capsys, no_launch, monkeypatch):

@@ -681,9 +681,9 @@ def test_supervisor_finds_the_rank_that_never_reached_the_collective(tmp_path):
 
 
 def test_supervisor_names_the_peer_a_point_to_point_wait_timed_out_on(tmp_path):
-    """Under partial reduce rank 0 waits for rank 1's halo rows; rank 1 beats and has
-    entered more calls (tagged messages), but waits for no one: it is the straggler.
-    Rank 2, waiting in a call itself, is not blamed."""
+    """Under partial reduce rank 0 timed out waiting for rank 1's halo rows; rank 1 waits
+    for rank 2 in a point-to-point receive of its own; rank 2 beats and waits for no one:
+    it is the straggler, not rank 1. Rank 3, in a collective, is not blamed."""
     from fullgraph.launch import Supervisor, describe_failure
 
     now = time.time()
@@ -692,20 +692,49 @@ def test_supervisor_names_the_peer_a_point_to_point_wait_timed_out_on(tmp_path):
          "timed_out": True, "entered": 10, "peer": 1,
          "inside": "irecv(tag 7) with rank 1 in phase 'halo'", "error": "CommError: timed out",
          "traceback": ""}))
-    for rank, inside in {1: None, 2: "all_reduce in phase 'grad-sync'"}.items():
+    for rank, (inside, awaiting) in {1: (None, 2), 2: (None, None),
+                                     3: ("all_reduce in phase 'grad-sync'", None)}.items():
         (tmp_path / f"heartbeat-rank{rank}").write_text(json.dumps(
             {"time": now - 0.2, "phase": "epoch 4 training step", "entered": 12,
-             "inside": inside}))
+             "inside": inside, "awaiting": awaiting}))
         (tmp_path / f"status-rank{rank}").write_text("epoch 4 training step")
-    procs = [FakeWorker(1), FakeWorker(), FakeWorker()]
+    procs = [FakeWorker(1), FakeWorker(), FakeWorker(), FakeWorker()]
     sup = Supervisor(procs, tmp_path, timeout_s=60)
     sup.step()
-    assert sorted(sup.failed) == [0, 1] and procs[1].code == -9 and procs[2].code is None
+    assert sorted(sup.failed) == [0, 2] and procs[2].code == -9
+    assert procs[1].code is None and procs[3].code is None
     text, _ = describe_failure(list(sup.failed.values()), tmp_path)
     assert text.splitlines()[0] == (
-        "fullgraph: worker rank 1 failed during epoch 4 training step: stopped responding "
-        "(rank 0 timed out in irecv(tag 7) with rank 1 in phase 'halo', while it waited for "
+        "fullgraph: worker rank 2 failed during epoch 4 training step: stopped responding "
+        "(rank 0 timed out in irecv(tag 7) with rank 1 in phase 'halo', and it waited for "
         "no one); killed by the launcher")
+
+
+def _awaiting_world(comm) -> None:
+    import threading
+
+    import torch
+
+    from fullgraph.comm.tagged import post_recv, post_send
+
+    if comm.rank == 1:
+        seen: list = []
+        message = post_recv((3,), torch.float32, 0, 77, comm, "test")
+        look = threading.Timer(0.5, lambda: seen.append(comm.counter.awaiting))
+        look.start()
+        message.wait()
+        look.join()
+        assert seen == [0] and comm.counter.awaiting is None
+    else:
+        time.sleep(1.5)
+        post_send(torch.ones(3), 1, 77, comm, "test").wait()
+
+
+@pytest.mark.dist
+def test_a_point_to_point_wait_says_whom_it_waits_for(tmp_path):
+    """The heartbeat's ``awaiting`` (the launcher follows it): set while a tagged message
+    is waited for, cleared after."""
+    run_ranks(_awaiting_world, 2, tmp_path)
 
 
 def test_a_worker_that_finished_may_be_quiet_while_it_exits(tmp_path):

@@ -650,9 +650,9 @@ def test_options_no_strategy_takes_are_one_error_not_a_memory_advice(capsys, mon
     assert "memory" not in err
 
 
-def test_the_given_task_split_chunks_and_feature_dtype_are_priced_and_the_rest_named():
-    """--task-split T:P and tensor's --num-chunks as the run takes them, the features at
-    their stored width; --adapt and --inject named as not priced."""
+def test_the_given_task_split_and_chunks_are_priced_and_the_rest_named():
+    """--task-split T:P and tensor's --num-chunks as the run takes them; --adapt and
+    --inject named as not priced."""
     dataset = tiny_dataset(F, C, n=24)
     program = build_model("gcn", F, H, C, num_layers=2)
     graph = propagation_inputs(program, dataset.graph)[0]
@@ -667,10 +667,23 @@ def test_the_given_task_split_chunks_and_feature_dtype_are_priced_and_the_rest_n
     cut = planner._costs(tiny_cfg(3, tensor_parallel={"num_chunks": 8}), tensor, program,
                          graph, book, RATES, F)[0]
     assert cut[0].rounds == plain[0].rounds + 8
-    half = P.data_cost(program, graph, P.data_rows(program, graph, book, 0, "depcomm"), 3,
-                       P.Features(F, itemsize=2))
-    full = P.data_cost(program, graph, P.data_rows(program, graph, book, 0, "depcomm"), 3, F)
-    assert 2 * half.memory["features"] == full.memory["features"]
+    # a split that does not add up to the workers is refused (``refusals``), and priced
+    # as the automatic one (it escaped as an error after the probe)
+    _, split = planner._costs(tiny_cfg(3, task_parallel={"split": "1:1"}), task, program,
+                              graph, book, RATES, F)
+    assert split.num_t + split.num_p == 3
     assert planner.unpriced(tiny_cfg(3)) == ""
     assert planner.unpriced(tiny_cfg(3, adapt={"mode": "adjust", "inject": "sleep"})) == \
         "not priced: --adapt adjust, --inject; the rows are the strategies without them"
+
+
+def test_fit_with_auto_refuses_what_train_would_before_probing(tmp_path, monkeypatch):
+    import fullgraph
+    from fullgraph.errors import ConfigError
+    from fullgraph.graph import store
+    from fullgraph.graph.synthetic import sbm
+
+    monkeypatch.setattr(planner, "probe", lambda *a, **k: pytest.fail("probed"))
+    store.save_dataset(sbm(6, 2, avg_degree=2.0, num_features=3, seed=0), tmp_path / "six")
+    with pytest.raises(ConfigError, match="8 workers for a graph of 6 vertices"):
+        fullgraph.fit(str(tmp_path / "six"), strategy="auto", workers=8, oversubscribe=True)

@@ -120,3 +120,27 @@ def test_stored_self_loops_that_a_model_leaves_out_are_named(model, warns):
         train(ds, cfg)
     said = [w for w in caught if "leaves out the ones the graph stores" in str(w.message)]
     assert len(said) == int(warns)
+
+
+def test_under_partial_reduce_a_divergence_stops_at_the_next_full_synchronisation(toy):
+    """A NaN loss in a partial epoch (2, 3) goes on to the next collective epoch (4), where
+    every rank's loss is the same and nothing is in flight; it trained to the end."""
+    from fullgraph.adapt.base import Adapter
+
+    class Partial(Adapter):
+        def collective_epoch(self, epoch):
+            return epoch in (1, 4, 5, 6)
+
+    class NaNLoss(Adapter):
+        epoch = 0
+
+        def on_loss(self, loss):
+            return loss * float("nan") if self.epoch >= 2 else loss
+
+        def before_epoch(self, epoch):
+            self.epoch = epoch
+
+    cfg = Config(train=TrainConfig(epochs=6))
+    with pytest.warns(UserWarning, match="epoch 4: the loss is nan: the training diverged"):
+        res = train(toy, cfg, adapters=[Partial(), NaNLoss()])
+    assert [r.epoch for r in res.epochs] == [1, 2, 3, 4]

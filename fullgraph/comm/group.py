@@ -67,6 +67,7 @@ class ByteCounter:
         self._calls: list[tuple[str, float]] | None = None  # None: not recording
         self.entered = 0
         self.inside: str | None = None
+        self.awaiting: int | None = None  # the global rank a point-to-point wait waits for
 
     def enter(self, phase: str, collective: str) -> None:
         """Note that this rank is now blocked in ``collective`` of ``phase``."""

@@ -95,7 +95,12 @@ class Tagged:
         ``deadline``; True if it completed. Raises ``CommError`` if it failed."""
         start = time.perf_counter()
         if not self._event.is_set():
-            self._event.wait(max(0.0, deadline - start))
+            counter = self.comm.counter  # (the heartbeat says whom this rank waits for)
+            counter.awaiting = _peer(self.comm, self.peer)
+            try:
+                self._event.wait(max(0.0, deadline - start))
+            finally:
+                counter.awaiting = None
         self.blocked_s += time.perf_counter() - start
         return self.done()
 

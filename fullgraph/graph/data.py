@@ -11,6 +11,7 @@ Shapes: N = number of vertices, F = feature dimension.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -93,15 +94,17 @@ class VertexData:
         if name not in FEATURE_DTYPES:
             raise ValidationError("unknown feature storage dtype", field="feature_dtype",
                                   found=name, expected=" | ".join(FEATURE_DTYPES))
+        source = self.features.values() if self.features.layout == torch.sparse_csr \
+            else self.features
+        if FEATURE_DTYPES[name] == torch.float16 and source.dtype != torch.float16 and \
+                source.numel():  # (a reduction: no (N, F) mask beside a mapped matrix)
+            big = max(float(source.amax()), -float(source.amin()))
+            if math.isfinite(big) and big > float(torch.finfo(torch.float16).max):
+                raise ValidationError("a feature value does not fit float16",
+                                      field="features", found=f"{big:g}",
+                                      expected="at most 65504 in magnitude",
+                                      hint="use --feature-dtype bfloat16 or float32")
         x = convert(self.features, FEATURE_DTYPES[name], self.features.device)
-        values = x.values() if x.layout == torch.sparse_csr else x
-        if x.dtype == torch.float16 and values.numel() and bool(torch.isinf(values).any()):
-            source = self.features.values() if self.features.layout == torch.sparse_csr \
-                else self.features
-            big = float(source.abs().max())
-            raise ValidationError("a feature value does not fit float16", field="features",
-                                  found=f"{big:g}", expected="at most 65504 in magnitude",
-                                  hint="use --feature-dtype bfloat16 or float32")
         return dataclasses.replace(self, features=x)
 
     def row_normalized(self, low: float | None = None) -> "VertexData":

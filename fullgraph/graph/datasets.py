@@ -108,6 +108,10 @@ def load(name: str, root: Path, *, feature_dtype: str = "stored", split_seed: in
     if (processed / store.META_FILE).exists():
         try:
             dataset = store.load_dataset(processed, verify=verify)
+            if spec is not None and _stored_dense(dataset):  # processed by an older version
+                raise CacheError("its features are stored dense, and a built-in dataset's "
+                                 "bag of words is stored as CSR (every host alike)",
+                                 source=processed)
             if spec is None or spec.format != "npz":
                 _fixed_split(dataset, split_seed)
             return _finish(dataset, feature_dtype)
@@ -137,6 +141,21 @@ def load(name: str, root: Path, *, feature_dtype: str = "stored", split_seed: in
     if spec.format != "npz":
         _fixed_split(dataset, split_seed)
     return _finish(dataset, feature_dtype)
+
+
+def _stored_dense(dataset: Dataset) -> bool:
+    """Whether ``dataset``'s features are stored dense where ``--sparse-features auto``
+    holds them as CSR (a built-in dataset processed before it was stored so)."""
+    from fullgraph.graph.sparse import (
+        SPARSE_DENSITY,
+        SPARSE_MIN_COLUMNS,
+        is_sparse,
+        sampled_density,
+    )
+
+    x = dataset.data.features
+    return not is_sparse(x) and x.shape[1] >= SPARSE_MIN_COLUMNS and \
+        sampled_density(x) <= SPARSE_DENSITY
 
 
 def _fixed_split(dataset: Dataset, split_seed: int) -> Dataset:

@@ -337,6 +337,20 @@ def section_users() -> dict[str, tuple[str, ...]]:
     return {k: tuple(v) for k, v in users.items()}
 
 
+def unused_sections(options: Mapping[str, Any], names: set[str],
+                    skip: Mapping[str, tuple[str, ...]] | None = None
+                    ) -> list[tuple[str, list[str], tuple[str, ...]]]:
+    """The option sections given changes (``changed_fields``, less ``skip[section]``)
+    that none of the strategies ``names`` reads: (section, fields, the strategies that
+    read it)."""
+    out = []
+    for section, users in section_users().items():
+        changed = changed_fields(options[section], skip=(skip or {}).get(section, ()))
+        if changed and not names & set(users):
+            out.append((section, changed, users))
+    return out
+
+
 def build_strategy(cfg: Any) -> Strategy:
     """The strategy ``cfg.runtime.strategy`` names, with the option sections it reads.
 
@@ -346,12 +360,9 @@ def build_strategy(cfg: Any) -> Strategy:
     from fullgraph.configfile import flags_of
 
     name = cfg.runtime.strategy
-    for section, users in section_users().items():
-        given = cfg.options[section]
-        changed = changed_fields(given)
-        if changed and name not in users:
-            warnings.warn(f"{flags_of(section, changed)} no effect with --strategy {name} "
-                          f"(only with {', '.join(users)})", stacklevel=2)
+    for section, changed, users in unused_sections(cfg.options, {name}):
+        warnings.warn(f"{flags_of(section, changed)} no effect with --strategy {name} "
+                      f"(only with {', '.join(users)})", stacklevel=2)
     strategy = get_strategy(name).from_sections(cfg.options)
     for message in strategy.unused_options():
         warnings.warn(message, stacklevel=2)

@@ -148,3 +148,20 @@ def test_features_beyond_float16s_range_are_refused_for_float16() -> None:
     sparse = VertexData(data.features.to_sparse_csr(), data.labels, mask, mask, mask, 2)
     with pytest.raises(ValidationError, match="does not fit float16"):
         sparse.with_feature_dtype("float16")
+
+
+def test_a_built_in_dataset_processed_dense_is_processed_again(tmp_path: Path) -> None:
+    """A cache an older version wrote dense is rebuilt as CSR (with a warning), so every
+    host of a run holds the same arrays (torchrun compares them)."""
+    import torch
+
+    from fullgraph.graph.sparse import densify, is_sparse
+
+    ds = datasets.load("cora", tmp_path)
+    want = densify(ds.data.features)
+    ds.data.features = want
+    store.save_dataset(ds, datasets.processed_dir(tmp_path, "cora"))
+    with pytest.warns(UserWarning, match="stored dense.*rebuilding the processed dataset"):
+        again = datasets.load("cora", tmp_path)
+    assert is_sparse(again.data.features)
+    assert torch.equal(densify(again.data.features), want)

@@ -151,18 +151,24 @@ COUNTS = {2: ([60, 7], [0, 5]), 3: ([1, 40, 26], [5, 0, 0])}
 
 
 class ForcedCounts:
-    """``replan`` with given row and column counts after epoch 2, shares otherwise."""
+    """``replan`` with given row and column counts after epoch 2, back to setup's split
+    (shares None) after epoch 3, shares otherwise."""
 
     def __init__(self, strategy: TensorParallel) -> None:
-        self.strategy = strategy
+        self.strategy, self.first = strategy, None
 
     def between_epochs(self, model, plan, epoch, profile) -> None:
         world = plan.comm.world_size
         rows, cols = COUNTS[world]
+        if self.first is None:  # setup's split, before any replan
+            self.first = (list(plan.row_counts), plan.layout(5).col_counts)
         if epoch == 2:
             self.strategy.replan(model, plan, [1.0] * world, row_counts=rows,
                                  col_counts={5: cols})
             assert plan.layout(5).col_counts == tuple(cols) and plan.row_counts == rows
+        elif epoch == 3:
+            self.strategy.replan(model, plan, None)
+            assert (list(plan.row_counts), plan.layout(5).col_counts) == self.first
         else:
             self.strategy.replan(model, plan, FORCED_SPEEDS[world][epoch])
 
