@@ -127,7 +127,7 @@ def test_bad_edge_file_is_one_line_error(root, tmp_path, capsys):
 
 def test_corrupt_cache_is_rebuilt_with_warning(root, capsys):
     assert main(["train", "--epochs", "1", "--progress", "off"]) == 0
-    features = root / "cora" / "processed" / "features.npy"
+    features = root / "cora" / "processed" / "features_values.npy"  # (stored as CSR)
     data = bytearray(features.read_bytes())
     data[-1] ^= 0xFF
     features.write_bytes(bytes(data))
