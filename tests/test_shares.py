@@ -197,19 +197,26 @@ def test_even_times_do_not_switch_and_probes_give_work_back():
     assert all(slow.decide([90.0, 10.0], e, fixed) is None for e in range(21, 21 + WINDOW))
 
 
+def _on_balancing_trial() -> ShareBalancer:
+    """A balancer of 2 workers, rank 1 taking twice rank 0's time, on the balancing
+    trial that gives it a third of the work."""
+    balancer = ShareBalancer(Recorder(), FakePlan(), lambda e: None)
+    balancer.decide([1.0, 1.0], 1, [0.01, 0.01])  # warm-up
+    out = None
+    for e in range(2, 2 + WINDOW):
+        out = balancer.decide([0.5 / 0.01, 0.5 / 0.02], e, [0.01, 0.02])
+        if out is not None:
+            break
+    assert out == pytest.approx([2 / 3, 1 / 3], abs=0.01) and balancer.trial is not None
+    return balancer
+
+
 def test_a_balancing_switch_that_does_not_shorten_the_slowest_time_is_undone():
     """Rank 1 slowest by a fixed cost of its own: shares in proportion to the speeds
     predict a shorter epoch, the epoch after shows none, and the shares go back (the
     next try waits twice as long). Where the slowest time falls, the switch stays."""
     def run(after: list[float]) -> ShareBalancer:
-        balancer = ShareBalancer(Recorder(), FakePlan(), lambda e: None)
-        balancer.decide([1.0, 1.0], 1, [0.01, 0.01])  # warm-up
-        out = None
-        for e in range(2, 2 + WINDOW):
-            out = balancer.decide([0.5 / 0.01, 0.5 / 0.02], e, [0.01, 0.02])
-            if out is not None:
-                break
-        assert out == pytest.approx([2 / 3, 1 / 3], abs=0.01) and balancer.trial is not None
+        balancer = _on_balancing_trial()
         balancer.decide([0.67 / after[0], 0.33 / after[1]], 10, after)
         return balancer
 
@@ -250,14 +257,7 @@ def test_a_balancing_switch_kept_by_a_slowdown_that_ended_is_undone():
     """Rank 1 was slow (speeds 2:1); its slowdown ends in the epoch the switch takes
     work from it: the slowest time falls, but rank 1 took far less than its smaller
     share predicts, so the fall is not the switch's and the shares go back."""
-    balancer = ShareBalancer(Recorder(), FakePlan(), lambda e: None)
-    balancer.decide([1.0, 1.0], 1, [0.01, 0.01])  # warm-up
-    out = None
-    for e in range(2, 2 + WINDOW):
-        out = balancer.decide([0.5 / 0.01, 0.5 / 0.02], e, [0.01, 0.02])
-        if out is not None:
-            break
-    assert out == pytest.approx([2 / 3, 1 / 3], abs=0.01)
+    balancer = _on_balancing_trial()
     # predicted for rank 1: 0.02 x (1/3) / (1/2) = 0.0133; it took 0.004 (recovered)
     assert balancer.decide([0.67 / 0.0135, 0.33 / 0.004], 10, [0.0135, 0.004]) == \
         pytest.approx([0.5, 0.5])
