@@ -260,7 +260,9 @@ def _fit(data: Any, options: dict[str, Any], workers: int, verbose: bool,
             if workers > 1:  # what any strategy's run would refuse, before probing
                 launch.check_workers(workers, cfg.launch.oversubscribe)
             check_any_strategy(cfg, prepared, workers)
-            cfg = resolve_config(cfg, prepared)[0]
+            cfg, flags, why = resolve_config(cfg, prepared)
+            if verbose:  # as the command line says it
+                print(f"strategy auto: {' '.join(flags)}: {why}", file=sys.stderr)
         if workers == 1:
             return _fit_here(cfg, dataset, verbose, prepared)
         del prepared  # the workers load their own

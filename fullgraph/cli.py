@@ -572,11 +572,10 @@ def cmd_train(args: argparse.Namespace) -> int:
         if cfg.launch.workers > 1:  # what train would refuse of any strategy, before probing
             launch.check_workers(cfg.launch.workers, cfg.launch.oversubscribe)
         check_any_strategy(cfg, dataset, cfg.launch.workers)
-        cfg, flags = resolve_config(cfg, dataset)
+        cfg, flags, why = resolve_config(cfg, dataset)
         if cfg.train.log_level in ("debug", "info"):  # --quiet: warnings and errors only
-            why = "per-part shards train data parallel here" if dataset.shard is not None \
-                else "see `fullgraph plan`"
-            print(f"strategy auto: {' '.join(flags)} ({why})", file=sys.stderr)
+            see = "" if dataset.shard is not None else " (`fullgraph plan` has the table)"
+            print(f"strategy auto: {' '.join(flags)}: {why}{see}", file=sys.stderr)
         args.argv = [*args.argv, *flags]
     from fullgraph.train import check_outputs
 

@@ -536,31 +536,35 @@ def _same_run(a: Estimate, b: Estimate, budget: bool) -> bool:
     return runs(a) == runs(b)
 
 
-def resolve_auto(cfg: Any, dataset: Dataset) -> tuple[P.Candidate, list[str]]:
-    """The candidate ``--strategy auto`` runs, and the command-line flags selecting it."""
+def resolve_auto(cfg: Any, dataset: Dataset) -> tuple[P.Candidate, list[str], str]:
+    """The candidate ``--strategy auto`` runs, the command-line flags selecting it, and
+    why (the plan's reason, as ``fullgraph plan`` words it)."""
     if cfg.launch.workers == 1:
-        return P.Candidate("single", "single"), ["--strategy", "single"]
-    best = plan_run(cfg, dataset).recommended
+        return P.Candidate("single", "single"), ["--strategy", "single"], "one worker"
+    result = plan_run(cfg, dataset)
+    best = result.recommended
     cand = best.candidate
     if not best.fits:
         warnings.warn(f"--strategy auto: no strategy fits ({best.why_not} for the fastest, "
                       f"{cand.label}); running it anyway (see `fullgraph plan`)", stacklevel=2)
-    return cand, candidate_flags(cand, device_budget(cfg) is not None)
+    why = explain(result)[1].removeprefix("why: ")
+    return cand, candidate_flags(cand, device_budget(cfg) is not None), why
 
 
-def resolve_config(cfg: Any, dataset: Dataset) -> tuple[Any, list[str]]:
+def resolve_config(cfg: Any, dataset: Dataset) -> tuple[Any, list[str], str]:
     """``cfg`` with ``--strategy auto`` replaced by the recommendation (unchanged when
-    the strategy is a concrete one), and the flags that select it."""
+    the strategy is a concrete one), the flags that select it, and why."""
     if cfg.runtime.strategy != "auto":
-        return cfg, []
+        return cfg, [], ""
     if dataset.shard is not None:  # shards: data parallel (the others train on them too; the
         # planner's estimates need the whole graph)
         import dataclasses
 
         runtime = dataclasses.replace(cfg.runtime, strategy="data")
-        return dataclasses.replace(cfg, runtime=runtime), ["--strategy", "data"]
-    cand, flags = resolve_auto(cfg, dataset)
-    return candidate_config(cfg, cand), flags
+        return dataclasses.replace(cfg, runtime=runtime), ["--strategy", "data"], \
+            "per-part shards train data parallel here"
+    cand, flags, why = resolve_auto(cfg, dataset)
+    return candidate_config(cfg, cand), flags, why
 
 
 def candidate_flags(cand: P.Candidate, device_budget: bool = False) -> list[str]:

@@ -181,7 +181,7 @@ def test_plan_prices_every_candidate_and_marks_what_does_not_fit(monkeypatch):
     monkeypatch.setattr(planner, "plan_run", lambda cfg, dataset: squeezed)
     with pytest.warns(UserWarning, match=r"--strategy auto: no strategy fits \(needs .* of "
                                          r"RAM per worker for the fastest, "):
-        cand, _ = planner.resolve_auto(cfg, dataset)
+        cand, _, _ = planner.resolve_auto(cfg, dataset)
     assert cand == squeezed.recommended.candidate
 
 
@@ -278,7 +278,8 @@ def test_device_budget_on_a_gpu_leaves_tensor_parallelism_chunked_within_it(monk
 
 
 def test_auto_with_one_worker_is_single_and_flags_select_the_candidate():
-    cand, flags = planner.resolve_auto(tiny_cfg(1), tiny_dataset(F, C))
+    cand, flags, why = planner.resolve_auto(tiny_cfg(1), tiny_dataset(F, C))
+    assert why == "one worker"
     assert cand.strategy == "single" and flags == ["--strategy", "single"]
     assert planner.candidate_flags(P.CANDIDATES[2]) == ["--strategy", "data", "--dep-mode",
                                                         "hybrid"]
@@ -340,7 +341,9 @@ def test_strategy_auto_is_resolved_before_the_workers_launch(cora_env, monkeypat
     argv = seen[0]
     chosen = argv[len(argv) - 1 - argv[::-1].index("--strategy") + 1]
     assert chosen in strategy_names() and chosen != "auto"
-    assert f"strategy auto: --strategy {chosen}" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"strategy auto: --strategy {chosen}" in err
+    assert ": the fastest predicted epoch that fits, " in err  # why, as plan says it
 
 
 def test_strategy_auto_under_an_external_launcher_is_refused(cora_env, monkeypatch, capsys):
