@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from fullgraph.adapt import build_adapters, check_local_launch
-from fullgraph.adapt import check_options as check_adapt_options
+from fullgraph.adapt import check_strategy as check_adapt_strategy
 from fullgraph.checkpoint import Checkpointer, run_facts
 from fullgraph.comm.group import Comm
 from fullgraph.comm.primitives import all_gather_object
@@ -320,8 +320,8 @@ def check_before_launch(cfg: Config, dataset: Dataset, workers: int) -> None:
             another number of parts than there are workers.
         DataError: the partition file is unreadable or for another graph.
     """
-    check_any_strategy(cfg, dataset, workers)
-    check_adapt_options(cfg, workers)
+    check_any_strategy(cfg, dataset, workers)  # (check_general of --adapt among them)
+    check_adapt_strategy(cfg)
     check_patience(cfg, dataset)
     shards.check_use(dataset, cfg.runtime.strategy, workers)
     program = build(dataset, cfg)

@@ -146,16 +146,10 @@ def load(name: str, root: Path, *, feature_dtype: str = "stored", split_seed: in
 def _stored_dense(dataset: Dataset) -> bool:
     """Whether ``dataset``'s features are stored dense where ``--sparse-features auto``
     holds them as CSR (a built-in dataset processed before it was stored so)."""
-    from fullgraph.graph.sparse import (
-        SPARSE_DENSITY,
-        SPARSE_MIN_COLUMNS,
-        is_sparse,
-        sampled_density,
-    )
+    from fullgraph.graph.sparse import is_sparse, sparse_enough
 
     x = dataset.data.features
-    return not is_sparse(x) and x.shape[1] >= SPARSE_MIN_COLUMNS and \
-        sampled_density(x) <= SPARSE_DENSITY
+    return not is_sparse(x) and sparse_enough(x)
 
 
 def _fixed_split(dataset: Dataset, split_seed: int) -> Dataset:

@@ -128,10 +128,15 @@ def choose_layout(x: Tensor, mode: str) -> Tensor:
         return densify(x)
     if is_sparse(x):
         return x
-    if mode == "on" or (x.shape[1] >= SPARSE_MIN_COLUMNS
-                        and sampled_density(x) <= SPARSE_DENSITY):
+    if mode == "on" or sparse_enough(x):
         return to_sparse(x)
     return x
+
+
+def sparse_enough(x: Tensor) -> bool:
+    """Whether dense ``x`` is what ``auto`` holds as CSR: ``SPARSE_MIN_COLUMNS``
+    columns or more, at most ``SPARSE_DENSITY`` of its entries non-zero (sampled)."""
+    return x.shape[1] >= SPARSE_MIN_COLUMNS and sampled_density(x) <= SPARSE_DENSITY
 
 
 def cat_rows(parts: list[Tensor]) -> Tensor:
