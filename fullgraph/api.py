@@ -250,16 +250,13 @@ def _fit(data: Any, options: dict[str, Any], workers: int, verbose: bool,
             dataset = _from_pyg(data, cfg.data.split_seed, num_classes) if in_memory else data
         prepared = None  # the data as the run holds it, where the planner needed it already
         if cfg.runtime.strategy == "auto":  # the planner's choice, made once before any worker
-            from fullgraph import launch
             from fullgraph.graph import datasets
             from fullgraph.planner import resolve_config
-            from fullgraph.train import check_any_strategy
+            from fullgraph.train import check_before_planning
 
             prepared = datasets.load_for(cfg.data) if dataset is None else \
                 _with_data_options(dataset, cfg)
-            if workers > 1:  # what any strategy's run would refuse, before probing
-                launch.check_workers(workers, cfg.launch.oversubscribe)
-            check_any_strategy(cfg, prepared, workers)
+            check_before_planning(cfg, prepared)
             cfg, flags, why = resolve_config(cfg, prepared)
             if verbose:  # as the command line says it
                 print(f"strategy auto: {' '.join(flags)}: {why}", file=sys.stderr)

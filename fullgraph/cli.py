@@ -566,12 +566,10 @@ def cmd_train(args: argparse.Namespace) -> int:
                                  "torchrun run `fullgraph plan` and pass its strategy")
         from fullgraph.graph import datasets
         from fullgraph.planner import resolve_config
-        from fullgraph.train import check_any_strategy
+        from fullgraph.train import check_before_planning
 
         dataset = datasets.load_for(cfg.data)
-        if cfg.launch.workers > 1:  # what train would refuse of any strategy, before probing
-            launch.check_workers(cfg.launch.workers, cfg.launch.oversubscribe)
-        check_any_strategy(cfg, dataset, cfg.launch.workers)
+        check_before_planning(cfg, dataset)
         cfg, flags, why = resolve_config(cfg, dataset)
         if cfg.train.log_level in ("debug", "info"):  # --quiet: warnings and errors only
             see = "" if dataset.shard is not None else " (`fullgraph plan` has the table)"
@@ -734,10 +732,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
         datasets.check_new_name(args.name)  # before the work of generating
     from fullgraph.memory import available_memory, parse_bytes
 
-    memory = (parse_bytes(args.memory) if args.memory is not None
-              else max(256 << 20, (available_memory() or 4 << 30) // 4))
-    _kind_options(args)
     free = available_memory()
+    memory = (parse_bytes(args.memory) if args.memory is not None
+              else max(256 << 20, (free or 4 << 30) // 4))
+    _kind_options(args)
     if free and args.vertices * GENERATE_BYTES_PER_VERTEX > free:  # (a MemoryError, else)
         raise ConfigError(f"--vertices: {args.vertices} vertices need about "
                           f"{args.vertices * GENERATE_BYTES_PER_VERTEX / 2**30:.1f} GiB while "
@@ -952,19 +950,16 @@ COMMANDS["check"] = cmd_check
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from fullgraph import launch
     from fullgraph.graph import datasets
     from fullgraph.plan_measure import rss_bytes
     from fullgraph.planner import plan_run, table_lines
-    from fullgraph.train import check_any_strategy
+    from fullgraph.train import check_before_planning
 
     # a config file's options that plan does not take (as flags) are ignored, as documented
     cfg, base = _config_at_log_level(args, ignored=exactness.NOT_TAKEN), rss_bytes()
     dataset = datasets.load_for(cfg.data)
-    if dataset.shard is None:  # what train would refuse of any strategy, before probing
-        if cfg.launch.workers > 1:
-            launch.check_workers(cfg.launch.workers, cfg.launch.oversubscribe)
-        check_any_strategy(cfg, dataset, cfg.launch.workers, launching=False)
+    if dataset.shard is None:  # (plan injects nothing: --inject net is not refused)
+        check_before_planning(cfg, dataset, launching=False)
     if dataset.shard is not None:
         print(f"fullgraph plan: {cfg.data.dataset} is per-part shards: they train on "
               f"--workers {dataset.shard.parts} (--strategy data, p2p, tensor or task), each "

@@ -305,6 +305,17 @@ def check_any_strategy(cfg: Config, dataset: Dataset, workers: int, *,
         check_local_launch(cfg)
 
 
+def check_before_planning(cfg: Config, dataset: Dataset, *, launching: bool = True) -> None:
+    """What ``plan``, ``--strategy auto`` and ``fit(strategy="auto")`` refuse before they
+    measure anything: more workers than this host starts (``launch.check_workers``), then
+    ``check_any_strategy``."""
+    from fullgraph import launch
+
+    if cfg.launch.workers > 1:
+        launch.check_workers(cfg.launch.workers, cfg.launch.oversubscribe)
+    check_any_strategy(cfg, dataset, cfg.launch.workers, launching=launching)
+
+
 def check_before_launch(cfg: Config, dataset: Dataset, workers: int) -> None:
     """Find the user errors a ``workers``-worker run would hit, before starting any.
 
