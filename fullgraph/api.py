@@ -58,7 +58,9 @@ class FitResult:
         history: one dict per epoch run (fewer than ``epochs`` where ``patience=``
             stopped the run early): epoch, loss, train_acc, val_acc, test_acc
             (NaN on epochs without evaluation), epoch_s, forward_s, backward_s,
-            optimizer_s, eval_s (the evaluation's part of epoch_s).
+            optimizer_s, eval_s (the evaluation's part of epoch_s). A run given
+            ``resume=`` starts with the checkpoint's epochs, each marked
+            ``"restored": True`` (as in ``metrics_out``'s file).
         model: the trained model at its best-validation epoch, on the CPU, in eval
             mode: a ``fullgraph.saved.SavedModel`` (a ``torch.nn.Module``), so
             ``model(edge_index, features)`` gives every vertex's logits,
@@ -70,7 +72,8 @@ class FitResult:
         train_accuracy: train accuracy at the best-validation epoch.
         best_epoch: the epoch the model is from (the last, without validation
             vertices).
-        total_s: seconds of training (without setup).
+        total_s: seconds of training (without setup; the epochs run here, not those a
+            checkpoint brought).
         config: the ``fullgraph.config.Config`` of the run.
     """
 
@@ -238,7 +241,9 @@ def _run_options(caller: str, data: Any, model: str | type, num_classes: int | N
 
 def _fit(data: Any, options: dict[str, Any], workers: int, verbose: bool,
          num_classes: int | None, in_memory: bool) -> FitResult:
-    cfg = config_from_options(options)
+    from fullgraph.checkpoint import resolve_resume
+
+    cfg = resolve_resume(config_from_options(options))
     if workers > 1:  # a class no worker can import is refused before any start (the
         from fullgraph.models.custom import for_workers  # planner's probe workers too)
 
@@ -458,7 +463,9 @@ def _warn_as_workers_did(prefix: Path) -> None:
 
 def _payload(result: Any) -> dict[str, Any]:
     """A ``TrainResult`` as plain types (loadable with ``weights_only=True``)."""
-    return {"history": [asdict(r) for r in result.epochs], "best_epoch": result.best_epoch,
+    restored = result.extra.get("restored", 0)  # (the checkpoint's, as the metrics file marks)
+    return {"history": [asdict(r) | ({"restored": True} if i < restored else {})
+                        for i, r in enumerate(result.epochs)], "best_epoch": result.best_epoch,
             "best_val": result.best_val, "test_at_best": result.test_at_best,
             "train_at_best": result.train_at_best, "total_s": result.total_s}
 

@@ -318,6 +318,48 @@ def _damage(ckpt: dict[str, Any]) -> str:
     return f"its run facts lack {', '.join(run)}" if run else ""
 
 
+AUTO = "auto"
+"""``--resume auto``: resume from ``--checkpoint-dir`` where it holds a checkpoint (a job
+requeued after preemption), else start anew (its first launch), in one command."""
+
+
+def resolve_resume(cfg: Config) -> Config:
+    """``cfg`` with ``--resume auto`` made ``--checkpoint-dir`` (it holds a checkpoint)
+    or unset (it holds none yet); any other ``cfg`` as it is."""
+    t = cfg.train
+    if t.resume != AUTO:
+        return cfg
+    assert t.checkpoint_dir is not None  # (TrainConfig refuses auto without it)
+    found = (Path(t.checkpoint_dir).expanduser() / FILE_NAME).is_file()
+    return dataclasses.replace(cfg, train=dataclasses.replace(
+        t, resume=t.checkpoint_dir if found else None))
+
+
+def check_not_replaced(cfg: Config) -> None:
+    """Refuse a new run (no ``--resume``) whose ``--checkpoint-dir`` holds a checkpoint:
+    it would replace it at its first checkpoint, and a command run again without
+    ``--resume`` would lose the run it meant to continue.
+
+    Raises:
+        ConfigError: naming the directory, the checkpoint's epoch where it is readable,
+            and the ways on.
+    """
+    t = cfg.train
+    if t.resume is not None or t.checkpoint_dir is None:
+        return
+    path = Path(t.checkpoint_dir).expanduser() / FILE_NAME
+    if not path.is_file():
+        return
+    try:
+        held = f"a checkpoint after epoch {read(path)['epoch']}"
+    except ConfigError:  # damaged or of another version: still not this run's to replace
+        held = FILE_NAME
+    raise ConfigError(f"train.checkpoint_dir: {t.checkpoint_dir} holds {held}, which this new "
+                      f"run would replace: continue it with --resume {t.checkpoint_dir} (or "
+                      "--resume auto), or start anew in another --checkpoint-dir or after "
+                      f"removing {path}")
+
+
 def check_resumable(cfg: Config, dataset: Dataset, dtype: torch.dtype = torch.float32) -> None:
     """Refuse ``train.resume`` if it holds no checkpoint of this run (see ``Checkpointer``).
 

@@ -558,8 +558,9 @@ def _config_at_log_level(args: argparse.Namespace,
 
 def cmd_train(args: argparse.Namespace) -> int:
     from fullgraph import launch
+    from fullgraph.checkpoint import resolve_resume
 
-    cfg = _config_at_log_level(args)
+    cfg = resolve_resume(_config_at_log_level(args))  # (each worker too: before any writes)
     if cfg.runtime.strategy == "auto":  # resolved once, here: every worker runs the same
         if launch.under_launcher():
             raise FullgraphError("--strategy auto is resolved before the workers start; under "

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 import sys
 import types
@@ -73,6 +72,10 @@ def _require(cond: bool, section: str, name: str, value: Any, expected: str) -> 
     if not cond:
         raise ConfigError(f"{section}.{name}: got {value!r}; expected {expected}")
 
+
+FLOAT32_MAX = 3.4028234663852886e38
+"""The largest float32: torch's optimisers refuse a larger step size or weight decay
+(a traceback, not a message) for float32 parameters."""
 
 SPARSE_FEATURES = ("auto", "on", "off")
 
@@ -285,7 +288,9 @@ class TrainConfig:
     checkpoint_dir: str | None = option(None, "write checkpoints into this directory "
                                         "(every --checkpoint-every epochs and at the end)")
     checkpoint_every: int = option(10, "epochs between checkpoints")
-    resume: str | None = option(None, "continue the run from the checkpoint in this directory")
+    resume: str | None = option(None, "continue the run from the checkpoint in this directory "
+                                "(auto: from --checkpoint-dir where it holds one, else start "
+                                "anew)")
     save_model: str | None = option(None, "write the best-validation model to this file "
                                     "(load it with fullgraph.load_model)")
 
@@ -297,9 +302,13 @@ class TrainConfig:
         if self.checkpoint_every != 10 and self.checkpoint_dir is None:
             warnings.warn("--checkpoint-every has no effect without --checkpoint-dir",
                           stacklevel=3)
-        _require(0 < self.lr < math.inf, "train", "lr", self.lr, "> 0 and finite")
-        _require(0 <= self.weight_decay < math.inf, "train", "weight_decay", self.weight_decay,
-                 ">= 0 and finite")
+        _require(0 < self.lr <= FLOAT32_MAX, "train", "lr", self.lr,
+                 "> 0 and finite in float32 (at most 3.4e38)")
+        if self.resume == "auto" and self.checkpoint_dir is None:
+            raise ConfigError("train.resume: 'auto' resumes from --checkpoint-dir where it "
+                              "holds a checkpoint; give --checkpoint-dir too")
+        _require(0 <= self.weight_decay <= FLOAT32_MAX, "train", "weight_decay",
+                 self.weight_decay, ">= 0 and finite in float32 (at most 3.4e38)")
         _require(self.eval_every >= 1, "train", "eval_every", self.eval_every, ">= 1")
         _require(self.patience is None or self.patience >= 1, "train", "patience",
                  self.patience, ">= 1")

@@ -99,11 +99,14 @@ def _training(fig: Any, log: RunLog, rows: list[RankRow], slow: int | None) -> N
         if points:
             acc_ax.plot(*zip(*points), label=split, color=COLORS[split],
                         marker="." if len(points) <= 60 else None)
-    best = (log.summary or {}).get("best_epoch")
+    summary = log.summary or {}
+    best = summary.get("best_epoch")
     if best:
+        what = "model kept: the last" if math.isnan(summary.get("best_val", 0.0)) else \
+            "best validation"  # (no validation vertices: the last epoch's model is kept)
         for ax in (loss_ax, acc_ax):
             ax.axvline(best, color="grey", linestyle="--", linewidth=1,
-                       label=f"best validation (epoch {best})")
+                       label=f"{what} (epoch {best})")
     acc_ax.set(title="accuracy", xlabel="epoch", ylabel="accuracy (%)", ylim=(0, 100))
     acc_ax.legend(loc="lower right")
     for ax in (loss_ax, acc_ax):
@@ -181,9 +184,15 @@ def _epoch_time(fig: Any, log: RunLog, rows: list[RankRow], slow: int | None) ->
                 linewidth=1, label=f"rank {rank}")
     if not log.ranks:
         ax.plot(epochs, times, color="black", marker=marker, label="epoch")
-    median = sorted(times)[len(times) // 2]
-    ax.axhline(median, color="grey", linestyle="--", linewidth=1,
-               label=f"median {median * 1e3:.1f} ms")
+    restored = len(log.epochs) - len(log.ran)  # (they come first)
+    if restored:  # timed by the run checkpointed, maybe under another strategy
+        ax.axvspan(0.5, restored + 0.5, color="grey", alpha=0.12, linewidth=0,
+                   label="restored from a checkpoint")
+    ran = sorted(e["epoch_s"] for e in log.ran) or sorted(times)  # (none: resumed at its end)
+    median = ran[len(ran) // 2]  # the median the run's summary gives
+    if log.ran:
+        ax.axhline(median, color="grey", linestyle="--", linewidth=1,
+                   label=f"median {median * 1e3:.1f} ms")
     slowed, switched = adapt_epochs(log)
     for i, epoch in enumerate(slowed):
         ax.axvspan(epoch - 0.5, epoch + 0.5, color="tab:orange", alpha=0.15, linewidth=0,
@@ -257,7 +266,7 @@ def final_lines(log: RunLog) -> list[str]:
     if s is None:
         last = log.epochs[-1]
         return [f"unfinished run: last epoch {last['epoch']}, loss {last['loss']:.4f}"]
-    restored = sum(bool(e.get("restored")) for e in log.epochs)
+    restored = len(log.epochs) - len(log.ran)
     early = f", stopped early (patience {log.config('train', 'patience')})" \
         if s.get("stopped_early") else ""
     if restored == len(log.epochs):  # resumed after its last epoch (or its early stop)
@@ -267,9 +276,15 @@ def final_lines(log: RunLog) -> list[str]:
         ran = f"{count} epoch{'' if count == 1 else 's'} in {s['total_s']:.2f} s" + (
             f" after {restored} restored from a checkpoint" if restored else "") + early + \
             f", median epoch {s['median_epoch_s'] * 1e3:.1f} ms"
-    return [f"test accuracy {s['test_acc']:.2%} at the best-validation epoch "
-            f"{s['best_epoch']} (validation {s['best_val']:.2%}, train {s['train_acc']:.2%})",
-            f"final loss {log.epochs[-1]['loss']:.4f}; {ran}"]
+    if math.isnan(s["best_val"]):  # as the run says it: nothing chose an epoch
+        kept = (f"no validation vertices: the model kept is the last epoch's (epoch "
+                f"{s['best_epoch']}): test accuracy {s['test_acc']:.2%}, train "
+                f"{s['train_acc']:.2%}")
+    else:
+        kept = (f"test accuracy {s['test_acc']:.2%} at the best-validation epoch "
+                f"{s['best_epoch']} (validation {s['best_val']:.2%}, train "
+                f"{s['train_acc']:.2%})")
+    return [kept, f"final loss {log.epochs[-1]['loss']:.4f}; {ran}"]
 
 
 def render_page(log: RunLog, rows: list[RankRow], slow: int | None) -> str:

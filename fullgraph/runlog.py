@@ -45,6 +45,12 @@ class RunLog:
         """One option of the run's config (``default`` when the file lacks it)."""
         return self.run.get("config", {}).get(section, {}).get(key, default)
 
+    @property
+    def ran(self) -> list[dict[str, Any]]:
+        """The ``epoch`` records of the epochs this run ran: not those a checkpoint
+        brought (``"restored": true``), which another strategy may have timed."""
+        return [e for e in self.epochs if not e.get("restored")]
+
 
 @dataclass
 class RankRow:
@@ -69,6 +75,9 @@ def read_run_log(path: str | Path) -> RunLog:
             message names file and line).
     """
     path = Path(path)
+    if path.is_dir():
+        raise DataError("is a directory, not a metrics file", source=path,
+                        hint="give the file `fullgraph train --metrics-out FILE` wrote")
     if not path.is_file():
         raise DataError("metrics file not found", source=path,
                         hint="write one with `fullgraph train --metrics-out FILE`")
@@ -140,11 +149,10 @@ def rank_rows(log: RunLog) -> list[RankRow]:
     compute. A run without them otherwise (resumed after its last epoch, so that none
     ran) has no rows.
     """
-    if not log.ranks and (int(log.run.get("workers", 1)) > 1 or
-                          all(e.get("restored") for e in log.epochs)):
+    if not log.ranks and (int(log.run.get("workers", 1)) > 1 or not log.ran):
         return []
     if not log.ranks:
-        wall = _median([e["epoch_s"] for e in log.epochs])
+        wall = _median([e["epoch_s"] for e in log.ran])
         return [RankRow(0, wall, 0.0, 0.0, wall, {}, {}, 0)]
     rows = []
     for rank, recs in sorted(log.ranks.items()):

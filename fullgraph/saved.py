@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from fullgraph.checkpoint import FORMAT as CHECKPOINT_FORMAT
 from fullgraph.checkpoint import (
     dataset_fingerprint,
     differences,
@@ -192,6 +193,10 @@ def load_model(path: str | Path) -> SavedModel:
     if not path.is_file():
         raise ConfigError(f"model: {path} not found")
     saved = load_file(path, "model", "model file")
+    if isinstance(saved, dict) and saved.get("format") == CHECKPOINT_FORMAT:
+        raise ConfigError(f"model: {path} is a training checkpoint, not a saved model: "
+                          "`fullgraph train ... --resume DIR --save-model FILE` with the run's "
+                          "options and its --epochs writes its best model without training")
     if not isinstance(saved, dict) or saved.get("format") != FORMAT:
         raise ConfigError(f"model: {path} is not a saved fullgraph model")
     if saved.get("version") != VERSION:

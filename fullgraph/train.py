@@ -96,7 +96,7 @@ alone writes them, at the paths rank 0 was given."""
 def check_outputs(cfg: Config) -> None:
     """Refuse an output path the run could not write (``--save-model`` a directory, a
     ``--checkpoint-dir`` that is a file, ...) now, not when it is written after the
-    training.
+    training; and a ``--checkpoint-dir`` whose checkpoint a new run would replace.
 
     Raises:
         ConfigError: naming the option and the path.
@@ -105,6 +105,9 @@ def check_outputs(cfg: Config) -> None:
         path = getattr(cfg.train, key)
         if path:
             check_output(path, flag, directory=directory)
+    from fullgraph.checkpoint import check_not_replaced
+
+    check_not_replaced(cfg)
 
 
 PER_PROCESS_OPTIONS = {
@@ -586,10 +589,15 @@ def _epochs(strategy: Strategy, model: GNN, plan: Plan, optimizer: torch.optim.O
             t_eval = time.perf_counter()
             acc = _accuracy(strategy, model, plan)
             eval_s = time.perf_counter() - t_eval
-            if acc["val"] > best[0]:
+            # (a step that made the parameters non-finite, as any after a non-finite loss
+            # does: the classes NaN logits happen to give score something, and must not
+            # make such parameters the model kept)
+            finite = math.isfinite(stats.loss) and all(
+                bool(torch.isfinite(p).all()) for p in model.parameters())
+            if finite and acc["val"] > best[0]:
                 best = (acc["val"], epoch, acc["test"], acc["train"],
                         copy.deepcopy(model.state_dict()))
-            elif math.isnan(acc["val"]):  # no validation vertices: the model is the last one
+            elif finite and math.isnan(acc["val"]):  # no validation vertices: the last one
                 best = (acc["val"], epoch, acc["test"], acc["train"], None)
             # the accuracies are every rank's (reduced counts): every rank stops here
             if out_of_patience(epoch, acc["val"]):
@@ -615,7 +623,7 @@ def _epochs(strategy: Strategy, model: GNN, plan: Plan, optimizer: torch.optim.O
             profiler.work = strategy.work(model, plan)  # the plan may have changed
         if not math.isfinite(stats.loss) and (collective or not partial):  # every rank stops
             if best[4] is None:  # no model was kept before: the one kept is this epoch's
-                best = (best[0], epoch, acc["test"], acc["train"], None)
+                best = (best[0], epoch, acc["test"], acc["train"], None)  # (the last one)
             _diverged(epoch, stats.loss, best[1], best[4] or model.state_dict())
             break
         phase(f"epoch {epoch} checkpoint")  # (written by rank 0 alone, where due)
@@ -647,7 +655,7 @@ def _diverged(epoch: int, loss: float, best_epoch: int, kept: dict[str, Tensor])
     import warnings
 
     which = f"the model kept is epoch {best_epoch}'s" if best_epoch != epoch else \
-        "no model was kept before it, so the model kept is this one"
+        "no validation accuracy kept an earlier model, so the model kept is this one"
     if not all(bool(torch.isfinite(v).all()) for v in kept.values() if v.is_floating_point()):
         which += ", and it has non-finite parameters too"
     warnings.warn(f"epoch {epoch}: the loss is {loss}: the training diverged (a smaller --lr "
@@ -730,6 +738,7 @@ def _finish(records: list[EpochRecord], profiles: list[list[EpochProfile]], best
          "total_s": total, "median_epoch_s": times[len(times) // 2],
          "epochs": len(records), "stopped_early": stopped is not None})
     result.extra["profiles"] = per_rank
+    result.extra["restored"] = restored
     return result
 
 

@@ -521,3 +521,14 @@ def test_a_check_stopped_by_sigterm_removes_its_temporary_files(monkeypatch, tmp
     with pytest.raises(fullgraph.FullgraphError, match="check: stopped by SIGTERM"):
         fullgraph.check(_random_data(), strategies="tensor", epochs=1)
     assert sent == [signal.SIGTERM] and list(tmp_path.iterdir()) == []
+
+
+def test_a_resumed_fit_marks_the_epochs_its_checkpoint_brought(tmp_path) -> None:
+    d = _random_data()
+    fullgraph.fit(d, epochs=2, hidden=8, checkpoint_dir=str(tmp_path / "ck"))
+    again = fullgraph.fit(d, epochs=4, hidden=8, checkpoint_dir=str(tmp_path / "ck"),
+                          resume="auto")
+    assert [row.get("restored", False) for row in again.history] == [True, True, False, False]
+    assert again.losses == fullgraph.fit(d, epochs=4, hidden=8).losses
+    with pytest.raises(ConfigError, match="is a training checkpoint, not a saved model"):
+        fullgraph.load_model(tmp_path / "ck" / "checkpoint.pt")

@@ -348,3 +348,54 @@ def test_rank_0_is_done_after_saving_the_model(tmp_path):
     train(make_dataset(), cfg, status=status)
     assert phases[-2:] == ["saving the model", "done"] and status.phase == "done"
     assert (tmp_path / "model.pt").is_file()
+
+
+def test_a_new_run_does_not_replace_a_checkpoint_it_was_not_told_to_resume(tmp_path):
+    """The same command run again without --resume would start at epoch 0 and write its
+    first checkpoint over the one it meant to continue."""
+    from fullgraph.train import check_outputs
+
+    ds = make_dataset()
+    train(ds, config("single", STOP, tmp_path / "ck", every=1))
+    with pytest.raises(ConfigError, match=rf"holds a checkpoint after epoch {STOP}, which this "
+                       r"new run would replace: continue it with --resume"):
+        check_outputs(config("single", EPOCHS, tmp_path / "ck"))
+    check_outputs(config("single", EPOCHS, tmp_path / "ck", resume=tmp_path / "ck"))
+    check_outputs(config("single", EPOCHS, tmp_path / "elsewhere"))
+    (tmp_path / "ck" / checkpoint.FILE_NAME).write_bytes(b"not a checkpoint")
+    with pytest.raises(ConfigError, match="holds checkpoint.pt, which"):  # still not its own
+        check_outputs(config("single", EPOCHS, tmp_path / "ck"))
+
+
+def test_resume_auto_starts_anew_then_continues_from_the_checkpoint_dir(tmp_path):
+    """One command for a job's first launch and its requeues."""
+    def auto(epochs: int) -> Config:
+        cfg = config("single", epochs, tmp_path / "ck", every=1)
+        return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, resume="auto"))
+
+    ds = make_dataset()
+    first = checkpoint.resolve_resume(auto(STOP))
+    assert first.train.resume is None
+    train(ds, first)
+    again = checkpoint.resolve_resume(auto(EPOCHS))
+    assert again.train.resume == str(tmp_path / "ck")
+    resumed = train(ds, again)
+    assert losses(resumed) == losses(train(ds, config("single", EPOCHS, None)))
+    with pytest.raises(ConfigError, match="'auto' resumes from --checkpoint-dir"):
+        TrainConfig(resume="auto")
+
+
+def test_a_model_with_non_finite_parameters_is_never_the_one_kept():
+    """NaN logits still give classes (argmax: the first), and so an accuracy: on Cora
+    at lr 1e30 the NaN parameters of epoch 2 scored 12.2 % against epoch 1's 11.6 %
+    and were kept, saved and returned."""
+    import math
+
+    import fullgraph
+
+    with pytest.warns(UserWarning, match="diverged"):
+        result = fullgraph.fit("cora", epochs=10, lr=1e30)
+    assert not math.isfinite(result.history[-1]["loss"])
+    assert result.best_epoch < len(result.history)
+    assert all(torch.isfinite(v).all() for v in result.model.state_dict().values()
+               if v.is_floating_point())

@@ -183,6 +183,8 @@ def test_debug_shows_the_traceback_and_keeps_the_exit_code(root, capsys):
 def test_a_diverged_run_stops_and_says_so(root, capsys):
     assert main(["train", "--lr", "inf"]) == 2
     one_line_error(capsys, "error: --lr: got inf; expected > 0 and finite")
+    assert main(["train", "--lr", "1e39"]) == 2  # (torch's Adam: a traceback)
+    one_line_error(capsys, "error: --lr: got 1e+39; expected > 0 and finite in float32")
     with pytest.warns(UserWarning, match=r"epoch 2: the loss is nan: the training diverged.*"
                                          r"stops here; the model kept is epoch 1's"):
         assert main(["train", "--lr", "1e30", "--epochs", "20", "--progress", "off"]) == 0

@@ -12,8 +12,10 @@ import shlex
 import struct
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+import torch
 
 import fullgraph
 from fullgraph.cli import main
@@ -238,3 +240,51 @@ def test_a_run_resumed_after_its_early_stop_ran_no_epoch(tmp_path, capsys):
     pytest.importorskip("matplotlib")
     page = report(metrics, tmp_path / "report", capsys)
     assert "no per-rank records: no epoch ran" in page and "median epoch nan" not in page
+
+
+def test_a_resumed_run_times_only_the_epochs_it_ran(tmp_path, capsys):
+    """The checkpoint's epochs (maybe timed under another strategy) stay out of the
+    per-rank row and the figure's median, as out of the summary's median epoch."""
+    from fullgraph.runlog import rank_rows
+
+    records = [{"event": "run", "workers": 1}]
+    records += [{"event": "epoch", "epoch": e, "loss": 1.0, "epoch_s": 0.5 if e <= 3 else 0.1,
+                 "train_acc": 0.6, "val_acc": 0.5, "test_acc": 0.5,
+                 **({"restored": True} if e <= 3 else {})} for e in range(1, 6)]
+    records.append({"event": "summary", "test_acc": 0.5, "best_epoch": 4, "best_val": 0.5,
+                    "train_acc": 0.6, "total_s": 0.2, "median_epoch_s": 0.1})
+    metrics = tmp_path / "resumed.jsonl"
+    metrics.write_text("".join(json.dumps(r) + "\n" for r in records))
+    log = read_run_log(metrics)
+    assert [e["epoch"] for e in log.ran] == [4, 5]
+    assert [row.wall_s for row in rank_rows(log)] == [0.1]  # not the 0.5 s of the restored
+    pytest.importorskip("matplotlib")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    from fullgraph.plots import _epoch_time
+
+    fig = Figure()
+    _epoch_time(fig, log, rank_rows(log), None)
+    labels = fig.axes[0].get_legend_handles_labels()[1]
+    assert "median 100.0 ms" in labels and "restored from a checkpoint" in labels
+
+
+def test_a_run_without_validation_vertices_is_reported_as_it_kept_its_model(tmp_path):
+    from fullgraph.plots import final_lines
+
+    d = SimpleNamespace(x=torch.randn(60, 4), y=torch.arange(60) % 3,
+                        edge_index=torch.randint(0, 60, (2, 200)),
+                        train_mask=torch.arange(60) < 40, test_mask=torch.arange(60) >= 40)
+    metrics = tmp_path / "noval.jsonl"
+    fullgraph.fit(d, epochs=3, hidden=4, metrics_out=str(metrics))
+    first = final_lines(read_run_log(metrics))[0]
+    assert first.startswith("no validation vertices: the model kept is the last epoch's "
+                            "(epoch 3): test accuracy ") and "nan" not in first
+
+
+def test_a_directory_given_as_the_metrics_file_is_named(tmp_path, capsys):
+    assert main(["report", str(tmp_path), "--out", str(tmp_path / "out")]) == 2
+    assert "is a directory, not a metrics file" in capsys.readouterr().err
