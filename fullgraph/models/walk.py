@@ -331,7 +331,7 @@ class _BlockedRun(torch.autograd.Function):
         out: Tensor | None = None
         for lo in range(0, n, block_rows):
             hi = min(n, lo + block_rows)
-            y = block(lo, hi, row_range(h, lo, hi), *(t[lo:hi] for t in layer_inputs))
+            y = block(lo, hi, row_range(h, lo, hi), *(row_range(t, lo, hi) for t in layer_inputs))
             if out is None:
                 out = (y.new_empty((n, *y.shape[1:])) if into is None or y.dim() != 2
                        else into(n, y.shape[1], y.dtype))

@@ -103,7 +103,7 @@ def sparse_pair(seed: int = 2) -> tuple[Dataset, Dataset]:
     return dense, sparse
 
 
-MODELS = {"gcn": {}, "sage": {}, "gat": {"heads": 2}, "gin": {},
+MODELS = {"gcn": {}, "sage": {}, "gat": {"heads": 2}, "gin": {}, "tagcn": {"hops": 2},
           "gcn-decoupled": {"decoupled": True}}
 
 
@@ -137,6 +137,8 @@ CASES = [("data", "gcn", {"data_parallel": {"mode": "depcomm"}}),
          ("tensor", "sage", {"tensor_parallel": {"num_chunks": 2}}),
          ("tensor", "gcn-decoupled", {}),
          ("tensor", "gcn-decoupled", {"tensor_parallel": {"row_block": 16}}),
+         # TAGCN's blocks read the layer input (CSR rows) again after the propagation
+         ("tensor", "tagcn", {"tensor_parallel": {"row_block": 16}}),
          ("tensor", "gat", {"tensor_parallel": {"device_memory": "60KB", "pipeline": True}}),
          ("task", "gcn", {}),
          ("task", "gat", {"task_parallel": {"recompute": True, "subgraphs": 2}}),
