@@ -152,6 +152,13 @@ def available_ram() -> int:
     return available_memory() or os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
+def ram_per_worker(world_size: int) -> int:
+    """This worker's even share of ``available_ram`` among the workers on its host
+    (``$LOCAL_WORLD_SIZE``, as the launchers set it; else ``world_size``, all on one)."""
+    here = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    return available_ram() // max(1, here)
+
+
 def peak_rss_bytes() -> int:
     """This process's peak resident size: its memory's high-water mark (``VmHWM``) on
     Linux. ``getrusage``'s ``ru_maxrss`` is not that there: it keeps the size of the

@@ -75,8 +75,9 @@ def resolve_device(name: str, local_rank: int = 0) -> torch.device:
     return torch.device(name)
 
 
-def check_device(name: str) -> None:
-    """Refuse a CUDA device this torch build or machine cannot give.
+def check_device(name: str, option: str = "train.device") -> None:
+    """Refuse a CUDA device this torch build or machine cannot give (``option``: where
+    it was named, ``section.key``).
 
     Raises:
         ConfigError: ``name`` is cuda or cuda:N and CUDA is not available.
@@ -84,7 +85,8 @@ def check_device(name: str) -> None:
     if name.startswith("cuda") and not torch.cuda.is_available():
         why = ("this torch build has no CUDA" if torch.version.cuda is None
                else "no CUDA device is visible")
-        raise ConfigError(f"train.device: got {name!r} but {why}; use --device cpu")
+        flag = "--" + option.partition(".")[2].replace("_", "-")
+        raise ConfigError(f"{option}: got {name!r} but {why}; use {flag} cpu")
 
 
 OUTPUTS = (("save_model", "--save-model", False), ("metrics_out", "--metrics-out", False),

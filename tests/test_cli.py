@@ -254,6 +254,20 @@ def test_nn_device_flag_places_the_dense_stages():
     assert strategy().model_device(gpu) == gpu
 
 
+
+def test_an_nn_device_torch_cannot_give_is_one_error_before_launch(capsys, monkeypatch):
+    """Launched workers ended in torch's AssertionError ('Torch not compiled with CUDA
+    enabled') where --device cuda is one line."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for workers in ("1", "2"):
+        assert main(["train", "--strategy", "tensor", "--workers", workers, "--epochs", "1",
+                     "--nn-device", "cuda"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "error: --nn-device: got 'cuda' but " in err, err
+
+
 def test_nn_device_cpu_with_cuda_training():
     """On a GPU: parameters and vertex rows on the CPU, propagation on the GPU, and the
     same losses as the run with everything on the GPU."""

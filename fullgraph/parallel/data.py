@@ -19,7 +19,6 @@ global training count, so N workers reproduce the single-process executor.
 """
 from __future__ import annotations
 
-import os
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -355,10 +354,9 @@ class DataParallel(RowPartitioned[DataPlan]):
         if plan.device.type == "cuda":
             free = torch.cuda.mem_get_info(plan.device)[0]
         else:
-            from fullgraph.memory import available_ram
+            from fullgraph.memory import ram_per_worker
 
-            free = available_ram() // max(1, int(os.environ.get("LOCAL_WORLD_SIZE",
-                                                                plan.comm.world_size)))
+            free = ram_per_worker(plan.comm.world_size)
         over = torch.tensor([float(need > free // 2)], device=plan.comm.device)
         prim.all_reduce_(over, plan.comm, "setup", op="max")
         return not bool(over)

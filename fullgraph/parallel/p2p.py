@@ -46,7 +46,6 @@ data-parallel halo fetch.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -205,11 +204,9 @@ class P2PParallel(RowPartitioned[P2PPlan]):
         if device.type == "cuda":
             free, _ = torch.cuda.mem_get_info(device)
             return bin_limit(free, in_dim, width, itemsize)
-        from fullgraph.memory import available_ram
+        from fullgraph.memory import ram_per_worker
 
-        here = int(os.environ.get("LOCAL_WORLD_SIZE", comm.world_size))  # workers on this host
-        share = available_ram() // (RAM_SHARE * max(1, here))
-        return bin_limit(share, in_dim, width, itemsize)
+        return bin_limit(ram_per_worker(comm.world_size) // RAM_SHARE, in_dim, width, itemsize)
 
     # ---------------------------------------------------------------- execute
     def forward(self, model: StageProgram, plan: P2PPlan, *, training: bool,

@@ -129,8 +129,9 @@ class TensorParallel(DistributedStrategy[ColumnPlan]):
                 (GAT) and ``device_memory`` / ``num_chunks`` / ``pipeline`` are not
                 supported with it (default: None, in memory).
             spill_memory: memory one column chunk may take, its input and output rows,
-                e.g. ``"2GB"`` (default: None, a quarter of the memory available at
-                setup, within this process's cgroup limit).
+                e.g. ``"2GB"`` (default: None, a quarter of this worker's share of the
+                host's memory available at setup, within this process's cgroup limit:
+                ``fullgraph.memory.ram_per_worker``).
         """
 
         device_memory: str | None = option(None, "device budget for propagation, e.g. 2GB: "
@@ -156,7 +157,8 @@ class TensorParallel(DistributedStrategy[ColumnPlan]):
                                        "under this directory and propagate a column chunk "
                                        "at a time; unset: in memory")
         spill_memory: str | None = option(None, "memory for one spilled column chunk, e.g. "
-                                          "2GB; unset: a quarter of the available memory")
+                                          "2GB; unset: a quarter of this worker's share of the "
+                                          "host's available memory")
 
         def __post_init__(self) -> None:
             if self.nn_device is not None and not is_device_name(self.nn_device):
@@ -202,7 +204,13 @@ class TensorParallel(DistributedStrategy[ColumnPlan]):
     options: Options
 
     def model_device(self, device: torch.device) -> torch.device:
-        return torch.device(self.options.nn_device) if self.options.nn_device else device
+        """``--nn-device`` where given (refused where torch cannot give it), else ``device``."""
+        if self.options.nn_device is None:
+            return device
+        from fullgraph.train import check_device
+
+        check_device(self.options.nn_device, "tensor_parallel.nn_device")
+        return torch.device(self.options.nn_device)
 
     def setup(self, dataset: Dataset, program: StageProgram, device: torch.device,
               comm: Comm | None = None, dtype: torch.dtype = torch.float32) -> ColumnPlan:
@@ -218,7 +226,7 @@ class TensorParallel(DistributedStrategy[ColumnPlan]):
             # feature rows of this worker's block from the parts that hold them
             dataset = assemble(dataset, comm, contiguous_blocks(row_counts))
         rows_device = self.model_device(device)  # where T stages and vertex rows live
-        spill = self._spill(program, device, rows_device)
+        spill = self._spill(program, device, rows_device, comm.world_size)
         # with a spill, the edge weights and the transposed CSR are made in files
         graph, norms = propagation_inputs(program, dataset.graph, dtype,
                                           empty=None if spill is None else spill.array)
@@ -261,6 +269,7 @@ class TensorParallel(DistributedStrategy[ColumnPlan]):
     def check_launch(self, program: StageProgram, num_nodes: int, workers: int) -> None:
         self.options.share_list(workers)  # one share per worker
         self._check_spill(program)
+        self.model_device(torch.device("cpu"))  # (a device torch cannot give: refused)
 
     def check_data(self, program: StageProgram, dataset: Dataset, workers: int) -> None:
         """A ``--device-memory`` that cannot hold one vertex with its in-edges at the
@@ -278,11 +287,11 @@ class TensorParallel(DistributedStrategy[ColumnPlan]):
                              "fixed edge weights (GCN, GraphSAGE, GIN, TAGCN)")
 
     def _spill(self, program: StageProgram, device: torch.device,
-               rows_device: torch.device) -> Spill | None:
+               rows_device: torch.device, world_size: int) -> Spill | None:
         opts = self.options
         if opts.spill_dir is None:
             return None
-        from fullgraph.memory import available_ram
+        from fullgraph.memory import ram_per_worker
 
         where = [d for d in (device, rows_device) if d.type != "cpu"]
         if where:
@@ -290,7 +299,7 @@ class TensorParallel(DistributedStrategy[ColumnPlan]):
                              f"run computes on {where[0]}: use --device cpu")
         self._check_spill(program)
         memory = (parse_bytes(opts.spill_memory) if opts.spill_memory is not None
-                  else max(1, available_ram() // 4))
+                  else max(1, ram_per_worker(world_size) // 4))  # (a host's workers share)
         return Spill(opts.spill_dir, memory)
 
     def _place_rows(self, program: StageProgram, plan: ColumnPlan, row_counts: list[int],

@@ -261,3 +261,17 @@ def test_a_transpose_not_built_yet_is_built_into_files(tmp_path, symmetric, memo
         x.grad = None
     ordered = t.weights_in_order(kept)
     assert in_file(ordered, tmp_path) and torch.equal(ordered, weight[ref.perm])
+
+
+def test_the_default_chunk_memory_is_shared_by_the_workers_on_a_host(tmp_path, monkeypatch):
+    """Each of 4 workers took a quarter of the host's memory: all of it together."""
+    import fullgraph.memory
+
+    monkeypatch.setattr(fullgraph.memory, "available_ram", lambda: 64 << 30)
+    model = make_model("gcn", True, 9, 3).cpu()
+    strategy = TensorParallel(TensorParallel.Options(spill_dir=str(tmp_path)))
+    cpu = torch.device("cpu")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    assert strategy._spill(model, cpu, cpu, world_size=8).memory == 4 << 30
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")  # (launched otherwise: all on this host)
+    assert strategy._spill(model, cpu, cpu, world_size=2).memory == 8 << 30
