@@ -439,9 +439,7 @@ class DataParallel(RowPartitioned[DataPlan]):
 
     def describe(self, model: StageProgram, plan: DataPlan) -> list[str]:
         """The partition and the dependency split over all workers (from ``replan``)."""
-        source = ("per-part shards" if plan.shard is not None else
-                  f"partition file {self.partition.file}" if self.partition.file
-                  else f"partitioner {self.partition.method}")
+        source = self.partition_source(plan.shard)
         ranks = plan.deps.per_rank
         total = {k: sum(r[k] for r in ranks) for k in ("remote", "cached", "fetched")}
         split = "/".join(f"{r['cached']}:{r['fetched']}" for r in ranks)

@@ -184,7 +184,7 @@ class P2PParallel(RowPartitioned[P2PPlan]):
             rows=rows, features=feature_rows(dataset.data, owned, program, dtype, device),
             phases=phases,
             weights=[None if w is None else w.to(device) for w in weights], mode=mode,
-            schedule=self.options.schedule, limits=limits)
+            schedule=self.options.schedule, limits=limits, shard=shard)
         if device.type != "cpu":
             plan_to_device(plan, device)
         return plan
@@ -221,11 +221,10 @@ class P2PParallel(RowPartitioned[P2PPlan]):
 
     def describe(self, model: StageProgram, plan: P2PPlan) -> list[str]:
         spans = " | ".join(f"{ph.start}-{ph.stop - 1}" for ph in plan.phases)
-        owned = int(plan.rows.owned.numel())  # a limit above the part's rows: one bin
-        limits = "/".join(str(n) if n < owned else "all" for n in plan.limits)
+        largest = int(plan.book.part_sizes().max())  # a limit above every part's rows: one
+        limits = "/".join(str(n) if n < largest else "all" for n in plan.limits)  # bin each
         rounds = "/".join(str(ph.rounds) for ph in plan.phases)
-        source = (f"partition file {self.partition.file}" if self.partition.file
-                  else f"partitioner {self.partition.method}")
+        source = self.partition_source(plan.shard)
         line = (f"p2p      schedule {plan.schedule}, {source}; phases (stages) {spans}; "
                 f"vertices per bin at most {limits}; exchange rounds per phase {rounds}")
         return [line]

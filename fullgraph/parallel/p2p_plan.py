@@ -16,6 +16,7 @@ from fullgraph.comm import primitives as prim
 from fullgraph.comm.group import Comm
 from fullgraph.graph.blocks import in_edges
 from fullgraph.graph.csr import Graph
+from fullgraph.graph.data import Shard
 from fullgraph.models.stages import StageProgram
 from fullgraph.models.walk import describe, out_dim
 from fullgraph.parallel.base import Plan
@@ -173,6 +174,8 @@ class P2PPlan(Plan):
     mode: ScheduleMode
     schedule: str
     limits: list[int]
+    shard: Shard | None = None
+    """The dataset's part when it is a per-part shard (``partition.shards``)."""
 
 
 def phase_bounds(program: StageProgram, shares: list[bool]) -> list[tuple[int, int]]:

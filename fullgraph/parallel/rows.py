@@ -43,6 +43,12 @@ class RowPartitioned(DistributedStrategy[PlanT]):
                              f"{self.name!r} gives each worker a part of the vertices; use at "
                              f"most {num_nodes} workers")
 
+    def partition_source(self, shard: Shard | None) -> str:
+        """Where the run's partition came from, for its header line."""
+        return ("per-part shards" if shard is not None else
+                f"partition file {self.partition.file}" if self.partition.file
+                else f"partitioner {self.partition.method}")
+
     @staticmethod
     def owned_targets(dataset: Dataset, owned: Tensor, device: torch.device) -> dict[str, Any]:
         """Plan fields for the rows ``owned``: labels, split masks, global train count."""

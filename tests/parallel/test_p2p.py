@@ -298,3 +298,21 @@ def check_one_bin_runs(comm):
 @pytest.mark.dist
 def test_one_bin_per_phase_reads_whole_buffers(tmp_path):
     run_ranks(check_one_bin_runs, 2, tmp_path)
+
+
+def test_the_header_names_bins_by_the_largest_part_and_shards_as_the_source():
+    """A bin limit between two parts' sizes was printed 'all' (one bin) from rank 0's
+    part; on shards the header named --partitioner's value, which they do not use."""
+    from types import SimpleNamespace
+
+    from fullgraph.partition import PartitionBook
+
+    book = PartitionBook.from_assignment(np.repeat([0, 1, 2], [902, 903, 903]), 3)
+    phases = [SimpleNamespace(start=0, stop=3, rounds=2)]
+    plan = SimpleNamespace(phases=phases, limits=[902], book=book, shard=None,
+                           schedule="multi-level")
+    line, = P2PParallel(partition=PartitionOptions(method="random")).describe(None, plan)
+    assert "partitioner random;" in line and "vertices per bin at most 902;" in line
+    plan.limits, plan.shard = [903], object()
+    line, = P2PParallel(partition=PartitionOptions(method="random")).describe(None, plan)
+    assert "per-part shards;" in line and "vertices per bin at most all;" in line
