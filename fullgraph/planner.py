@@ -83,9 +83,15 @@ class PlanResult:
     """The options given that the prices leave out (``unpriced``), as a line; "" none."""
 
 
+TASK_UNPRICED = ("group_parallel", "pieces", "recompute", "subgraphs", "chunks",
+                 "device_memory")
+"""Task parallelism's options the task row leaves out (it prices the split alone)."""
+
+
 def unpriced(cfg: Any) -> str:
     """The options given that no price follows: ``--adapt`` and ``--inject`` (every
-    strategy is priced without them) and ``--dep-mode`` (each data row is one mode)."""
+    strategy is priced without them), ``--dep-mode`` (each data row is one mode) and
+    the task form's (``TASK_UNPRICED``)."""
     adapt, left = cfg.section("adapt"), []
     if adapt.mode != "off":
         left.append(f"--adapt {adapt.mode}")
@@ -93,6 +99,15 @@ def unpriced(cfg: Any) -> str:
         left.append("--inject")
     if changed_fields(cfg.options["data_parallel"], among=("mode",)):
         left.append("--dep-mode (each data row is priced in its own mode)")
+    task = changed_fields(cfg.options["task_parallel"], among=TASK_UNPRICED)
+    if task:  # (the task row is the column-split form, hand-offs whole, as the split gives)
+        from fullgraph.configfile import flag_names
+
+        opts, flags = cfg.options["task_parallel"], flag_names()
+        given = [f"--{flags.get(('task_parallel', f), f.replace('_', '-'))}" + (
+            "" if getattr(opts, f) is True else f" {getattr(opts, f)}") for f in task]
+        left.append(f"{', '.join(given)} (the task row prices the column-split P group and "
+                    "whole hand-offs)")
     return f"not priced: {', '.join(left)}; the rows are the strategies without them" \
         if left else ""
 

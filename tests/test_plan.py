@@ -678,6 +678,10 @@ def test_the_given_task_split_and_chunks_are_priced_and_the_rest_named():
     assert planner.unpriced(tiny_cfg(3)) == ""
     assert planner.unpriced(tiny_cfg(3, adapt={"mode": "adjust", "inject": "sleep"})) == \
         "not priced: --adapt adjust, --inject; the rows are the strategies without them"
+    assert planner.unpriced(tiny_cfg(3, task_parallel={"group_parallel": "data",
+                                                       "recompute": True})) == \
+        ("not priced: --recompute, --group-parallel data (the task row prices the "
+         "column-split P group and whole hand-offs); the rows are the strategies without them")
 
 
 def test_fit_with_auto_refuses_what_train_would_before_probing(tmp_path, monkeypatch):

@@ -58,7 +58,13 @@ from fullgraph.parallel.taskmodel import (
     predict_times,
     split_counts,
 )
-from fullgraph.parallel.taskpieces import Pieces, PiecesRunner, build_pieces, describe_pieces
+from fullgraph.parallel.taskpieces import (
+    Pieces,
+    PiecesRunner,
+    build_pieces,
+    describe_pieces,
+    piecewise_runs,
+)
 from fullgraph.parallel.taskrows import (
     RowGroups,
     check_row_chunks,
@@ -210,10 +216,14 @@ class TaskParallel(DistributedStrategy[TaskPlan]):
     options: Options
 
     def unused_options(self) -> list[str]:
-        if self.options.split != "auto" and changed_fields(self.options, among=("gamma",)):
-            return [f"--task-gamma has no effect with --task-split {self.options.split} (it "
-                    "sizes the groups only under auto)"]
-        return []
+        opts, unused = self.options, []
+        if opts.split != "auto" and changed_fields(opts, among=("gamma",)):
+            unused.append(f"--task-gamma has no effect with --task-split {opts.split} (it "
+                          "sizes the groups only under auto)")
+        if opts.chunks and not self._pipelined and opts.group_parallel == "tensor":
+            unused.append(f"--chunks {opts.chunks} has no effect without --subgraphs 2 or more "
+                          "(the chunks are grouped into the pipeline's subgraphs)")
+        return unused
 
     def setup(self, dataset: Dataset, program: StageProgram, device: torch.device,
               comm: Comm | None = None, dtype: torch.dtype = torch.float32) -> TaskPlan:
@@ -327,6 +337,12 @@ class TaskParallel(DistributedStrategy[TaskPlan]):
 
     def _check_program(self, program: StageProgram) -> None:
         """Refuse what the options cannot run on ``program``; before launch and in setup."""
+        if self.options.pieces > 1 and not piecewise_runs(program):
+            raise ValueError(f"--task-pieces {self.options.pieces}: no T stages of this model "
+                             "hand off to a propagation that can start on a piece (its "
+                             "propagations weigh edges by attention, which needs every row "
+                             "first, or its T stages sum over all rows); leave --task-pieces "
+                             "unset")
         if self.options.recompute and program.reduces_rows:
             raise ValueError("--recompute: this model's T stages reduce over all rows (batch "
                              "normalisation, reduces_rows), a collective that cannot run "
@@ -388,9 +404,9 @@ class TaskParallel(DistributedStrategy[TaskPlan]):
         if plan.recompute:
             lines.append("task     T-stage activations recomputed in the backward pass")
         if plan.pieces is not None:
-            lines.append(describe_pieces(plan.pieces))
-        elif (plan.rows is None and plan.grid is None and not plan.recompute
-              and not self.options.chunks):  # where --task-pieces would be accepted
+            lines.append(describe_pieces(plan.pieces, model))
+        elif (plan.rows is None and plan.grid is None and not plan.recompute  # where
+              and not self.options.chunks and piecewise_runs(model)):  # pieces would run
             lines.append("task     the groups take turns, each waiting while the other works; "
                          "--task-pieces K (e.g. 3) lets them overlap (exact up to float rounding)")
         pipeline = plan.rows.pipeline if plan.rows is not None else (

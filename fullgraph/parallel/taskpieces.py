@@ -120,12 +120,10 @@ class PiecesRunner(PlacementRunner):
 
     def transform_run(self, stages: list[int], program: StageProgram, h: Tensor,
                       carry: Carry) -> Tensor:
+        if not goes_in_pieces(program, stages):
+            return super().transform_run(stages, program, h, carry)
         infos = describe(program)
         nxt = stages[-1] + 1
-        if (nxt >= len(infos) or not infos[nxt].is_propagate
-                or infos[nxt].edge_weights_from is not None
-                or needs_row_sums(program, stages)):
-            return super().transform_run(stages, program, h, carry)
         h = self._rows(h, program.stages[stages[0]].in_dim)
         plan, pieces = self.plan, self.pieces
         norm = program.propagate_stage(nxt).norm
@@ -170,8 +168,34 @@ class PiecesRunner(PlacementRunner):
         return super().propagate_run(stages, program, h, carry)
 
 
-def describe_pieces(pieces: Pieces) -> str:
+def goes_in_pieces(program: StageProgram, stages: list[int]) -> bool:
+    """Whether the T run ``stages`` hands off piece by piece: into a propagation with
+    fixed edge weights (attention's need every row's scores first), and without a sum
+    over every row (global batch norm) of its own."""
+    infos = describe(program)
+    nxt = stages[-1] + 1
+    return (nxt < len(infos) and infos[nxt].is_propagate
+            and infos[nxt].edge_weights_from is None and not needs_row_sums(program, stages))
+
+
+def piecewise_runs(program: StageProgram) -> list[list[int]]:
+    """The T runs of ``program`` (as ``walk`` groups them) that hand off in pieces."""
+    infos, runs, s = describe(program), [], 0
+    while s < len(infos):
+        run = [s]
+        if not infos[s].is_edge:
+            while run[-1] + 1 < len(infos) and infos[run[-1] + 1].kind is infos[s].kind:
+                run.append(run[-1] + 1)
+        if infos[s].is_transform and goes_in_pieces(program, run):
+            runs.append(run)
+        s = run[-1] + 1
+    return runs
+
+
+def describe_pieces(pieces: Pieces, program: StageProgram) -> str:
     """The header line: how the hand-offs are cut."""
+    runs = ", ".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0])
+                     for r in piecewise_runs(program))
     return (f"task     T/P hand-offs in {pieces.count} row pieces, each aggregated as it "
             "arrives (the T group transforms a piece while the P group aggregates the one "
-            "before)")
+            f"before): T stages {runs}")
