@@ -651,9 +651,9 @@ def _share_failures(status: Any, comm: Any) -> None:
 def _train(cfg: Any, status: Any, launched: bool = True) -> int:
     """Train in this process: alone, or as one worker of a launched job (``launched``)."""
     from fullgraph.allocator import memory_line
-    from fullgraph.comm.group import destroy_comm, init_comm
+    from fullgraph.comm.group import check_device, destroy_comm, init_comm
     from fullgraph.report import Reporter
-    from fullgraph.train import check_device, check_same_options, train
+    from fullgraph.train import check_same_options, train
 
     check_device(cfg.train.device)
     comm = None

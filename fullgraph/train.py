@@ -26,7 +26,7 @@ from torch import Tensor
 from fullgraph.adapt import build_adapters, check_local_launch
 from fullgraph.adapt import check_strategy as check_adapt_strategy
 from fullgraph.checkpoint import Checkpointer, run_facts
-from fullgraph.comm.group import Comm
+from fullgraph.comm.group import Comm, check_device
 from fullgraph.comm.primitives import all_gather_object
 from fullgraph.config import Config
 from fullgraph.errors import ConfigError
@@ -73,20 +73,6 @@ def resolve_device(name: str, local_rank: int = 0) -> torch.device:
 
         return local_gpu(local_rank)
     return torch.device(name)
-
-
-def check_device(name: str, option: str = "train.device") -> None:
-    """Refuse a CUDA device this torch build or machine cannot give (``option``: where
-    it was named, ``section.key``).
-
-    Raises:
-        ConfigError: ``name`` is cuda or cuda:N and CUDA is not available.
-    """
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        why = ("this torch build has no CUDA" if torch.version.cuda is None
-               else "no CUDA device is visible")
-        flag = "--" + option.partition(".")[2].replace("_", "-")
-        raise ConfigError(f"{option}: got {name!r} but {why}; use {flag} cpu")
 
 
 OUTPUTS = (("save_model", "--save-model", False), ("metrics_out", "--metrics-out", False),

@@ -25,6 +25,7 @@ import torch
 
 from fullgraph.comm import primitives as prim
 from fullgraph.comm import shm as shm_transport
+from fullgraph.errors import ConfigError
 from fullgraph.fields import TIMEOUT_MAX_S
 
 DEFAULT_TIMEOUT_S = 300.0
@@ -292,6 +293,20 @@ def destroy_comm(comm: Comm) -> None:
     if comm.group is not None:
         prim.destroy_group(comm.group)
         comm.group = None
+
+
+def check_device(name: str, option: str = "train.device") -> None:
+    """Refuse a CUDA device this torch build or machine cannot give (``option``: where
+    it was named, ``section.key``).
+
+    Raises:
+        ConfigError: ``name`` is cuda or cuda:N and CUDA is not available.
+    """
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        why = ("this torch build has no CUDA" if torch.version.cuda is None
+               else "no CUDA device is visible")
+        flag = "--" + option.partition(".")[2].replace("_", "-")
+        raise ConfigError(f"{option}: got {name!r} but {why}; use {flag} cpu")
 
 
 def local_gpu(local_rank: int) -> torch.device:

@@ -207,7 +207,7 @@ class TensorParallel(DistributedStrategy[ColumnPlan]):
         """``--nn-device`` where given (refused where torch cannot give it), else ``device``."""
         if self.options.nn_device is None:
             return device
-        from fullgraph.train import check_device
+        from fullgraph.comm.group import check_device
 
         check_device(self.options.nn_device, "tensor_parallel.nn_device")
         return torch.device(self.options.nn_device)
