@@ -931,7 +931,8 @@ def cmd_check(args: argparse.Namespace) -> int:
     for key, value in exactness.DEFAULTS.items():
         section, name = key.split(".")
         defaults.setdefault(section, {})[name] = value
-    cfg = _config_at_log_level(args, defaults)
+    # a config file's options that check does not take are ignored, as plan's are
+    cfg = _config_at_log_level(args, defaults, ignored=exactness.NOT_TAKEN)
     dataset = exactness.prepare(cfg)
     for message in exactness.unused_options(cfg, forms):
         warnings.warn(message, stacklevel=1)

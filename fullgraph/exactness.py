@@ -153,7 +153,8 @@ def check_config(cfg: Any) -> None:
                           "stopping)")
     if cfg.launch.workers < 2:
         raise ConfigError(f"check: --workers {cfg.launch.workers}; the strategies need 2 or "
-                          "more (it compares them with one process)")
+                          "more (it compares them with one process; a config file's workers "
+                          "stands over check's own default of 2, as its epochs over 3)")
 
 
 def parse_forms(text: str, option: str = "strategies=") -> list[str]:

@@ -319,9 +319,12 @@ def test_check_finds_a_model_exact_and_one_that_is_not(small_store, capsys):
 def test_check_lists_refusals_and_takes_a_config_files_epochs_and_workers(
         small_store, tmp_path, capsys):
     """p2p refuses batch normalisation before any worker starts: listed, not a failure;
-    with nothing compared the check fails. The file's epochs and workers are used."""
+    with nothing compared the check fails. The file's epochs and workers are used; its
+    strategy, outputs and patience are ignored, as plan ignores them (they were refused
+    as flags never typed)."""
     cfg = tmp_path / "run.yaml"
-    cfg.write_text("train:\n  epochs: 2\nlaunch:\n  workers: 3\n")
+    cfg.write_text("train:\n  epochs: 2\n  metrics-out: m.jsonl\n  patience: 3\nlaunch:\n"
+                   "  workers: 3\nstrategy: data\n")
     assert main(["check", "--config", str(cfg), "--model", "gin", "--batch-norm",
                  "--dataset", str(small_store), "--strategies", "p2p"]) == 1
     out = capsys.readouterr().out
