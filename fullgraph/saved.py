@@ -218,8 +218,9 @@ def load_dataset_for(model: SavedModel, dataset: str | None = None,
                      root: str | None = None) -> Dataset:
     """``dataset`` (default: the one trained on) prepared as the model's training data was.
 
-    ``root`` given wins. Else the dataset trained on is looked up under the ``--root``
-    its training run was given, where that directory is here, then under the usual root
+    ``root`` given wins. Else the dataset (the one trained on, or ``dataset`` by name)
+    is looked up under the ``--root`` its training run was given, where that directory
+    is here, then under the usual root
     (``$FULLGRAPH_DATA``, else the user cache)."""
     from fullgraph.config import DataConfig
     from fullgraph.graph import datasets
@@ -230,7 +231,7 @@ def load_dataset_for(model: SavedModel, dataset: str | None = None,
     roots: list[str | None] = [root]
     if dataset is not None:
         opts["dataset"] = dataset
-    elif root is None and trained_root is not None and Path(trained_root).is_dir():
+    if root is None and trained_root is not None and Path(trained_root).is_dir():
         roots = [trained_root, None]  # then the usual root, where it may have moved
     loaded = None
     with warnings.catch_warnings():  # the seed is the model's, said when it trained

@@ -159,6 +159,9 @@ def test_a_model_trained_under_a_root_is_evaluated_there_from_anywhere(
     capsys.readouterr()
     assert main(["evaluate", "--model", str(model)]) == 0
     assert "on tiny" in capsys.readouterr().out
+    # --dataset (named, as the refusal of changed data advises) is looked for there too
+    assert main(["evaluate", "--model", str(model), "--dataset", "tiny"]) == 0
+    assert "on tiny" in capsys.readouterr().out
     root.rename(tmp_path / "moved")  # gone from there: the error says where it looked
     assert main(["evaluate", "--model", str(model)]) == 2
     err = capsys.readouterr().err
