@@ -36,7 +36,7 @@ from fullgraph.graph.data import Dataset
 from fullgraph.graph.sparse import density, is_sparse
 from fullgraph.models import build_model
 from fullgraph.models.base import GNN
-from fullgraph.models.walk import reads_sparse
+from fullgraph.models.walk import dense_reader
 from fullgraph.ops import gpu_kernels, kernels
 from fullgraph.ops.spmm import auto_choice, describe_backend, set_auto, set_backend
 from fullgraph.parallel import build_strategy
@@ -752,9 +752,9 @@ def _header_lines(dataset: Dataset, model: GNN, cfg: Config, device: torch.devic
     x = dataset.data.features
     layout = ""
     if is_sparse(x):
+        why = dense_reader(model)
         layout = (f" (sparse: {100 * density(x):.2f}% non-zero, held as CSR"
-                  + (")" if reads_sparse(model) else "; made dense for this model, which "
-                     "propagates the raw features)"))
+                  + (")" if why is None else f"; made dense for this model: {why})"))
     sh = dataset.shard
     held = "" if sh is None else (
         f"; per-part shards ({sh.parts} parts, {sh.hops} hops): this worker's part holds "

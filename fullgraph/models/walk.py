@@ -114,13 +114,24 @@ def reads_sparse(program: StageProgram) -> bool:
     """Whether ``program`` can take sparse (CSR) input features: its first layer opens
     with dropout and every stage that reads the raw features after it is a T stage
     that takes CSR rows (a dense layer, not a propagation)."""
+    return dense_reader(program) is None
+
+
+def dense_reader(program: StageProgram) -> str | None:
+    """Why ``program`` needs its input features dense (a stage of it reads them and
+    does not take CSR rows), in words for the run header; None where it takes CSR."""
     stages, infos = program.stages, describe(program)
     if len(stages) < 2 or not isinstance(stages[0], LayerInput):
-        return False
+        return "it does not open with a layer input"
     if getattr(stages[1], "lin", None) is None:  # the features' first reader has a weight
-        return False
-    readers = [stages[1]] + [stages[i.index] for i in infos if i.layer_input_from == 0]
-    return all(isinstance(st, Transform) and st.reads_sparse for st in readers)
+        return f"it propagates the raw features (stage 1, {type(stages[1]).__name__})"
+    readers = [1] + [i.index for i in infos if i.layer_input_from == 0]
+    for s in readers:
+        st = stages[s]
+        if not (isinstance(st, Transform) and st.reads_sparse):
+            return (f"stage {s} ({type(st).__name__}) reads the raw features and does not "
+                    "take CSR rows (a Transform that does declares reads_sparse)")
+    return None
 
 
 def has_edge_stage(program: StageProgram) -> bool:

@@ -88,6 +88,22 @@ def test_which_models_read_csr_rows():
     assert not reads_sparse(program("gcn", aggregate_first=True))
 
 
+
+def test_the_header_names_why_features_are_made_dense():
+    """It said 'propagates the raw features' of any model, also of one whose own stage
+    reads the layer input (the README's GatedGCN propagates after its weight)."""
+    from models.user_gnn import GatedGCN
+
+    from fullgraph.models.walk import dense_reader
+
+    assert dense_reader(build_model("gcn", 40, 8, 3)) is None
+    assert dense_reader(build_model("gin", 40, 8, 3, eps=0.5)) == \
+        "it propagates the raw features (stage 1, Propagate)"
+    gated = GatedGCN(40, 8, 3, num_layers=2)
+    assert dense_reader(gated).startswith("stage 3 (Gate) reads the raw features and does "
+                                          "not take CSR rows")
+
+
 # ------------------------------------------------------------------- whole runs
 def sparse_pair(seed: int = 2) -> tuple[Dataset, Dataset]:
     """An SBM whose features are 85 % zeros, held dense and as CSR."""
