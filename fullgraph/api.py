@@ -343,7 +343,8 @@ def _with_data_options(dataset: Any, cfg: Any) -> Any:
     from fullgraph.graph.sparse import choose_layout
     from fullgraph.partition.shards import require_whole
 
-    require_whole(dataset, "fit(dataset=...)")  # a shard set trains from its directory
+    require_whole(dataset, "fit(dataset=...)", "or the shards' directory by name (fit(DIR, "
+                  "strategy='data', workers=N): each worker opens its own part)")
     dataset.validate()  # as saving it for launched workers does
     data = dataset.data
     if cfg.data.feature_dtype != "stored":

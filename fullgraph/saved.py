@@ -252,7 +252,7 @@ def load_dataset_for(model: SavedModel, dataset: str | None = None,
                  + (f" under --root {trained_root}" if trained_root else "")
                  + "; give the root it is under with --root, or, where that was data held "
                  "in memory, name a stored dataset with --dataset") from None
-    require_whole(loaded, "predict / evaluate")
+    require_whole(loaded, "predict / evaluate", "with --dataset")
     if dataset is None:
         _check_trained_on(model, loaded)
     return loaded

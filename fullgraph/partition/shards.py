@@ -188,12 +188,13 @@ def write_shards(dataset: Dataset, book: PartitionBook, out: Path | str, hops: i
     return sizes
 
 
-def require_whole(dataset: Dataset, what: str) -> None:
-    """Refuse per-part shards where the whole dataset is needed (ConfigError)."""
+def require_whole(dataset: Dataset, what: str, also: str = "") -> None:
+    """Refuse per-part shards where the whole dataset is needed (ConfigError); ``also``:
+    another way on, for the message."""
     if dataset.shard is not None:
-        raise ConfigError(f"{what}: needs the whole dataset, not one of its per-part shards "
-                          f"(of {dataset.name!r}); give the dataset the shards were written "
-                          "from, or train the shards with --dataset DIR --strategy data")
+        raise ConfigError(f"{what}: needs the whole dataset, not one of its per-part shards: "
+                          f"give {dataset.name!r}, the dataset they were written from"
+                          + (f", {also}" if also else ""))
 
 
 def check_use(dataset: Dataset, strategy: str, workers: int) -> None:
