@@ -163,7 +163,9 @@ def check(data: Any = "cora", *, model: str | type = "gcn",
             ``data/depcache``, ``data/hybrid``, ``tensor``, ``p2p``, ``task``, as a list
             or a comma-separated string (default: ``data/depcomm``, ``data/depcache``,
             ``tensor``, ``p2p`` and ``task``).
-        workers: workers of each distributed run (default: 2).
+        workers: workers of each distributed run (default: 2; task without a
+            ``task_split=`` runs on at least 3, its T group on all but one, so that a
+            T stage's rows are split).
         epochs: epochs of each run (default: 3).
 
     Returns:

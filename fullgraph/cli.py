@@ -937,9 +937,13 @@ def cmd_check(args: argparse.Namespace) -> int:
     for message in exactness.unused_options(cfg, forms):
         warnings.warn(message, stacklevel=1)
     extra = f", options {cfg.model.options}" if cfg.model.options else ""
+    task = exactness.task_split(cfg) if "task" in forms else None
+    split = f" (task: {task[0]}, split {task[1]}, so that its T rows are split)" \
+        if task and task[0] != cfg.launch.workers else \
+        f" (task split {task[1]})" if task else ""
     print(f"check: model {cfg.model.name}{extra} on {cfg.data.dataset}, {cfg.train.epochs} "
-          f"epochs from seed {cfg.train.seed}: one process against {cfg.launch.workers} "
-          "workers per strategy", flush=True)
+          f"epoch{'' if cfg.train.epochs == 1 else 's'} from seed {cfg.train.seed}: one "
+          f"process against {cfg.launch.workers} workers per strategy{split}", flush=True)
     try:
         report = exactness.run_checks(cfg, forms, dataset)
     except launch.SignalStop as stop:  # its temporary directory is gone: now end

@@ -92,8 +92,9 @@ class CheckReport:
         """The single process's losses, then one line per run: its loss difference and
         the verdict (where the difference starts), or why it did not run."""
         ref = self.reference
-        lines = [f"single process: loss {ref[0]:.6f} at epoch 1, {ref[-1]:.6f} at epoch "
-                 f"{len(ref)}", f"{'strategy':<15} {'loss difference':>15}  result"]
+        last = f", {ref[-1]:.6f} at epoch {len(ref)}" if len(ref) > 1 else ""
+        lines = [f"single process: loss {ref[0]:.6f} at epoch 1{last}",
+                 f"{'strategy':<15} {'loss difference':>15}  result"]
         for o in self.outcomes:
             if o.losses is None:
                 what = f"refused: {o.refused}" if o.refused is not None else \
@@ -250,8 +251,9 @@ def prepare(cfg: Any) -> Any:
 
 def run_checks(cfg: Any, forms: list[str], dataset: Any) -> CheckReport:
     """Train ``cfg`` in one process, then as each of ``forms`` on ``cfg.launch.workers``
-    workers (each run a ``fullgraph train`` of the local launcher, quiet, its losses and
-    accuracies read from its metrics file), and compare. ``dataset`` is ``prepare``'s.
+    workers (task as ``task_split`` says where no split is given; each run a
+    ``fullgraph train`` of the local launcher, quiet, its losses and accuracies read
+    from its metrics file), and compare. ``dataset`` is ``prepare``'s.
 
     Raises:
         FullgraphError: the single-process run failed (nothing to compare with).
@@ -259,7 +261,6 @@ def run_checks(cfg: Any, forms: list[str], dataset: Any) -> CheckReport:
     """
     from fullgraph.train import check_before_launch
 
-    workers = cfg.launch.workers
     sizes = {k: int(v.sum()) for k, v in (("train_acc", dataset.data.train_mask),
                                           ("val_acc", dataset.data.val_mask),
                                           ("test_acc", dataset.data.test_mask)) if v is not None}
@@ -269,20 +270,43 @@ def run_checks(cfg: Any, forms: list[str], dataset: Any) -> CheckReport:
         outcomes = []
         for label in forms:
             outcome = Outcome(label)
+            sections, n = _form(cfg, label)
             try:
-                run = _with(cfg, **FORMS[label], launch={"workers": workers})
-                check_before_launch(run, dataset, workers)
+                run = _with(cfg, **sections, launch={"workers": n})
+                check_before_launch(run, dataset, n)
             except (ConfigError, ValueError) as exc:  # the strategy does not take it
                 outcome.refused = str(exc)
             else:
                 try:
-                    rows = _epochs(run, workers, Path(tmp) / label.replace("/", "-"))
+                    rows = _epochs(run, n, Path(tmp) / label.replace("/", "-"))
                 except FullgraphError as exc:
                     outcome.failed = str(exc)
                 else:
                     _compare(outcome, rows, reference, sizes)
             outcomes.append(outcome)
     return CheckReport([r["loss"] for r in reference], outcomes)
+
+
+def task_split(cfg: Any) -> tuple[int, str] | None:
+    """The workers and split of the check's task run where it chooses them (no
+    ``--task-split`` given): every worker but one in the T group, and at least 2 there
+    (3 workers where ``--workers`` is 2), so that a T stage's rows are split as a
+    row-wise rule needs (an automatic split of 2 workers is 1:1: one T worker holding
+    every row, under which a stage mixing rows passed). None where the split is given."""
+    if cfg.section("task_parallel").split != "auto":
+        return None
+    n = max(cfg.launch.workers, 3)
+    return n, f"{n - 1}:1"
+
+
+def _form(cfg: Any, label: str) -> tuple[dict[str, dict[str, Any]], int]:
+    """The options ``label``'s run sets over ``cfg``, and its workers."""
+    sections = {k: dict(v) for k, v in FORMS[label].items()}
+    chosen = task_split(cfg) if label == "task" else None
+    if chosen is None:
+        return sections, cfg.launch.workers
+    sections["task_parallel"] = {"split": chosen[1]}
+    return sections, chosen[0]
 
 
 def _compare(outcome: Outcome, rows: list[dict[str, Any]], reference: list[dict[str, Any]],
@@ -351,4 +375,4 @@ def _epochs(cfg: Any, workers: int, stem: Path) -> list[dict[str, Any]]:
 
 __all__ = ["DEFAULTS", "DEFAULT_FORMS", "FORMS", "NOT_TAKEN", "TOLERANCE", "CheckReport",
            "Outcome", "check_config", "parse_forms", "prepare", "relative_differences",
-           "run_checks", "unused_options"]
+           "run_checks", "task_split", "unused_options"]

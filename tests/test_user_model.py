@@ -309,10 +309,12 @@ def test_check_finds_a_model_exact_and_one_that_is_not(small_store, capsys):
     assert rows["tensor"].endswith("exact")
     mixing = FILE_REF.replace(":GatedGCN", ":RowMixingGCN")
     assert main(["check", "--model", mixing, "--dataset", str(small_store), "--strategies",
-                 "data/depcomm", "--hidden", "8", "--dropout", "0"]) == 1
+                 "data/depcomm,task", "--hidden", "8", "--dropout", "0"]) == 1
     out = capsys.readouterr().out
     assert "DIFFERS from epoch 1 (already in the forward pass)" in out
-    assert "not exact: data/depcomm" in out
+    # task on 2 workers would be 1:1, its T worker holding every row: it runs 2:1 on 3
+    assert "(task: 3, split 2:1, so that its T rows are split)" in out
+    assert "not exact: data/depcomm, task" in out
 
 
 @pytest.mark.dist
