@@ -269,12 +269,14 @@ def walk(program: StageProgram, runner: Runner, h: Tensor, *, start: int = 0,
 
 
 def needs_row_sums(program: StageProgram, stages: list[int]) -> bool:
-    """Whether a stage of ``stages`` sums over every vertex (global batch norm), which
-    a run over blocks of rows cannot do."""
+    """Whether a stage of ``stages`` sums over every vertex (declares ``reduces_rows``,
+    as a user's stage calling ``ctx.sum_rows`` must; or holds a global batch norm),
+    which a run over blocks of rows cannot do."""
     from fullgraph.models.norm import GlobalBatchNorm
 
-    return any(isinstance(m, GlobalBatchNorm) for s in stages
-               for m in program.stages[s].modules())
+    return any(getattr(program.stages[s], "reduces_rows", False) or
+               any(isinstance(m, GlobalBatchNorm) for m in program.stages[s].modules())
+               for s in stages)
 
 
 def blocked_transform_run(runner: Runner, stages: list[int], program: StageProgram, h: Tensor,

@@ -115,3 +115,27 @@ class NotAModel(nn.Module):
 
 if __name__ == "__main__":  # importing this file only defines the classes
     raise SystemExit("not a script")
+
+
+class GlobalCentre(Transform):
+    """Subtracts the column means over every vertex, as the README says a stage reads
+    statistics over all rows: ``ctx.sum_rows`` with ``reduces_rows = True``."""
+
+    reduces_rows = True
+
+    def __init__(self, dim: int) -> None:
+        super().__init__(dim, dim)
+
+    def forward(self, x, ctx, layer_input=None):
+        ones = torch.ones(x.shape[0], 1, dtype=x.dtype, device=x.device)
+        sums = ctx.sum_rows(torch.cat([x, ones], 1))
+        return x - sums[:-1] / sums[-1]
+
+
+class CentredGCN(GatedGCN):
+    """``GatedGCN`` with ``GlobalCentre`` after each gate: exact where the executor sums
+    over all rows, which a run over blocks of rows cannot."""
+
+    def conv(self, layer, in_dim, out_dim, *, act, residual):
+        return [*super().conv(layer, in_dim, out_dim, act=act, residual=residual),
+                GlobalCentre(out_dim)]
