@@ -612,3 +612,29 @@ def test_a_wrapped_forward_is_checked_by_its_own_signature():
 
     program = StageProgram([LayerInput(4, 0.0), Twice(4, 4)], self_loops=False, name="m")
     assert program.signature() == "TT"
+
+
+class _Widen(fullgraph.models.Transform):
+    """Declares ``dim`` columns and returns one more: a user's slip."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__(dim, dim)
+
+    def forward(self, x, ctx, layer_input=None):
+        return torch.cat([x, x[:, :1]], 1)
+
+
+class _LastWide(fullgraph.models.GNN):
+    def conv(self, layer, in_dim, out_dim, *, act, residual):
+        from fullgraph.models.layers import Dense
+
+        return [Dense(in_dim, out_dim, act=act), fullgraph.models.Propagate(out_dim, "gcn"),
+                *([_Widen(out_dim)] if layer == self.num_layers - 1 else [])]
+
+
+def test_a_stage_returning_another_width_than_it_declares_is_named():
+    """In the last layer it trained over a class that does not exist, and check called
+    it exact; in a hidden one a later product failed with torch's shape error."""
+    with pytest.raises(ConfigError, match=r"model .*: stage \d+ \(_Widen, layer 2\) declares "
+                       r"3 output columns but returned a tensor of shape \(67, 4\)"):
+        fullgraph.fit(small(), model=_LastWide, epochs=1, hidden=4)

@@ -166,6 +166,19 @@ class Carry:
     edge_weights: dict[int, Tensor] = field(default_factory=dict)
 
 
+def check_width(program: StageProgram, s: int, h: Tensor) -> None:
+    """Refuse rows ``h`` that T stage ``s`` made of another width than it declares (a
+    user's stage: a wider last layer trained over classes that do not exist)."""
+    stage = program.stages[s]
+    if h.dim() != 2 or h.shape[1] != stage.out_dim:
+        from fullgraph.errors import ConfigError  # (the model's mistake: one line)
+
+        raise ConfigError(f"model {program.name or type(program).__name__}: stage {s} "
+                          f"({type(stage).__name__}, layer {program.layer_of[s] + 1}) "
+                          f"declares {stage.out_dim} output columns but returned a tensor "
+                          f"of shape {tuple(h.shape)}")
+
+
 class Runner:
     """How each stage obtains its inputs and where it runs; the defaults run a stage
     on the rows given, which is the single-device semantics when the rows are all
@@ -209,6 +222,7 @@ class Runner:
             with deferred_output() if defer else contextlib.nullcontext():
                 h = self.transform(s, program.stages[s], h,
                                    None if src is None else carry.layer_inputs[src])
+            check_width(program, s, h)
             if infos[s].opens_layer:
                 carry.layer_inputs[s] = h
                 if sole:
