@@ -413,8 +413,13 @@ def build(dataset: Dataset, cfg: Config) -> GNN:
     # the CPU generator only: the parameters are drawn on the CPU, and every dropout mask is
     # keyed, so no other generator is read (nor reseeded under a caller of fit)
     torch.random.default_generator.manual_seed(cfg.train.seed)
-    return build_model(cfg.model.name, dataset.data.num_features, cfg.model.hidden,
-                       dataset.data.num_classes, **cfg.model.build_options())
+    model = build_model(cfg.model.name, dataset.data.num_features, cfg.model.hidden,
+                        dataset.data.num_classes, **cfg.model.build_options())
+    if not any(p.requires_grad for p in model.parameters()):  # (Adam: "an empty list")
+        raise ConfigError(f"model {cfg.model.name}: it has no trainable parameters, so "
+                          "there is nothing to train (a stage's weights are nn.Parameters "
+                          "or layers it holds as attributes)")
+    return model
 
 
 def train(dataset: Dataset, cfg: Config, *, reporter: Reporter | None = None,

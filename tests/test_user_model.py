@@ -397,7 +397,9 @@ def test_check_takes_the_adaptation_options_the_strategies_take(small_store):
     ({"data_parallel": {"byte_cost": 2e-9}}, "data",
      ["--byte-cost has no effect without data/hybrid in --strategies"]),
     ({"data_parallel": {"byte_cost": 2e-9}}, "data/depcomm,data/hybrid", []),
-    ({"task_parallel": {"chunks": 4}}, "tensor,task", []),
+    ({"task_parallel": {"chunks": 4, "subgraphs": 2}}, "tensor,task", []),
+    ({"task_parallel": {"chunks": 4}}, "tensor,task",  # (task's own: no pipeline to chunk)
+     ["--chunks 4 has no effect without --subgraphs 2 or more"]),
 ])
 def test_check_names_the_options_none_of_its_runs_uses(options, forms, said):
     """As ``train`` does for its one strategy: an option that no strategy checked reads
@@ -638,3 +640,30 @@ def test_a_stage_returning_another_width_than_it_declares_is_named():
     with pytest.raises(ConfigError, match=r"model .*: stage \d+ \(_Widen, layer 2\) declares "
                        r"3 output columns but returned a tensor of shape \(67, 4\)"):
         fullgraph.fit(small(), model=_LastWide, epochs=1, hidden=4)
+
+
+class _PlainLinear(fullgraph.models.GNN):
+    def conv(self, layer, in_dim, out_dim, *, act, residual):
+        return [torch.nn.Linear(in_dim, out_dim), fullgraph.models.Propagate(out_dim, "gcn")]
+
+
+class _Slice(fullgraph.models.Transform):
+    """The first ``out_dim`` columns: no weights."""
+
+    def forward(self, x, ctx, layer_input=None):
+        return x[:, :self.out_dim]
+
+
+class _NoWeights(fullgraph.models.GNN):
+    def conv(self, layer, in_dim, out_dim, *, act, residual):
+        return [fullgraph.models.Propagate(in_dim, "gcn"), _Slice(in_dim, out_dim)]
+
+
+def test_a_stage_of_no_known_kind_and_a_model_without_weights_are_one_error():
+    """They ended in AttributeError tracebacks and in Adam's 'optimizer got an empty
+    parameter list'."""
+    with pytest.raises(ValueError, match=r"stage 1 \(layer 1\) is a Linear, not a "
+                       "Transform, EdgeTransform or Propagate"):
+        fullgraph.fit(small(), model=_PlainLinear, epochs=1, hidden=4)
+    with pytest.raises(ConfigError, match="_NoWeights: it has no trainable parameters"):
+        fullgraph.fit(small(), model=_NoWeights, epochs=1, hidden=4)

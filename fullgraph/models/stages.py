@@ -260,6 +260,11 @@ class StageProgram(nn.Module):
             raise ValueError("a stage program must start with a LayerInput stage")
         seen_edge, width, before = False, self.stages[0].in_dim, "the input"
         for s in self.stages:
+            if not isinstance(s, (Transform, EdgeTransform, Propagate)):
+                raise ValueError(f"model {self.name}: stage {s.index} (layer "
+                                 f"{self.layer_of[s.index] + 1}) is a {type(s).__name__}, "
+                                 "not a Transform, EdgeTransform or Propagate (each stage "
+                                 "is one of these kinds: README, 'Your own model')")
             _check_forward(s, self.name, self.layer_of[s.index])
             seen_edge |= isinstance(s, EdgeTransform)
             if not isinstance(s, EdgeTransform):  # an E stage leaves the rows as they are
