@@ -36,6 +36,7 @@ from fullgraph.graph.data import Dataset
 from fullgraph.graph.sparse import density, is_sparse
 from fullgraph.models import build_model
 from fullgraph.models.base import GNN
+from fullgraph.models.gin import GIN
 from fullgraph.models.walk import dense_reader
 from fullgraph.ops import gpu_kernels, kernels
 from fullgraph.ops.spmm import auto_choice, describe_backend, set_auto, set_backend
@@ -458,11 +459,18 @@ def train(dataset: Dataset, cfg: Config, *, reporter: Reporter | None = None,
             getattr(s, "residual", False) for s in model.stages):
         import warnings
 
-        warnings.warn("--residual has no effect here: it adds a layer's input to its output "
-                      "where the layer keeps its width, and no layer of this model does "
-                      f"({dataset.data.num_features} features, --hidden {cfg.model.hidden}, "
-                      f"{dataset.data.num_classes} classes, --layers {cfg.model.layers})",
-                      stacklevel=2)
+        kept = [layer + 1 for layer in sorted(set(model.layer_of))
+                if _layer_width(model, layer)[0] == _layer_width(model, layer)[1]]
+        if kept:  # a user's conv() that does not apply the residual= it is given
+            warnings.warn(f"--residual has no effect here: {cfg.model.name}'s conv() does "
+                          f"not apply residual=True, which layer {kept[0]} (keeping its "
+                          "width) was given", stacklevel=2)
+        else:
+            warnings.warn("--residual has no effect here: it adds a layer's input to its "
+                          "output where the layer keeps its width, and no layer of this "
+                          f"model does ({dataset.data.num_features} features, --hidden "
+                          f"{cfg.model.hidden}, {dataset.data.num_classes} classes, "
+                          f"--layers {cfg.model.layers})", stacklevel=2)
     if not model.self_loops and (comm is None or comm.rank == 0) and \
             dataset.graph.has_self_loops():
         import warnings
@@ -471,6 +479,14 @@ def train(dataset: Dataset, cfg: Config, *, reporter: Reporter | None = None,
                       "the ones the graph stores (its own term is the root weight); PyG's "
                       "SAGEConv and TAGConv would aggregate them: convert the edges without "
                       "them to match", stacklevel=2)
+    elif isinstance(model, GIN) and (comm is None or comm.rank == 0) and \
+            dataset.graph.has_self_loops():
+        import warnings
+
+        warnings.warn(f"--model {cfg.model.name} sums over exactly one self-loop per vertex "
+                      "(its (1 + eps) h_i term), whatever the graph stores; PyG's GINConv "
+                      "would count a stored self-loop again, as a neighbour: convert the "
+                      "edges without them to match", stacklevel=2)
     if dataset.data.num_classes < 2 and (comm is None or comm.rank == 0):
         import warnings
 
@@ -629,6 +645,12 @@ def _epochs(strategy: Strategy, model: GNN, plan: Plan, optimizer: torch.optim.O
     return _finish(records, profiles, best, time.perf_counter() - start, model, reporter,
                    strategy.outcome(model, plan), restored=state.epoch, stopped=stopped,
                    save=save)
+
+
+def _layer_width(model: GNN, layer: int) -> tuple[int, int]:
+    """(input, output) columns of ``layer`` of ``model``'s program."""
+    stages = [st for st, of in zip(model.stages, model.layer_of) if of == layer]
+    return stages[0].in_dim, stages[-1].out_dim
 
 
 def _count(n: int, noun: str) -> str:

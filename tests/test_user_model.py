@@ -667,3 +667,11 @@ def test_a_stage_of_no_known_kind_and_a_model_without_weights_are_one_error():
         fullgraph.fit(small(), model=_PlainLinear, epochs=1, hidden=4)
     with pytest.raises(ConfigError, match="_NoWeights: it has no trainable parameters"):
         fullgraph.fit(small(), model=_NoWeights, epochs=1, hidden=4)
+
+
+def test_residual_ignored_by_a_users_conv_is_named_so():
+    """The warning blamed the widths, though layer 2 kept its width: the class dropped
+    the residual= it was given."""
+    with pytest.warns(UserWarning, match=r"GatedGCN's conv\(\) does not apply residual=True, "
+                      r"which layer 2 \(keeping its width\) was given"):
+        fullgraph.fit(small(), model=FILE_REF, epochs=1, hidden=4, layers=3, residual=True)

@@ -12,6 +12,8 @@ from the MLP output, then K P stages that all reuse those coefficients.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor, nn
 
@@ -51,8 +53,11 @@ class GATAttention(EdgeTransform):
         self.p = check_probability(dropout, "attn_dropout")
         self.att_src = nn.Parameter(torch.empty(heads, channels))
         self.att_dst = nn.Parameter(torch.empty(heads, channels))
-        nn.init.xavier_uniform_(self.att_src.view(1, heads, channels))
-        nn.init.xavier_uniform_(self.att_dst.view(1, heads, channels))
+        # Glorot as PyG's GATConv draws its (1, H, C) vectors: fans H and C (torch's
+        # xavier_uniform_ on that view takes H * C and C, a 2-3x narrower range)
+        bound = math.sqrt(6.0 / (heads + channels))
+        nn.init.uniform_(self.att_src, -bound, bound)
+        nn.init.uniform_(self.att_dst, -bound, bound)
 
     def scores(self, x: Tensor, which: str) -> Tensor:
         """(R, H) per-vertex half-scores ``a_which . x[h]``."""

@@ -477,3 +477,19 @@ def test_training_run_matches_pyg_loop(case, monkeypatch):
     assert result.best_epoch == best[1]
     assert (result.best_val, result.test_at_best) == pytest.approx((best[0], best[2]), abs=1e-12)
     assert best[1] > 1, "the run should improve on its first epoch"
+
+
+@pytest.mark.parametrize("heads,channels", [(8, 8), (8, 64), (1, 7)])
+def test_attention_vectors_are_drawn_as_pygs(heads, channels):
+    """PyG's glorot on a (1, H, C) vector takes fans H and C; torch's xavier_uniform_ on
+    that view took H * C and C, a 2-3x narrower range than the README's claim."""
+    from fullgraph.models.gat import GATAttention
+
+    torch.manual_seed(3)
+    ours = torch.cat([GATAttention(heads, channels).att_src.detach().flatten()
+                      for _ in range(20)])
+    theirs = torch.cat([pyg_nn.GATConv(4, channels, heads=heads).att_src.detach().flatten()
+                        for _ in range(20)])
+    bound = (6.0 / (heads + channels)) ** 0.5
+    assert float(ours.abs().max()) <= bound and float(ours.abs().max()) >= 0.9 * bound
+    assert abs(float(ours.std()) / float(theirs.std()) - 1.0) <= 0.15
