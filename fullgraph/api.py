@@ -164,8 +164,8 @@ def check(data: Any = "cora", *, model: str | type = "gcn",
             or a comma-separated string (default: ``data/depcomm``, ``data/depcache``,
             ``tensor``, ``p2p`` and ``task``).
         workers: workers of each distributed run (default: 2; task without a
-            ``task_split=`` runs on at least 3, its T group on all but one, so that a
-            T stage's rows are split).
+            ``task_split=`` runs on at least 3, with at least 2 T workers, so that a
+            T stage's rows are split: ``fullgraph.exactness.task_split``).
         epochs: epochs of each run (default: 3).
 
     Returns:

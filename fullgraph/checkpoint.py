@@ -260,14 +260,20 @@ def load_file(path: Path, what: str, kind: str) -> Any:
                           f"({first})") from None
 
 
+def checkpoint_file(directory: str | Path) -> Path:
+    """The checkpoint's path in ``directory`` (``~`` expanded: a config file's is not
+    the shell's), where every run writes, reads and looks for it."""
+    return Path(directory).expanduser() / FILE_NAME
+
+
 def read(directory: str | Path, what: str = "train.resume") -> dict[str, Any]:
     """The checkpoint in ``directory``, loaded with ``weights_only=True``.
 
     Raises:
         ConfigError: there is none, or the file is not a fullgraph checkpoint.
     """
-    given = Path(directory)
-    path = given if given.is_file() else given / FILE_NAME  # the file itself will do too
+    given = Path(directory).expanduser()
+    path = given if given.is_file() else checkpoint_file(given)  # the file itself will do
     if path.is_dir():
         raise ConfigError(f"{what}: {path} is a directory, not a checkpoint file")
     if not path.is_file():
@@ -330,34 +336,40 @@ def resolve_resume(cfg: Config) -> Config:
     if t.resume != AUTO:
         return cfg
     assert t.checkpoint_dir is not None  # (TrainConfig refuses auto without it)
-    found = (Path(t.checkpoint_dir).expanduser() / FILE_NAME).is_file()
+    found = checkpoint_file(t.checkpoint_dir).is_file()
     return dataclasses.replace(cfg, train=dataclasses.replace(
         t, resume=t.checkpoint_dir if found else None))
 
 
 def check_not_replaced(cfg: Config) -> None:
-    """Refuse a new run (no ``--resume``) whose ``--checkpoint-dir`` holds a checkpoint:
-    it would replace it at its first checkpoint, and a command run again without
-    ``--resume`` would lose the run it meant to continue.
+    """Refuse a run whose ``--checkpoint-dir`` holds a checkpoint other than the one it
+    resumes: it would replace it at its first checkpoint, and a command run again
+    without ``--resume`` would lose the run it meant to continue.
 
     Raises:
         ConfigError: naming the directory, the checkpoint's epoch where it is readable,
             and the ways on.
     """
     t = cfg.train
-    if t.resume is not None or t.checkpoint_dir is None:
+    if t.checkpoint_dir is None:
         return
-    path = Path(t.checkpoint_dir).expanduser() / FILE_NAME
+    path = checkpoint_file(t.checkpoint_dir)
     if not path.is_file():
         return
+    if t.resume is not None:
+        source = Path(t.resume).expanduser()
+        if (source if source.is_file() else checkpoint_file(source)).resolve() == \
+                path.resolve():
+            return  # the run it continues
     try:
         held = f"a checkpoint after epoch {read(path)['epoch']}"
     except ConfigError:  # damaged or of another version: still not this run's to replace
         held = FILE_NAME
-    raise ConfigError(f"train.checkpoint_dir: {t.checkpoint_dir} holds {held}, which this new "
-                      f"run would replace: continue it with --resume {t.checkpoint_dir} (or "
-                      "--resume auto), or start anew in another --checkpoint-dir or after "
-                      f"removing {path}")
+    run = "this new run" if t.resume is None else f"this run (resumed from {t.resume})"
+    raise ConfigError(f"train.checkpoint_dir: {t.checkpoint_dir} holds {held}, which {run} "
+                      f"would replace: continue it with --resume {t.checkpoint_dir} (or "
+                      "--resume auto), or write into another --checkpoint-dir, or remove "
+                      f"{path} first")
 
 
 def check_resumable(cfg: Config, dataset: Dataset, dtype: torch.dtype = torch.float32) -> None:
@@ -447,7 +459,7 @@ class Checkpointer:
             "records": [dataclasses.asdict(r) for r in records],
             "rng": torch.get_rng_state(), "fingerprint": self.fingerprint, "run": self.facts,
             "config_json": json.dumps(self.cfg.to_dict(), default=str)}
-        path = Path(t.checkpoint_dir) / FILE_NAME
+        path = checkpoint_file(t.checkpoint_dir)
         write_atomic(path, payload)
         for stale in path.parent.glob(f".{FILE_NAME}.*.tmp"):  # left by a killed writer
             stale.unlink(missing_ok=True)

@@ -558,7 +558,7 @@ def _config_at_log_level(args: argparse.Namespace,
 
 def cmd_train(args: argparse.Namespace) -> int:
     from fullgraph import launch
-    from fullgraph.checkpoint import resolve_resume
+    from fullgraph.checkpoint import check_not_replaced, resolve_resume
 
     cfg = resolve_resume(_config_at_log_level(args))  # (each worker too: before any writes)
     if cfg.runtime.strategy == "auto":  # resolved once, here: every worker runs the same
@@ -580,6 +580,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     if not launch.under_launcher() or os.environ.get("RANK", "0") == "0":
         check_outputs(cfg)  # where they are written: by rank 0 alone
+    else:  # (a host's own refusal, not a wait for rank 0 to its timeout; before any writes)
+        check_not_replaced(cfg)
     if launch.under_launcher():
         conflict = launch.torchrun_conflict(cfg.launch.workers)
         if conflict:  # every worker refuses; one on each host says why (a host that
@@ -938,7 +940,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         warnings.warn(message, stacklevel=1)
     extra = f", options {cfg.model.options}" if cfg.model.options else ""
     task = exactness.task_split(cfg) if "task" in forms else None
-    split = f" (task: {task[0]}, split {task[1]}, so that its T rows are split)" \
+    split = f" (task on {task[0]}, split {task[1]}, so that its T rows are split)" \
         if task and task[0] != cfg.launch.workers else \
         f" (task split {task[1]})" if task else ""
     print(f"check: model {cfg.model.name}{extra} on {cfg.data.dataset}, {cfg.train.epochs} "

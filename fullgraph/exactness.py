@@ -200,7 +200,7 @@ def unused_options(cfg: Any, forms: list[str], option: str = "--strategies") -> 
         out.append(f"{flags_of('data_parallel', costs)} no effect without data/hybrid in "
                    f"{option} (the hybrid dependency mode's cost model)")
     for label in (f for f in forms if not f.startswith("data/")):  # data's: above
-        run = _with(cfg, **FORMS[label])
+        run = _with(cfg, **_form(cfg, label)[0])  # (as run_checks runs it)
         try:
             strategy = get_strategy(run.runtime.strategy).from_sections(run.options)
         except (ConfigError, ValueError):  # the run refuses it: its outcome will say so
@@ -289,14 +289,16 @@ def run_checks(cfg: Any, forms: list[str], dataset: Any) -> CheckReport:
 
 def task_split(cfg: Any) -> tuple[int, str] | None:
     """The workers and split of the check's task run where it chooses them (no
-    ``--task-split`` given): every worker but one in the T group, and at least 2 there
-    (3 workers where ``--workers`` is 2), so that a T stage's rows are split as a
-    row-wise rule needs (an automatic split of 2 workers is 1:1: one T worker holding
-    every row, under which a stage mixing rows passed). None where the split is given."""
+    ``--task-split`` given): at least 2 T workers, so that a T stage's rows are split as
+    a row-wise rule needs (an automatic split of 2 workers is 1:1: one T worker holding
+    every row, under which a stage mixing rows passed), and from 4 workers on at least
+    2 P workers too: 2:1 on 3 workers (where ``--workers`` is 2 or 3), else half and
+    half. None where the split is given."""
     if cfg.section("task_parallel").split != "auto":
         return None
     n = max(cfg.launch.workers, 3)
-    return n, f"{n - 1}:1"
+    t = 2 if n == 3 else n // 2
+    return n, f"{t}:{n - t}"
 
 
 def _form(cfg: Any, label: str) -> tuple[dict[str, dict[str, Any]], int]:

@@ -155,8 +155,13 @@ def available_ram() -> int:
 def ram_per_worker(world_size: int) -> int:
     """This worker's even share of ``available_ram`` among the workers on its host
     (``$LOCAL_WORLD_SIZE``, as the launchers set it; else ``world_size``, all on one)."""
-    here = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
-    return available_ram() // max(1, here)
+    if world_size <= 1:  # (one process: an outer job's $LOCAL_WORLD_SIZE is not its host's)
+        return available_ram()
+    try:
+        here = int(os.environ.get("LOCAL_WORLD_SIZE") or world_size)
+    except ValueError:
+        here = world_size
+    return available_ram() // max(1, min(here, world_size))
 
 
 def peak_rss_bytes() -> int:

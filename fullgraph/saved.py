@@ -195,8 +195,9 @@ def load_model(path: str | Path) -> SavedModel:
     saved = load_file(path, "model", "model file")
     if isinstance(saved, dict) and saved.get("format") == CHECKPOINT_FORMAT:
         raise ConfigError(f"model: {path} is a training checkpoint, not a saved model: "
-                          "`fullgraph train ... --resume DIR --save-model FILE` with the run's "
-                          "options and its --epochs writes its best model without training")
+                          f"`fullgraph train ... --resume {path} --epochs {saved.get('epoch')} "
+                          "--save-model FILE` with the run's options writes its best model so "
+                          "far without training")
     if not isinstance(saved, dict) or saved.get("format") != FORMAT:
         raise ConfigError(f"model: {path} is not a saved fullgraph model")
     if saved.get("version") != VERSION:
@@ -231,8 +232,10 @@ def load_dataset_for(model: SavedModel, dataset: str | None = None,
     roots: list[str | None] = [root]
     if dataset is not None:
         opts["dataset"] = dataset
-    if root is None and trained_root is not None and Path(trained_root).is_dir():
-        roots = [trained_root, None]  # then the usual root, where it may have moved
+    if root is None and trained_root is not None and Path(trained_root).is_dir() and (
+            dataset is None or (Path(trained_root) / dataset).is_dir()):  # (a dataset named
+        roots = [trained_root, None]  # is looked for there, not fetched there); then the
+        # usual root, where it may have moved
     loaded = None
     with warnings.catch_warnings():  # the seed is the model's, said when it trained
         warnings.filterwarnings("ignore", message="--split-seed has no effect")

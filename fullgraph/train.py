@@ -460,7 +460,7 @@ def train(dataset: Dataset, cfg: Config, *, reporter: Reporter | None = None,
         import warnings
 
         kept = [layer + 1 for layer in sorted(set(model.layer_of))
-                if _layer_width(model, layer)[0] == _layer_width(model, layer)[1]]
+                if len(set(_layer_width(model, layer))) == 1]
         if kept:  # a user's conv() that does not apply the residual= it is given
             warnings.warn(f"--residual has no effect here: {cfg.model.name}'s conv() does "
                           f"not apply residual=True, which layer {kept[0]} (keeping its "
@@ -479,8 +479,8 @@ def train(dataset: Dataset, cfg: Config, *, reporter: Reporter | None = None,
                       "the ones the graph stores (its own term is the root weight); PyG's "
                       "SAGEConv and TAGConv would aggregate them: convert the edges without "
                       "them to match", stacklevel=2)
-    elif isinstance(model, GIN) and (comm is None or comm.rank == 0) and \
-            dataset.graph.has_self_loops():
+    elif isinstance(model, GIN) and not cfg.model.decoupled and \
+            (comm is None or comm.rank == 0) and dataset.graph.has_self_loops():
         import warnings
 
         warnings.warn(f"--model {cfg.model.name} sums over exactly one self-loop per vertex "
@@ -607,7 +607,9 @@ def _epochs(strategy: Strategy, model: GNN, plan: Plan, optimizer: torch.optim.O
                 best = (acc["val"], epoch, acc["test"], acc["train"],
                         copy.deepcopy(model.state_dict()))
             elif finite and math.isnan(acc["val"]):  # no validation vertices: the last one
-                best = (acc["val"], epoch, acc["test"], acc["train"], None)
+                # (kept, so that a later non-finite step falls back to it)
+                best = (acc["val"], epoch, acc["test"], acc["train"],
+                        copy.deepcopy(model.state_dict()))
             # the accuracies are every rank's (reduced counts): every rank stops here
             if out_of_patience(epoch, acc["val"]):
                 last = epoch

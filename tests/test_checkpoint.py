@@ -361,7 +361,13 @@ def test_a_new_run_does_not_replace_a_checkpoint_it_was_not_told_to_resume(tmp_p
                        r"new run would replace: continue it with --resume"):
         check_outputs(config("single", EPOCHS, tmp_path / "ck"))
     check_outputs(config("single", EPOCHS, tmp_path / "ck", resume=tmp_path / "ck"))
+    check_outputs(config("single", EPOCHS, tmp_path / "ck",
+                         resume=tmp_path / "ck" / checkpoint.FILE_NAME))  # (the file itself)
     check_outputs(config("single", EPOCHS, tmp_path / "elsewhere"))
+    train(ds, config("single", 1, tmp_path / "other", every=1))  # resumed from another run's:
+    with pytest.raises(ConfigError, match=r"which this run \(resumed from .*other\) would "
+                       "replace"):  # still not the one it continues
+        check_outputs(config("single", EPOCHS, tmp_path / "ck", resume=tmp_path / "other"))
     (tmp_path / "ck" / checkpoint.FILE_NAME).write_bytes(b"not a checkpoint")
     with pytest.raises(ConfigError, match="holds checkpoint.pt, which"):  # still not its own
         check_outputs(config("single", EPOCHS, tmp_path / "ck"))
@@ -399,3 +405,38 @@ def test_a_model_with_non_finite_parameters_is_never_the_one_kept():
     assert result.best_epoch < len(result.history)
     assert all(torch.isfinite(v).all() for v in result.model.state_dict().values()
                if v.is_floating_point())
+
+
+def test_without_validation_vertices_a_diverged_run_keeps_the_last_finite_model():
+    """The model kept there is the last epoch's: it was the diverged one, NaN."""
+    import math
+
+    ds = make_dataset()
+    ds.data.val_mask[:] = False
+    cfg = config("single", 10, None)
+    cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, lr=1e30))
+    with pytest.warns(UserWarning, match="diverged"):
+        result = train(ds, cfg)
+    assert not math.isfinite(result.epochs[-1].loss) and math.isnan(result.best_val)
+    assert result.best_epoch < result.epochs[-1].epoch
+    assert all(torch.isfinite(v).all() for v in result.model.state_dict().values()
+               if v.is_floating_point())
+
+
+def test_a_checkpoint_dir_with_a_tilde_is_one_place_for_every_use(tmp_path, monkeypatch):
+    """A config file's '~/ck' was written as ./~/ck and looked for in $HOME/ck: --resume
+    auto never resumed and the refusal never fired."""
+    from fullgraph.train import check_outputs
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    ds = make_dataset()
+    cfg = config("single", STOP, Path("~/ck"), every=1)
+    train(ds, cfg)
+    assert (tmp_path / "ck" / checkpoint.FILE_NAME).is_file() and not (tmp_path / "~").exists()
+    auto = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, resume="auto",
+                                                              epochs=EPOCHS))
+    assert checkpoint.resolve_resume(auto).train.resume == "~/ck"
+    assert checkpoint.read("~/ck")["epoch"] == STOP
+    with pytest.raises(ConfigError, match=f"holds a checkpoint after epoch {STOP}"):
+        check_outputs(cfg)

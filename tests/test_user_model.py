@@ -313,7 +313,7 @@ def test_check_finds_a_model_exact_and_one_that_is_not(small_store, capsys):
     out = capsys.readouterr().out
     assert "DIFFERS from epoch 1 (already in the forward pass)" in out
     # task on 2 workers would be 1:1, its T worker holding every row: it runs 2:1 on 3
-    assert "(task: 3, split 2:1, so that its T rows are split)" in out
+    assert "(task on 3, split 2:1, so that its T rows are split)" in out
     assert "not exact: data/depcomm, task" in out
 
 
@@ -675,3 +675,15 @@ def test_residual_ignored_by_a_users_conv_is_named_so():
     with pytest.warns(UserWarning, match=r"GatedGCN's conv\(\) does not apply residual=True, "
                       r"which layer 2 \(keeping its width\) was given"):
         fullgraph.fit(small(), model=FILE_REF, epochs=1, hidden=4, layers=3, residual=True)
+
+
+def test_check_splits_both_task_groups_where_it_chooses_the_split():
+    from fullgraph import exactness
+    from fullgraph.config import config_from_dict
+
+    def split(workers, **task):
+        return exactness.task_split(config_from_dict(
+            {"launch": {"workers": workers}, "task_parallel": task}))
+
+    assert [split(w) for w in (2, 3, 4, 5)] == [(3, "2:1"), (3, "2:1"), (4, "2:2"), (5, "2:3")]
+    assert split(4, split="1:3") is None  # the user's

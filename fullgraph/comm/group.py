@@ -295,9 +295,9 @@ def destroy_comm(comm: Comm) -> None:
         comm.group = None
 
 
-def check_device(name: str, option: str = "train.device") -> None:
-    """Refuse a CUDA device this torch build or machine cannot give (``option``: where
-    it was named, ``section.key``).
+def check_device(name: str, option: str = "train.device", flag: str = "--device") -> None:
+    """Refuse a CUDA device this torch build or machine cannot give (``option``, as
+    ``section.key``, and ``flag``: where it was named).
 
     Raises:
         ConfigError: ``name`` is cuda or cuda:N and CUDA is not available.
@@ -305,7 +305,6 @@ def check_device(name: str, option: str = "train.device") -> None:
     if name.startswith("cuda") and not torch.cuda.is_available():
         why = ("this torch build has no CUDA" if torch.version.cuda is None
                else "no CUDA device is visible")
-        flag = "--" + option.partition(".")[2].replace("_", "-")
         raise ConfigError(f"{option}: got {name!r} but {why}; use {flag} cpu")
 
 

@@ -244,7 +244,7 @@ class StageProgram(nn.Module):
     @property
     def reduces_rows(self) -> bool:
         """Whether some T stage reads statistics over all rows (``ctx.row_sum``)."""
-        return any(getattr(s, "reduces_rows", False) for s in self.stages)
+        return any(sums_over_rows(s) for s in self.stages)
 
     def signature(self) -> str:
         """The program as a string of stage kinds, e.g. ``"TTPT TTPT"``."""
@@ -296,6 +296,16 @@ class StageProgram(nn.Module):
 
 _CALLED_WITH = {"Transform": "x, ctx, layer_input", "EdgeTransform": "graph, x_dst, x_src, ctx"}
 """The arguments with which the walker calls each kind of stage a model may define."""
+
+
+def sums_over_rows(stage: nn.Module) -> bool:
+    """Whether ``stage`` reads statistics over every vertex: it declares
+    ``reduces_rows`` (as a stage calling ``ctx.sum_rows`` must), or holds a global
+    batch norm without declaring it."""
+    from fullgraph.models.norm import GlobalBatchNorm
+
+    return bool(getattr(stage, "reduces_rows", False)) or \
+        any(isinstance(m, GlobalBatchNorm) for m in stage.modules())
 
 
 def _check_forward(stage: Stage, model: str, layer: int) -> None:

@@ -38,6 +38,7 @@ from fullgraph.models.stages import (
     StageKind,
     StageProgram,
     Transform,
+    sums_over_rows,
 )
 from fullgraph.ops.dropout import deferred_output, mark_sole, marks_of, restore_marks
 
@@ -123,8 +124,11 @@ def dense_reader(program: StageProgram) -> str | None:
     stages, infos = program.stages, describe(program)
     if len(stages) < 2 or not isinstance(stages[0], LayerInput):
         return "it does not open with a layer input"
+    if isinstance(stages[1], Propagate):
+        return "it propagates the raw features (stage 1)"
     if getattr(stages[1], "lin", None) is None:  # the features' first reader has a weight
-        return f"it propagates the raw features (stage 1, {type(stages[1]).__name__})"
+        return (f"stage 1 ({type(stages[1]).__name__}) reads the raw features without a "
+                "weight as .lin, the nn.Linear whose product takes the dropped CSR rows")
     readers = [1] + [i.index for i in infos if i.layer_input_from == 0]
     for s in readers:
         st = stages[s]
@@ -240,6 +244,16 @@ class Runner:
         return h
 
 
+def run_at(infos: tuple[StageInfo, ...], s: int, stop: int) -> list[int]:
+    """The stages ``walk`` runs together from ``s`` (before ``stop``): an E stage alone,
+    else the consecutive stages of its kind, T or P."""
+    run = [s]
+    if not infos[s].is_edge:
+        while run[-1] + 1 < stop and infos[run[-1] + 1].kind is infos[s].kind:
+            run.append(run[-1] + 1)
+    return run
+
+
 def walk(program: StageProgram, runner: Runner, h: Tensor, *, start: int = 0,
          stop: int | None = None, carry: Carry | None = None) -> Tensor:
     """Run stages ``[start, stop)`` of ``program`` on ``h`` through ``runner``.
@@ -266,9 +280,7 @@ def walk(program: StageProgram, runner: Runner, h: Tensor, *, start: int = 0,
             carry.edge_weights[s] = runner.edge(s, program.stages[s], h)
             s += 1
             continue
-        run = [s]  # a run of consecutive stages of one kind, T or P
-        while run[-1] + 1 < stop and infos[run[-1] + 1].kind is info.kind:
-            run.append(run[-1] + 1)
+        run = run_at(infos, s, stop)
         if info.is_propagate:
             h = runner.propagate_run(run, program, h, carry)
         else:
@@ -283,14 +295,9 @@ def walk(program: StageProgram, runner: Runner, h: Tensor, *, start: int = 0,
 
 
 def needs_row_sums(program: StageProgram, stages: list[int]) -> bool:
-    """Whether a stage of ``stages`` sums over every vertex (declares ``reduces_rows``,
-    as a user's stage calling ``ctx.sum_rows`` must; or holds a global batch norm),
-    which a run over blocks of rows cannot do."""
-    from fullgraph.models.norm import GlobalBatchNorm
-
-    return any(getattr(program.stages[s], "reduces_rows", False) or
-               any(isinstance(m, GlobalBatchNorm) for m in program.stages[s].modules())
-               for s in stages)
+    """Whether a stage of ``stages`` sums over every vertex (``sums_over_rows``), which
+    a run over blocks of rows cannot do."""
+    return any(sums_over_rows(program.stages[s]) for s in stages)
 
 
 def blocked_transform_run(runner: Runner, stages: list[int], program: StageProgram, h: Tensor,

@@ -341,8 +341,8 @@ class TaskParallel(DistributedStrategy[TaskPlan]):
             raise ValueError(f"--task-pieces {self.options.pieces}: no T stages of this model "
                              "hand off to a propagation that can start on a piece (its "
                              "propagations weigh edges by attention, which needs every row "
-                             "first, or its T stages sum over all rows); leave --task-pieces "
-                             "unset")
+                             "first, or its T stages sum over all rows, or no propagation "
+                             "follows them); leave --task-pieces unset")
         if self.options.recompute and program.reduces_rows:
             raise ValueError("--recompute: this model's T stages reduce over all rows (batch "
                              "normalisation, reduces_rows), a collective that cannot run "

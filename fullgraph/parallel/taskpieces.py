@@ -37,7 +37,15 @@ from fullgraph.comm.placement import RowColLayout, even_counts, rows_to_cols
 from fullgraph.graph.csr import Graph
 from fullgraph.graph.sparse import cat_rows, is_sparse, row_range
 from fullgraph.models.stages import StageContext, StageProgram
-from fullgraph.models.walk import BlockRows, Carry, Runner, describe, last_readers, needs_row_sums
+from fullgraph.models.walk import (
+    BlockRows,
+    Carry,
+    Runner,
+    describe,
+    last_readers,
+    needs_row_sums,
+    run_at,
+)
 from fullgraph.ops.spmm import spmm, spmm_add_
 from fullgraph.parallel.columns import ColumnPlan, PlacementRunner, _Depends
 
@@ -182,10 +190,7 @@ def piecewise_runs(program: StageProgram) -> list[list[int]]:
     """The T runs of ``program`` (as ``walk`` groups them) that hand off in pieces."""
     infos, runs, s = describe(program), [], 0
     while s < len(infos):
-        run = [s]
-        if not infos[s].is_edge:
-            while run[-1] + 1 < len(infos) and infos[run[-1] + 1].kind is infos[s].kind:
-                run.append(run[-1] + 1)
+        run = run_at(infos, s, len(infos))
         if infos[s].is_transform and goes_in_pieces(program, run):
             runs.append(run)
         s = run[-1] + 1

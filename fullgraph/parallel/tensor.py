@@ -209,7 +209,7 @@ class TensorParallel(DistributedStrategy[ColumnPlan]):
             return device
         from fullgraph.comm.group import check_device
 
-        check_device(self.options.nn_device, "tensor_parallel.nn_device")
+        check_device(self.options.nn_device, "tensor_parallel.nn_device", "--nn-device")
         return torch.device(self.options.nn_device)
 
     def setup(self, dataset: Dataset, program: StageProgram, device: torch.device,

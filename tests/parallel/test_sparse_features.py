@@ -98,7 +98,7 @@ def test_the_header_names_why_features_are_made_dense():
 
     assert dense_reader(build_model("gcn", 40, 8, 3)) is None
     assert dense_reader(build_model("gin", 40, 8, 3, eps=0.5)) == \
-        "it propagates the raw features (stage 1, Propagate)"
+        "it propagates the raw features (stage 1)"
     gated = GatedGCN(40, 8, 3, num_layers=2)
     assert dense_reader(gated).startswith("stage 3 (Gate) reads the raw features and does "
                                           "not take CSR rows")

@@ -275,3 +275,14 @@ def test_the_default_chunk_memory_is_shared_by_the_workers_on_a_host(tmp_path, m
     assert strategy._spill(model, cpu, cpu, world_size=8).memory == 4 << 30
     monkeypatch.delenv("LOCAL_WORLD_SIZE")  # (launched otherwise: all on this host)
     assert strategy._spill(model, cpu, cpu, world_size=2).memory == 8 << 30
+
+
+def test_one_process_takes_the_hosts_memory_whatever_an_outer_job_says(monkeypatch):
+    import fullgraph.memory
+
+    monkeypatch.setattr(fullgraph.memory, "available_ram", lambda: 64 << 30)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")  # (a fit() inside a torchrun job's process)
+    assert fullgraph.memory.ram_per_worker(1) == 64 << 30
+    assert fullgraph.memory.ram_per_worker(2) == 32 << 30  # (at most its own workers)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "")
+    assert fullgraph.memory.ram_per_worker(4) == 16 << 30
