@@ -687,3 +687,26 @@ def test_check_splits_both_task_groups_where_it_chooses_the_split():
 
     assert [split(w) for w in (2, 3, 4, 5)] == [(3, "2:1"), (3, "2:1"), (4, "2:2"), (5, "2:3")]
     assert split(4, split="1:3") is None  # the user's
+
+
+class _CentreUndeclared(fullgraph.models.Transform):
+    """Column means over all vertices through ctx.sum_rows, without reduces_rows."""
+
+    def forward(self, x, ctx, layer_input=None):
+        return x - ctx.sum_rows(x) / 67.0
+
+
+class _UndeclaredSum(fullgraph.models.GNN):
+    def conv(self, layer, in_dim, out_dim, *, act, residual):
+        from fullgraph.models.layers import Dense
+
+        return [Dense(in_dim, out_dim, act=act), _CentreUndeclared(out_dim, out_dim),
+                fullgraph.models.Propagate(out_dim, "gcn")]
+
+
+def test_a_stage_summing_rows_without_declaring_it_is_refused_everywhere():
+    """p2p's bins and tensor's row blocks summed over their own rows only, silently; one
+    process and data parallelism summed over all. Every executor now refuses it."""
+    with pytest.raises(ConfigError, match=r"stage 2 \(_CentreUndeclared\) calls ctx.sum_rows "
+                       "without declaring reduces_rows = True"):
+        fullgraph.fit(small(), model=_UndeclaredSum, epochs=1, hidden=4)

@@ -21,6 +21,7 @@ Shapes: R rows, N_dst / N_src vertices of a block, E edges, D columns, H heads.
 """
 from __future__ import annotations
 
+import contextvars
 import enum
 import inspect
 from collections.abc import Iterator
@@ -69,8 +70,24 @@ class StageContext:
         return StageContext(gids, self.seed, self.training, self.eids, self.row_sum)
 
     def sum_rows(self, x: Tensor) -> Tensor:
-        """(D,) column sums of ``x`` over all vertices (see ``row_sum``)."""
+        """(D,) column sums of ``x`` over all vertices (see ``row_sum``); only for a
+        stage that declares ``reduces_rows`` (an executor that splits rows sums over
+        all of them only for such a stage: p2p's bins and row blocks would sum over
+        their own rows)."""
+        undeclared = UNDECLARED_SUM.get()
+        if undeclared is not None:
+            from fullgraph.errors import ConfigError  # (the model's mistake: one line)
+
+            raise ConfigError(f"stage {undeclared} calls ctx.sum_rows without declaring "
+                             "reduces_rows = True, which every strategy needs to sum over "
+                             "all vertices (README, 'Your own model')")
         return x.sum(0) if self.row_sum is None else self.row_sum(x)
+
+
+UNDECLARED_SUM: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "UNDECLARED_SUM", default=None)
+"""Set by the walker around a T stage that does not declare ``reduces_rows`` (its
+index and class, for the message): ``StageContext.sum_rows`` refuses it."""
 
 
 def check_probability(p: float, name: str) -> float:

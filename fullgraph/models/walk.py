@@ -30,6 +30,7 @@ from fullgraph.graph.csr import Graph
 from fullgraph.graph.sparse import row_range
 from fullgraph.models.norm import replaying
 from fullgraph.models.stages import (
+    UNDECLARED_SUM,
     EdgeTransform,
     LayerInput,
     Propagate,
@@ -223,9 +224,15 @@ class Runner:
                     and s not in carried)
             defer = (sole and self.passes_rows_through
                      and getattr(program.stages[s + 1], "takes_dropped", False))
-            with deferred_output() if defer else contextlib.nullcontext():
-                h = self.transform(s, program.stages[s], h,
-                                   None if src is None else carry.layer_inputs[src])
+            stage = program.stages[s]
+            token = UNDECLARED_SUM.set(None if sums_over_rows(stage) else
+                                       f"{s} ({type(stage).__name__})")
+            try:
+                with deferred_output() if defer else contextlib.nullcontext():
+                    h = self.transform(s, stage, h,
+                                       None if src is None else carry.layer_inputs[src])
+            finally:
+                UNDECLARED_SUM.reset(token)
             check_width(program, s, h)
             if infos[s].opens_layer:
                 carry.layer_inputs[s] = h
