@@ -266,7 +266,7 @@ def run_checks(cfg: Any, forms: list[str], dataset: Any) -> CheckReport:
                                           ("test_acc", dataset.data.test_mask)) if v is not None}
     with tempfile.TemporaryDirectory(prefix="fullgraph-check-") as tmp:
         single = _reference(cfg)
-        reference = _epochs(single, 1, Path(tmp) / "single")
+        reference = _epochs(single, 1, Path(tmp) / "single", warn=True)
         outcomes = []
         for label in forms:
             outcome = Outcome(label)
@@ -349,16 +349,18 @@ def _with(cfg: Any, **sections: dict[str, Any]) -> Any:
     return config_from_dict(tree, source="check")
 
 
-def _epochs(cfg: Any, workers: int, stem: Path) -> list[dict[str, Any]]:
+def _epochs(cfg: Any, workers: int, stem: Path, warn: bool = False) -> list[dict[str, Any]]:
     """The epoch rows (loss, accuracies) of ``cfg`` trained by ``fullgraph train`` on
-    ``workers`` local workers, quiet (a failure is raised, named as the launcher names
-    it)."""
+    ``workers`` local workers, quiet but for warnings where ``warn`` (the reference
+    run's: what the model's training warns of, said once; a failure is raised, named
+    as the launcher names it)."""
     from fullgraph import launch
     from fullgraph.models.custom import for_workers
 
     tree = cfg.to_dict()
     metrics = stem.with_suffix(".jsonl")
-    tree["train"].update(metrics_out=str(metrics), progress="off", log_level="error")
+    tree["train"].update(metrics_out=str(metrics), progress="off",
+                         log_level="warning" if warn else "error")
     stem.with_suffix(".json").write_text(json.dumps(tree))
     with launch.environment(for_workers(cfg.model.name)):  # the model's module, as here
         code, failure = launch.run_local(

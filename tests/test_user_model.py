@@ -710,3 +710,13 @@ def test_a_stage_summing_rows_without_declaring_it_is_refused_everywhere():
     with pytest.raises(ConfigError, match=r"stage 2 \(_CentreUndeclared\) calls ctx.sum_rows "
                        "without declaring reduces_rows = True"):
         fullgraph.fit(small(), model=_UndeclaredSum, epochs=1, hidden=4)
+
+
+@pytest.mark.dist
+def test_check_shows_what_the_models_training_warns_of_once(small_store, capfd):
+    """Its runs were all quiet: a model whose conv() drops residual=True passed without
+    the word that train says."""
+    assert main(["check", "--model", FILE_REF, "--dataset", str(small_store), "--strategies",
+                 "data/depcomm", "--hidden", "8", "--layers", "3", "--residual"]) == 0
+    err = capfd.readouterr().err
+    assert err.count("does not apply residual=True") == 1, err
