@@ -1,7 +1,7 @@
 """Test accuracy of fullgraph and PyG side by side, on the identical split (a script).
 
 For each dataset and model, seeds 0..S-1 train fullgraph (``fullgraph.train``) and a
-PyG model of the same architecture (``SAGEConv`` / ``GINConv``) from its own
+PyG model of the same architecture (``SAGEConv`` / ``GINConv`` / ``GATConv``) from its own
 initialisation: dropout on each layer's input (the features included, as fullgraph
 does), ReLU between layers, Adam with the same learning rate and weight decay, full
 batch, the test accuracy at the best validation epoch. fullgraph gets its features
@@ -31,22 +31,28 @@ from fullgraph.graph.data import Dataset
 from fullgraph.graph.sparse import choose_layout
 from fullgraph.train import train
 
-MODELS = ("sage", "gin", "gin-bn")
+MODELS = ("sage", "gin", "gin-bn", "gat")
 
 
 class PygNet(nn.Module):
     """``[dropout, conv] x L`` with ReLU between layers, as fullgraph's coupled models."""
 
     def __init__(self, model: str, in_dim: int, hidden: int, out_dim: int, dropout: float,
-                 num_layers: int = 2) -> None:
+                 num_layers: int = 2, heads: int = 8) -> None:
         super().__init__()
-        from torch_geometric.nn import GINConv, SAGEConv
+        from torch_geometric.nn import GATConv, GINConv, SAGEConv
 
-        dims = [in_dim] + [hidden] * (num_layers - 1) + [out_dim]
+        wide = heads * hidden if model == "gat" else hidden  # (GAT: heads concatenated)
+        dims = [in_dim] + [wide] * (num_layers - 1) + [out_dim]
         convs: list[nn.Module] = []
-        for i, o in zip(dims[:-1], dims[1:]):
+        for k, (i, o) in enumerate(zip(dims[:-1], dims[1:])):
             if model == "sage":
                 convs.append(SAGEConv(i, o))
+                continue
+            if model == "gat":  # (attention dropout as the features'; one averaged head last)
+                last = k == num_layers - 1
+                convs.append(GATConv(i, o if last else hidden, heads=1 if last else heads,
+                                     concat=not last, dropout=dropout))
                 continue
             norm = [nn.BatchNorm1d(hidden)] if model == "gin-bn" else []
             convs.append(GINConv(nn.Sequential(nn.Linear(i, hidden), *norm, nn.ReLU(),
@@ -79,6 +85,9 @@ def train_pyg(ds: Dataset, adj_t: Tensor, model: str, hidden: int, dropout: floa
     data = ds.data
     torch.manual_seed(seed)
     net = PygNet(model, data.num_features, hidden, data.num_classes, dropout)
+    if model == "gat":  # (GATConv adds its self-loops to an edge list)
+        src, dst = ds.graph.with_self_loops(False).edges()
+        adj_t = torch.stack([src, dst])
     opt = torch.optim.Adam(net.parameters(), lr=lr, weight_decay=weight_decay)
     x, y = data.features_as(torch.float32), data.labels
     masks = (data.train_mask, data.val_mask, data.test_mask)
@@ -105,7 +114,8 @@ def train_ours(ds: Dataset, model: str, options: dict, lr: float, epochs: int,
     if features is not ds.data.features:
         ds = dataclasses.replace(ds, data=dataclasses.replace(ds.data, features=features))
     name = "gin" if model == "gin-bn" else model
-    options = dict(options, batch_norm=model == "gin-bn")
+    if name == "gin":
+        options = dict(options, batch_norm=model == "gin-bn")
     cfg = Config(model=ModelConfig(name=name, **options),
                  train=TrainConfig(epochs=epochs, lr=lr, seed=seed))
     result = train(ds, cfg)
