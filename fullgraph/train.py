@@ -36,7 +36,6 @@ from fullgraph.graph.data import Dataset
 from fullgraph.graph.sparse import density, is_sparse
 from fullgraph.models import build_model
 from fullgraph.models.base import GNN
-from fullgraph.models.gin import GIN
 from fullgraph.models.walk import dense_reader
 from fullgraph.ops import gpu_kernels, kernels
 from fullgraph.ops.spmm import auto_choice, describe_backend, set_auto, set_backend
@@ -471,22 +470,12 @@ def train(dataset: Dataset, cfg: Config, *, reporter: Reporter | None = None,
                           f"model does ({dataset.data.num_features} features, --hidden "
                           f"{cfg.model.hidden}, {dataset.data.num_classes} classes, "
                           f"--layers {cfg.model.layers})", stacklevel=2)
-    if not model.self_loops and (comm is None or comm.rank == 0) and \
-            dataset.graph.has_self_loops():
+    note = model.stored_self_loops_note()
+    if note and (comm is None or comm.rank == 0) and dataset.graph.has_self_loops():
         import warnings
 
-        warnings.warn(f"--model {cfg.model.name} propagates without self-loops and leaves out "
-                      "the ones the graph stores (its own term is the root weight); PyG's "
-                      "SAGEConv and TAGConv would aggregate them: convert the edges without "
-                      "them to match", stacklevel=2)
-    elif isinstance(model, GIN) and not cfg.model.decoupled and \
-            (comm is None or comm.rank == 0) and dataset.graph.has_self_loops():
-        import warnings
-
-        warnings.warn(f"--model {cfg.model.name} sums over exactly one self-loop per vertex "
-                      "(its (1 + eps) h_i term), whatever the graph stores; PyG's GINConv "
-                      "would count a stored self-loop again, as a neighbour: convert the "
-                      "edges without them to match", stacklevel=2)
+        warnings.warn(f"--model {cfg.model.name} {note}: convert the edges without them to "
+                      "match", stacklevel=2)
     if dataset.data.num_classes < 2 and (comm is None or comm.rank == 0):
         import warnings
 

@@ -45,6 +45,15 @@ class GNN(StageProgram):
     # names): ``--model-options`` refuses any other
     conv_option_names: tuple[str, ...] = ()
 
+    def stored_self_loops_note(self) -> str | None:
+        """How this model treats the self-loops a graph stores, where PyG's layer of
+        the same name would differ (the run warns on such a graph), else None."""
+        if self.self_loops:
+            return None
+        return ("propagates without self-loops and leaves out the ones the graph stores "
+                "(its own term is the root weight); PyG's SAGEConv and TAGConv would "
+                "aggregate them")
+
     def __init__(self, in_dim: int, hidden: int, out_dim: int, num_layers: int = 2, *,
                  dropout: float = 0.5, input_dropout: float | None = None,
                  activation: str = "relu", residual: bool = False, decoupled: bool = False,

@@ -94,6 +94,13 @@ class GIN(GNN):
     coupled_self_loops = True
     mlp_init = "linear"
 
+    def stored_self_loops_note(self) -> str | None:
+        if self.decoupled:  # (sums over A + I, as a decoupled GCN propagates)
+            return None
+        return ("sums over exactly one self-loop per vertex (its (1 + eps) h_i term), "
+                "whatever the graph stores; PyG's GINConv would count a stored self-loop "
+                "again, as a neighbour")
+
     def __init__(self, in_dim: int, hidden: int, out_dim: int, num_layers: int = 2, *,
                  batch_norm: bool = False, **options) -> None:
         if batch_norm and options.get("decoupled"):

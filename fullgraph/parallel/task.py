@@ -405,8 +405,9 @@ class TaskParallel(DistributedStrategy[TaskPlan]):
             lines.append("task     T-stage activations recomputed in the backward pass")
         if plan.pieces is not None:
             lines.append(describe_pieces(plan.pieces, model))
-        elif (plan.rows is None and plan.grid is None and not plan.recompute  # where
-              and not self.options.chunks and piecewise_runs(model)):  # pieces would run
+        elif (plan.rows is None and plan.grid is None and not plan.recompute
+              and not self.options.chunks and piecewise_runs(model)):
+            # (where --task-pieces would be accepted, and some hand-off would go in pieces)
             lines.append("task     the groups take turns, each waiting while the other works; "
                          "--task-pieces K (e.g. 3) lets them overlap (exact up to float rounding)")
         pipeline = plan.rows.pipeline if plan.rows is not None else (
