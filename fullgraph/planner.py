@@ -43,6 +43,7 @@ from fullgraph.plan_measure import (
     workload_seconds,
 )
 from fullgraph.plan_probe import RING_PER_WORKER, probe
+from fullgraph.runlog import fmt_bytes
 
 
 @dataclass
@@ -442,10 +443,10 @@ def _mark_fit(e: Estimate, process: int, ram: int, budget: int | None) -> None:
     peak = e.peak
     e.fits, e.why_not = True, ""
     if process + peak.total > ram:
-        e.fits, e.why_not = False, f"needs {_fmt(process + peak.total)} of RAM per worker"
+        e.fits, e.why_not = False, f"needs {fmt_bytes(process + peak.total)} of RAM per worker"
     elif budget is not None and e.candidate.strategy != "tensor" \
             and max(c.device for c in e.costs) > budget:
-        e.fits, e.why_not = False, f"needs {_fmt(peak.device)} of device memory"
+        e.fits, e.why_not = False, f"needs {fmt_bytes(peak.device)} of device memory"
 
 
 def _price_the_trial(estimates: list[Estimate]) -> Estimate | None:
@@ -475,31 +476,24 @@ def dataset_bytes(dataset: Dataset) -> int:
                + d.labels.numel() * d.labels.element_size() + 3 * d.num_nodes)
 
 
-def _fmt(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GiB"
-
-
 def table_lines(result: PlanResult) -> list[str]:
     """The table (the largest worker's memory per category), the fit, the choice."""
     head = (f"{'strategy':<14}" + "".join(f"{c:>13}" for c in P.CATEGORIES)
-            + f"{'total':>11}{'moved/epoch':>13}{'epoch':>10}  fits")
+            + f"{'total':>11}{'recv/epoch':>13}{'epoch':>10}  fits")
     lines = [f"per worker of {result.workers} (the largest); each worker process also holds "
-             f"{_fmt(result.process_bytes)} (interpreter, libraries, the dataset); RAM per "
-             f"worker {_fmt(result.ram_per_worker)}"
-             + (f", device budget {_fmt(result.device_budget)}"
-                if result.device_budget else ""), head]
+             f"{fmt_bytes(result.process_bytes)} (interpreter, libraries, the dataset); RAM per "
+             f"worker {fmt_bytes(result.ram_per_worker)}"
+             + (f", device budget {fmt_bytes(result.device_budget)}"
+                if result.device_budget else "")
+             + "; recv/epoch: the most bytes one worker receives in an epoch", head]
     for e in result.estimates:
         peak = e.peak
         mark = "yes" if e.fits else f"NO: {e.why_not}"
         if e.kept and e.kept != "hybrid":
             mark += f" (its setup trial keeps {e.kept})"
-        lines.append(f"{e.candidate.label:<14}" + "".join(f"{_fmt(peak.memory[c]):>13}"
+        lines.append(f"{e.candidate.label:<14}" + "".join(f"{fmt_bytes(peak.memory[c]):>13}"
                                                         for c in P.CATEGORIES)
-                     + f"{_fmt(peak.total):>11}{_fmt(e.bytes_moved):>13}"
+                     + f"{fmt_bytes(peak.total):>11}{fmt_bytes(e.bytes_moved):>13}"
                      + (f"{'-':>10}" if e.refused else f"{e.seconds * 1e3:>8.1f}ms")
                      + f"  {mark}")
     r = result.rates
@@ -535,7 +529,8 @@ def explain(result: PlanResult) -> list[str]:
     return [f"recommended: {best.candidate.label} "
             f"({' '.join(candidate_flags(best.candidate, budget))})",
             f"why: the fastest predicted epoch that fits, {best.seconds * 1e3:.1f} ms ({nxt}); "
-            f"it moves {_fmt(best.bytes_moved)} and needs {_fmt(best.peak.total)} per worker"
+            f"its busiest worker receives {fmt_bytes(best.bytes_moved)} an epoch and its "
+            f"largest holds {fmt_bytes(best.peak.total)}"
             + (f"; left out (NO above): {', '.join(skipped)}" if skipped else "")]
 
 

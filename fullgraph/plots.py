@@ -22,6 +22,7 @@ from typing import Any
 
 from fullgraph.errors import ConfigError
 from fullgraph.runlog import (
+    MIB,
     RankRow,
     RunLog,
     phases,
@@ -76,7 +77,7 @@ def write_report(metrics: str | Path, out: str | Path) -> list[Path]:
         fig.savefig(out / name, dpi=DPI)
         written.append(out / name)
     page = out / "index.html"
-    # other characters (a path, a dataset's name) as references: the page says ascii
+    # other characters (a path, a dataset's name) as references: ASCII bytes, valid UTF-8
     page.write_bytes(render_page(log, rows, slow).encode("ascii", "xmlcharrefreplace"))
     return written + [page]
 
@@ -91,7 +92,8 @@ def _figure() -> Any:
 def _training(fig: Any, log: RunLog, rows: list[RankRow], slow: int | None) -> None:
     loss_ax, acc_ax = fig.subplots(1, 2)
     epochs = [e["epoch"] for e in log.epochs]
-    loss_ax.plot(epochs, [e["loss"] for e in log.epochs], color=COLORS["compute"])
+    loss_ax.plot(epochs, [e["loss"] for e in log.epochs], color=COLORS["compute"],
+                 marker="." if len(epochs) <= 60 else None)
     loss_ax.set(title="training loss", xlabel="epoch", ylabel="loss")
     for split in ("train", "val", "test"):
         points = [(e["epoch"], 100 * e[f"{split}_acc"]) for e in log.epochs
@@ -110,13 +112,18 @@ def _training(fig: Any, log: RunLog, rows: list[RankRow], slow: int | None) -> N
     acc_ax.set(title="accuracy", xlabel="epoch", ylabel="accuracy (%)", ylim=(0, 100))
     acc_ax.legend(loc="lower right")
     for ax in (loss_ax, acc_ax):
-        _integer_epochs(ax)
+        _integer_epochs(ax, epochs)
         ax.grid(alpha=0.3)
 
 
-def _integer_epochs(ax: Any) -> None:
+def _integer_epochs(ax: Any, epochs: list[int]) -> None:
+    """Epoch ticks at whole epochs (one epoch: that one, centred, not 0.95-1.05)."""
     from matplotlib.ticker import MaxNLocator
 
+    if len(set(epochs)) == 1:
+        ax.set_xlim(epochs[0] - 1, epochs[0] + 1)
+        ax.set_xticks(epochs[:1])
+        return
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 
 
@@ -152,24 +159,26 @@ def _bytes(fig: Any, log: RunLog, rows: list[RankRow], slow: int | None) -> None
     ax = fig.subplots()
     names = phases(rows)
     if not names:
-        ax.text(0.5, 0.5, "no communication (one worker)", ha="center", va="center",
+        why = ("one worker" if int(log.run.get("workers", 1)) < 2 else
+               "no epoch ran" if not rows else "none recorded")
+        ax.text(0.5, 0.5, f"no communication ({why})", ha="center", va="center",
                 transform=ax.transAxes, fontsize=14)
         ax.set_axis_off()
         return
     y = list(range(len(names)))
     left = [0.0] * len(names)
     for row in rows:
-        values = [row.sent.get(p, 0.0) / 1e6 for p in names]
+        values = [row.sent.get(p, 0.0) / MIB for p in names]
         ax.barh(y, values, left=left, height=0.6, label=f"rank {row.rank}")
         left = [a + v for a, v in zip(left, values)]
     for k, total in enumerate(left):
-        ax.annotate(_megabytes(total), (total, k), xytext=(4, 0), textcoords="offset points",
+        ax.annotate(_mebibytes(total), (total, k), xytext=(4, 0), textcoords="offset points",
                     va="center")
     ax.set_yticks(y, names)
     ax.invert_yaxis()
     ax.set_xlim(0, 1.2 * max(left))
     ax.set(title="bytes sent per epoch by phase (mean over epochs, all ranks)",
-           xlabel="MB per epoch")
+           xlabel="MiB per epoch")
     ax.legend(loc="lower right")
     ax.grid(axis="x", alpha=0.3)
 
@@ -205,7 +214,7 @@ def _epoch_time(fig: Any, log: RunLog, rows: list[RankRow], slow: int | None) ->
         ax.set_yscale("log")
         title += " (log scale: some epochs, often the first, are much slower)"
     ax.set(title=title, xlabel="epoch", ylabel="seconds")
-    _integer_epochs(ax)
+    _integer_epochs(ax, epochs)
     ax.legend(loc="upper right")
     ax.grid(alpha=0.3, which="both")
 
@@ -236,8 +245,17 @@ def adapt_lines(log: RunLog) -> list[str]:
                         for rank, recs in sorted(log.ranks.items()) if recs])
 
 
-def _megabytes(value: float) -> str:
-    return f"{value:.3g} MB" if value >= 0.001 else f"{value * 1e6:.0f} B"
+def outside(log: RunLog) -> list[str]:
+    """The summary's lines on the traffic outside the epochs (``profile.outside_lines``)."""
+    from fullgraph.profile import outside_lines
+
+    return outside_lines([[(r.get("setup_sent", {}), r.get("between_sent", {}),
+                            r.get("between_s", 0.0)) for r in recs]
+                          for _, recs in sorted(log.ranks.items())])
+
+
+def _mebibytes(value: float) -> str:
+    return f"{value:.3g} MiB" if value >= 0.001 else f"{value * MIB:.0f} B"
 
 
 def header_lines(log: RunLog) -> list[str]:
@@ -294,23 +312,24 @@ def render_page(log: RunLog, rows: list[RankRow], slow: int | None) -> str:
     title = (f"{log.run.get('dataset', {}).get('name', '?')} / "
              f"{log.config('model', 'name', '?')} / {strategy}")
     table = ["<tr><th>rank</th><th>compute ms</th><th>transfer ms</th><th>waiting ms</th>"
-             "<th>wall ms</th><th>sent MB</th><th>recv MB</th><th>peak MB</th></tr>"]
+             "<th>wall ms</th><th>sent MiB</th><th>recv MiB</th><th>peak MiB</th></tr>"]
     for r in rows:
         mark = " (slowest)" if r.rank == slow else ""
         cells = [f"{r.rank}{mark}"] + [f"{1e3 * v:.1f}" for v in
                                        (r.compute_s, r.comm_s, r.wait_s, r.wall_s)]
-        cells += [f"{sum(d.values()) / 1e6:.3f}" for d in (r.sent, r.recv)]
-        cells.append(f"{r.peak_mem / 2**20:.0f}" if r.peak_mem else "-")
+        cells += [f"{sum(d.values()) / MIB:.3f}" for d in (r.sent, r.recv)]
+        cells.append(f"{r.peak_mem / MIB:.0f}" if r.peak_mem else "-")
         table.append("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in cells) + "</tr>")
     if not rows:
         table.append('<tr><td colspan="8">no per-rank records: no epoch ran</td></tr>')
     figures = "\n".join(f'<img src="{name}" alt="{name}" width="{FIGURE_PX[0]}">'
                         for name in FIGURES)
     items = "".join(f"<li>{esc(line)}</li>" for line in header_lines(log))
-    final = "".join(f"<li>{esc(line)}</li>" for line in final_lines(log) + adapt_lines(log))
+    final = "".join(f"<li>{esc(line)}</li>"
+                    for line in final_lines(log) + outside(log) + adapt_lines(log))
     config = esc(json.dumps(log.run.get("config", {}), indent=1))
     return f"""<!DOCTYPE html>
-<html><head><meta charset="ascii"><title>fullgraph run: {esc(title)}</title>
+<html><head><meta charset="utf-8"><title>fullgraph run: {esc(title)}</title>
 <style>body{{font-family:sans-serif;max-width:1000px;margin:auto}}
 td,th{{padding:2px 10px;text-align:right}} img{{max-width:100%}}</style></head>
 <body><h1>fullgraph run: {esc(title)}</h1>

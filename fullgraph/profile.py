@@ -24,13 +24,14 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from fullgraph.memory import peak_rss_bytes
-from fullgraph.runlog import median_epoch, slowest
+from fullgraph.runlog import MIB, fmt_bytes, median_epoch, slowest
 
 WAIT_PHASE = "wait"
 """Phase of the barrier strategies call before the gradient sync (split like any call)."""
@@ -49,7 +50,15 @@ class EpochProfile:
 
     Until ``split_waiting`` has seen every rank's record, ``comm_s`` is all the time
     spent in blocking calls and ``wait_s`` is 0; ``calls`` holds each call's (phase,
-    seconds) for that split, and is emptied by it.
+    seconds) for that split, and is emptied by it (``calls_by_phase`` keeps their
+    number per phase).
+
+    The epoch's own figures leave out the traffic outside any epoch, which is recorded
+    beside them: on the first epoch this run ran, ``setup_sent`` and ``setup_recv``
+    (everything before it: connecting, checks, the strategy's set-up and trials); on
+    the others, ``between_sent``, ``between_recv`` and ``between_s`` (from the previous
+    epoch's end to this one's start: gathering the profiles, the adapters' probes and
+    moves, checkpoints), by phase.
     """
 
     rank: int
@@ -70,7 +79,20 @@ class EpochProfile:
     wait_by_phase: dict[str, float] = field(default_factory=dict)
     waiting_split: bool = False
     calls: list[tuple[str, float]] = field(default_factory=list)
+    calls_by_phase: dict[str, int] = field(default_factory=dict)
     events: list[dict[str, Any]] = field(default_factory=list)
+    setup_sent: dict[str, int] = field(default_factory=dict)
+    setup_recv: dict[str, int] = field(default_factory=dict)
+    between_sent: dict[str, int] = field(default_factory=dict)
+    between_recv: dict[str, int] = field(default_factory=dict)
+    between_s: float = 0.0
+
+    def record(self) -> dict[str, Any]:
+        """The metrics file's ``rank_epoch`` fields (without ``calls``, the split's
+        working list)."""
+        out = dataclasses.asdict(self)
+        del out["calls"]
+        return out
 
 
 class Profiler:
@@ -82,6 +104,8 @@ class Profiler:
         self.work = work
         self._start: tuple[float, float, dict[str, Any]] | None = None
         self._events: list[dict[str, Any]] = []
+        self._last: tuple[float, dict[str, Any]] | None = None  # at the previous end
+        self._outside: dict[str, Any] = {}  # the traffic before the epoch began
 
     def note(self, event: dict[str, Any]) -> None:
         """Record what a runtime adapter did or injected; it goes into the
@@ -91,7 +115,16 @@ class Profiler:
     def begin(self) -> None:
         if self.comm is not None:
             self.comm.counter.take_calls()  # calls made between epochs are not the epoch's
-        self._start = (time.perf_counter(), time.process_time(), self._counters())
+        now, counters = time.perf_counter(), self._counters()
+        if self._last is None:  # the first epoch this run runs: all before it is set-up
+            self._outside = {"setup_sent": _delta({}, counters["sent"]),
+                             "setup_recv": _delta({}, counters["recv"])}
+        else:
+            before_s, before = self._last
+            self._outside = {"between_sent": _delta(before["sent"], counters["sent"]),
+                             "between_recv": _delta(before["recv"], counters["recv"]),
+                             "between_s": now - before_s}
+        self._start = (now, time.process_time(), counters)
 
     def end(self, epoch: int) -> EpochProfile:
         assert self._start is not None, "Profiler.end without begin"
@@ -99,9 +132,12 @@ class Profiler:
         wall, cpu, c1 = time.perf_counter() - wall0, time.process_time() - cpu0, self._counters()
         calls = self.comm.counter.take_calls() if self.comm is not None else []
         by_phase: dict[str, float] = {}
+        count: dict[str, int] = {}
         for phase, seconds in calls:
             by_phase[phase] = by_phase.get(phase, 0.0) + seconds
+            count[phase] = count.get(phase, 0) + 1
         comm = sum(by_phase.values())
+        self._last = (wall0 + wall, c1)
         return EpochProfile(rank=self.comm.rank if self.comm else 0, epoch=epoch, wall_s=wall,
                             cpu_s=cpu, compute_s=max(0.0, wall - comm), comm_s=comm,
                             wait_s=0.0, bytes_sent=_delta(c0["sent"], c1["sent"]),
@@ -110,7 +146,8 @@ class Profiler:
                             edges_local=getattr(self.work, "edges_local", 0),
                             edges_redundant=getattr(self.work, "edges_redundant", 0),
                             edge_dims=getattr(self.work, "edge_dims", 0),
-                            comm_by_phase=by_phase, calls=calls, events=self._take_events())
+                            comm_by_phase=by_phase, calls=calls, calls_by_phase=count,
+                            events=self._take_events(), **self._outside)
 
     def _take_events(self) -> list[dict[str, Any]]:
         events, self._events = self._events, []
@@ -181,14 +218,14 @@ def summary_lines(profiles: list[list[EpochProfile]]) -> list[str]:
                      "edge_dims": per_rank[-1].edge_dims})
     lines = ["per rank, its median epoch by wall time (compute + comm + wait = wall; bytes: "
              "means, peak and saved: maxima, edges: one forward pass; an evaluated epoch's "
-             "time and bytes include its evaluation):",
-             "rank  compute_s   cpu_s  comm_s  wait_s  wall_s   sent_MB   recv_MB  peak_MB"
-             "  saved_MB     edges  redundant"]
+             "time and bytes include its evaluation; MiB = 2^20 bytes):",
+             "rank  compute_s   cpu_s  comm_s  wait_s  wall_s  sent_MiB  recv_MiB peak_MiB"
+             " saved_MiB     edges  redundant"]
     for r in rows:
         lines.append(f"{r['rank']:>4} {r['compute']:>9.3f} {r['cpu']:>7.3f} {r['comm']:>7.3f} "
-                     f"{r['wait']:>7.3f} {r['wall']:>7.3f} {r['sent'] / 1e6:>9.2f} "
-                     f"{r['recv'] / 1e6:>9.2f} {r['mem'] / 2**20:>8.0f} "
-                     f"{r['saved'] / 2**20:>9.2f} {r['edges']:>9d} "
+                     f"{r['wait']:>7.3f} {r['wall']:>7.3f} {r['sent'] / MIB:>9.2f} "
+                     f"{r['recv'] / MIB:>9.2f} {r['mem'] / MIB:>8.0f} "
+                     f"{r['saved'] / MIB:>9.2f} {r['edges']:>9d} "
                      f"{r['redundant']:>10d}")
     comp = [r["compute"] for r in rows]
     work = [r["edge_dims"] for r in rows]
@@ -196,12 +233,47 @@ def summary_lines(profiles: list[list[EpochProfile]]) -> list[str]:
     lines.append(f"compute max/min {max(comp):.3f}/{min(comp):.3f} s "
                  f"({max(comp) / max(min(comp), 1e-9):.2f}x); communication max/min "
                  f"{max(comm):.3f}/{min(comm):.3f} s; bytes sent per epoch, all ranks "
-                 f"{sum(r['sent'] for r in rows) / 1e6:.2f} MB")
+                 f"{sum(r['sent'] for r in rows) / MIB:.2f} MiB")
+    lines += outside_lines([[(p.setup_sent, p.between_sent, p.between_s) for p in per_rank]
+                            for per_rank in profiles])
     lines += _slowest_lines(profiles, rows)
     if min(work) > 0:
         lines.append(f"aggregation work (edges x columns) max/min {max(work)}/{min(work)} "
                      f"({max(work) / min(work):.3f}x)")
     return lines + event_lines(profiles)
+
+
+def outside_lines(ranks: Sequence[Sequence[tuple[Mapping[str, float], Mapping[str, float],
+                                                float]]]) -> list[str]:
+    """The traffic outside the epochs: ``ranks[i]`` holds rank i's epochs, each as
+    (``setup_sent``, ``between_sent``, ``between_s``) (``EpochProfile``'s, or a metrics
+    file's). One line each for the set-up's bytes and the means between epochs, where
+    any moved."""
+    setup: dict[str, float] = {}
+    between: dict[str, float] = {}
+    for per_rank in ranks:
+        for sent, later, _ in per_rank:
+            for into, what in ((setup, sent), (between, later)):
+                for phase, nbytes in what.items():
+                    into[phase] = into.get(phase, 0.0) + nbytes
+    gaps = max((len(per_rank) for per_rank in ranks), default=0) - 1
+    out = []
+    if setup:
+        out.append(f"set-up traffic before the first epoch, all ranks: "
+                   f"{fmt_bytes(sum(setup.values()))} sent ({_by_phase(setup)})")
+    if between and gaps > 0:
+        seconds = sorted(s for _, _, s in ranks[0][1:])
+        out.append(f"between epochs (in no epoch's figures), all ranks: "
+                   f"{fmt_bytes(sum(between.values()) / gaps)} sent per epoch "
+                   f"({_by_phase({k: v / gaps for k, v in between.items()})}); rank 0 "
+                   f"spent a median {seconds[len(seconds) // 2]:.3f} s between epochs")
+    return out
+
+
+def _by_phase(nbytes: Mapping[str, float]) -> str:
+    """``halo 1.2 MiB, probe 3.1 KiB``: the phases, the most bytes first."""
+    return ", ".join(f"{phase} {fmt_bytes(v)}"
+                     for phase, v in sorted(nbytes.items(), key=lambda kv: -kv[1]))
 
 
 def event_lines(profiles: list[list[Any]]) -> list[str]:

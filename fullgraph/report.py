@@ -30,12 +30,18 @@ class EpochRecord:
     optimizer_s: float
     eval_s: float = 0.0
     """The evaluation after the step (0 on epochs without one); ``epoch_s`` counts it."""
+    sync_s: float = 0.0
+    """Making the gradients global after the backward, the barrier before it included."""
+    other_s: float = 0.0
+    """What the columns before leave of ``epoch_s``: zeroing gradients, the runtime
+    adapters' hooks in the epoch, bookkeeping."""
 
 
 # (header, width, format) of each table column
 TABLE_COLUMNS = (("epoch", 5, "d"), ("loss", 8, ".4f"), ("train", 7, ".2%"), ("val", 7, ".2%"),
                  ("test", 7, ".2%"), ("epoch_s", 8, ".3f"), ("fwd_s", 7, ".3f"),
-                 ("bwd_s", 7, ".3f"), ("opt_s", 7, ".3f"), ("eval_s", 7, ".3f"))
+                 ("bwd_s", 7, ".3f"), ("sync_s", 7, ".3f"), ("opt_s", 7, ".3f"),
+                 ("eval_s", 7, ".3f"), ("other_s", 7, ".3f"))
 
 
 class Reporter:
@@ -86,7 +92,8 @@ class Reporter:
         if not self.enabled:
             return
         values = (rec.epoch, rec.loss, rec.train_acc, rec.val_acc, rec.test_acc, rec.epoch_s,
-                  rec.forward_s, rec.backward_s, rec.optimizer_s, rec.eval_s)
+                  rec.forward_s, rec.backward_s, rec.sync_s, rec.optimizer_s, rec.eval_s,
+                  rec.other_s)
         row = " ".join(_fmt(width, f, v, name != "loss")  # a NaN loss is not a gap
                        for (name, width, f), v in zip(TABLE_COLUMNS, values))
         if self.bar:

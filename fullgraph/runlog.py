@@ -22,6 +22,18 @@ T = TypeVar("T")
 
 KNOWN_EVENTS = ("run", "epoch", "rank_epoch", "summary")
 
+MIB = 2**20
+"""Bytes in a MiB, the unit of every byte and memory figure a run prints."""
+
+
+def fmt_bytes(n: float) -> str:
+    """``512 B``, ``3.2 KiB``, ``1.5 MiB``, ``2.0 GiB``."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
 
 @dataclass
 class RunLog:

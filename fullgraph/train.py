@@ -17,7 +17,7 @@ import os
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -604,8 +604,10 @@ def _epochs(strategy: Strategy, model: GNN, plan: Plan, optimizer: torch.optim.O
                 last = epoch
         prof = profiler.end(epoch)
         prof.saved_bytes = int(stats.extra.get("saved_bytes", 0))
+        named = stats.forward_s + stats.backward_s + stats.sync_s + stats.optimizer_s + eval_s
         rec = EpochRecord(epoch, stats.loss, acc["train"], acc["val"], acc["test"], prof.wall_s,
-                          stats.forward_s, stats.backward_s, stats.optimizer_s, eval_s)
+                          stats.forward_s, stats.backward_s, stats.optimizer_s, eval_s,
+                          stats.sync_s, max(0.0, prof.wall_s - named))
         records.append(rec)
         reporter.epoch(rec)
         unsent.append(prof)
@@ -689,7 +691,7 @@ def _exchange_profiles(unsent: list[EpochProfile], comm: Comm | None, profiles: 
     for i in range(len(unsent)):
         gathered = split_waiting([ranks[i] for ranks in per_rank])
         profiles.append(gathered)
-        reporter.ranks([asdict(p) for p in gathered])
+        reporter.ranks([p.record() for p in gathered])
     return profiles[-1][comm.rank]  # the hooks see waiting split from transfer
 
 

@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from harness import run_ranks
 
 from fullgraph.config import Config, RuntimeConfig, TrainConfig
@@ -138,3 +139,52 @@ def test_a_launched_process_reports_its_own_peak_not_its_launchers():
     assert inherited >= launcher - (64 << 20)  # the quirk this works around
     assert own < launcher - (400 << 20), (own, launcher)
     del held
+
+
+def test_traffic_outside_the_epochs_is_recorded_beside_them():
+    """The set-up's bytes (before the first epoch) and those between two epochs (the
+    profiles' exchange, the adapters' probes) are in no epoch's figures, and were lost:
+    the first epoch carries the set-up's, each later one what went since the last."""
+    from types import SimpleNamespace
+
+    from fullgraph.comm import ByteCounter
+    from fullgraph.profile import Profiler
+
+    counter = ByteCounter()
+    prof = Profiler(SimpleNamespace(counter=counter, rank=0), torch.device("cpu"))
+    counter.add("setup", 8_000_000, 7_000_000, 0.1)  # a hybrid trial's cost measurement
+    prof.begin()
+    counter.add("halo", 300, 200, 0.01)
+    counter.add("halo", 300, 200, 0.01)
+    first = prof.end(1)
+    counter.add("probe", 70_000, 60_000, 0.02)  # an adapter's link probe
+    prof.begin()
+    counter.add("halo", 300, 200, 0.01)
+    second = prof.end(2)
+    assert first.bytes_sent == {"halo": 600} and second.bytes_sent == {"halo": 300}
+    assert first.setup_sent == {"setup": 8_000_000} and first.setup_recv == {"setup": 7_000_000}
+    assert first.between_sent == {} and second.setup_sent == {}
+    assert second.between_sent == {"probe": 70_000} and second.between_s > 0
+    assert first.calls_by_phase == {"halo": 2} and "calls" not in first.record()
+    lines = summary_lines([[first, second]])
+    assert any(line.startswith("set-up traffic before the first epoch, all ranks: 7.6 MiB "
+                               "sent (setup 7.6 MiB)") for line in lines), lines
+    assert any(line.startswith("between epochs (in no epoch's figures), all ranks: 68.4 KiB "
+                               "sent per epoch (probe 68.4 KiB)") for line in lines), lines
+    assert any("sent_MiB  recv_MiB peak_MiB saved_MiB" in line for line in lines), lines
+
+
+def test_a_step_times_the_gradient_sync_apart_from_the_backward():
+    """``bwd_s`` was autograd's backward and the gradient sync with its barrier: a rank
+    that finished early seemed to spend its waiting in the backward."""
+    class SlowSync(type(build_strategy(Config()))):  # the one-process strategy
+        def sync_grads(self, model, plan):
+            time.sleep(0.2)
+
+    cfg = Config(train=TrainConfig(epochs=2, eval_every=1))
+    result = train(sbm(60, 3, avg_degree=4.0, num_features=5, seed=2), cfg,
+                   strategy=SlowSync())
+    for rec in result.epochs:
+        assert rec.sync_s >= 0.2 and rec.backward_s < 0.2, rec
+        parts = rec.forward_s + rec.backward_s + rec.sync_s + rec.optimizer_s + rec.eval_s
+        assert rec.other_s == pytest.approx(rec.epoch_s - parts, abs=1e-9), rec

@@ -88,6 +88,10 @@ def test_readme_report_of_a_two_worker_run_marks_the_slowest_rank(readme_api_run
     assert f"test accuracy {summary['test_acc']:.2%} at the best-validation epoch " \
            f"{summary['best_epoch']}" in page
     assert "dataset cora: 2708 vertices" in page and "strategy data, 2 worker(s)" in page
+    # the traffic outside the epochs has its lines, and bytes are in MiB as memory is
+    assert "<li>set-up traffic before the first epoch, all ranks: " in page
+    assert "<li>between epochs (in no epoch&#x27;s figures), all ranks: " in page
+    assert "<th>sent MiB</th>" in page and "MB<" not in page
 
 
 @pytest.mark.dist
@@ -288,3 +292,34 @@ def test_a_run_without_validation_vertices_is_reported_as_it_kept_its_model(tmp_
 def test_a_directory_given_as_the_metrics_file_is_named(tmp_path, capsys):
     assert main(["report", str(tmp_path), "--out", str(tmp_path / "out")]) == 2
     assert "is a directory, not a metrics file" in capsys.readouterr().err
+
+
+def test_a_one_epoch_run_plots_its_point_at_that_epoch(tmp_path) -> None:
+    """One epoch: the loss was a line of one point (drawn as nothing) and the epoch
+    axis ran 0.95-1.05."""
+    from fullgraph import plots
+    from fullgraph.runlog import rank_rows
+
+    metrics = tmp_path / "one.jsonl"
+    fullgraph.fit(sbm(67, 3, avg_degree=5.0, num_features=9, seed=11), epochs=1,
+                  metrics_out=str(metrics))
+    log = read_run_log(metrics)
+    for draw in (plots._training, plots._epoch_time):
+        fig = plots._figure()
+        draw(fig, log, rank_rows(log), None)
+        ax = fig.axes[0]
+        assert ax.lines[0].get_marker() == ".", draw
+        assert list(ax.get_xticks()) == [1] and ax.get_xlim() == (0, 2), draw
+
+
+def test_a_multi_worker_run_without_epochs_is_not_called_one_worker(tmp_path) -> None:
+    """Resumed after its last epoch, a 3-worker run has no per-rank records: its bytes
+    figure said "no communication (one worker)"."""
+    from fullgraph import plots
+    from fullgraph.runlog import RunLog
+
+    epoch = {"epoch": 1, "loss": 1.0, "train_acc": 0.5, "val_acc": 0.5, "test_acc": 0.5,
+             "epoch_s": 0.1, "restored": True}
+    fig = plots._figure()
+    plots._bytes(fig, RunLog(tmp_path / "m.jsonl", {"workers": 3}, [epoch]), [], None)
+    assert [t.get_text() for t in fig.axes[0].texts] == ["no communication (no epoch ran)"]

@@ -89,6 +89,12 @@ class ByteCounter:
         if self._calls is not None:
             self._calls.append((phase, float(seconds)))
 
+    def add_sent(self, phase: str, sent: int) -> None:
+        """Record bytes handed over for sending in ``phase`` by a call not yet complete
+        (its completion is then recorded with ``add`` and no bytes), so that they count
+        when they leave, not when the send is known to be done."""
+        self._phases.setdefault(phase, PhaseCount()).sent += int(sent)
+
     def take_calls(self) -> list[tuple[str, float]]:
         """The (phase, seconds) of every call since the previous ``take_calls``, in order
         (none the first time: this call starts the recording)."""

@@ -56,7 +56,7 @@ from fullgraph.comm.group import ByteCounter, Comm, sum_phases
 class GroupCounter:
     """A sub-group's view of the world's ``ByteCounter``.
 
-    ``add`` records into the world counter under ``prefix + phase``; ``snapshot``,
+    ``add`` and ``add_sent`` record into the world counter under ``prefix + phase``; ``snapshot``,
     ``total`` and ``reset`` see only this sub-group's phases, without the prefix.
     Anything else a ByteCounter offers is the world counter's own.
     """
@@ -68,6 +68,10 @@ class GroupCounter:
     def add(self, phase: str, sent: int, recv: int, seconds: float) -> None:
         """Record one call of ``phase`` in the world counter as ``prefix + phase``."""
         self.parent.add(self.prefix + phase, sent, recv, seconds)
+
+    def add_sent(self, phase: str, sent: int) -> None:
+        """Record bytes a send not yet complete handed over, as ``prefix + phase``."""
+        self.parent.add_sent(self.prefix + phase, sent)
 
     def snapshot(self) -> dict[str, dict[str, Any]]:
         """This sub-group's phases (prefix removed) -> {"sent", "recv", "calls", "seconds"}."""

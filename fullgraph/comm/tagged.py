@@ -67,6 +67,8 @@ class Tagged:
         self._seconds = 0.0
         self._posted = time.perf_counter()
         self._event = threading.Event()
+        if sending:  # counted as it leaves (a late completion may fall in a later epoch)
+            comm.counter.add_sent(phase, buffer.numel() * buffer.element_size())
         threading.Thread(target=self._wait_in_background, daemon=True,
                          name=f"fullgraph-tag{tag}").start()
 
@@ -119,9 +121,8 @@ class Tagged:
                             f"{what}(tag {self.tag}) with rank {self.peer}", self._error,
                             self._seconds, self.comm.timeout,
                             peer=_peer(self.comm, self.peer))
-        nbytes = self.buffer.numel() * self.buffer.element_size()
-        sent, recv = (nbytes, 0) if self.sending else (0, nbytes)
-        self.comm.counter.add(self.phase, sent, recv, self.blocked_s)
+        recv = 0 if self.sending else self.buffer.numel() * self.buffer.element_size()
+        self.comm.counter.add(self.phase, 0, recv, self.blocked_s)  # (sent: when posted)
         self._counted = True
 
 

@@ -90,13 +90,16 @@ class Work:
 @dataclass
 class StepStats:
     """Timings and loss of one training step (one epoch); ``extra["saved_bytes"]``: the
-    intermediate data autograd held between the forward and the backward pass."""
+    intermediate data autograd held between the forward and the backward pass;
+    ``sync_s``: making the gradients global after the backward (the barrier before it
+    included: a rank that finished early waits there for the others)."""
 
     loss: float
     forward_s: float
     backward_s: float
     optimizer_s: float
     extra: dict[str, Any] = field(default_factory=dict)
+    sync_s: float = 0.0
 
 
 class EpochHook(Protocol):
@@ -236,6 +239,7 @@ class Strategy(ABC, Generic[PlanT]):
         for hook in self.step_hooks:
             loss = hook.on_loss(loss)
         loss.backward()
+        t_sync = time.perf_counter()
         value = None
         if self.grad_sync is None:
             self.sync_grads(model, plan)
@@ -246,7 +250,8 @@ class Strategy(ABC, Generic[PlanT]):
         t3 = time.perf_counter()
         if value is None:
             value = self.reduce_loss(loss, plan)
-        return StepStats(value, t1 - t0, t2 - t1, t3 - t2, {"saved_bytes": saved.bytes})
+        return StepStats(value, t1 - t0, t_sync - t1, t3 - t2, {"saved_bytes": saved.bytes},
+                         sync_s=t2 - t_sync)
 
     @torch.no_grad()
     def evaluate(self, model: StageProgram, plan: PlanT) -> dict[str, tuple[int, int]]:
