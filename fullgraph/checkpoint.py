@@ -11,7 +11,9 @@ parameters) and the epoch records so far. Every dropout mask is a function of
 (seed, epoch, stage, vertex) (``fullgraph.ops.dropout``), so the seed and the epoch
 are the whole random state of training; the torch CPU generator is saved as well, for
 anything else that draws from it. On CPU, a resumed run with the same strategy and
-worker count is bit-equal to the uninterrupted one.
+worker count is bit-equal to the uninterrupted one; under ``--adapt adjust`` only to
+float rounding: the adjusted plan follows measured times and is not kept, so a resumed
+run starts from the starting plan again.
 
 It also holds a fingerprint: digests of the dataset (topology, features, labels,
 masks), the model options and the optimisation options (lr, weight decay, seed). A

@@ -329,14 +329,19 @@ def _compare(outcome: Outcome, rows: list[dict[str, Any]], reference: list[dict[
 
 def _reference(cfg: Any) -> Any:
     """``cfg`` as the single process that the strategies are compared with runs it:
-    one worker, and none of ``--adapt``'s options (which the strategies take, as exact
-    adaptation or slowdowns, and one process does not)."""
+    one worker, none of ``--adapt``'s options (which the strategies take, as exact
+    adaptation or slowdowns, and one process does not), and the other strategies'
+    sections at their defaults (its run warned that the checked strategy's options,
+    ``--spill-dir`` say, have no effect)."""
     import dataclasses
 
     from fullgraph.config import AdaptConfig
+    from fullgraph.parallel.base import unused_sections
 
+    others = {section: dataclasses.asdict(type(cfg.options[section])())
+              for section, _, _ in unused_sections(cfg.options, {"single"})}
     return _with(cfg, runtime={"strategy": "single"}, launch={"workers": 1},
-                 adapt=dataclasses.asdict(AdaptConfig()))
+                 adapt=dataclasses.asdict(AdaptConfig()), **others)
 
 
 def _with(cfg: Any, **sections: dict[str, Any]) -> Any:

@@ -241,7 +241,8 @@ def adapt_lines(log: RunLog) -> list[str]:
 
     from fullgraph.profile import event_lines
 
-    return event_lines([[SimpleNamespace(rank=rank, events=r.get("events", [])) for r in recs]
+    return event_lines([[SimpleNamespace(rank=rank, epoch=r.get("epoch"),
+                                         events=r.get("events", [])) for r in recs]
                         for rank, recs in sorted(log.ranks.items()) if recs])
 
 

@@ -284,6 +284,7 @@ def event_lines(profiles: list[list[Any]]) -> list[str]:
     for per_rank in profiles:
         slowed: dict[str, int] = {}
         switches = probes = undone = 0
+        last: tuple[Any, dict[str, Any]] | None = None  # (epoch, event) of the last switch
         partial = [e for p in per_rank for e in p.events
                    if e.get("kind") == "partial" and not e.get("sync")]
         for p in per_rank:
@@ -292,6 +293,7 @@ def event_lines(profiles: list[list[Any]]) -> list[str]:
                     slowed[e["what"]] = slowed.get(e["what"], 0) + 1
                 elif e.get("kind") in ("adjust", "shares") and e.get("switched"):
                     switches += 1
+                    last = (getattr(p, "epoch", None), e)
                 if e.get("kind") == "shares":
                     probes += e.get("judged") == "probe kept"
                     undone += str(e.get("judged")).endswith("undone")
@@ -301,7 +303,7 @@ def event_lines(profiles: list[list[Any]]) -> list[str]:
             tried = f" ({probes} probe(s) that gave a worker work back and were kept; " \
                 f"{undone} trial(s) undone by the switch after)" if probes or undone else ""
             out.append(f"adapt    rank {rank}: injected {what or 'nothing'}; "
-                       f"plan switched {switches} time(s){tried}")
+                       f"plan switched {switches} time(s){tried}{_last_plan(last)}")
         if partial:
             skipped = sum(rank in e["skipped"] for e in partial)
             stale = sum(e["stale_peers"] for e in partial)
@@ -310,6 +312,21 @@ def event_lines(profiles: list[list[Any]]) -> list[str]:
                        f"{skipped} update(s); used historical rows of {stale} peer exchange(s), "
                        f"at most {oldest} epoch(s) old")
     return out
+
+
+def _last_plan(last: tuple[Any, dict[str, Any]] | None) -> str:
+    """``; the last for epoch 6: rows per worker 903/903/902``: what the last switch
+    (epoch, event) made the plan (tensor's rows, or this rank's cached dependencies)."""
+    if last is None:
+        return ""
+    epoch, e = last
+    when = "" if epoch is None else f" for epoch {epoch}"
+    if "rows" in e:
+        return f"; the last{when}: rows per worker {'/'.join(map(str, e['rows']))}"
+    if "cached" in e:
+        return (f"; the last{when}: {e['cached']} of its {e['cached'] + e['fetched']} remote "
+                "dependencies cached, the others fetched")
+    return ""
 
 
 def _slowest_lines(profiles: list[list[EpochProfile]], rows: list[dict[str, Any]]) -> list[str]:

@@ -590,3 +590,23 @@ def test_a_shard_set_in_the_dataset_root_is_found_by_its_name(root, capsys):
                  str(root / "corash")]) == 0
     part = datasets.load("corash", root, part=1)
     assert part.shard is not None and part.shard.parts == 2
+
+
+def test_checks_reference_run_does_not_warn_of_the_checked_strategys_options(tmp_path):
+    """``check --strategies tensor --spill-dir D`` said "--spill-dir ... no effect with
+    --strategy single": its one-process reference run was given the tensor options."""
+    import warnings as w
+
+    from fullgraph import exactness
+    from fullgraph.cli import build_parser, config_from_args
+    from fullgraph.parallel import build_strategy
+
+    args = build_parser().parse_args(["check", "--strategies", "tensor", "--spill-dir",
+                                      str(tmp_path), "--spill-memory", "64KB", "--task-split",
+                                      "1:1", "--hidden", "8"])
+    cfg = config_from_args(args, ignored=exactness.NOT_TAKEN)
+    reference = exactness._reference(cfg)
+    with w.catch_warnings():
+        w.simplefilter("error")
+        build_strategy(reference)
+    assert reference.model.hidden == 8 and reference.options["tensor_parallel"].spill_dir is None

@@ -99,6 +99,15 @@ def test_schedule_is_seeded_per_rank_and_does_not_overlap():
     assert schedule(parse("cpu:p=1,n=4")[0], 0, 9) == [(2, 5), (6, 9)]
 
 
+def test_at_alone_starts_only_the_slowdowns_it_names():
+    """``at=`` names the epochs a slowdown starts for certain: it added random ones at
+    the default p=0.1 besides (``at=2,n=2`` over 4 epochs injected 3, not 2)."""
+    for seed in range(20):
+        (only,) = parse(f"sleep:at=3+9,n=1,ranks=1,seed={seed}")
+        assert only.p == 0 and schedule(only, 1, 60) == [(3, 3), (9, 9)], seed
+    assert parse("sleep:at=3,p=0.2")[0].p == 0.2 and parse("sleep:n=2")[0].p == 0.1
+
+
 def test_injector_sleeps_half_before_forward_half_in_backward_and_notes_it():
     notes = []
     inj = Injector(parse("sleep:p=0,s=0.2,at=2,n=1,ranks=0"), 0, 4, notes.append)

@@ -54,24 +54,29 @@ def test_no_slowest_rank_is_named_when_the_busiest_waited_as_long_as_another():
 
 def test_summary_counts_injected_slowdowns_and_plan_switches_per_rank():
     a, b = _record(0, 1.0, []), _record(0, 1.0, [])
-    a.events = [{"kind": "inject", "what": "sleep"}, {"kind": "adjust", "switched": True}]
+    a.events = [{"kind": "inject", "what": "sleep"},
+                {"kind": "adjust", "switched": True, "cached": 3, "fetched": 2}]
     b.events = [{"kind": "inject", "what": "sleep"}, {"kind": "inject", "what": "cpu"},
                 {"kind": "adjust", "switched": False}, {"kind": "preprocess", "seconds": 0.1}]
     quiet = _record(1, 1.0, [])
     lines = summary_lines([[a, b], [quiet, quiet]])
+    # (and what the last switch made the plan: which dependencies are cached, or rows)
     assert "adapt    rank 0: injected 1 epoch(s) of cpu, 2 epoch(s) of sleep; plan switched " \
-           "1 time(s)" in lines
+           "1 time(s); the last for epoch 1: 3 of its 5 remote dependencies cached, the " \
+           "others fetched" in lines
     assert not any(line.startswith("adapt    rank 1") for line in lines)
     # tensor shares: switches on trial, the probes kept among them (an undone one gave
     # nothing back)
     c, d, e, f = (_record(0, 1.0, []) for _ in range(4))
     c.events = [{"kind": "shares", "switched": True, "trial": "probe", "judged": None}]
-    d.events = [{"kind": "shares", "switched": True, "trial": "probe", "judged": "probe undone"}]
+    d.events = [{"kind": "shares", "switched": True, "trial": "probe", "judged": "probe undone",
+                 "rows": [903, 903, 902]}]
+    d.epoch = 6
     e.events = [{"kind": "shares", "switched": False, "trial": None, "judged": "probe kept"}]
     f.events = [{"kind": "shares", "switched": False, "trial": None, "judged": "balance kept"}]
     assert "adapt    rank 0: injected nothing; plan switched 2 time(s) (1 probe(s) that gave " \
-           "a worker work back and were kept; 1 trial(s) undone by the switch after)" in \
-        summary_lines([[c, d, e, f]])
+           "a worker work back and were kept; 1 trial(s) undone by the switch after); the " \
+           "last for epoch 6: rows per worker 903/903/902" in summary_lines([[c, d, e, f]])
 
 
 def test_unmatched_calls_are_not_split_and_say_so():

@@ -174,7 +174,8 @@ def test_the_page_and_the_epoch_figure_show_what_was_injected_and_switched(tmp_p
             if rank == 1 and epoch == 2:
                 events.append({"kind": "inject", "what": "sleep"})
             if epoch == 2:
-                events.append({"kind": "shares", "switched": True, "trial": "balance"})
+                events.append({"kind": "shares", "switched": True, "trial": "balance",
+                               "rows": [40, 27]})
             records.append({"event": "rank_epoch", "epoch": epoch, "rank": rank,
                             "wall_s": 0.1, "events": events})
     metrics = tmp_path / "adapt.jsonl"
@@ -195,8 +196,10 @@ def test_the_page_and_the_epoch_figure_show_what_was_injected_and_switched(tmp_p
                  if line.get_label() == "plan switched"]
         assert len(lines) == 1 and list(lines[0].get_xdata()) == [1.5, 1.5]
     assert adapt_lines(log) == [
-        "adapt    rank 0: injected nothing; plan switched 1 time(s)",
-        "adapt    rank 1: injected 1 epoch(s) of sleep; plan switched 1 time(s)"]
+        "adapt    rank 0: injected nothing; plan switched 1 time(s); the last for epoch 2: "
+        "rows per worker 40/27",
+        "adapt    rank 1: injected 1 epoch(s) of sleep; plan switched 1 time(s); the last for "
+        "epoch 2: rows per worker 40/27"]
 
 
 def test_a_resumed_run_counts_the_epochs_it_ran_against_its_time(tmp_path):

@@ -25,8 +25,9 @@ and lasts n epochs. Two kinds are injected here, both from one spec string
   behind one emulated host share its link: give the item to one of them).
 
 Common keys: ``n`` epochs per slowdown (default 5), ``p`` start probability per
-epoch (default 0.1), ``ranks=1+3`` the workers it applies to (default all),
-``at=4+9`` epochs where a slowdown starts for certain (besides the random ones),
+epoch (default 0.1, or 0 where ``at`` is given), ``ranks=1+3`` the workers it applies
+to (default all), ``at=4+9`` epochs where a slowdown starts for certain (with random
+ones besides only where ``p`` is given too),
 ``seed`` (default 0). Slowdowns start at epoch 2 or later (epoch 1 is the baseline)
 and do not overlap within one item: while one lasts, no other starts.
 
@@ -131,7 +132,7 @@ def _parse_item(kind: str, rest: str, item: str) -> InjectSpec:
                              f"joined by '+' (e.g. {key}=1+3)") from None
 
     spec = InjectSpec(
-        kind, p=number("p", "0.1", float),
+        kind, p=number("p", "0" if "at" in values else "0.1", float),
         seconds=None if values.get("s", "auto") == "auto" else number("s", "", float),
         epochs=number("n", "5"), load=number("load", "1"),
         rate=values.get("rate"), delay=values.get("delay"),
