@@ -228,8 +228,10 @@ def _run_options(caller: str, data: Any, model: str | type, num_classes: int | N
                           f"subclass; got an instance of {type(model).__name__} (pass the "
                           "class, not an object: the run builds its own)")
     options["model"] = reference_of(model) if isinstance(model, type) else model
+    options.update({k: plain(v) for k, v in options.items()})  # (np.int64(16): 16)
     if isinstance(options.get("model_options"), dict):
-        options["model_options"] = format_options(options["model_options"])
+        options["model_options"] = format_options(
+            {k: plain(v) for k, v in options["model_options"].items()})
     if "dataset" in options:
         raise ConfigError(f"{caller}: give the dataset as the first argument, not dataset=")
     in_memory = not isinstance(data, (str, Path, Dataset))
@@ -244,8 +246,17 @@ def _run_options(caller: str, data: Any, model: str | type, num_classes: int | N
 def _fit(data: Any, options: dict[str, Any], workers: int, verbose: bool,
          num_classes: int | None, in_memory: bool) -> FitResult:
     from fullgraph.checkpoint import resolve_resume
+    from fullgraph.graph.data import Dataset
 
     cfg = resolve_resume(config_from_options(options))
+    if workers == 1 and (cfg.launch.run_dir or cfg.launch.keep_run_dir):
+        warnings.warn("run_dir and keep_run_dir have no effect with workers=1 (the run "
+                      "directory is the launcher's, for more workers)", stacklevel=3)
+    if cfg.data.split_seed != 0 and (isinstance(data, Dataset) or (
+            in_memory and getattr(data, "train_mask", None) is not None)):
+        warnings.warn(f"split_seed={cfg.data.split_seed} has no effect: the data given has "
+                      "its own split (split_seed draws one for data without masks)",
+                      stacklevel=3)
     if workers > 1:  # a class no worker can import is refused before any start (the
         from fullgraph.models.custom import for_workers  # planner's probe workers too)
 
@@ -296,6 +307,20 @@ def _own_process_state() -> Iterator[None]:
         if numba_threads is not None:  # numba first: its pool resets OpenMP's count
             kernels.set_threads(numba_threads)
         torch.set_num_threads(threads)
+
+
+def plain(value: Any) -> Any:
+    """``value`` with numpy and torch scalars (``np.int64(16)``, a 0-d tensor, as a
+    sweep's grid gives them) as the Python numbers and bools they hold, in lists too;
+    anything else as it is."""
+    if isinstance(value, (list, tuple)):
+        return type(value)(plain(v) for v in value)
+    if isinstance(value, (bool, int, float, str)) or value is None:
+        return value
+    if getattr(value, "shape", None) in ((), torch.Size([])) and callable(
+            getattr(value, "item", None)):
+        return value.item()
+    return value
 
 
 def config_from_options(options: dict[str, Any], caller: str = "fit") -> Any:

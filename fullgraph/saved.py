@@ -99,6 +99,12 @@ class SavedModel(nn.Module):
         if missing:
             raise ValueError(f"SavedModel.save: meta lacks {', '.join(missing)}")
         meta = {k: self.meta[k] for k in META_KEYS}
+        name = meta["model"]["name"]
+        if name.startswith("__main__:") or "<locals>" in name:
+            warnings.warn(f"the model's class {name} is this process's own (a notebook "
+                          f"cell or a function): {path} loads only where that class is "
+                          "defined again in __main__; a class in a module loads anywhere",
+                          stacklevel=2)
         param = next(self.program.parameters())  # the dtype it has now (after .double())
         meta["model"] = {**meta["model"], "dtype": str(param.dtype).replace("torch.", "")}
         payload = {**meta, "format": FORMAT, "version": VERSION,
@@ -208,7 +214,22 @@ def load_model(path: str | Path) -> SavedModel:
         raise ConfigError(f"model: {path} lacks {', '.join(missing)}: not a complete saved "
                           "model")
     m = saved["model"]
-    program = build_model(m["name"], m["in_dim"], m["hidden"], m["out_dim"], **m["options"])
+    try:
+        program = build_model(m["name"], m["in_dim"], m["hidden"], m["out_dim"],
+                              **m["options"])
+    except ConfigError:
+        if "<locals>" in m["name"]:
+            raise ConfigError(f"model: {path}: its class {m['name']} was defined inside a "
+                              "function of the process that trained it, which no other "
+                              "process can import; move the class to a module before "
+                              "training") from None
+        if m["name"].startswith("__main__:"):
+            raise ConfigError(f"model: {path}: its class {m['name']} was defined in the "
+                              "process that trained it (a notebook cell), not in a module; "
+                              "define that class in this process's __main__ under the same "
+                              "name (in a notebook: run its cell), or move it to a module "
+                              "before training") from None
+        raise
     program = program.to(getattr(torch, m["dtype"]))
     load_parameters(program, saved["state_dict"], f"model: {path}")
     meta = {k: saved[k] for k in META_KEYS}

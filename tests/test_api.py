@@ -532,3 +532,52 @@ def test_a_resumed_fit_marks_the_epochs_its_checkpoint_brought(tmp_path) -> None
     assert again.losses == fullgraph.fit(d, epochs=4, hidden=8).losses
     with pytest.raises(ConfigError, match="is a training checkpoint, not a saved model"):
         fullgraph.load_model(tmp_path / "ck" / "checkpoint.pt")
+
+
+def test_numpy_and_torch_scalars_are_taken_as_the_numbers_they_hold() -> None:
+    """A sweep's grid hands out np.int64 and np.float32: "model.hidden: got
+    np.int64(16) (int64); expected int", and a raw TypeError from json in model_options."""
+    import numpy as np
+
+    data = sbm(67, 3, avg_degree=5.0, num_features=9, seed=11)
+    plain = fullgraph.fit(data, epochs=2, hidden=8, lr=0.05, dropout=0.25, model="gin",
+                          model_options={"eps": 0.5})
+    scalars = fullgraph.fit(data, epochs=np.int64(2), hidden=np.int64(8),
+                            lr=np.float32(0.05), dropout=torch.tensor(0.25),
+                            workers=np.int64(1), model="gin",
+                            model_options={"eps": np.float32(0.5)})
+    assert scalars.losses == pytest.approx(plain.losses, rel=1e-6)
+    with pytest.raises(ConfigError, match=r"model_options: the value of 'eps' \(of type "
+                       r"object\) is no option value"):
+        fullgraph.fit(data, epochs=1, model="gin", model_options={"eps": object()})
+
+
+def test_a_val_or_test_mask_without_a_train_mask_is_refused() -> None:
+    """They were replaced, silently, by a drawn 60/20/20 split."""
+    from fullgraph.errors import FormatError
+
+    d = _random_data()
+    d.val_mask, d.test_mask = torch.arange(100) < 20, torch.arange(100) >= 80
+    with pytest.raises(FormatError, match="val_mask and test_mask given without train_mask"):
+        fullgraph.fit(d, epochs=1)
+
+
+def test_nan_labels_mark_unlabelled_vertices_as_ogbs_do() -> None:
+    d = _random_data()
+    d.y = d.y.float()
+    d.y[::5] = float("nan")
+    as_minus_one = _random_data()
+    as_minus_one.y[::5] = -1
+    with pytest.warns(UserWarning, match="repeated edges"):
+        runs = [fullgraph.fit(x, epochs=2, hidden=8) for x in (d, as_minus_one)]
+    assert runs[0].losses == runs[1].losses
+
+
+def test_options_fit_takes_and_does_not_use_are_named(tmp_path) -> None:
+    data = sbm(67, 3, avg_degree=5.0, num_features=9, seed=11)
+    with pytest.warns(UserWarning, match="run_dir and keep_run_dir have no effect with "
+                      "workers=1"):
+        fullgraph.fit(data, epochs=1, run_dir=str(tmp_path / "rd"))
+    with pytest.warns(UserWarning, match="split_seed=3 has no effect: the data given has its "
+                      "own split"):
+        fullgraph.fit(data, epochs=1, split_seed=3)

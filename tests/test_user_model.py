@@ -270,9 +270,10 @@ def test_workers_get_the_directory_of_the_models_package(monkeypatch):
 
     monkeypatch.syspath_prepend(str(MODELS_DIR))
     monkeypatch.setenv("PYTHONPATH", "/somewhere/else")
-    env = for_workers("user_gnn:GatedGCN")
-    assert env == {"PYTHONPATH": f"{MODELS_DIR.resolve()}:/somewhere/else"}
-    assert for_workers("gcn") == {} and for_workers(FILE_REF) == {}
+    paths = for_workers("user_gnn:GatedGCN")["PYTHONPATH"].split(os.pathsep)
+    assert paths[0] == str(MODELS_DIR.resolve()) and paths[-1] == "/somewhere/else"
+    assert for_workers("gcn") == {}
+    assert for_workers(FILE_REF)["PYTHONPATH"].split(os.pathsep)[-1] == "/somewhere/else"
     fullgraph_root = Path(fullgraph.__file__).parent.parent.resolve()
     assert for_workers("fullgraph.models.gin:GIN")["PYTHONPATH"].startswith(
         str(fullgraph_root))
@@ -720,3 +721,83 @@ def test_check_shows_what_the_models_training_warns_of_once(small_store, capfd):
                  "data/depcomm", "--hidden", "8", "--layers", "3", "--residual"]) == 0
     err = capfd.readouterr().err
     assert err.count("does not apply residual=True") == 1, err
+
+
+def test_workers_get_the_directories_the_caller_put_on_its_path(monkeypatch, tmp_path):
+    """A model module importing a helper the caller found through ``sys.path.insert``
+    (a notebook's habit) trained at workers=1 and failed at 2: "No module named
+    'helpers'". The interpreter's own directories are not passed on."""
+    import site
+
+    from fullgraph.models.custom import for_workers
+
+    (tmp_path / "libs").mkdir()
+    (tmp_path / "libs" / "helpers.py").write_text("SCALE = 1.0\n")
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "netmod.py").write_text(
+        "from helpers import SCALE\nfrom fullgraph.models import GCN\n\n\n"
+        "class Net(GCN):\n    scale = SCALE\n")
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    monkeypatch.syspath_prepend(str(tmp_path / "libs"))
+    monkeypatch.syspath_prepend(str(tmp_path / "models"))
+    from netmod import Net
+
+    paths = for_workers("netmod:Net")["PYTHONPATH"].split(os.pathsep)
+    assert str((tmp_path / "libs").resolve()) in paths
+    assert not set(paths) & {str(Path(p).resolve()) for p in site.getsitepackages()}
+    result = fullgraph.fit(small(), model=Net, strategy="data", workers=2, epochs=2, hidden=5)
+    assert len(result.losses) == 2
+
+
+def test_a_class_of_a_script_run_as_a_module_is_imported_by_that_name(tmp_path):
+    """``python -m pkg.train`` with ``from .layers import ...``: the class was recorded
+    by the script's path, and the workers ran the file alone, where a relative import
+    fails."""
+    import subprocess
+
+    pkg = tmp_path / "mypkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "layers.py").write_text("from fullgraph.models import GCN\n\n\n"
+                                   "class Base(GCN):\n    pass\n")
+    (pkg / "train.py").write_text(
+        "from .layers import Base\n\n\nclass Net(Base):\n    pass\n\n\n"
+        "if __name__ == '__main__':\n"
+        "    import fullgraph\n"
+        "    from fullgraph.graph.synthetic import sbm\n"
+        "    data = sbm(67, 3, avg_degree=5.0, num_features=9, seed=11)\n"
+        "    r = fullgraph.fit(data, model=Net, strategy='data', workers=2, epochs=2, "
+        "hidden=5, save_model='net.pt')\n"
+        "    print(r.config.model.name, len(r.losses))\n")
+    done = subprocess.run([sys.executable, "-m", "mypkg.train"], cwd=tmp_path, text=True,
+                          capture_output=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["mypkg.train:Net", "2"]
+    loaded = subprocess.run([sys.executable, "-c", "import fullgraph; print(type("
+                             "fullgraph.load_model('net.pt').program).__name__)"],
+                            cwd=tmp_path, text=True, capture_output=True, timeout=300)
+    assert loaded.stdout.strip() == "Net", loaded.stderr
+
+
+def test_a_model_of_a_notebooks_class_saves_with_a_warning_and_loads_where_it_is_defined(
+        tmp_path, monkeypatch):
+    """Saved without a word, such a file could be loaded nowhere, and the refusal spoke
+    of workers."""
+    import types
+
+    from fullgraph.models import GCN, custom
+
+    notebook = types.ModuleType("__main__")  # a notebook's __main__: no file
+    monkeypatch.setitem(sys.modules, "__main__", notebook)
+    Cell = type("Cell", (GCN,), {"__module__": "__main__"})
+    notebook.Cell = Cell
+    result = fullgraph.fit(small(), model=Cell, epochs=1, hidden=5)
+    with pytest.warns(UserWarning, match="loads only where that class is defined again"):
+        result.model.save(tmp_path / "cell.pt")
+    monkeypatch.setattr(custom, "_known", {})  # a new session that ran the cell again
+    assert type(fullgraph.load_model(tmp_path / "cell.pt").program) is Cell
+    del notebook.Cell  # one that did not
+    with pytest.raises(ConfigError, match=r"its class __main__:Cell was defined in the "
+                       r"process that trained it \(a notebook cell\), not in a module; "
+                       "define that class in this process's __main__"):
+        fullgraph.load_model(tmp_path / "cell.pt")

@@ -64,8 +64,9 @@ def is_reference(name: str) -> bool:
 
 def reference_of(cls: type) -> str:
     """The name under which ``cls`` (a ``GNN`` subclass) is recorded: its built-in name,
-    ``module:Class``, ``/abs/file.py:Class`` for a class of the script that is
-    running, or ``__main__:Class`` (this process only) for one that has no file."""
+    ``module:Class`` (``pkg.script:Class`` for a class of a script run as ``python -m
+    pkg.script``), ``/abs/file.py:Class`` for a class of the script that is running, or
+    ``__main__:Class`` (this process only) for one that has no file."""
     from fullgraph.models import MODELS
 
     _check_class(cls, repr(cls))
@@ -75,6 +76,14 @@ def reference_of(cls: type) -> str:
     module, qualname = cls.__module__, cls.__qualname__
     if module in _files:  # loaded from a file by resolve: named by the file again
         return f"{_files[module]}:{qualname}"
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None) \
+        if module == "__main__" else None
+    if spec is not None and spec.parent and "<locals>" not in qualname:
+        # a script run as ``python -m pkg.script``: the workers import it by that name
+        # (as its relative imports need), and its ``__main__`` guard keeps it from running
+        ref = f"{spec.name}:{qualname}"
+        _known[ref] = cls
+        return ref
     path = getattr(sys.modules.get("__main__"), "__file__", None) \
         if module == "__main__" else None
     if "<locals>" in qualname or module not in sys.modules or (
@@ -123,6 +132,10 @@ def resolve(name: str) -> type[GNN]:
         raise ConfigError(f"unknown model {name!r}; expected one of {', '.join(MODELS)} "
                           f"or {REFERENCE}")
     target, _, attr = name.rpartition(":")
+    here = getattr(sys.modules.get("__main__"), attr, None) if target == "__main__" else None
+    if here is not None and isinstance(here, type) and here.__module__ == "__main__":
+        _check_class(here, f"model {name}")  # defined again in this process's __main__
+        return here  # (a notebook that saved a model of its own class, run again)
     if target == "__main__" or "<locals>" in attr:
         raise _unimportable(name)
     module = _load_file(target, name) if _is_file(target) else _import(target, name)
@@ -140,17 +153,21 @@ def for_workers(name: str) -> dict[str, str]:
     """The environment that lets launched workers import the model ``name`` as this
     process did: for a module reference, ``PYTHONPATH`` with the directory this
     process found its top-level package in (a script's own directory is on this
-    process's ``sys.path``, and not on theirs); nothing for a built-in or a file.
+    process's ``sys.path``, and not on theirs), and for a module or a file the other
+    directories this process put on its ``sys.path`` (``_with_paths``); nothing for a
+    built-in.
 
     Raises:
         ConfigError: the class lives in this process only (a notebook's or a
             function's): no worker can import it.
     """
-    if name in _only_here:
+    if name in _only_here or name.startswith("__main__:"):
         raise _unimportable(name)
     target = name.rpartition(":")[0]
-    if not is_reference(name) or _is_file(target):
+    if not is_reference(name):
         return {}
+    if _is_file(target):
+        return _with_paths({})
     resolve(name)  # imported here first, so its top-level package is known
     top_name = target.split(".")[0]
     top = sys.modules.get(top_name) or _import(top_name, name)  # (a class known here
@@ -163,8 +180,31 @@ def for_workers(name: str) -> dict[str, str]:
         where = Path(found[0]).parent
     else:
         return {}
+    return _with_paths({"PYTHONPATH": str(where.resolve())})
+
+
+def _with_paths(env: dict[str, str]) -> dict[str, str]:
+    """``env`` with ``PYTHONPATH`` extended by the directories this process added to its
+    ``sys.path`` (a notebook's ``sys.path.insert``, a script's own directory): the
+    model's module may import from them, as a spawned ``multiprocessing`` child could.
+    The interpreter's own directories (its prefix, site-packages) are left out: the
+    workers have them already, in their own order."""
+    import site
+    import sysconfig
+
+    ours = {Path(p).resolve() for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
+    ours |= {Path(p).resolve() for p in [*site.getsitepackages(), site.getusersitepackages(),
+                                          *sysconfig.get_paths().values()]}
+    paths = [env["PYTHONPATH"]] if "PYTHONPATH" in env else []
+    for entry in sys.path:
+        where = Path(entry or os.getcwd()).resolve()
+        if where.is_dir() and not any(where == p or p in where.parents for p in ours) \
+                and str(where) not in paths:
+            paths.append(str(where))
     given = os.environ.get("PYTHONPATH")
-    return {"PYTHONPATH": os.pathsep.join([str(where.resolve()), *([given] if given else [])])}
+    if given:
+        paths.append(given)
+    return {"PYTHONPATH": os.pathsep.join(paths)} if paths else {}
 
 
 def parse_options(text: str) -> dict[str, Any]:
@@ -213,8 +253,21 @@ def parse_options(text: str) -> dict[str, Any]:
 
 
 def format_options(options: dict[str, Any]) -> str:
-    """``options`` in the form ``parse_options`` reads back (values as JSON)."""
-    return ",".join(f"{k}={json.dumps(v)}" for k, v in options.items())
+    """``options`` in the form ``parse_options`` reads back (values as JSON).
+
+    Raises:
+        ConfigError: a value JSON cannot write (naming its key).
+    """
+    out = []
+    for key, value in options.items():
+        try:
+            out.append(f"{key}={json.dumps(value)}")
+        except (TypeError, ValueError):
+            raise ConfigError(f"model_options: the value of {key!r} (of type "
+                              f"{type(value).__name__}) is no option value; expected a "
+                              "number, text, bool, None, or a list or mapping of those") \
+                from None
+    return ",".join(out)
 
 
 def check_options(cls: type, options: dict[str, Any], name: str,

@@ -200,7 +200,8 @@ def as_features(x: np.ndarray, *, source: PathLike, field: str = "features") -> 
 
 
 def as_labels(y: np.ndarray, *, source: PathLike, field: str = "labels") -> np.ndarray:
-    """(N,) labels as int64; (N, 1) is squeezed; floats must hold whole numbers."""
+    """(N,) labels as int64; (N, 1) is squeezed; floats must hold whole numbers, or NaN
+    for an unlabelled vertex (-1), as OGB's float labels mark one."""
     if y.ndim == 2 and y.shape[1] == 1:
         y = y[:, 0]
     if y.ndim != 1:
@@ -213,12 +214,14 @@ def as_labels(y: np.ndarray, *, source: PathLike, field: str = "labels") -> np.n
     if y.dtype.kind in "iu":
         return y.astype(np.int64)
     if y.dtype.kind == "f":
-        whole = np.isfinite(y) & (y == np.round(y))
+        missing = np.isnan(y)
+        whole = missing | (np.isfinite(y) & (y == np.round(y)))
         if not whole.all():
             k = int(np.argmax(~whole))
             raise FormatError("label is not a class id", source=source,
-                              field=f"{field}[{k}]", found=float(y[k]), expected="an integer")
-        return y.astype(np.int64)
+                              field=f"{field}[{k}]", found=float(y[k]),
+                              expected="an integer (or NaN or -1 for an unlabelled vertex)")
+        return np.where(missing, -1, y).astype(np.int64)
     raise FormatError("labels must be integer class ids", source=source, field=field,
                       found=y.dtype, expected="an integer array")
 

@@ -57,7 +57,8 @@ def load_edgelist(edges: PathLike, features: PathLike, labels: PathLike, *,
     Args:
         edges: edge file, text unless ``binary_dtype`` is given.
         features: (N, F) ``.npy`` of numbers (stored as float32; float16 is kept).
-        labels: (N,) integer ``.npy``; -1 marks an unlabelled vertex.
+        labels: (N,) integer ``.npy``; -1 marks an unlabelled vertex (float labels:
+            whole numbers, NaN for an unlabelled vertex).
         binary_dtype: dtype of the binary edge file, e.g. ``"uint32"`` or ``"int64"``
             (default: None, a text file).
         num_nodes: N (default: the number of feature rows).

@@ -237,6 +237,11 @@ def _numpy(value: Any) -> np.ndarray:
 def _masks(data: Any, labels: np.ndarray, split_index: int, seed: int,
            name: str) -> tuple[list[np.ndarray], str]:
     raw = [getattr(data, key, None) for key in MASK_NAMES]
+    if raw[0] is None and any(m is not None for m in raw[1:]):
+        given = " and ".join(k for k, m in zip(MASK_NAMES, raw) if m is not None)
+        raise FormatError(f"{given} given without train_mask: a split is all three masks "
+                          "or none (without masks a 60/20/20 split is drawn, which would "
+                          f"replace the {given})", source=name, field="train_mask")
     if raw[0] is None:
         train, val, test = fraction_split(torch.from_numpy(labels), seed=seed)
         return [train.numpy(), val.numpy(), test.numpy()], f"fractions 0.6/0.2/rest (seed {seed})"
