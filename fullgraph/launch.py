@@ -49,7 +49,7 @@ import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import IO, Any, NoReturn
 
 from fullgraph.comm import shm
 from fullgraph.errors import ConfigError, FullgraphError
@@ -198,8 +198,10 @@ def run_local(argv: list[str], workers: int, *, timeout_s: float, run_dir: str |
         for old in path.glob(pattern):
             old.unlink()
     procs: list[subprocess.Popen] = []
+    copies: list[threading.Thread] = []
     try:
-        _start(procs, [module, *argv], workers, path, threads or threads_per_worker(workers))
+        copies = _start(procs, [module, *argv], workers, path,
+                        threads or threads_per_worker(workers))
     except OSError as err:
         for p in procs:
             p.kill()
@@ -209,6 +211,8 @@ def run_local(argv: list[str], workers: int, *, timeout_s: float, run_dir: str |
         print(text, file=sys.stderr)
         return 1, text
     code, text = _supervise(procs, path, timeout_s)
+    for copy in copies:  # rank 0's last lines, written out before the end is said
+        copy.join(timeout=10)
     for p in procs:  # a worker that was killed left its shared-memory files behind
         shm.remove_files(p.pid)
     if code in (0, CLOSED_PIPE_EXIT) and temporary and not keep_run_dir:
@@ -250,8 +254,13 @@ def send_on(stop: SignalStop, caller: str) -> NoReturn:
 
 
 def _start(procs: list[subprocess.Popen], argv: list[str], workers: int, run_dir: Path,
-           threads: int) -> None:
+           threads: int) -> list[threading.Thread]:
+    """Start the workers into ``procs``; rank 0 prints where this process prints. Its
+    output goes to this process's file descriptors, unless ``sys.stdout`` or
+    ``sys.stderr`` was replaced (a notebook's, ``redirect_stdout``, a test's capture):
+    then it is copied there, line by line, by the threads returned."""
     port = free_port()
+    copies: list[threading.Thread] = []
     for rank in range(workers):
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(workers), LOCAL_RANK=str(rank),
                    LOCAL_WORLD_SIZE=str(workers), MASTER_ADDR="127.0.0.1",
@@ -261,11 +270,44 @@ def _start(procs: list[subprocess.Popen], argv: list[str], workers: int, run_dir
                       WARNED_ENV: json.dumps(shown_warnings())})
         cmd = [sys.executable, "-m", *argv]  # argv[0]: the module to run
         if rank == 0:
-            procs.append(subprocess.Popen(cmd, env=env))
+            piped = {name: stream for name, stream in (("stdout", sys.stdout),
+                                                       ("stderr", sys.stderr))
+                     if not _is_descriptor(stream, 1 if name == "stdout" else 2)}
+            proc = subprocess.Popen(cmd, env=env,
+                                    stdout=subprocess.PIPE if "stdout" in piped else None,
+                                    stderr=subprocess.PIPE if "stderr" in piped else None)
+            procs.append(proc)
+            for name, stream in piped.items():
+                source = getattr(proc, name, None)  # (None from a stand-in for Popen)
+                if source is not None:
+                    copies.append(threading.Thread(target=_copy_lines, args=(source, stream),
+                                                   daemon=True, name=f"fullgraph-{name}"))
+                    copies[-1].start()
         else:
             with open(run_dir / f"rank{rank}.log", "w") as log:
                 procs.append(subprocess.Popen(cmd, env=env, stdout=log,
                                               stderr=subprocess.STDOUT))
+    return copies
+
+
+def _is_descriptor(stream: Any, fd: int) -> bool:
+    """Whether writing to ``stream`` writes to this process's descriptor ``fd``."""
+    try:
+        return stream is not None and stream.fileno() == fd
+    except (AttributeError, OSError, ValueError):  # (io.UnsupportedOperation is both)
+        return False
+
+
+def _copy_lines(source: IO[bytes], into: Any) -> None:
+    """Write what ``source`` gives into the text stream ``into`` until it closes (what
+    ``into`` refuses is dropped: the worker must never block on a full pipe)."""
+    with source:
+        for line in iter(source.readline, b""):
+            try:
+                into.write(line.decode(errors="replace"))
+                into.flush()
+            except (OSError, ValueError):
+                pass
 
 
 class _Stopped(Exception):

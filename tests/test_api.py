@@ -581,3 +581,18 @@ def test_options_fit_takes_and_does_not_use_are_named(tmp_path) -> None:
     with pytest.warns(UserWarning, match="split_seed=3 has no effect: the data given has its "
                       "own split"):
         fullgraph.fit(data, epochs=1, split_seed=3)
+
+
+def test_launched_workers_print_where_the_caller_prints() -> None:
+    """Rank 0 wrote to the caller's file descriptor 1: ``redirect_stdout``, a test's
+    capture and a notebook's cell (which replace ``sys.stdout``) saw nothing of the
+    table that ``workers=1`` prints there."""
+    import contextlib
+    import io
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        fullgraph.fit(sbm(67, 3, avg_degree=5.0, num_features=9, seed=11), strategy="data",
+                      workers=2, epochs=2, hidden=5, verbose=True)
+    printed = out.getvalue()
+    assert "strategy data, 2 worker(s)" in printed and "final test accuracy" in printed
