@@ -350,9 +350,10 @@ def config_from_options(options: dict[str, Any], caller: str = "fit") -> Any:
 def _from_pyg(data: Any, split_seed: int, num_classes: int | None) -> Any:
     from fullgraph.graph.formats.pyg import from_pyg
 
-    if not all(hasattr(data, key) for key in ("x", "y", "edge_index")):
+    if not (hasattr(data, "x") and hasattr(data, "y")
+            and (hasattr(data, "edge_index") or hasattr(data, "adj_t"))):
         raise ConfigError(f"fit: data must be a dataset name, a fullgraph Dataset or a PyG "
-                          f"Data with x, y and edge_index; got {type(data).__name__}")
+                          f"Data with x, y and edge_index (or adj_t); got {type(data).__name__}")
     return from_pyg(data, name="pyg", seed=split_seed, num_classes=num_classes)
 
 

@@ -274,9 +274,10 @@ def load_dataset_for(model: SavedModel, dataset: str | None = None,
             expected=err.expected,
             hint=f"the model was trained on {opts['dataset']!r}"
                  + (f" under --root {trained_root}" if trained_root else "")
-                 + "; give the root it is under with --root, or, where that was data held "
-                 "in memory, name a stored dataset with --dataset") from None
-    require_whole(loaded, "predict / evaluate", "with --dataset")
+                 + "; give the root it is under (--root, or root= in Python), or, where "
+                 "that was data held in memory, name a stored dataset (--dataset, or "
+                 "dataset=)") from None
+    require_whole(loaded, "predict / evaluate", "with --dataset (dataset= in Python)")
     if dataset is None:
         _check_trained_on(model, loaded)
     return loaded
@@ -295,7 +296,8 @@ def _check_trained_on(model: SavedModel, loaded: Dataset) -> None:
     diffs = differences(trained, here, saved_in="then")
     if diffs:
         raise ConfigError(f"model: the dataset {loaded.name!r} found is not the data it was "
-                          f"trained on ({'; '.join(diffs)}); give --dataset to use it anyway")
+                          f"trained on ({'; '.join(diffs)}); give --dataset (dataset= in "
+                          "Python) to use it anyway")
 
 
 @torch.no_grad()

@@ -177,7 +177,8 @@ def test_in_memory_bag_of_words_features_are_held_as_csr(capsys) -> None:
 
 @pytest.mark.parametrize("call, match", [
     (lambda: fullgraph.fit("cora", epochs=1, hiddne=8), "unknown option 'hiddne'.*hidden"),
-    (lambda: fullgraph.fit(42, epochs=1), "a PyG Data with x, y and edge_index; got int"),
+    (lambda: fullgraph.fit(42, epochs=1),
+     "a PyG Data with x, y and edge_index \\(or adj_t\\); got int"),
     (lambda: fullgraph.fit("cora", model="gnc"), "model.name: got 'gnc'"),
     (lambda: fullgraph.fit("cora", dataset="x"), "first argument"),
     (lambda: fullgraph.fit("cora", verbose="yes"), "verbose must be True or False, got 'yes'"),
@@ -596,3 +597,33 @@ def test_launched_workers_print_where_the_caller_prints() -> None:
                       workers=2, epochs=2, hidden=5, verbose=True)
     printed = out.getvalue()
     assert "strategy data, 2 worker(s)" in printed and "final test accuracy" in printed
+
+
+def test_the_adj_t_of_pygs_to_sparse_tensor_is_read_as_its_edges() -> None:
+    """``T.ToSparseTensor()`` (as OGB's examples use) replaces edge_index by the
+    transposed adjacency adj_t: "lacks an attribute edge_index"."""
+    import scipy.sparse as sp
+
+    ds = sbm(67, 3, avg_degree=5.0, num_features=9, seed=11)
+    data = to_pyg(ds)
+    n, (src, dst) = data.x.shape[0], data.edge_index
+    masks = dict(train_mask=data.train_mask, val_mask=data.val_mask, test_mask=data.test_mask)
+    given = fullgraph.fit(SimpleNamespace(x=data.x, y=data.y, edge_index=data.edge_index,
+                                          **masks), epochs=3, hidden=8)
+    ones = torch.ones(src.shape[0])
+    forms = {"torch CSR": torch.sparse_coo_tensor(torch.stack([dst, src]), ones, (n, n))
+             .to_sparse_csr(),
+             "scipy": sp.csr_matrix((ones.numpy(), (dst.numpy(), src.numpy())), shape=(n, n))}
+    try:
+        import torch_geometric.transforms as T
+    except ImportError:
+        pass
+    else:
+        forms["ToSparseTensor"] = T.ToSparseTensor(layout=torch.sparse_csr)(data.clone()).adj_t
+    for form, adj_t in forms.items():
+        run = fullgraph.fit(SimpleNamespace(x=data.x, y=data.y, adj_t=adj_t, **masks),
+                            epochs=3, hidden=8)
+        assert run.losses == given.losses, form
+    weighted = forms["scipy"] * 2.0
+    with pytest.warns(UserWarning, match="adj_t's values \\(edge weights\\) are not read"):
+        fullgraph.fit(SimpleNamespace(x=data.x, y=data.y, adj_t=weighted, **masks), epochs=1)

@@ -60,10 +60,12 @@ def from_pyg(data: Any, name: str = "pyg", *, split_index: int = 0, seed: int = 
             empty or overlapping masks.
     """
     x, y, edge_index = (getattr(data, key, None) for key in ("x", "y", "edge_index"))
+    if edge_index is None and getattr(data, "adj_t", None) is not None:
+        edge_index = adjacency_edges(data.adj_t, name)  # PyG's ToSparseTensor() form
     for key, value in (("x", x), ("y", y), ("edge_index", edge_index)):
         if value is None:
             raise FormatError("the PyG data object lacks an attribute", source=name, field=key,
-                              expected="x, y and edge_index")
+                              expected="x, y and edge_index (or adj_t)")
     features: Any
     if _is_sparse_input(x):
         features = _sparse_features(x, name)
@@ -88,6 +90,34 @@ def from_pyg(data: Any, name: str = "pyg", *, split_index: int = 0, seed: int = 
     masks, how = _masks(data, labels, split_index, seed, name)
     return assemble(name, graph, features, labels, masks, num_classes,
                     {"format": "pyg", "split": how})
+
+
+def adjacency_edges(adj_t: Any, name: str) -> np.ndarray:
+    """The (2, E) edges (row 0 sources) of ``adj_t``, the transposed adjacency PyG's
+    ``ToSparseTensor()`` leaves (row: destination, column: source): a
+    ``torch_sparse.SparseTensor``, a torch sparse tensor or a scipy sparse matrix. Its
+    values are not read (a warning says so where they are not all 1)."""
+    values: Any = None
+    if sp.issparse(adj_t):
+        coo = adj_t.tocoo()
+        dst, src, values = np.asarray(coo.row), np.asarray(coo.col), np.asarray(coo.data)
+    elif isinstance(adj_t, Tensor) and adj_t.layout in _SPARSE_LAYOUTS and adj_t.dim() == 2:
+        coo = adj_t.to_sparse_coo().coalesce()
+        (dst, src), values = coo.indices().numpy(), _numpy(coo.values())
+    elif hasattr(adj_t, "coo"):  # torch_sparse.SparseTensor
+        row, col, value = adj_t.coo()
+        dst, src = row.numpy(), col.numpy()
+        values = None if value is None else _numpy(value)
+    else:
+        raise FormatError("adj_t must be a sparse adjacency (a torch_sparse.SparseTensor, "
+                          "a torch sparse tensor or a scipy sparse matrix)", source=name,
+                          field="adj_t", found=type(adj_t).__name__)
+    if values is not None and values.size and not (values == 1).all():
+        import warnings
+
+        warnings.warn(f"{name}: adj_t's values (edge weights) are not read: the models read "
+                      "the structure only", stacklevel=3)
+    return np.stack([src.astype(np.int64), dst.astype(np.int64)])
 
 
 def edge_index_array(edge_index: Any, name: str) -> np.ndarray:
