@@ -29,6 +29,7 @@ checkpoint or the new one, never part of one, even when the writer is killed.
 from __future__ import annotations
 
 import dataclasses
+import glob
 import hashlib
 import json
 import os
@@ -43,7 +44,7 @@ from fullgraph.config import Config
 from fullgraph.errors import ConfigError
 from fullgraph.graph.data import Dataset
 from fullgraph.graph.sparse import row_blocks
-from fullgraph.paths import unfinished
+from fullgraph.paths import process_alive, unfinished
 from fullgraph.report import EpochRecord
 
 FORMAT = "fullgraph-checkpoint"
@@ -190,8 +191,19 @@ def to_cpu(tree: Any) -> Any:
     return tree
 
 
+def remove_stale_temporaries(path: Path) -> None:
+    """Remove ``.NAME.<pid>.tmp`` beside ``path`` (``write_atomic``'s temporaries) whose
+    writer no longer runs: one killed outright (SIGKILL, the OOM killer) leaves its
+    file, which no clean-up of its own survives."""
+    for stale in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):
+        pid = stale.name[len(path.name) + 2:-len(".tmp")]
+        if pid.isdigit() and int(pid) != os.getpid() and not process_alive(int(pid)):
+            stale.unlink(missing_ok=True)
+
+
 def write_atomic(path: Path, payload: Any) -> None:
-    """``torch.save`` to a temporary file beside ``path``, fsync, then rename over it."""
+    """``torch.save`` to a temporary file beside ``path``, fsync, then rename over it;
+    then remove the temporaries of ``path`` that writers killed outright left."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
@@ -201,6 +213,7 @@ def write_atomic(path: Path, payload: Any) -> None:
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, path)
+        remove_stale_temporaries(path)
     except BaseException as exc:
         cause = _os_error(exc)
         if cause is None or cause is exc and exc.filename is not None:
@@ -463,5 +476,3 @@ class Checkpointer:
             "config_json": json.dumps(self.cfg.to_dict(), default=str)}
         path = checkpoint_file(t.checkpoint_dir)
         write_atomic(path, payload)
-        for stale in path.parent.glob(f".{FILE_NAME}.*.tmp"):  # left by a killed writer
-            stale.unlink(missing_ok=True)

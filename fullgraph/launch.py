@@ -461,11 +461,12 @@ class Supervisor:
             beat = beats[rank]
             if rank in awaited:
                 by = awaited[rank]
-                out.append((rank, f"rank {by['rank']} timed out in {by['inside']}, and it "
-                                  "waited for no one"))
+                out.append((rank, f"rank {by['rank']} timed out in {by['inside']} after "
+                                  f"--timeout {self.timeout:g} s, and it waited for no one"))
                 continue
             age = time.time() - beat["time"] if beat else float("inf")
-            silent = "no heartbeat yet" if beat is None else f"no heartbeat for {age:.0f} s"
+            silent = "no heartbeat yet" if beat is None else \
+                f"no heartbeat for {age:.0f} s, --timeout {self.timeout:g} s"
             # a worker past its training may go quiet while its interpreter shuts down
             allowed = max(self.timeout, EXIT_GRACE_S) if beat and beat["phase"] == "done" \
                 else self.timeout
@@ -473,7 +474,8 @@ class Supervisor:
                 out.append((rank, silent + _stopped_note(self.procs[rank].pid)))
             elif waited is not None and beat is not None and beat["entered"] < waited["entered"]:
                 out.append((rank, f"it never reached the {waited['inside']} that rank "
-                                  f"{waited['rank']} timed out waiting in"))
+                                  f"{waited['rank']} timed out waiting in after --timeout "
+                                  f"{self.timeout:g} s"))
         return out
 
 
@@ -532,7 +534,9 @@ def _report(f: WorkerExit, run_dir: Path) -> dict:
               "traceback": ""}
     if f.hung:
         record.update(time=beat.get("time", 0.0),
-                      error=f"stopped responding ({f.hung}); killed by the launcher")
+                      error=f"stopped responding ({f.hung}); killed by the launcher (where "
+                            "a worker may take longer, a long epoch or checkpoint, raise "
+                            "--timeout)")
     elif f.stopped:  # a reaction to the first failure, never the cause of it
         record.update(time=float("inf"), peer_failure=True,
                       error="still running after the timeout, stopped by the launcher")

@@ -123,11 +123,11 @@ def _remove_orphans(parent: Path, prefix: str) -> None:
         return
     for name in names:  # (exactly PID-HEX after the prefix)
         found = re.fullmatch(r"(\d+)-[0-9a-f]{8}", name[len(prefix):])
-        if found and not _alive(int(found.group(1))):
+        if found and not process_alive(int(found.group(1))):
             shutil.rmtree(parent / name, ignore_errors=True)
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
     """Whether a process ``pid`` runs on this host (one of another user counts)."""
     try:
         os.kill(pid, 0)

@@ -108,6 +108,7 @@ class WorkerStatus:
         self.counter: Any = None
         self._store: Any = None  # the process group's, under torchrun (share_failures)
         self._failure_key = FAILURE_KEY
+        self._timeout_s = 1800.0  # how long a worker outlives its run's store (share_failures)
         self._shared = False  # share_failure ran
         self._failing = False  # this worker is reporting its own failure
         self._stopped = threading.Event()  # the watch of share_failures is over
@@ -124,16 +125,19 @@ class WorkerStatus:
         """Report ``counter``'s progress (``entered``, ``inside``) in the heartbeat."""
         self.counter = counter
 
-    def share_failures(self, store: Any, run: str) -> None:
+    def share_failures(self, store: Any, run: str, timeout_s: float = 1800.0) -> None:
         """Under torchrun nothing supervises the hosts together: publish this worker's
         failure in the process group's ``store``, and watch it for another's. A worker
         that finds one ends, naming that failure: one stuck outside any collective (in
         a model's own loop) ends too, and one whose collective broke names the cause,
         not only a closed connection. ``run`` names this run's key (the same on every
         rank, new for each start: a store may outlive a run, as torchrun's agent's does
-        across restarts). Only a failure's report is acted on; a store that cannot be
-        reached ends the watch (the collectives' timeouts remain)."""
+        across restarts). A store that cannot be reached is the run ended on the host
+        that served it (its workers gone, a report unread): a worker not done
+        ``timeout_s`` later ends, saying so (one stuck outside any collective would
+        otherwise run on)."""
         self._store, self._failure_key = store, f"{FAILURE_KEY}/{run}"
+        self._timeout_s = timeout_s
         threading.Thread(target=self._watch_failures, name=f"fullgraph-failures-{self.rank}",
                          daemon=True).start()
 
@@ -149,30 +153,51 @@ class WorkerStatus:
         return record if record.get("rank") != self.rank else None
 
     def _watch_failures(self) -> None:
+        lost: float | None = None  # when the store was first out of reach
         while not self._stopped.wait(FAILURE_POLL_S) and self.phase != "done":
             try:
                 record = self._published_failure()
             except Exception:  # noqa: BLE001 - the store is gone: the run (or its host) ended
+                lost = lost if lost is not None else time.monotonic()
+                if time.monotonic() - lost <= self._timeout_s:
+                    continue  # (a worker finishing its last steps is left to finish)
+                where = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
+                self._end(f"the run's store at {where} went away {time.monotonic() - lost:.0f} "
+                          "s ago (the workers of the host that served it ended) and this "
+                          f"worker did not finish within --timeout {self._timeout_s:g} s", 1)
                 return
+            lost = None
             if record is None or self.phase.endswith(" checkpoint") or \
                     self.phase == SAVING_PHASE:
                 continue  # (a file is written whole; a peer's timeout may come of it)
-            with self._lock:  # not while this worker reports its own failure
-                if self._failing or self._stopped.is_set():
-                    return
-                print(f"fullgraph: rank {self.rank} stopped during {self.phase}: rank "
-                      f"{record['rank']} failed during {record['phase']}: {record['error']}",
-                      file=sys.stderr, flush=True)
-                from fullgraph.comm import shm
+            behind = self.counter is not None and record.get("inside") and \
+                self.counter.entered < record.get("entered", 0)
+            self._end(f"rank {record['rank']} failed during {record['phase']}: "
+                      f"{record['error']}" + (
+                          f" (this rank never reached the {record['inside']} it waited in: "
+                          "it was busy outside any collective)" if behind else ""),
+                      2 if record.get("user_error") else 1)
+            return
 
-                shm.remove_files(os.getpid())
-                os._exit(2 if record.get("user_error") else 1)
+    def _end(self, why: str, code: int) -> None:
+        """End this worker at once, saying ``why`` (unless it reports its own failure)."""
+        with self._lock:  # not while this worker reports its own failure
+            if self._failing or self._stopped.is_set():
+                return
+            print(f"fullgraph: rank {self.rank} stopped during {self.phase}: {why}",
+                  file=sys.stderr, flush=True)
+            from fullgraph.comm import shm
+
+            shm.remove_files(os.getpid())
+            os._exit(code)
 
     def set_phase(self, phase: str) -> None:
         """Enter ``phase``: written to the status file now, or for the phases of an
-        epoch (``EVERY_EPOCH``) by the next heartbeat."""
+        epoch (``EVERY_EPOCH``) after the first by the next heartbeat."""
         self.phase = phase
-        if self.dir is not None and not phase.startswith(EVERY_EPOCH):
+        if self.dir is not None and not (phase.startswith(EVERY_EPOCH) and (
+                self._written or "").startswith(EVERY_EPOCH)):  # (the first epoch phase
+            # after another is written at once: a worker dying then is not "in setup")
             self._write_status()
             self._beat()  # the launcher reads the phase from the heartbeat too ("done"
             # earns the exit grace: the next beat may come only after torch's teardown)
@@ -238,11 +263,12 @@ class WorkerStatus:
             if self._cause is not None:
                 return  # else: a peer died unreported, or never came; tell the others
                 # (one may be stuck outside any collective)
-        brief = {k: record[k] for k in ("rank", "phase", "error", "user_error")}
+        brief = {k: record[k] for k in ("rank", "phase", "error", "user_error", "entered",
+                                        "inside")}
         _store_call(lambda: self._store.compare_set(self._failure_key, "", json.dumps(brief)))
-        if self.rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
-            time.sleep(FAILURE_POLL_S + 0.5)  # the store lives in this process: stay until
-            # the others' watches have read it
+        time.sleep(FAILURE_POLL_S + 0.5)  # stay until the others' watches have read it: the
+        # store lives in rank 0's process, or in its host's torchrun agent, which ends with
+        # that host's last worker
 
     def is_user_error(self, exc: BaseException) -> bool:
         """Whether ``exc``, raised in this worker's phase, is a user's mistake (a bad
@@ -277,8 +303,9 @@ class WorkerStatus:
                              if comm_error is not None else None),
                   "peer": comm_error.peer if comm_error is not None else None,
                   "error": f"{type(exc).__name__}: {exc}",
-                  "traceback": "" if user_error and not self.debug  # debug: every one
-                  else "".join(traceback.format_exception(exc))}
+                  # one line for a user's error and for a peer's (not a bug here);
+                  "traceback": "" if (user_error or comm_error is not None) and not self.debug
+                  else "".join(traceback.format_exception(exc))}  # debug: every one
         return record
 
 

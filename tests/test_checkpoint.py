@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 import shutil
 from pathlib import Path
@@ -440,3 +441,21 @@ def test_a_checkpoint_dir_with_a_tilde_is_one_place_for_every_use(tmp_path, monk
     assert checkpoint.read("~/ck")["epoch"] == STOP
     with pytest.raises(ConfigError, match=f"holds a checkpoint after epoch {STOP}"):
         check_outputs(cfg)
+
+
+def test_a_write_removes_the_temporaries_of_writers_killed_outright(tmp_path):
+    """A worker SIGKILLed while writing --save-model left ``.m.pt.<pid>.tmp`` for good
+    (the checkpoint's were removed by the next checkpoint; the model file's never)."""
+    import subprocess
+    import sys
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    dead = tmp_path / f".m.pt.{int(gone.stdout)}.tmp"  # (that pid is free now, or reused:
+    live = tmp_path / f".m.pt.{os.getppid()}.tmp"  # a run of another process writing)
+    other = tmp_path / f".other.pt.{int(gone.stdout)}.tmp"
+    for f in (dead, live, other):
+        f.write_bytes(b"part of a model")
+    checkpoint.write_atomic(tmp_path / "m.pt", {"x": torch.ones(2)})
+    assert not dead.exists() and live.exists() and other.exists()
+    assert torch.load(tmp_path / "m.pt")["x"].tolist() == [1.0, 1.0]

@@ -305,7 +305,9 @@ def test_dead_or_hung_worker_is_named_first(long_run, how, strategy, victim):
                         r"or later: worker died \(signal 9\) without a report$", first), err
     else:
         assert re.match(rf"fullgraph: worker rank {victim} failed during epoch \d+ [a-z ]+: "
-                        r"stopped responding \(.+\); killed by the launcher$", first), err
+                        r"stopped responding \(.+\); killed by the launcher \(where a worker "
+                        r"may take longer, a long epoch or checkpoint, raise --timeout\)$",
+                        first), err
         assert "its process is stopped" in first or "never reached" in first, err
     survivors = [r for r in range(3) if r != victim]
     assert f"ranks {survivors} stopped after it" in err
@@ -484,8 +486,10 @@ def test_under_torchrun_a_failure_reaches_every_host(data_root, tmp_path, failin
     if stuck:
         assert f"fullgraph: rank {other} stopped during epoch" in errs[other], errs[other]
         assert cause in errs[other], errs[other]
-    else:
-        assert f"fullgraph: the first failure: {cause}" in errs[other], errs[other]
+    else:  # (its collective broke, or its watch read the report first: named either way)
+        assert f"fullgraph: the first failure: {cause}" in errs[other] or \
+            f"fullgraph: rank {other} stopped during epoch" in errs[other], errs[other]
+        assert cause in errs[other], errs[other]
 
 
 def _given_on_some_ranks(comm, cases: list) -> None:
@@ -671,12 +675,13 @@ def test_supervisor_finds_the_rank_that_never_reached_the_collective(tmp_path):
     assert sup.step()  # rank 1 still runs: it is killed after the grace period
     assert sorted(sup.failed) == [0, 2, 3] and [p.code for p in procs] == [1, None, -9, -9]
     assert sup.failed[2].hung == ("it never reached the all_reduce in phase 'grad-sync' that "
-                                  "rank 0 timed out waiting in")
-    assert sup.failed[3].hung == "no heartbeat for 100 s"
+                                  "rank 0 timed out waiting in after --timeout 60 s")
+    assert sup.failed[3].hung == "no heartbeat for 100 s, --timeout 60 s"
     text, code = describe_failure(list(sup.failed.values()), tmp_path)
     assert code == 1 and text.splitlines()[0] == (
         "fullgraph: worker rank 3 failed during epoch 4 training step: stopped responding "
-        "(no heartbeat for 100 s); killed by the launcher")
+        "(no heartbeat for 100 s, --timeout 60 s); killed by the launcher (where a worker may "
+        "take longer, a long epoch or checkpoint, raise --timeout)")
     assert "Traceback" not in text
 
 
@@ -706,8 +711,9 @@ def test_supervisor_names_the_peer_a_point_to_point_wait_timed_out_on(tmp_path):
     text, _ = describe_failure(list(sup.failed.values()), tmp_path)
     assert text.splitlines()[0] == (
         "fullgraph: worker rank 2 failed during epoch 4 training step: stopped responding "
-        "(rank 0 timed out in irecv(tag 7) with rank 1 in phase 'halo', and it waited for "
-        "no one); killed by the launcher")
+        "(rank 0 timed out in irecv(tag 7) with rank 1 in phase 'halo' after --timeout 60 s, "
+        "and it waited for no one); killed by the launcher (where a worker may take longer, "
+        "a long epoch or checkpoint, raise --timeout)")
 
 
 def _awaiting_world(comm) -> None:
@@ -788,3 +794,66 @@ def test_launched_workers_end_quietly_when_the_outputs_reader_goes(tmp_path):
     _, err = proc.communicate(timeout=180)
     assert proc.returncode == 141, err
     assert b"error" not in err and b"Traceback" not in err and b"failed" not in err, err
+
+
+WATCHED = textwrap.dedent("""\
+    import json, sys, time
+    from types import SimpleNamespace
+    from fullgraph.worker import WorkerStatus
+
+    class Store:
+        def __init__(self, record):
+            self.record = record
+        def check(self, keys):
+            if self.record is None:
+                raise RuntimeError("Connection reset by peer")  # its host's agent ended
+            return True
+        def get(self, key):
+            return json.dumps(self.record)
+
+    record = json.loads(sys.argv[1])
+    status = WorkerStatus(2, None)
+    status.watch(SimpleNamespace(entered=3, inside=None, awaiting=None))
+    status.set_phase(sys.argv[2])
+    status.share_failures(Store(record), "run", timeout_s=1.0)
+    time.sleep(float(sys.argv[3]))  # a model's own loop, outside any collective
+""")
+
+
+@pytest.mark.parametrize("record, phase, code, said", [
+    (None, "epoch 5 training step", 1, "fullgraph: rank 2 stopped during epoch 5 training "
+     "step: the run's store at 127.0.0.1:1 went away"),
+    (None, "done", 0, ""),
+    ({"rank": 0, "phase": "epoch 5 training step", "error": "CommError: timed out",
+      "user_error": False, "entered": 10, "inside": "all_to_all_v in phase 'halo'"},
+     "epoch 5 training step", 1, "rank 0 failed during epoch 5 training step: CommError: "
+     "timed out (this rank never reached the all_to_all_v in phase 'halo' it waited in: it "
+     "was busy outside any collective)"),
+])
+def test_a_torchrun_worker_stuck_outside_collectives_ends(tmp_path, record, phase, code, said):
+    """Under torchrun with several hosts, a worker in a loop of its own ran forever: the
+    peers that timed out exited at once and their host's agent took the store with them
+    before its watch read their report (it then gave up silently), and a report read
+    did not say which rank held the others up."""
+    script = tmp_path / "watched.py"
+    script.write_text(WATCHED)
+    start = time.monotonic()
+    sleep = "30" if code else "6"  # (done: not ended, though its store went away)
+    done = subprocess.run([sys.executable, str(script), json.dumps(record), phase, sleep],
+                          capture_output=True, text=True, timeout=60,
+                          env=dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT="1"))
+    assert done.returncode == code and said in done.stderr, done.stderr
+    assert time.monotonic() - start < 25
+
+
+def test_the_first_phase_of_an_epoch_is_written_at_once(tmp_path):
+    """A worker killed early in its first epoch was reported "failed during setup": the
+    phases of an epoch waited for the next heartbeat (up to 0.5 s)."""
+    from fullgraph.worker import WorkerStatus
+
+    status = WorkerStatus(0, str(tmp_path))
+    status.set_phase("setup")
+    status.set_phase("epoch 1 start")
+    assert (tmp_path / "status-rank0").read_text() == "epoch 1 start"
+    status.set_phase("epoch 1 training step")  # the next ones: by the heartbeat
+    assert (tmp_path / "status-rank0").read_text() == "epoch 1 start"

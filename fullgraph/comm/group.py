@@ -255,6 +255,7 @@ def init_comm(*, backend: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_
             raise ValueError(f"init_comm: env:// needs {', '.join(missing)} in the environment; "
                              "launch with torchrun or pass init_method=")
         init_method = "env://"
+        check_master(os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"])
     if backend == "nccl":
         torch.cuda.set_device(dev)
     timeout = datetime.timedelta(seconds=timeout_s)
@@ -265,6 +266,25 @@ def init_comm(*, backend: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_
     if backend == "gloo" and (shm or (shm is None and shm_transport.supported())):
         comm.shm = open_shm(comm)  # (NCCL moves GPU tensors itself, over NVLink or PCIe)
     return comm
+
+
+def check_master(addr: str, port: str) -> None:
+    """Refuse a ``MASTER_PORT`` that is no port and a ``MASTER_ADDR`` this host cannot
+    resolve, naming the variable (the process group failed on them after its timeout,
+    with a traceback and a hint that blamed the other ranks).
+
+    Raises:
+        ValueError: naming the variable and its value.
+    """
+    import socket
+
+    if not (port.strip().isdigit() and 0 < int(port) < 65536):
+        raise ValueError(f"MASTER_PORT={port!r} is not a port (an integer 1-65535)")
+    try:
+        socket.getaddrinfo(addr, int(port), type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as err:
+        raise ValueError(f"MASTER_ADDR={addr!r} does not resolve on this host ({err}): give "
+                         "rank 0's host name or address") from None
 
 
 WINDOW_BYTES = 256 << 10

@@ -48,6 +48,7 @@ import dataclasses
 import datetime
 import inspect
 import math
+import os
 import pickle
 import time
 from collections.abc import Iterator, Sequence
@@ -195,9 +196,21 @@ def init_default_group(backend: str, init_method: str, rank: int, world_size: in
                                 world_size=world_size, timeout=timeout)
     except (RuntimeError, TimeoutError, ValueError) as err:
         seconds = time.perf_counter() - start
-        hint = ("not every rank joined within the timeout: a rank that stopped before it "
-                "(a command line that differs between hosts, an error at start-up) says why "
-                "in its own output") if seconds >= 0.9 * timeout.total_seconds() else ""
+        text = str(err)
+        stopped = ("a rank that stopped before it (a command line that differs between "
+                   "hosts, an error at start-up) says why in its own output")
+        where = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
+        if "EADDRINUSE" in text or "address already in use" in text.lower():
+            hint = f"MASTER_PORT is taken on rank 0's host ({where}): give a free port"
+        elif "trying to connect to" in text or "Connection refused" in text:
+            hint = (f"this rank could not connect to rank 0 at {where}: check that rank 0 "
+                    f"runs there and is reachable from this host; {stopped}")
+        elif "likely closed" in text or "Failed to recv" in text:
+            hint = f"rank 0's side closed the connection: {stopped}"
+        elif seconds >= 0.9 * timeout.total_seconds():
+            hint = f"not every rank joined within the timeout: {stopped}"
+        else:
+            hint = ""
         raise CommError(rank, world_size, "comm-init", "init_process_group", err, seconds,
                         timeout, hint=hint) from err
     return dist.group.WORLD

@@ -97,3 +97,36 @@ def test_workers_sharing_a_gpu_default_to_gloo(monkeypatch):
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
     assert group._resolve_backend_device(None, "cuda") == ("nccl", torch.device("cuda", 2))
     assert group._resolve_backend_device("gloo", "cuda:1") == ("gloo", torch.device("cuda", 1))
+
+
+@pytest.mark.parametrize("addr, port, needle", [
+    ("127.0.0.1", "notaport", "MASTER_PORT='notaport' is not a port"),
+    ("127.0.0.1", "70000", "MASTER_PORT='70000' is not a port"),
+    ("127.0.0.1", "0", "MASTER_PORT='0' is not a port"),
+    ("no.such.host.invalid", "29500", "MASTER_ADDR='no.such.host.invalid' does not resolve"),
+])
+def test_a_bad_master_address_or_port_is_named_before_the_group_waits(monkeypatch, addr,
+                                                                       port, needle):
+    """A port that is no number came out as a traceback (exit code 1, a bug), and a host
+    that does not resolve failed after twice the timeout with a hint that blamed the
+    other ranks."""
+    monkeypatch.setenv("MASTER_ADDR", addr)
+    monkeypatch.setenv("MASTER_PORT", port)
+    with pytest.raises(ValueError, match=needle):
+        init_comm(rank=1, world_size=2, timeout_s=5)
+    assert not dist.is_initialized()
+
+
+def test_a_taken_master_port_is_named(monkeypatch):
+    import socket
+
+    from fullgraph.comm import CommError
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+        monkeypatch.setenv("MASTER_PORT", str(taken.getsockname()[1]))
+        with pytest.raises(CommError, match="MASTER_PORT is taken on rank 0's host"):
+            init_comm(rank=0, world_size=2, timeout_s=5)
+    assert not dist.is_initialized()
