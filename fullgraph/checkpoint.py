@@ -22,7 +22,7 @@ worker count and partition are recorded but not checked: they decide where rows 
 computed, not what is computed.
 
 File: ``DIR/checkpoint.pt``, tensors and plain containers only (read with
-``torch.load(weights_only=True)``). It is written to ``DIR/.checkpoint.pt.<pid>.tmp``,
+``torch.load(weights_only=True)``). It is written to ``DIR/.checkpoint.pt.<host>-<pid>.tmp``,
 flushed to disk, then renamed over the previous one: a reader finds the previous
 checkpoint or the new one, never part of one, even when the writer is killed.
 """
@@ -44,7 +44,7 @@ from fullgraph.config import Config
 from fullgraph.errors import ConfigError
 from fullgraph.graph.data import Dataset
 from fullgraph.graph.sparse import row_blocks
-from fullgraph.paths import process_alive, unfinished
+from fullgraph.paths import process_alive, process_space, unfinished
 from fullgraph.report import EpochRecord
 
 FORMAT = "fullgraph-checkpoint"
@@ -192,11 +192,13 @@ def to_cpu(tree: Any) -> Any:
 
 
 def remove_stale_temporaries(path: Path) -> None:
-    """Remove ``.NAME.<pid>.tmp`` beside ``path`` (``write_atomic``'s temporaries) whose
-    writer no longer runs: one killed outright (SIGKILL, the OOM killer) leaves its
-    file, which no clean-up of its own survives."""
-    for stale in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):
-        pid = stale.name[len(path.name) + 2:-len(".tmp")]
+    """Remove ``write_atomic``'s temporaries beside ``path`` whose writer, a process of
+    this host (and pid namespace), no longer runs: one killed outright (SIGKILL, the
+    OOM killer) leaves its file, which no clean-up of its own survives. Another host's
+    (a shared file system) are left alone: their pids mean nothing here."""
+    prefix = f".{path.name}.{process_space()}-"
+    for stale in path.parent.glob(f"{glob.escape(prefix)}*.tmp"):
+        pid = stale.name[len(prefix):-len(".tmp")]
         if pid.isdigit() and int(pid) != os.getpid() and not process_alive(int(pid)):
             stale.unlink(missing_ok=True)
 
@@ -205,7 +207,7 @@ def write_atomic(path: Path, payload: Any) -> None:
     """``torch.save`` to a temporary file beside ``path``, fsync, then rename over it;
     then remove the temporaries of ``path`` that writers killed outright left."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = path.with_name(f".{path.name}.{process_space()}-{os.getpid()}.tmp")
     try:
         with unfinished(tmp):
             with open(tmp, "wb") as f:

@@ -76,14 +76,16 @@ def _save_npy(path: Path, array: Any) -> None:
 
     import numpy as np
 
-    from fullgraph.paths import unfinished
+    from fullgraph.checkpoint import remove_stale_temporaries
+    from fullgraph.paths import process_space, unfinished
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = path.with_name(f".{path.name}.{process_space()}-{os.getpid()}.tmp")
     with unfinished(tmp):
         with open(tmp, "wb") as f:
             np.save(f, array)
         os.replace(tmp, path)
+    remove_stale_temporaries(path)
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:

@@ -306,7 +306,7 @@ def _copy_lines(source: IO[bytes], into: Any) -> None:
             try:
                 into.write(line.decode(errors="replace"))
                 into.flush()
-            except (OSError, ValueError):
+            except Exception:  # noqa: BLE001 - any stream's refusal: drained all the same
                 pass
 
 

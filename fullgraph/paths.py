@@ -82,14 +82,14 @@ def _can_append(path: Path) -> bool:
 
 def sibling_dir(path: Path, tag: str) -> Path:
     """Make and return a new, uniquely named directory beside ``path``
-    (``.NAME.TAG-SPACE-PID-RANDOM``, ``SPACE`` from ``_process_space``), with the mode
+    (``.NAME.TAG-SPACE-PID-RANDOM``, ``SPACE`` from ``process_space``), with the mode
     a plain ``mkdir`` gives (0777 less the umask), not ``tempfile.mkdtemp``'s 0700: it
     becomes ``path`` when renamed into place, which others sharing a dataset root must
     be able to read.
 
     Such directories left by a process of this host (and pid namespace) that no longer
     runs (one killed with SIGKILL, which no clean-up survives) are removed first."""
-    prefix = f".{path.name}.{tag}-{_process_space()}-"
+    prefix = f".{path.name}.{tag}-{process_space()}-"
     _remove_orphans(path.parent, prefix)
     for _ in range(100):
         candidate = path.parent / f"{prefix}{os.getpid()}-{secrets.token_hex(4)}"
@@ -101,7 +101,7 @@ def sibling_dir(path: Path, tag: str) -> Path:
     raise FileExistsError(f"no free temporary name beside {path}")
 
 
-def _process_space() -> str:
+def process_space() -> str:
     """A short token naming where this process's pids mean what they mean: this host's
     name, its boot and its pid namespace (containers that share a host name, or hosts
     that share one on a shared file system, have others)."""

@@ -33,8 +33,9 @@ class EpochRecord:
     sync_s: float = 0.0
     """Making the gradients global after the backward, the barrier before it included."""
     other_s: float = 0.0
-    """What the columns before leave of ``epoch_s``: zeroing gradients, the runtime
-    adapters' hooks in the epoch, bookkeeping."""
+    """What the columns before leave of ``epoch_s``: zeroing gradients, reducing the
+    loss for the report (partial reduce reduces it with the gradients: in ``sync_s``
+    then), the runtime adapters' hooks in the epoch, bookkeeping."""
 
 
 # (header, width, format) of each table column

@@ -171,7 +171,7 @@ class WorkerStatus:
                     self.phase == SAVING_PHASE:
                 continue  # (a file is written whole; a peer's timeout may come of it)
             behind = self.counter is not None and record.get("inside") and \
-                self.counter.entered < record.get("entered", 0)
+                self.counter.inside is None and self.counter.entered < record.get("entered", 0)
             self._end(f"rank {record['rank']} failed during {record['phase']}: "
                       f"{record['error']}" + (
                           f" (this rank never reached the {record['inside']} it waited in: "

@@ -624,6 +624,13 @@ def test_the_adj_t_of_pygs_to_sparse_tensor_is_read_as_its_edges() -> None:
         run = fullgraph.fit(SimpleNamespace(x=data.x, y=data.y, adj_t=adj_t, **masks),
                             epochs=3, hidden=8)
         assert run.losses == given.losses, form
+    zeros = sp.csr_matrix(forms["scipy"])
+    zeros.data[:5] = 0.0  # explicit zeros: no edges (the run is that of the rest)
+    kept = zeros.copy()
+    kept.eliminate_zeros()
+    runs = [fullgraph.fit(SimpleNamespace(x=data.x, y=data.y, adj_t=a, **masks), epochs=2,
+                          hidden=8) for a in (zeros, kept)]
+    assert runs[0].losses == runs[1].losses
     weighted = forms["scipy"] * 2.0
     with pytest.warns(UserWarning, match="adj_t's values \\(edge weights\\) are not read"):
         fullgraph.fit(SimpleNamespace(x=data.x, y=data.y, adj_t=weighted, **masks), epochs=1)

@@ -449,13 +449,17 @@ def test_a_write_removes_the_temporaries_of_writers_killed_outright(tmp_path):
     import subprocess
     import sys
 
+    from fullgraph.paths import process_space
+
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True, check=True)
-    dead = tmp_path / f".m.pt.{int(gone.stdout)}.tmp"  # (that pid is free now, or reused:
-    live = tmp_path / f".m.pt.{os.getppid()}.tmp"  # a run of another process writing)
-    other = tmp_path / f".other.pt.{int(gone.stdout)}.tmp"
-    for f in (dead, live, other):
+    here = process_space()
+    dead = tmp_path / f".m.pt.{here}-{int(gone.stdout)}.tmp"  # (that pid is free now, or
+    live = tmp_path / f".m.pt.{here}-{os.getppid()}.tmp"  # reused: another one writing)
+    other = tmp_path / f".other.pt.{here}-{int(gone.stdout)}.tmp"
+    elsewhere = tmp_path / f".m.pt.0123456789ab-{int(gone.stdout)}.tmp"  # another host's
+    for f in (dead, live, other, elsewhere):
         f.write_bytes(b"part of a model")
     checkpoint.write_atomic(tmp_path / "m.pt", {"x": torch.ones(2)})
-    assert not dead.exists() and live.exists() and other.exists()
+    assert not dead.exists() and live.exists() and other.exists() and elsewhere.exists()
     assert torch.load(tmp_path / "m.pt")["x"].tolist() == [1.0, 1.0]

@@ -165,7 +165,7 @@ def test_a_model_trained_under_a_root_is_evaluated_there_from_anywhere(
     root.rename(tmp_path / "moved")  # gone from there: the error says where it looked
     assert main(["evaluate", "--model", str(model)]) == 2
     err = capsys.readouterr().err
-    assert f"trained on 'tiny' under --root {root}" in err and "with --root" in err
+    assert f"trained on 'tiny' under --root {root}" in err and "(--root, or root= in Python)" in err
     assert main(["evaluate", "--model", str(model), "--root", str(tmp_path / "moved")]) == 0
     root.mkdir()  # the recorded root is there again, without the dataset: the usual root
     monkeypatch.setenv("FULLGRAPH_DATA", str(tmp_path / "moved"))

@@ -725,8 +725,10 @@ def test_check_shows_what_the_models_training_warns_of_once(small_store, capfd):
 
 def test_workers_get_the_directories_the_caller_put_on_its_path(monkeypatch, tmp_path):
     """A model module importing a helper the caller found through ``sys.path.insert``
-    (a notebook's habit) trained at workers=1 and failed at 2: "No module named
-    'helpers'". The interpreter's own directories are not passed on."""
+    or ``append`` (a notebook's habit) trained at workers=1 and failed at 2: "No module
+    named 'helpers'". The interpreter's own directories are not passed on, and an
+    appended directory stays after site-packages (it would shadow installed
+    packages)."""
     import site
 
     from fullgraph.models.custom import for_workers
@@ -738,12 +740,14 @@ def test_workers_get_the_directories_the_caller_put_on_its_path(monkeypatch, tmp
         "from helpers import SCALE\nfrom fullgraph.models import GCN\n\n\n"
         "class Net(GCN):\n    scale = SCALE\n")
     monkeypatch.delenv("PYTHONPATH", raising=False)
-    monkeypatch.syspath_prepend(str(tmp_path / "libs"))
+    sys.path.append(str(tmp_path / "libs"))  # (after site-packages: it stays after them)
     monkeypatch.syspath_prepend(str(tmp_path / "models"))
     from netmod import Net
 
-    paths = for_workers("netmod:Net")["PYTHONPATH"].split(os.pathsep)
-    assert str((tmp_path / "libs").resolve()) in paths
+    env = for_workers("netmod:Net")
+    paths = env["PYTHONPATH"].split(os.pathsep)
+    assert str((tmp_path / "models").resolve()) in paths
+    assert str((tmp_path / "libs").resolve()) in env["FULLGRAPH_PATH_AFTER"].split(os.pathsep)
     assert not set(paths) & {str(Path(p).resolve()) for p in site.getsitepackages()}
     result = fullgraph.fit(small(), model=Net, strategy="data", workers=2, epochs=2, hidden=5)
     assert len(result.losses) == 2
@@ -769,14 +773,26 @@ def test_a_class_of_a_script_run_as_a_module_is_imported_by_that_name(tmp_path):
         "    r = fullgraph.fit(data, model=Net, strategy='data', workers=2, epochs=2, "
         "hidden=5, save_model='net.pt')\n"
         "    print(r.config.model.name, len(r.losses))\n")
-    done = subprocess.run([sys.executable, "-m", "mypkg.train"], cwd=tmp_path, text=True,
-                          capture_output=True, timeout=300)
+    def python(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, *args], cwd=tmp_path, text=True,
+                              capture_output=True, timeout=300)
+
+    done = python("-m", "mypkg.train")
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["mypkg.train:Net", "2"]
-    loaded = subprocess.run([sys.executable, "-c", "import fullgraph; print(type("
-                             "fullgraph.load_model('net.pt').program).__name__)"],
-                            cwd=tmp_path, text=True, capture_output=True, timeout=300)
+    loaded = python("-c", "import fullgraph; print(type(fullgraph.load_model('net.pt')"
+                    ".program).__name__)")
     assert loaded.stdout.strip() == "Net", loaded.stderr
+    # unguarded, each worker imported it and started workers of its own
+    (pkg / "loose.py").write_text(
+        "import fullgraph\nfrom fullgraph.graph.synthetic import sbm\n"
+        "from .layers import Base\n\n\nclass Net(Base):\n    pass\n\n\n"
+        "fullgraph.fit(sbm(67, 3, avg_degree=5.0, num_features=9, seed=11), model=Net, "
+        "strategy='data', workers=2, epochs=1, hidden=5)\n")
+    loose = python("-m", "mypkg.loose")
+    assert loose.returncode != 0 and "fit: called while mypkg.loose was imported for its " \
+        "model class; call fit under `if __name__ == \"__main__\":`" in loose.stderr, \
+        loose.stderr
 
 
 def test_a_model_of_a_notebooks_class_saves_with_a_warning_and_loads_where_it_is_defined(

@@ -47,6 +47,7 @@ from fullgraph.comm.tagged import probe_links
 from fullgraph.parallel import costmodel
 from fullgraph.parallel.adjust import Decision, adjust, preprocess
 from fullgraph.parallel.data import DataParallel, DataPlan, StageClock
+from fullgraph.runlog import fmt_bytes
 
 WINDOW = 3
 """Epochs whose measured unit costs are combined (median) for one adjustment."""
@@ -126,12 +127,7 @@ class OnlineAdjuster(Adapter):
         self.note(event)
 
     def header(self) -> list[str]:
-        if self.budget is None:
-            budget = "no limit"
-        elif 0 < self.budget < 0.1 * 2**20:  # (0.0 MB would hide it)
-            budget = f"{self.budget:.0f} bytes"
-        else:
-            budget = f"{self.budget / 2**20:.1f} MB"
+        budget = "no limit" if self.budget is None else fmt_bytes(self.budget)
         exact = "its choices exact, the partial reduce above not" if self.partial else "exact"
         return [f"adapt    adjust ({exact}): DepCache/DepComm re-chosen after every epoch from "
                 f"measured costs, cache budget {budget}; preprocessing "

@@ -51,8 +51,8 @@ _loading = threading.RLock()  # one import of a model file at a time (a file may
 
 
 def importing_model_file() -> str | None:
-    """The model file being imported now by ``resolve`` in this thread (None: none):
-    ``fullgraph.fit`` refuses to start a run from inside it."""
+    """The model file (or module) being imported now by ``resolve`` in this thread
+    (None: none): ``fullgraph.fit`` refuses to start a run from inside it."""
     return getattr(_importing, "path", None)
 
 
@@ -131,6 +131,7 @@ def resolve(name: str) -> type[GNN]:
     if not is_reference(name):
         raise ConfigError(f"unknown model {name!r}; expected one of {', '.join(MODELS)} "
                           f"or {REFERENCE}")
+    _paths_from_launcher()  # (a worker: its launcher's sys.path, in its order)
     target, _, attr = name.rpartition(":")
     here = getattr(sys.modules.get("__main__"), attr, None) if target == "__main__" else None
     if here is not None and isinstance(here, type) and here.__module__ == "__main__":
@@ -183,28 +184,46 @@ def for_workers(name: str) -> dict[str, str]:
     return _with_paths({"PYTHONPATH": str(where.resolve())})
 
 
+PATH_AFTER_ENV = "FULLGRAPH_PATH_AFTER"
+"""The directories a launcher's ``sys.path`` has after the interpreter's own, which its
+workers append to theirs (``PYTHONPATH`` would put them first)."""
+
+
 def _with_paths(env: dict[str, str]) -> dict[str, str]:
-    """``env`` with ``PYTHONPATH`` extended by the directories this process added to its
-    ``sys.path`` (a notebook's ``sys.path.insert``, a script's own directory): the
-    model's module may import from them, as a spawned ``multiprocessing`` child could.
-    The interpreter's own directories (its prefix, site-packages) are left out: the
-    workers have them already, in their own order."""
+    """``env`` with the directories this process added to its ``sys.path`` (a
+    notebook's ``sys.path.insert`` or ``append``, a script's own directory), in their
+    places: those before the interpreter's own directories (its prefix,
+    site-packages) on ``PYTHONPATH``, those after them in ``PATH_AFTER_ENV``, which
+    ``resolve`` appends to the worker's ``sys.path``. The model's module may import
+    from them, as a spawned ``multiprocessing`` child could."""
     import site
     import sysconfig
 
     ours = {Path(p).resolve() for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
     ours |= {Path(p).resolve() for p in [*site.getsitepackages(), site.getusersitepackages(),
                                           *sysconfig.get_paths().values()]}
-    paths = [env["PYTHONPATH"]] if "PYTHONPATH" in env else []
+    before = [env["PYTHONPATH"]] if "PYTHONPATH" in env else []
+    after: list[str] = []
+    seen_ours = False
     for entry in sys.path:
         where = Path(entry or os.getcwd()).resolve()
-        if where.is_dir() and not any(where == p or p in where.parents for p in ours) \
-                and str(where) not in paths:
-            paths.append(str(where))
+        if any(where == p or p in where.parents for p in ours):
+            seen_ours = True
+        elif where.is_dir() and str(where) not in before + after:
+            (after if seen_ours else before).append(str(where))
     given = os.environ.get("PYTHONPATH")
     if given:
-        paths.append(given)
-    return {"PYTHONPATH": os.pathsep.join(paths)} if paths else {}
+        before.append(given)
+    out = {"PYTHONPATH": os.pathsep.join(before)} if before else {}
+    return out | ({PATH_AFTER_ENV: os.pathsep.join(after)} if after else {})
+
+
+def _paths_from_launcher() -> None:
+    """Append to ``sys.path`` the directories the launching process had after the
+    interpreter's own (``_with_paths``), once."""
+    for entry in os.environ.get(PATH_AFTER_ENV, "").split(os.pathsep):
+        if entry and entry not in sys.path:
+            sys.path.append(entry)
 
 
 def parse_options(text: str) -> dict[str, Any]:
@@ -327,6 +346,9 @@ def _import(module: str, name: str):
     cwd = os.getcwd()
     if cwd not in sys.path and "" not in sys.path:
         sys.path.insert(0, cwd)
+    # (a script run as ``python -m pkg.script`` is imported so: one that trains when
+    # imported must be refused, not start workers of its own)
+    outer, _importing.path = getattr(_importing, "path", None), module
     try:
         return importlib.import_module(module)
     except ModuleNotFoundError as exc:
@@ -337,6 +359,8 @@ def _import(module: str, name: str):
     except Exception as exc:
         raise ConfigError(f"model {name}: importing {module} failed: "
                           f"{type(exc).__name__}: {exc}") from exc
+    finally:
+        _importing.path = outer
 
 
 def _load_file(target: str, name: str):

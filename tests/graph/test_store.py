@@ -226,11 +226,11 @@ def test_a_write_killed_outright_is_cleared_by_the_next(tmp_path: Path) -> None:
     those of this host's processes that are gone, and keeps a running one's."""
     import subprocess
 
-    from fullgraph.paths import _process_space
+    from fullgraph.paths import process_space
 
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
-    here = _process_space()
+    here = process_space()
     dead = tmp_path / f".ds.tmp-{here}-{gone.pid}-0badc0de"
     running = tmp_path / f".ds.tmp-{here}-{os.getpid()}-0badc0de"
     other_host = tmp_path / f".ds.tmp-0123456789ab-{gone.pid}-0badc0de"  # another host's

@@ -96,14 +96,15 @@ def adjacency_edges(adj_t: Any, name: str) -> np.ndarray:
     """The (2, E) edges (row 0 sources) of ``adj_t``, the transposed adjacency PyG's
     ``ToSparseTensor()`` leaves (row: destination, column: source): a
     ``torch_sparse.SparseTensor``, a torch sparse tensor or a scipy sparse matrix. Its
-    values are not read (a warning says so where they are not all 1)."""
+    values are not read (a warning says so where they are not all 1), but an explicitly
+    stored 0 is no edge."""
     values: Any = None
     if sp.issparse(adj_t):
         coo = adj_t.tocoo()
         dst, src, values = np.asarray(coo.row), np.asarray(coo.col), np.asarray(coo.data)
     elif isinstance(adj_t, Tensor) and adj_t.layout in _SPARSE_LAYOUTS and adj_t.dim() == 2:
-        coo = adj_t.to_sparse_coo().coalesce()
-        (dst, src), values = coo.indices().numpy(), _numpy(coo.values())
+        coo = adj_t.detach().cpu().to_sparse_coo()  # (not coalesced: a repeat is no weight)
+        (dst, src), values = coo._indices().numpy(), _numpy(coo._values())
     elif hasattr(adj_t, "coo"):  # torch_sparse.SparseTensor
         row, col, value = adj_t.coo()
         dst, src = row.numpy(), col.numpy()
@@ -112,11 +113,14 @@ def adjacency_edges(adj_t: Any, name: str) -> np.ndarray:
         raise FormatError("adj_t must be a sparse adjacency (a torch_sparse.SparseTensor, "
                           "a torch sparse tensor or a scipy sparse matrix)", source=name,
                           field="adj_t", found=type(adj_t).__name__)
-    if values is not None and values.size and not (values == 1).all():
-        import warnings
+    if values is not None and values.size:
+        stored = values != 0  # an explicit zero is no edge
+        dst, src, values = dst[stored], src[stored], values[stored]
+        if not (values == 1).all():
+            import warnings
 
-        warnings.warn(f"{name}: adj_t's values (edge weights) are not read: the models read "
-                      "the structure only", stacklevel=3)
+            warnings.warn(f"{name}: adj_t's values (edge weights) are not read: the models "
+                          "read the structure only", stacklevel=3)
     return np.stack([src.astype(np.int64), dst.astype(np.int64)])
 
 
