@@ -10,7 +10,10 @@ sum when eps = 0 (``(A + I)(h W) = ((A + I) h) W``), so a layer whose input is w
 than ``hidden`` applies it first and propagates ``hidden`` columns, not the input's
 (``aggregate_first`` overrides the choice). The linear layers are initialised as
 ``torch.nn.Linear`` (PyG's GIN wraps torch's). Batch normalisation uses statistics
-over all vertices (``GlobalBatchNorm``). Decoupled form: MLP, then K sum steps over
+over all vertices (``GlobalBatchNorm``); the first linear's bias, which the norm
+cancels, gets its exact gradient, 0 (autograd's is 0 up to rounding, which Adam would
+turn into steps that differ by strategy and reach the norm's running mean, so the
+saved model would depend on the strategy). Decoupled form: MLP, then K sum steps over
 the graph with self-loops (which is the eps = 0 update without the MLP).
 """
 from __future__ import annotations
@@ -18,11 +21,25 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from fullgraph.graph.sparse import is_sparse
 from fullgraph.models.base import GNN
 from fullgraph.models.layers import Dense, activation, init_bias, linear, own_relu
 from fullgraph.models.norm import GlobalBatchNorm
 from fullgraph.models.stages import Propagate, Stage, StageContext, Transform
 from fullgraph.ops.gemm import add_bias
+from fullgraph.ops.sparse import sparse_linear
+
+
+class _Cancelled(torch.autograd.Function):
+    """The identity, whose gradient is 0: a bias that the batch norm after it cancels."""
+
+    @staticmethod
+    def forward(ctx, bias: Tensor) -> Tensor:
+        return bias.view_as(bias)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> Tensor:
+        return torch.zeros_like(grad)
 
 
 class GINUpdate(Transform):
@@ -59,18 +76,30 @@ class GINUpdate(Transform):
     def forward(self, x: Tensor, ctx: StageContext, layer_input: Tensor | None = None) -> Tensor:
         if self.lin1 is None:
             assert self.bias1 is not None
-            h = add_bias(x, self.bias1)
+            h = add_bias(x, self._before_norm(self.bias1))
         else:
             if self.eps != 0.0:
                 assert layer_input is not None, "GIN's update reads the layer input"
                 x = torch.add(x, layer_input, alpha=self.eps)
-            h = linear(self.lin1, x)
+            if self.norm is None or self.lin1.bias is None:
+                h = linear(self.lin1, x)
+            else:
+                bias = self._before_norm(self.lin1.bias)
+                h = sparse_linear(x, self.lin1.weight, bias) if is_sparse(x) else \
+                    nn.functional.linear(x, self.lin1.weight, bias)
         if self.norm is not None:
             h = self.norm(h, ctx)
         y = self.lin2(own_relu(h))  # h and y are fresh: their ReLU reuses them
         if self.act is None:
             return y
         return own_relu(y) if self.act_name == "relu" else self.act(y)
+
+    def _before_norm(self, bias: Tensor) -> Tensor:
+        """``bias``, whose gradient is exactly 0 where a batch norm follows: the norm
+        takes the batch mean away, so its gradient is 0 but for rounding, which Adam
+        would scale to full steps (a random walk that differs by strategy, carried into
+        the running mean and so into the saved model); weight decay still applies."""
+        return bias if self.norm is None else _Cancelled.apply(bias)
 
     def extra_repr(self) -> str:
         return (f"index={self.index}, {self.in_dim}->{self.out_dim}, eps={self.eps}, "
