@@ -44,7 +44,7 @@ from fullgraph.config import Config
 from fullgraph.errors import ConfigError
 from fullgraph.graph.data import Dataset
 from fullgraph.graph.sparse import row_blocks
-from fullgraph.paths import process_alive, process_space, unfinished
+from fullgraph.paths import process_alive, process_space, unfinished, write_in_place
 from fullgraph.report import EpochRecord
 
 FORMAT = "fullgraph-checkpoint"
@@ -207,6 +207,8 @@ def write_atomic(path: Path, payload: Any) -> None:
     """``torch.save`` to a temporary file beside ``path``, fsync, then rename over it;
     then remove the temporaries of ``path`` that writers killed outright left."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    if write_in_place(path, lambda f: torch.save(payload, f)):  # a pipe or a device
+        return
     tmp = path.with_name(f".{path.name}.{process_space()}-{os.getpid()}.tmp")
     try:
         with unfinished(tmp):

@@ -11,8 +11,6 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from fullgraph.errors import ConfigError
-
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     """Add the ``predict`` and ``evaluate`` subcommands."""
@@ -45,17 +43,16 @@ def _load(args: argparse.Namespace):
 def cmd_predict(args: argparse.Namespace) -> int:
     import torch
 
-    from fullgraph.paths import check_output
+    from fullgraph.paths import check_distinct, check_output
 
-    out = Path(args.out)
+    out = Path(args.out).expanduser()
     emb_path = None if args.embeddings is None else \
-        Path(args.embeddings or out.with_name(out.stem + "-embeddings.npy"))
+        Path(args.embeddings or out.with_name(out.stem + "-embeddings.npy")).expanduser()
     check_output(args.out, "--out")
     if emb_path is not None:
         check_output(emb_path, "--embeddings")
-        if emb_path.expanduser().absolute() == out.expanduser().absolute():
-            raise ConfigError(f"--embeddings {emb_path}: the same file as --out; give "
-                              "another name (or --embeddings alone, for OUT-embeddings.npy)")
+    check_distinct([("--out", out)] + ([("--embeddings", emb_path)] if emb_path else []),
+                   [("--model", args.model)])
     model, dataset = _load(args)
     with torch.no_grad():  # both computed before either is written
         logits = model(dataset.graph, dataset.data.features)
@@ -77,9 +74,11 @@ def _save_npy(path: Path, array: Any) -> None:
     import numpy as np
 
     from fullgraph.checkpoint import remove_stale_temporaries
-    from fullgraph.paths import process_space, unfinished
+    from fullgraph.paths import process_space, unfinished, write_in_place
 
     path.parent.mkdir(parents=True, exist_ok=True)
+    if write_in_place(path, lambda f: np.save(f, array)):  # a pipe or a device
+        return
     tmp = path.with_name(f".{path.name}.{process_space()}-{os.getpid()}.tmp")
     with unfinished(tmp):
         with open(tmp, "wb") as f:

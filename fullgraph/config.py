@@ -534,11 +534,8 @@ def config_from_dict(tree: dict[str, Any], source: str = "config") -> Config:
         if name == "model" and isinstance(values.get("options"), dict):
             from fullgraph.models.custom import format_options  # a file's mapping, as text
 
-            try:
-                values = {**values, "options": format_options(values["options"])}
-            except (TypeError, ValueError) as exc:  # a date, bytes: not JSON values
-                raise ConfigError(f"{source}: model.options: {exc}; give numbers, text, "
-                                  "booleans, lists or mappings") from None
+            values = {**values, "options": format_options(values["options"],
+                                                          f"{source}: model.options")}
         built[name] = _build_section(known[name], values, f"{source}: {name}")
     core = {k: v for k, v in built.items() if k in CORE_SECTIONS}
     return Config(**core, options={k: v for k, v in built.items() if k not in CORE_SECTIONS})

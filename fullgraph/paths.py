@@ -7,14 +7,16 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import io
 import os
 import re
 import secrets
 import shutil
 import socket
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import IO, Any
 
 from fullgraph.errors import ConfigError
 
@@ -51,6 +53,48 @@ def check_output(path: str | Path, option: str, *, directory: bool = False) -> N
         raise ConfigError(f"{option} {path}: {ancestor} is not writable")
     if not directory and p.exists() and not _can_append(p):
         raise ConfigError(f"{option} {path}: the file is not writable")
+
+
+def write_in_place(path: Path, save: Callable[[IO[bytes]], Any]) -> bool:
+    """Where ``path`` is a pipe or a device, write what ``save`` writes into it, whole
+    (it cannot seek), and return True: an atomic writer's temporary renamed over it
+    would replace it by a regular file, and its reader would wait forever. False (and
+    nothing written) for a regular file or none."""
+    if not path.exists() or path.is_file():
+        return False
+    data = io.BytesIO()
+    save(data)
+    with open(path, "wb") as f:
+        f.write(data.getbuffer())
+    return True
+
+
+def check_distinct(outputs: Sequence[tuple[str, str | Path]],
+                   inputs: Sequence[tuple[str, str | Path]] = ()) -> None:
+    """Refuse two outputs, or an output and an input, that name one file (after ``~``,
+    links and ``..``): one would silently replace the other (``predict --out`` over its
+    own ``--model``, ``--save-model`` over the run's checkpoint or metrics).
+
+    Args:
+        outputs: (option, path) of every file the command writes.
+        inputs: (option, path) of the files it reads.
+
+    Raises:
+        ConfigError: naming both options and the path.
+    """
+    def same(a: Path, b: Path) -> bool:
+        if a.exists() and b.exists():
+            return os.path.samefile(a, b)
+        return a.resolve() == b.resolve()
+
+    named = [(flag, Path(path).expanduser()) for flag, path in outputs]
+    read = [(flag, Path(path).expanduser()) for flag, path in inputs]
+    for i, (flag, path) in enumerate(named):
+        for other, other_path in named[:i] + read:
+            if same(path, other_path):
+                what = "reads" if (other, other_path) in read else "writes"
+                raise ConfigError(f"{flag} {path}: the file {other} {what}; give another "
+                                  f"name (it would be replaced)")
 
 
 def _can_create_in(directory: Path) -> bool:

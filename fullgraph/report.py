@@ -70,7 +70,8 @@ class Reporter:
         self.metrics: IO[str] | None = None
         # opened at the first record (the run's header, after its checks): a run refused
         # before it leaves an earlier run's file as it was
-        self._metrics_path = Path(metrics_out) if enabled and metrics_out else None
+        self._metrics_path = Path(metrics_out).expanduser() if enabled and metrics_out \
+            else None
         self.start = time.perf_counter()
         self.first = 1  # the first epoch this process runs
 

@@ -109,7 +109,7 @@ class SavedModel(nn.Module):
         meta["model"] = {**meta["model"], "dtype": str(param.dtype).replace("torch.", "")}
         payload = {**meta, "format": FORMAT, "version": VERSION,
                    "state_dict": to_cpu(self.program.state_dict())}
-        write_atomic(Path(path), payload)
+        write_atomic(Path(path).expanduser(), payload)
 
     def _run(self, graph: Graph | Tensor, features: Tensor, stop: int | None) -> Tensor:
         if not isinstance(features, Tensor):  # numpy and scipy features, as fit takes them
@@ -193,7 +193,7 @@ def load_model(path: str | Path) -> SavedModel:
     Raises:
         ConfigError: the file is missing or not a saved fullgraph model.
     """
-    path = Path(path)
+    path = Path(path).expanduser()
     if path.is_dir():
         raise ConfigError(f"model: {path} is a directory, not a model file")
     if not path.is_file():
@@ -280,6 +280,12 @@ def load_dataset_for(model: SavedModel, dataset: str | None = None,
     require_whole(loaded, "predict / evaluate", "with --dataset (dataset= in Python)")
     if dataset is None:
         _check_trained_on(model, loaded)
+    classes = int(model.meta["model"]["out_dim"])
+    if loaded.data.num_classes > classes:
+        warnings.warn(f"{loaded.name} has {loaded.data.num_classes} classes and the model "
+                      f"predicts {classes}: classes {classes}-{loaded.data.num_classes - 1} "
+                      "are never predicted, and their vertices count as misses",
+                      stacklevel=2)
     return loaded
 
 

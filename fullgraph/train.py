@@ -18,6 +18,7 @@ import time
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -42,7 +43,7 @@ from fullgraph.ops.spmm import auto_choice, describe_backend, set_auto, set_back
 from fullgraph.parallel import build_strategy
 from fullgraph.parallel.base import EpochHook, Plan, Strategy, get_strategy, section_users
 from fullgraph.partition import PartitionBook, shards
-from fullgraph.paths import check_output
+from fullgraph.paths import check_distinct, check_output
 from fullgraph.profile import EpochProfile, Profiler, split_waiting, summary_lines
 from fullgraph.report import EpochRecord, Reporter
 from fullgraph.worker import SAVING_PHASE
@@ -93,8 +94,21 @@ def check_outputs(cfg: Config) -> None:
         path = getattr(cfg.train, key)
         if path:
             check_output(path, flag, directory=directory)
-    from fullgraph.checkpoint import check_not_replaced
+    from fullgraph.checkpoint import check_not_replaced, checkpoint_file
 
+    t = cfg.train
+    outputs = [(flag, getattr(t, key)) for key, flag, directory in OUTPUTS
+               if getattr(t, key) and not directory]
+    if t.checkpoint_dir:
+        outputs.append(("--checkpoint-dir", checkpoint_file(t.checkpoint_dir)))
+    book = cfg.options["partition"].file
+    inputs = [("--partition-file", book)] if book else []
+    if t.resume and t.resume != "auto":  # (resumed and written again: as meant)
+        given = Path(t.resume).expanduser()  # (the file itself, or its directory)
+        read = given if given.is_file() else checkpoint_file(given)
+        if not t.checkpoint_dir or read.resolve() != checkpoint_file(t.checkpoint_dir).resolve():
+            inputs.append(("--resume", read))
+    check_distinct(outputs, inputs)
     check_not_replaced(cfg)
 
 

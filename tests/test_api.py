@@ -634,3 +634,31 @@ def test_the_adj_t_of_pygs_to_sparse_tensor_is_read_as_its_edges() -> None:
     weighted = forms["scipy"] * 2.0
     with pytest.warns(UserWarning, match="adj_t's values \\(edge weights\\) are not read"):
         fullgraph.fit(SimpleNamespace(x=data.x, y=data.y, adj_t=weighted, **masks), epochs=1)
+
+
+def test_outputs_and_inputs_given_with_a_tilde_are_in_the_home_directory(tmp_path,
+                                                                         monkeypatch) -> None:
+    """A path from a config file (``save-model: ~/models/m.pt``) was checked as
+    $HOME/... and written to a directory named ``~`` under the working directory."""
+    home, work = tmp_path / "home", tmp_path / "work"
+    home.mkdir()
+    work.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(work)
+    data = sbm(67, 3, avg_degree=5.0, num_features=9, seed=11)
+    fullgraph.fit(data, epochs=1, metrics_out="~/m.jsonl", save_model="~/m.pt")
+    assert (home / "m.jsonl").is_file() and (home / "m.pt").is_file()
+    assert not (work / "~").exists()
+    assert fullgraph.load_model("~/m.pt").meta["model"]["name"] == "gcn"
+
+
+def test_a_model_on_data_of_more_classes_says_which_it_never_predicts(tmp_path) -> None:
+    few = sbm(67, 3, avg_degree=5.0, num_features=9, seed=11)
+    model = fullgraph.fit(few, epochs=1).model
+    model.save(tmp_path / "m.pt")
+    from fullgraph.graph import store
+
+    store.save_dataset(sbm(67, 5, avg_degree=5.0, num_features=9, seed=11), tmp_path / "more")
+    with pytest.warns(UserWarning, match="has 5 classes and the model predicts 3: classes "
+                      "3-4 are never predicted"):
+        load_dataset_for(fullgraph.load_model(tmp_path / "m.pt"), str(tmp_path / "more"))

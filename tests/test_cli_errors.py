@@ -69,7 +69,7 @@ def test_a_yaml_file_reads_values_as_the_flags_do(tmp_path, capsys):
 
 @pytest.mark.parametrize("name,content,needle", [
     ("date.yaml", "model: gin\nmodel-options:\n  eps: 2020-01-01\n",
-     "date.yaml: model.options: Object of type date is not JSON serializable"),
+     "date.yaml: model.options: the value of 'eps' (of type date) is no option value"),
     ("latin1.yaml", b"dataset: caf\xe9\n", "latin1.yaml: not UTF-8 text"),
     ("zero.yaml", "0\n", "zero.yaml: expected a mapping"),
 ])
@@ -207,7 +207,7 @@ def test_predict_writes_the_file_it_names(root, tmp_path, capsys):
     one_line_error(capsys, "names a directory; give a file name")
     assert main(["predict", "--model", str(model), "--out", str(out), "--embeddings",
                  str(out)]) == 2
-    one_line_error(capsys, "the same file as --out")
+    one_line_error(capsys, "the file --out writes")
     assert np.load(out).shape == (2708,)  # the predictions are still there
     # a model without a hidden layer has no embeddings: refused before anything is written
     one = tmp_path / "one.pt"
@@ -610,3 +610,49 @@ def test_checks_reference_run_does_not_warn_of_the_checked_strategys_options(tmp
         w.simplefilter("error")
         build_strategy(reference)
     assert reference.model.hidden == 8 and reference.options["tensor_parallel"].spill_dir is None
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["train", "--save-model", "{d}/r.out", "--metrics-out", "{d}/r.out"],
+     "--metrics-out {d}/r.out: the file --save-model writes"),
+    (["train", "--checkpoint-dir", "{d}/ck", "--save-model", "{d}/ck/checkpoint.pt"],
+     "--checkpoint-dir {d}/ck/checkpoint.pt: the file --save-model writes"),
+    (["train", "--save-model", "~/book.npz", "--partition-file", "{d}/book.npz"],
+     "the file --partition-file reads"),  # (~ is {d} here)
+    (["predict", "--model", "{d}/m.pt", "--out", "{d}/m.pt"],
+     "--out {d}/m.pt: the file --model reads"),
+    (["predict", "--model", "{d}/m.pt", "--out", "{d}/p.npy", "--embeddings", "{d}/p.npy"],
+     "--embeddings {d}/p.npy: the file --out writes"),
+])
+def test_an_output_over_an_input_or_another_output_is_refused(root, tmp_path, capsys, argv,
+                                                              needle, monkeypatch):
+    """They were written over each other without a word: predict replaced its own model
+    with the predictions, --save-model the run's checkpoint or its metrics."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "m.pt").write_bytes(b"a model")
+    (tmp_path / "book.npz").write_bytes(b"a partition")
+    argv = [a.format(d=tmp_path) for a in argv]
+    assert main(argv + (["--epochs", "1"] if argv[0] == "train" else [])) == 2
+    err = capsys.readouterr().err
+    assert needle.format(d=tmp_path) in err and err.count("\n") == 1, err
+    assert (tmp_path / "m.pt").read_bytes() == b"a model"
+
+
+def test_predictions_into_a_pipe_go_through_it(root, tmp_path, capsys):
+    """The pipe was replaced by a regular file (a temporary renamed over it), and its
+    reader waited forever."""
+    import threading
+
+    import numpy as np
+
+    assert main(["train", "--epochs", "1", "--save-model", str(tmp_path / "m.pt"),
+                 "--progress", "off", "-q"]) == 0
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    got: list = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()), daemon=True)
+    reader.start()
+    assert main(["predict", "--model", str(tmp_path / "m.pt"), "--out", str(fifo)]) == 0
+    reader.join(30)
+    assert got and np.load(__import__("io").BytesIO(got[0])).shape == (2708,)
+    assert not fifo.is_file()

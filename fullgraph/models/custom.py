@@ -271,18 +271,18 @@ def parse_options(text: str) -> dict[str, Any]:
     return out
 
 
-def format_options(options: dict[str, Any]) -> str:
+def format_options(options: dict[str, Any], where: str = "model_options") -> str:
     """``options`` in the form ``parse_options`` reads back (values as JSON).
 
     Raises:
-        ConfigError: a value JSON cannot write (naming its key).
+        ConfigError: a value JSON cannot write (naming ``where`` and its key).
     """
     out = []
     for key, value in options.items():
         try:
             out.append(f"{key}={json.dumps(value)}")
         except (TypeError, ValueError):
-            raise ConfigError(f"model_options: the value of {key!r} (of type "
+            raise ConfigError(f"{where}: the value of {key!r} (of type "
                               f"{type(value).__name__}) is no option value; expected a "
                               "number, text, bool, None, or a list or mapping of those") \
                 from None

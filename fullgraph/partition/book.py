@@ -186,7 +186,7 @@ class PartitionBook:
         The data go to a temporary sibling that is fsynced and then renamed over
         ``path``; the parent directory is created if needed.
         """
-        path = Path(path)
+        path = Path(path).expanduser()
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp_name = sibling_file(path, "tmp")  # 0666 less the umask, as open() gives
         try:
@@ -217,7 +217,7 @@ class PartitionBook:
                 version, truncated, inconsistent, or fails its checksum.
             ValidationError: the book covers another number of vertices than ``num_nodes``.
         """
-        path = Path(path)
+        path = Path(path).expanduser()
         fields = _read_fields(path)
         num_parts, part_of = _checked_fields(path, fields)
         if num_nodes is not None and part_of.shape[0] != num_nodes:

@@ -148,7 +148,7 @@ def write_shards(dataset: Dataset, book: PartitionBook, out: Path | str, hops: i
     if book.num_nodes != dataset.graph.num_nodes:
         raise ConfigError(f"partition --shards: the partition has {book.num_nodes} vertices, "
                           f"the graph {dataset.graph.num_nodes}")
-    out = Path(out)
+    out = Path(out).expanduser()
     check_target(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     # the layout `--sparse-features auto` picks for the whole dataset, for every part
