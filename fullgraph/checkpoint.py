@@ -42,6 +42,7 @@ from torch import Tensor
 
 from fullgraph.config import Config
 from fullgraph.errors import ConfigError
+from fullgraph.graph.csr import Graph
 from fullgraph.graph.data import Dataset
 from fullgraph.graph.sparse import row_blocks
 from fullgraph.paths import process_alive, process_space, unfinished, write_in_place
@@ -79,6 +80,12 @@ def digest(*tensors: Tensor) -> str:
     return h.hexdigest()
 
 
+def topology_digest(graph: Graph) -> str:
+    """``digest`` of a graph's edges (its CSR), as a checkpoint and a partition book
+    record the graph they belong to."""
+    return digest(graph.indptr, graph.indices)
+
+
 def feature_digest(x: Tensor) -> str:
     """``digest(x)`` of the dense matrix, read in row blocks: the same for features held
     dense or as CSR (a checkpoint belongs to the model, not to the layout)."""
@@ -107,7 +114,7 @@ def dataset_fingerprint(dataset: Dataset) -> dict[str, Any]:
         return out
     g, d = dataset.graph, dataset.data
     return {"vertices": g.num_nodes, "edges": g.num_edges, "features": d.num_features,
-            "classes": d.num_classes, "topology": digest(g.indptr, g.indices),
+            "classes": d.num_classes, "topology": topology_digest(g),
             "feature values": feature_digest(d.features), "labels": digest(d.labels),
             "masks": digest(d.train_mask, d.val_mask, d.test_mask)}
 

@@ -857,6 +857,9 @@ def cmd_partition(args: argparse.Namespace) -> int:
     print(f"{args.partitioner} partition of {dataset.name} into {args.parts} parts in "
           f"{time.perf_counter() - t0:.2f} s")
     if args.out:
+        from fullgraph.checkpoint import topology_digest
+
+        book.made_for = topology_digest(dataset.graph)  # train refuses it for another graph
         book.save(args.out)
         print(f"wrote {args.out}")
     if args.shards:

@@ -377,6 +377,12 @@ def check_before_launch(cfg: Config, dataset: Dataset, workers: int) -> None:
     opts = cfg.options["partition"]
     if opts.file:
         book = PartitionBook.load(opts.file, num_nodes=dataset.graph.num_nodes)
+        from fullgraph.checkpoint import topology_digest
+
+        if book.made_for and book.made_for != topology_digest(dataset.graph):
+            raise ConfigError(f"partition.file: {opts.file} was made for another graph of "
+                              f"{dataset.graph.num_nodes} vertices (its edges differ): "
+                              "partition this one again")
         if book.num_parts != workers:
             raise ConfigError(f"partition.file: {opts.file} has {book.num_parts} parts but "
                               f"there are {workers} workers")

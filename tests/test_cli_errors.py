@@ -656,3 +656,23 @@ def test_predictions_into_a_pipe_go_through_it(root, tmp_path, capsys):
     reader.join(30)
     assert got and np.load(__import__("io").BytesIO(got[0])).shape == (2708,)
     assert not fifo.is_file()
+
+
+def test_a_partition_book_of_another_graph_of_the_same_size_is_refused(root, tmp_path,
+                                                                        capsys):
+    """Only the vertex count was checked: a book made for another graph of as many
+    vertices partitioned this one as it never meant to, without a word."""
+    from fullgraph.graph import store
+    from fullgraph.graph.synthetic import sbm
+
+    for name, seed in (("one", 1), ("other", 2)):
+        store.save_dataset(sbm(90, 3, avg_degree=4.0, num_features=6, seed=seed),
+                           tmp_path / name)
+    book = tmp_path / "book.npz"
+    assert main(["partition", "--dataset", str(tmp_path / "one"), "--parts", "2", "--out",
+                 str(book)]) == 0
+    capsys.readouterr()
+    train = ["train", "--strategy", "data", "--workers", "2", "--epochs", "1",
+             "--partition-file", str(book), "--dataset"]
+    assert main(train + [str(tmp_path / "other")]) == 2
+    one_line_error(capsys, "was made for another graph of 90 vertices (its edges differ)")

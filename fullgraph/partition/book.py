@@ -13,11 +13,13 @@ partitioner produced one, because it usually means ``num_parts`` is too large fo
 the graph. The book itself never warns: it is a data structure.
 
 On disk a book is one ``.npz`` (no pickles) holding ``format``, ``format_version``,
-``num_parts``, ``num_nodes``, ``part_of`` and a SHA-256 ``checksum`` of
-(``num_parts``, ``part_of``). ``save`` writes to a temporary sibling and renames it
-into place, so a reader never sees half a file; ``load`` refuses a foreign, stale,
-truncated or modified file with a ``CacheError`` and a book for another vertex count
-with a ``ValidationError``, both naming the file and the field.
+``num_parts``, ``num_nodes``, ``part_of``, a SHA-256 ``checksum`` of
+(``num_parts``, ``part_of``) and ``made_for``, a digest of the graph it was made for
+(empty where its maker gave none; books written before it have no such field).
+``save`` writes to a temporary sibling and renames it into place, so a reader never
+sees half a file; ``load`` refuses a foreign, stale, truncated or modified file with a
+``CacheError`` and a book for another vertex count with a ``ValidationError``, both
+naming the file and the field.
 
 The public attributes are int64 torch tensors (executors index with them); they
 share memory with the numpy arrays the methods use and must be treated as read-only.
@@ -78,6 +80,9 @@ class PartitionBook:
         self._perm = _stable_argsort(part_of, self.num_parts)
         self._lid: np.ndarray | None = None
         self._checksum: str | None = None
+        self.made_for: str = ""
+        """A digest of the graph the book was made for, where its maker gave one (the
+        ``fullgraph partition`` command does; a caller with the graph compares it)."""
         self.part_of = torch.from_numpy(self._part_of)
         self.perm = torch.from_numpy(self._perm)
         self.offsets = torch.from_numpy(self._offsets)
@@ -195,7 +200,7 @@ class PartitionBook:
                          format_version=np.int64(FORMAT_VERSION),
                          num_parts=np.int64(self.num_parts), num_nodes=np.int64(self.num_nodes),
                          part_of=self._part_of,
-                         checksum=np.array(self.checksum))
+                         checksum=np.array(self.checksum), made_for=np.array(self.made_for))
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp_name, path)
@@ -227,6 +232,7 @@ class PartitionBook:
                                   hint="partition this graph again")
         book = cls(part_of, num_parts)
         book._checksum = str(fields["checksum"].item())  # verified by _checked_fields
+        book.made_for = str(fields["made_for"].item()) if "made_for" in fields else ""
         return book
 
 
@@ -265,7 +271,7 @@ def _read_fields(path: Path) -> dict[str, np.ndarray]:
             if missing:
                 raise CacheError("not a partition book: field missing", source=path,
                                  field=missing[0], hint=_REBUILD_HINT)
-            return {name: npz[name] for name in _FIELDS}
+            return {name: npz[name] for name in (*_FIELDS, "made_for") if name in npz.files}
     except CacheError:
         raise
     except (OSError, ValueError, EOFError, zipfile.BadZipFile, KeyError) as exc:
