@@ -1,5 +1,6 @@
-"""The worker's status file: phases outside an epoch are written at once, the phases of
-an epoch by the heartbeat (not on the training loop's path)."""
+"""The worker's status file: phases outside an epoch (and the first of an epoch after
+them) are written at once, the other phases of an epoch by the heartbeat (not on the
+training loop's path)."""
 from __future__ import annotations
 
 import json
@@ -17,9 +18,9 @@ def test_epoch_phases_reach_the_status_file_with_the_heartbeat(tmp_path, monkeyp
     path = tmp_path / "status-rank3"
     status.set_phase("setup")
     assert path.read_text() == "setup"
-    status.set_phase("epoch 1 training step")
+    status.set_phase("epoch 1 training step")  # the first after another: at once
     status.set_phase("epoch 1 evaluation")
-    assert path.read_text() == "setup" and status.phase == "epoch 1 evaluation"
+    assert path.read_text() == "epoch 1 training step" and status.phase == "epoch 1 evaluation"
     status._write_status()  # what the heartbeat thread does every HEARTBEAT_S
     assert path.read_text() == "epoch 1 evaluation"
     status.set_phase("done")
