@@ -26,11 +26,18 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                        "or the user cache)")
         if name == "predict":
             p.add_argument("--out", required=True, metavar="FILE",
-                           help="where to write the (N,) int64 predictions (.npy)")
+                           help="where to write the (N,) int64 class predictions; the "
+                                "format follows the name: .csv (vertex,class rows with a "
+                                "header), .txt (one per line), .pt (a torch tensor), else "
+                                ".npy")
+            p.add_argument("--scores", metavar="FILE",
+                           help="also write the (N, classes) float32 class scores (logits; "
+                                "a softmax of a row gives its probabilities), formatted "
+                                "as --out")
             p.add_argument("--embeddings", nargs="?", const="", metavar="FILE",
                            help="also write the last hidden layer's (N, hidden) rows (hidden x "
-                                "heads for GAT) (.npy) "
-                           "to FILE (default: OUT with -embeddings before .npy)")
+                                "heads for GAT), formatted as --out, to FILE (default: OUT "
+                                "with -embeddings before its suffix)")
 
 
 def _load(args: argparse.Namespace):
@@ -46,29 +53,39 @@ def cmd_predict(args: argparse.Namespace) -> int:
     from fullgraph.paths import check_distinct, check_output
 
     out = Path(args.out).expanduser()
-    emb_path = None if args.embeddings is None else \
-        Path(args.embeddings or out.with_name(out.stem + "-embeddings.npy")).expanduser()
-    check_output(args.out, "--out")
-    if emb_path is not None:
-        check_output(emb_path, "--embeddings")
-    check_distinct([("--out", out)] + ([("--embeddings", emb_path)] if emb_path else []),
-                   [("--model", args.model)])
+    emb_path = None if args.embeddings is None else Path(
+        args.embeddings or out.with_name(f"{out.stem}-embeddings{out.suffix or '.npy'}")
+    ).expanduser()
+    scores_path = None if args.scores is None else Path(args.scores).expanduser()
+    outputs: list[tuple[str, Path]] = [
+        (flag, path) for flag, path in (("--out", out), ("--scores", scores_path),
+                                        ("--embeddings", emb_path)) if path is not None]
+    for flag, given in (("--out", args.out), ("--scores", args.scores),
+                        ("--embeddings", args.embeddings or emb_path)):
+        if given:  # (as given: a trailing / names a directory)
+            check_output(given, flag)
+    check_distinct(outputs, [("--model", args.model)])
     model, dataset = _load(args)
-    with torch.no_grad():  # both computed before either is written
+    with torch.no_grad():  # all computed before any is written
         logits = model(dataset.graph, dataset.data.features)
         emb = None if emb_path is None else model.embed(dataset.graph, dataset.data.features)
-    _save_npy(out, logits.argmax(dim=1).numpy())
+    _save_rows(out, logits.argmax(dim=1).numpy(), "class")
     print(f"wrote {out}: {logits.shape[0]} class predictions on {dataset.name}")
+    if scores_path is not None:
+        _save_rows(scores_path, logits.float().numpy(), "class")
+        print(f"wrote {scores_path}: {logits.shape[0]} x {logits.shape[1]} class scores")
     if emb_path is not None and emb is not None:
-        _save_npy(emb_path, emb.float().numpy())
+        _save_rows(emb_path, emb.float().numpy(), "dim")
         print(f"wrote {emb_path}: {emb.shape[0]} x {emb.shape[1]} embeddings")
     return 0
 
 
-def _save_npy(path: Path, array: Any) -> None:
-    """``array`` as an .npy file at exactly ``path`` (``np.save`` given a name adds
-    ``.npy`` to one without it), its parent directories made; written beside it first
-    and renamed over it, so a stopped run never leaves half a file."""
+def _save_rows(path: Path, array: Any, column: str) -> None:
+    """``array`` (one row per vertex) at exactly ``path`` in the format its suffix names
+    (``.csv``: a header ``vertex,COLUMN`` or ``vertex,COLUMN_0,...`` and one row per
+    vertex; ``.txt``: one row per line, spaces between values; ``.pt``: a torch tensor;
+    else ``.npy``, at the name as given), its parent directories made; written beside
+    it first and renamed over it, so a stopped run never leaves half a file."""
     import os
 
     import numpy as np
@@ -76,13 +93,34 @@ def _save_npy(path: Path, array: Any) -> None:
     from fullgraph.checkpoint import remove_stale_temporaries
     from fullgraph.paths import process_space, unfinished, write_in_place
 
+    suffix = path.suffix.lower()
+    fmt = "%d" if array.dtype.kind in "iu" else "%.7g"
+
+    def save(f: Any) -> None:
+        if suffix == ".csv":
+            n = array.shape[0]
+            values = array.reshape(n, -1)
+            names = [column] if array.ndim == 1 else \
+                [f"{column}_{j}" for j in range(values.shape[1])]
+            np.savetxt(f, np.column_stack([np.arange(n), values]),
+                       fmt=["%d"] + [fmt] * values.shape[1], delimiter=",",
+                       header=",".join(["vertex", *names]), comments="")
+        elif suffix == ".txt":
+            np.savetxt(f, array, fmt=fmt)
+        elif suffix == ".pt":
+            import torch
+
+            torch.save(torch.from_numpy(np.ascontiguousarray(array)), f)
+        else:
+            np.save(f, array)
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    if write_in_place(path, lambda f: np.save(f, array)):  # a pipe or a device
+    if write_in_place(path, save):  # a pipe or a device
         return
     tmp = path.with_name(f".{path.name}.{process_space()}-{os.getpid()}.tmp")
     with unfinished(tmp):
         with open(tmp, "wb") as f:
-            np.save(f, array)
+            save(f)
         os.replace(tmp, path)
     remove_stale_temporaries(path)
 

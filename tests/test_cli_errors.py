@@ -196,11 +196,11 @@ def test_predict_writes_the_file_it_names(root, tmp_path, capsys):
     model = tmp_path / "m.pt"
     assert main(["train", "--epochs", "2", "--progress", "off", "--save-model", str(model)]) == 0
     capsys.readouterr()
-    out = tmp_path / "preds.txt"
+    out = tmp_path / "preds.out"
     assert main(["predict", "--model", str(model), "--out", str(out), "--embeddings"]) == 0
     assert f"wrote {out}:" in capsys.readouterr().out
-    assert np.load(out).shape == (2708,) and not (tmp_path / "preds.txt.npy").exists()
-    assert np.load(tmp_path / "preds-embeddings.npy").shape == (2708, 16)
+    assert np.load(out).shape == (2708,) and not (tmp_path / "preds.out.npy").exists()
+    assert np.load(tmp_path / "preds-embeddings.out").shape == (2708, 16)
     assert main(["predict", "--model", str(model), "--out", str(tmp_path)]) == 2
     one_line_error(capsys, "is a directory; give a file name")
     assert main(["predict", "--model", str(model), "--out", f"{tmp_path}/new/"]) == 2
@@ -676,3 +676,30 @@ def test_a_partition_book_of_another_graph_of_the_same_size_is_refused(root, tmp
              "--partition-file", str(book), "--dataset"]
     assert main(train + [str(tmp_path / "other")]) == 2
     one_line_error(capsys, "was made for another graph of 90 vertices (its edges differ)")
+
+
+def test_predict_writes_the_format_its_file_names_and_the_class_scores(root, tmp_path,
+                                                                      capsys):
+    """.csv and .pt files were .npy bytes, and the class scores could not be had."""
+    import torch
+
+    model = tmp_path / "m.pt"
+    assert main(["train", "--epochs", "2", "--progress", "off", "--save-model", str(model),
+                 "-q"]) == 0
+    assert main(["predict", "--model", str(model), "--out", str(tmp_path / "p.npy"),
+                 "--scores", str(tmp_path / "s.npy")]) == 0
+    pred, scores = np.load(tmp_path / "p.npy"), np.load(tmp_path / "s.npy")
+    assert scores.shape == (2708, 7) and (scores.argmax(1) == pred).all()
+    assert main(["predict", "--model", str(model), "--out", str(tmp_path / "p.csv"),
+                 "--scores", str(tmp_path / "s.csv"), "--embeddings"]) == 0
+    lines = (tmp_path / "p.csv").read_text().splitlines()
+    assert lines[0] == "vertex,class" and lines[1:] == [f"{i},{c}" for i, c in enumerate(pred)]
+    table = np.loadtxt(tmp_path / "s.csv", delimiter=",", skiprows=1)
+    assert (tmp_path / "s.csv").read_text().startswith("vertex,class_0,class_1,")
+    np.testing.assert_allclose(table[:, 1:], scores, rtol=1e-6, atol=1e-7)
+    assert np.loadtxt(tmp_path / "p-embeddings.csv", delimiter=",", skiprows=1).shape == \
+        (2708, 17)
+    assert main(["predict", "--model", str(model), "--out", str(tmp_path / "p.txt"),
+                 "--scores", str(tmp_path / "s.pt")]) == 0
+    assert (np.loadtxt(tmp_path / "p.txt", dtype=np.int64) == pred).all()
+    assert torch.equal(torch.load(tmp_path / "s.pt"), torch.from_numpy(scores))
