@@ -280,12 +280,18 @@ def load_dataset_for(model: SavedModel, dataset: str | None = None,
     require_whole(loaded, "predict / evaluate", "with --dataset (dataset= in Python)")
     if dataset is None:
         _check_trained_on(model, loaded)
+    width = int(model.meta["model"]["in_dim"])
+    if loaded.data.num_features != width:
+        raise ConfigError(f"model: it takes {width} feature columns and dataset "
+                          f"{(dataset or loaded.name)!r} has {loaded.data.num_features}: give "
+                          "a dataset "
+                          "with the features it was trained on")
     classes = int(model.meta["model"]["out_dim"])
     if loaded.data.num_classes > classes:
-        warnings.warn(f"{loaded.name} has {loaded.data.num_classes} classes and the model "
-                      f"predicts {classes}: classes {classes}-{loaded.data.num_classes - 1} "
-                      "are never predicted, and their vertices count as misses",
-                      stacklevel=2)
+        warnings.warn(f"{dataset or loaded.name} has {loaded.data.num_classes} classes and "
+                      f"the model predicts {classes}: classes {classes}-"
+                      f"{loaded.data.num_classes - 1} are never predicted, and their "
+                      "vertices count as misses", stacklevel=2)
     return loaded
 
 

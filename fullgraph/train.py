@@ -410,7 +410,9 @@ def check_shard_hops(cfg: Config, dataset: Dataset, model: GNN) -> None:
     try:
         check(model, dataset, what)
     except ValueError as exc:
-        raise ConfigError(str(exc)) from None
+        needed = model.signature().count("P")  # each propagation reaches one hop further
+        raise ConfigError(f"{exc} (this model propagates {needed} times: --shard-hops "
+                          f"{needed} holds every row a replicating plan reads)") from None
 
 
 def step_seed(seed: int, epoch: int) -> int:

@@ -662,3 +662,13 @@ def test_a_model_on_data_of_more_classes_says_which_it_never_predicts(tmp_path) 
     with pytest.warns(UserWarning, match="has 5 classes and the model predicts 3: classes "
                       "3-4 are never predicted"):
         load_dataset_for(fullgraph.load_model(tmp_path / "m.pt"), str(tmp_path / "more"))
+
+
+def test_a_model_on_data_of_other_features_is_refused_naming_the_dataset(tmp_path) -> None:
+    from fullgraph.graph import store
+
+    model = fullgraph.fit(sbm(67, 3, avg_degree=5.0, num_features=9, seed=11), epochs=1).model
+    store.save_dataset(sbm(67, 3, avg_degree=5.0, num_features=4, seed=11), tmp_path / "narrow")
+    with pytest.raises(ConfigError, match="it takes 9 feature columns and dataset '.*narrow' has "
+                       "4: give a dataset with the features it was trained on"):
+        load_dataset_for(model, str(tmp_path / "narrow"))

@@ -144,7 +144,7 @@ def format_report(q: PartitionQuality) -> str:
     for i in range(q.num_parts):
         lines.append(f"{i:>7}  {q.vertices[i]:>12,}  {q.edges[i]:>14,}  {q.remote[i]:>12,}")
     lines.append("-" * len(header))
-    ratios = [f"{q.ratio(name):.3f}" for name in PER_PART]
+    ratios = [f"{r:.3f}" if math.isfinite(r) else "(min 0)" for r in map(q.ratio, PER_PART)]
     lines.append(f"{'max/min':>7}  {ratios[0]:>12}  {ratios[1]:>14}  {ratios[2]:>12}")
     lines.append(f"{'total':>7}  {sum(q.vertices):>12,}  {sum(q.edges):>14,}  "
                  f"{sum(q.remote):>12,}")

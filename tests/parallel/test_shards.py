@@ -175,7 +175,8 @@ def test_too_few_hops_are_refused_before_training(tmp_path, flags):
     part = load_part(tmp_path / "shards", 0)
     cfg = config_from_args(build_parser().parse_args(
         ["train", "--strategy", "data", "--workers", "2", *flags]))
-    with pytest.raises(ConfigError, match="written with 1 hops"):
+    with pytest.raises(ConfigError, match=r"written with 1 hops.*\(this model propagates 2 "
+                       r"times: --shard-hops 2 holds every row a replicating plan reads\)"):
         check_shard_hops(cfg, part, build(part, cfg))
     cfg = config_from_args(build_parser().parse_args(["train", "--strategy", "data"]))
     check_shard_hops(cfg, part, build(part, cfg))  # DepComm needs no replicas

@@ -84,3 +84,16 @@ def test_format_report_lists_every_part_and_totals() -> None:
     assert f"{q.ratio('edges'):.3f}" in next(x for x in lines if x.strip().startswith("max/min"))
     assert f"edge cut {q.edge_cut:,}" in report
     assert f"replication factor {q.replication_factor:.3f}" in report
+
+
+def test_a_ratio_over_a_part_of_none_is_not_printed_as_inf() -> None:
+    """A part without remote vertices (a component of its own) made max/min "inf"."""
+    from fullgraph.graph.csr import Graph
+
+    src, dst = np.array([0, 1, 2, 3]), np.array([1, 0, 3, 2])  # two components
+    graph = Graph.from_edges(src, dst, 4)
+    book = PartitionBook.from_assignment(np.array([0, 0, 1, 2]), 3)  # part 0: 0 and 1
+    q = quality(graph, book)
+    assert q.remote[0] == 0 and q.ratio("remote") == float("inf")
+    row = next(x for x in format_report(q).splitlines() if x.strip().startswith("max/min"))
+    assert "inf" not in row and row.split()[-2:] == ["(min", "0)"]
