@@ -868,10 +868,12 @@ def cmd_partition(args: argparse.Namespace) -> int:
 
         t0 = time.perf_counter()
         seed = args.split_seed if datasets.split_at_load(dataset.name) else None
+        replacing = _replacing(args.shards)
         sizes = write_shards(dataset, book, args.shards, args.shard_hops,
                              dataset_fingerprint(dataset), args.partitioner, seed)
         each = ", ".join(f"{s['vertices']}/{s['rows']}/{s['edges']}" for s in sizes)
-        print(f"wrote {len(sizes)} shards with {args.shard_hops} hops to {args.shards} in "
+        print(f"wrote {len(sizes)} shards with {args.shard_hops} hops to {args.shards}"
+              f"{replacing} in "
               f"{time.perf_counter() - t0:.2f} s (own vertices/feature rows/edges per part: "
               f"{each}; whole graph {dataset.graph.num_nodes} vertices, "
               f"{dataset.graph.num_edges} edges)")
@@ -905,11 +907,15 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
 
 def _replacing(path: Any) -> str:
-    """`` (replacing the dataset that was there)`` where ``path`` holds one, else ''."""
+    """`` (replacing the dataset that was there)`` where ``path`` holds one (or a shard
+    set: ``... the shard set ...``), else ''."""
     from fullgraph.graph import store
 
-    return " (replacing the dataset that was there)" \
-        if (Path(path) / store.META_FILE).is_file() else ""
+    where = Path(path).expanduser()
+    if (where / store.SHARDS_FILE).is_file():
+        return " (replacing the shard set that was there)"
+    return " (replacing the dataset that was there)" if (where / store.META_FILE).is_file() \
+        else ""
 
 
 def cmd_report(args: argparse.Namespace) -> int:

@@ -703,3 +703,12 @@ def test_predict_writes_the_format_its_file_names_and_the_class_scores(root, tmp
                  "--scores", str(tmp_path / "s.pt")]) == 0
     assert (np.loadtxt(tmp_path / "p.txt", dtype=np.int64) == pred).all()
     assert torch.equal(torch.load(tmp_path / "s.pt"), torch.from_numpy(scores))
+
+
+def test_shards_written_over_a_shard_set_say_they_replace_it(root, tmp_path, capsys):
+    shards = tmp_path / "shards"
+    for parts in ("3", "2"):
+        assert main(["partition", "--parts", parts, "--partitioner", "chunk", "--shards",
+                     str(shards)]) == 0
+        said = capsys.readouterr().out
+        assert ("(replacing the shard set that was there)" in said) == (parts == "2"), said
