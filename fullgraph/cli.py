@@ -708,6 +708,9 @@ def cmd_datasets(args: argparse.Namespace) -> int:
     root = DataConfig(root=args.root).resolved_root()
     if args.name:
         ds = datasets.load(args.name, root)
+        if ds.shard is not None:  # (the counts below are the whole dataset's)
+            print(f"{'shards':>10}: {ds.shard.parts} per-part shards with {ds.shard.hops} "
+                  "hops, each worker loads its own; written from the dataset below")
         for key, value in ds.summary().items():
             print(f"{key:>10}: {value}")
         for key, value in ds.info.items():

@@ -712,3 +712,5 @@ def test_shards_written_over_a_shard_set_say_they_replace_it(root, tmp_path, cap
                      str(shards)]) == 0
         said = capsys.readouterr().out
         assert ("(replacing the shard set that was there)" in said) == (parts == "2"), said
+    assert main(["datasets", str(shards)]) == 0  # described as the shards they are
+    assert capsys.readouterr().out.startswith("    shards: 2 per-part shards with 0 hops")
