@@ -262,6 +262,7 @@ def _mebibytes(value: float) -> str:
 def header_lines(log: RunLog) -> list[str]:
     """The run header: dataset, model, run (strategy, workers, device, training options)."""
     ds, cfg = log.run.get("dataset", {}), log.run.get("config", {})
+    restored = len(log.epochs) - len(log.ran)
     model, train = cfg.get("model", {}), cfg.get("train", {})
     return [
         f"dataset {ds.get('name', '?')}: {ds.get('vertices', '?')} vertices, "
@@ -273,7 +274,9 @@ def header_lines(log: RunLog) -> list[str]:
         f"{log.run.get('program', '?')}",
         f"run strategy {log.config('runtime', 'strategy', '?')}, "
         f"{log.run.get('workers', '?')} worker(s), device {log.run.get('device', '?')}, "
-        f"{log.run.get('threads', '?')} threads, {len(log.epochs)} epochs, lr "
+        f"{log.run.get('threads', '?')} threads, {len(log.epochs)} epochs"
+        + (f" ({restored} of them restored from a checkpoint, which another strategy or "
+           "worker count may have run)" if restored else "") + ", lr "
         f"{train.get('lr', '?')}, weight decay {train.get('weight_decay', '?')}, seed "
         f"{train.get('seed', '?')}, setup {log.run.get('setup_s', float('nan')):.2f} s",
     ]

@@ -265,6 +265,10 @@ def test_a_resumed_run_times_only_the_epochs_it_ran(tmp_path, capsys):
     log = read_run_log(metrics)
     assert [e["epoch"] for e in log.ran] == [4, 5]
     assert [row.wall_s for row in rank_rows(log)] == [0.1]  # not the 0.5 s of the restored
+    from fullgraph.plots import header_lines  # (the heading's strategy is the resumed run's)
+
+    assert "5 epochs (3 of them restored from a checkpoint, which another strategy or " \
+        "worker count may have run)" in header_lines(log)[2]
     pytest.importorskip("matplotlib")
     import matplotlib
 
