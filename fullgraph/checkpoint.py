@@ -33,9 +33,10 @@ import glob
 import hashlib
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import torch
 from torch import Tensor
@@ -211,16 +212,22 @@ def remove_stale_temporaries(path: Path) -> None:
 
 
 def write_atomic(path: Path, payload: Any) -> None:
-    """``torch.save`` to a temporary file beside ``path``, fsync, then rename over it;
-    then remove the temporaries of ``path`` that writers killed outright left."""
+    """``torch.save`` of ``payload`` to ``path`` (``write_with``)."""
+    write_with(path, lambda f: torch.save(payload, f))
+
+
+def write_with(path: Path, save: Callable[[IO[bytes]], Any]) -> None:
+    """What ``save`` writes to a file object, to a temporary file beside ``path``,
+    fsync, then rename over it; then remove the temporaries of ``path`` that writers
+    killed outright left. A pipe or a device is written into (``write_in_place``)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    if write_in_place(path, lambda f: torch.save(payload, f)):  # a pipe or a device
+    if write_in_place(path, save):
         return
     tmp = path.with_name(f".{path.name}.{process_space()}-{os.getpid()}.tmp")
     try:
         with unfinished(tmp):
             with open(tmp, "wb") as f:
-                torch.save(payload, f)
+                save(f)
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, path)
@@ -292,14 +299,19 @@ def checkpoint_file(directory: str | Path) -> Path:
     return Path(directory).expanduser() / FILE_NAME
 
 
+def given_file(given: str | Path) -> Path:
+    """The checkpoint a ``--resume`` names: the file itself, or the one in a directory."""
+    path = Path(given).expanduser()
+    return path if path.is_file() else checkpoint_file(path)
+
+
 def read(directory: str | Path, what: str = "train.resume") -> dict[str, Any]:
     """The checkpoint in ``directory``, loaded with ``weights_only=True``.
 
     Raises:
         ConfigError: there is none, or the file is not a fullgraph checkpoint.
     """
-    given = Path(directory).expanduser()
-    path = given if given.is_file() else checkpoint_file(given)  # the file itself will do
+    path = given_file(directory)
     if path.is_dir():
         raise ConfigError(f"{what}: {path} is a directory, not a checkpoint file")
     if not path.is_file():

@@ -86,12 +86,9 @@ def _save_rows(path: Path, array: Any, column: str) -> None:
     vertex; ``.txt``: one row per line, spaces between values; ``.pt``: a torch tensor;
     else ``.npy``, at the name as given), its parent directories made; written beside
     it first and renamed over it, so a stopped run never leaves half a file."""
-    import os
-
     import numpy as np
 
-    from fullgraph.checkpoint import remove_stale_temporaries
-    from fullgraph.paths import process_space, unfinished, write_in_place
+    from fullgraph.checkpoint import write_with
 
     suffix = path.suffix.lower()
     fmt = "%d" if array.dtype.kind in "iu" else "%.7g"
@@ -114,15 +111,7 @@ def _save_rows(path: Path, array: Any, column: str) -> None:
         else:
             np.save(f, array)
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if write_in_place(path, save):  # a pipe or a device
-        return
-    tmp = path.with_name(f".{path.name}.{process_space()}-{os.getpid()}.tmp")
-    with unfinished(tmp):
-        with open(tmp, "wb") as f:
-            save(f)
-        os.replace(tmp, path)
-    remove_stale_temporaries(path)
+    write_with(path, save)
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:

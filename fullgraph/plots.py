@@ -25,6 +25,7 @@ from fullgraph.runlog import (
     MIB,
     RankRow,
     RunLog,
+    fmt_bytes,
     phases,
     rank_rows,
     read_run_log,
@@ -172,7 +173,7 @@ def _bytes(fig: Any, log: RunLog, rows: list[RankRow], slow: int | None) -> None
         ax.barh(y, values, left=left, height=0.6, label=f"rank {row.rank}")
         left = [a + v for a, v in zip(left, values)]
     for k, total in enumerate(left):
-        ax.annotate(_mebibytes(total), (total, k), xytext=(4, 0), textcoords="offset points",
+        ax.annotate(fmt_bytes(total * MIB), (total, k), xytext=(4, 0), textcoords="offset points",
                     va="center")
     ax.set_yticks(y, names)
     ax.invert_yaxis()
@@ -253,10 +254,6 @@ def outside(log: RunLog) -> list[str]:
     return outside_lines([[(r.get("setup_sent", {}), r.get("between_sent", {}),
                             r.get("between_s", 0.0)) for r in recs]
                           for _, recs in sorted(log.ranks.items())])
-
-
-def _mebibytes(value: float) -> str:
-    return f"{value:.3g} MiB" if value >= 0.001 else f"{value * MIB:.0f} B"
 
 
 def header_lines(log: RunLog) -> list[str]:

@@ -18,7 +18,6 @@ import time
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -94,7 +93,7 @@ def check_outputs(cfg: Config) -> None:
         path = getattr(cfg.train, key)
         if path:
             check_output(path, flag, directory=directory)
-    from fullgraph.checkpoint import check_not_replaced, checkpoint_file
+    from fullgraph.checkpoint import check_not_replaced, checkpoint_file, given_file
 
     t = cfg.train
     outputs = [(flag, getattr(t, key)) for key, flag, directory in OUTPUTS
@@ -104,8 +103,7 @@ def check_outputs(cfg: Config) -> None:
     book = cfg.options["partition"].file
     inputs = [("--partition-file", book)] if book else []
     if t.resume and t.resume != "auto":  # (resumed and written again: as meant)
-        given = Path(t.resume).expanduser()  # (the file itself, or its directory)
-        read = given if given.is_file() else checkpoint_file(given)
+        read = given_file(t.resume)
         if not t.checkpoint_dir or read.resolve() != checkpoint_file(t.checkpoint_dir).resolve():
             inputs.append(("--resume", read))
     check_distinct(outputs, inputs)

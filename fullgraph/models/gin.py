@@ -21,13 +21,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from fullgraph.graph.sparse import is_sparse
 from fullgraph.models.base import GNN
-from fullgraph.models.layers import Dense, activation, init_bias, linear, own_relu
+from fullgraph.models.layers import Dense, activation, affine, init_bias, own_relu
 from fullgraph.models.norm import GlobalBatchNorm
 from fullgraph.models.stages import Propagate, Stage, StageContext, Transform
 from fullgraph.ops.gemm import add_bias
-from fullgraph.ops.sparse import sparse_linear
 
 
 class _Cancelled(torch.autograd.Function):
@@ -81,12 +79,8 @@ class GINUpdate(Transform):
             if self.eps != 0.0:
                 assert layer_input is not None, "GIN's update reads the layer input"
                 x = torch.add(x, layer_input, alpha=self.eps)
-            if self.norm is None or self.lin1.bias is None:
-                h = linear(self.lin1, x)
-            else:
-                bias = self._before_norm(self.lin1.bias)
-                h = sparse_linear(x, self.lin1.weight, bias) if is_sparse(x) else \
-                    nn.functional.linear(x, self.lin1.weight, bias)
+            bias = self.lin1.bias
+            h = affine(x, self.lin1.weight, None if bias is None else self._before_norm(bias))
         if self.norm is not None:
             h = self.norm(h, ctx)
         y = self.lin2(own_relu(h))  # h and y are fresh: their ReLU reuses them

@@ -78,7 +78,12 @@ def init_bias(out_dim: int, fan_in: int, init: str) -> nn.Parameter:
 
 def linear(lin: nn.Linear, x: Tensor) -> Tensor:
     """``lin(x)`` for dense or CSR (sparse input features) rows ``x``."""
-    return sparse_linear(x, lin.weight, lin.bias) if is_sparse(x) else lin(x)
+    return affine(x, lin.weight, lin.bias)
+
+
+def affine(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """``x W^T + b`` for dense or CSR (sparse input features) rows ``x``."""
+    return sparse_linear(x, weight, bias) if is_sparse(x) else F.linear(x, weight, bias)
 
 
 def _plain(x: Tensor, lin: nn.Linear) -> bool:
