@@ -141,7 +141,8 @@ def fit(data: Any = "cora", *, model: str | type = "gcn", strategy: str = "singl
     from fullgraph import launch
 
     try:
-        with warnings_recorded():  # the launched workers leave out what was shown here
+        with warnings_recorded(), _shown_at(sys._getframe(1)):  # (the launched workers
+            # leave out what was shown here)
             return _fit(data, options, workers, verbose, num_classes, in_memory)
     except launch.SignalStop as stop:  # the temporary copy of the data is gone: now end
         launch.send_on(stop, "fit")
@@ -186,7 +187,7 @@ def check(data: Any = "cora", *, model: str | type = "gcn",
     from fullgraph import launch
 
     try:
-        with warnings_recorded(), \
+        with warnings_recorded(), _shown_at(sys._getframe(1)), \
                 tempfile.TemporaryDirectory(prefix="fullgraph-check-") as tmp:
             if not isinstance(data, (str, Path)):  # the runs read it from disk, as any
                 cfg = config_from_options(options, "check")  # dataset
@@ -202,6 +203,27 @@ def check(data: Any = "cora", *, model: str | type = "gcn",
                 return exactness.run_checks(cfg, forms, dataset)
     except launch.SignalStop as stop:  # the temporary files are gone: now end
         launch.send_on(stop, "check")
+
+
+@contextlib.contextmanager
+def _shown_at(frame: Any) -> Iterator[None]:
+    """Within: a warning raised in this package's code is shown at ``frame``'s current
+    line (the caller's call of ``fit``), where a user can act on it, not at the line of
+    ``fullgraph`` that raised it. Filters still apply as to the line that raised it."""
+    package = str(Path(__file__).resolve().parent) + os.sep
+    show = warnings.showwarning
+
+    def at_caller(message: Warning | str, category: type[Warning], filename: str,
+                  lineno: int, file: Any = None, line: str | None = None) -> None:
+        if str(Path(filename).resolve()).startswith(package):
+            filename, lineno, line = frame.f_code.co_filename, frame.f_lineno, None
+        show(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = at_caller
+    try:
+        yield
+    finally:
+        warnings.showwarning = show
 
 
 def _run_options(caller: str, data: Any, model: str | type, num_classes: int | None,

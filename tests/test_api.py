@@ -235,6 +235,22 @@ def test_a_fit_stopped_by_sigterm_removes_its_copy_of_the_data(monkeypatch) -> N
     assert not os.path.exists(copies[0])
 
 
+def test_fit_in_process_warns_at_the_callers_line() -> None:
+    """With workers=1 a warning the training raises (here deep in train.py) is shown at
+    the caller's call of fit, as the launched workers' warnings are; check's too."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fullgraph.fit(_random_data(), epochs=4, lr=1e30)
+    diverged = [w for w in caught if "the training diverged" in str(w.message)]
+    assert len(diverged) == 1 and diverged[0].filename == __file__, \
+        [(str(w.message), w.filename) for w in caught]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fullgraph.fit(_random_data(), epochs=1, residual=True, hidden=7)
+    residual = [w for w in caught if "--residual has no effect" in str(w.message)]
+    assert len(residual) == 1 and residual[0].filename == __file__
+
+
 @pytest.mark.dist
 def test_launched_workers_warn_the_caller_and_record_the_data_as_given(tmp_path) -> None:
     """A worker's warning is a Python warning of the caller, every fit anew (a second fit
