@@ -648,7 +648,7 @@ def _share_failures(status: Any, comm: Any) -> None:
     except RuntimeError:  # torch's internals moved: the collectives' timeouts remain
         return
     status.share_failures(store, all_gather_object(uuid.uuid4().hex, comm, "comm-init")[0],
-                          comm.timeout.total_seconds())
+                          comm.timeout.total_seconds(), comm.world_size)
 
 
 def _train(cfg: Any, status: Any, launched: bool = True) -> int:

@@ -45,6 +45,10 @@ _shown: list[str] = []
 FAILURE_KEY = "fullgraph/failure"
 """Where a worker under an external launcher (torchrun) publishes its failure, in the
 process group's store (see ``WorkerStatus.share_failures``)."""
+PROGRESS_KEY = "fullgraph/progress"
+"""Where each such worker publishes its communication calls made (``entered``,
+``inside``) at every poll: a rank whose collective timed out names the ranks that never
+reached it, as the local launcher does from the heartbeats."""
 FAILURE_POLL_S = 2.0
 
 
@@ -108,6 +112,9 @@ class WorkerStatus:
         self.counter: Any = None
         self._store: Any = None  # the process group's, under torchrun (share_failures)
         self._failure_key = FAILURE_KEY
+        self._progress_key = PROGRESS_KEY
+        self._world_size = 1
+        self._behind = ""  # the ranks that never reached this rank's timed-out collective
         self._timeout_s = 1800.0  # how long a worker outlives its run's store (share_failures)
         self._shared = False  # share_failure ran
         self._failing = False  # this worker is reporting its own failure
@@ -125,7 +132,8 @@ class WorkerStatus:
         """Report ``counter``'s progress (``entered``, ``inside``) in the heartbeat."""
         self.counter = counter
 
-    def share_failures(self, store: Any, run: str, timeout_s: float = 1800.0) -> None:
+    def share_failures(self, store: Any, run: str, timeout_s: float = 1800.0,
+                       world_size: int = 1) -> None:
         """Under torchrun nothing supervises the hosts together: publish this worker's
         failure in the process group's ``store``, and watch it for another's. A worker
         that finds one ends, naming that failure: one stuck outside any collective (in
@@ -135,9 +143,13 @@ class WorkerStatus:
         across restarts). A store that cannot be reached is the run ended on the host
         that served it (its workers gone, a report unread): a worker not done
         ``timeout_s`` later ends, saying so (one stuck outside any collective would
-        otherwise run on)."""
+        otherwise run on). Each of the ``world_size`` workers publishes its progress
+        there too, for one whose collective timed out to name those that never reached
+        it."""
         self._store, self._failure_key = store, f"{FAILURE_KEY}/{run}"
+        self._progress_key, self._world_size = f"{PROGRESS_KEY}/{run}", world_size
         self._timeout_s = timeout_s
+        _store_call(self._publish_progress)
         threading.Thread(target=self._watch_failures, name=f"fullgraph-failures-{self.rank}",
                          daemon=True).start()
 
@@ -152,10 +164,43 @@ class WorkerStatus:
         record = json.loads(self._store.get(self._failure_key))
         return record if record.get("rank") != self.rank else None
 
+    def _publish_progress(self) -> None:
+        counter = self.counter
+        self._store.set(f"{self._progress_key}/{self.rank}", json.dumps(
+            {"entered": counter.entered if counter is not None else 0,
+             "inside": counter.inside if counter is not None else None}))
+
+    def _not_reached(self, record: dict[str, Any]) -> str:
+        """For a collective of this rank that timed out (``record``): the ranks whose
+        last published progress shows they never reached it (fewer calls made, none
+        under way), as a clause of its error; "" when none does (or the store is gone)."""
+        if not record.get("timed_out") or self._world_size < 2:
+            return ""
+
+        def read() -> list[int]:
+            keys = [f"{self._progress_key}/{r}" for r in range(self._world_size)
+                    if r != self.rank]
+            behind = []
+            for key in keys:
+                if self._store.check([key]):
+                    seen = json.loads(self._store.get(key))
+                    if seen["inside"] is None and seen["entered"] < record["entered"]:
+                        behind.append(int(key.rsplit("/", 1)[1]))
+            return behind
+
+        behind = _store_call(read) or []
+        if not behind:
+            return ""
+        ranks = ", ".join(map(str, behind))
+        return (f"; rank{'s' if len(behind) > 1 else ''} {ranks} never reached it (by "
+                f"{'their' if len(behind) > 1 else 'its'} last report, every "
+                f"{FAILURE_POLL_S:g} s: busy outside any collective, or stopped)")
+
     def _watch_failures(self) -> None:
         lost: float | None = None  # when the store was first out of reach
         while not self._stopped.wait(FAILURE_POLL_S) and self.phase != "done":
             try:
+                self._publish_progress()
                 record = self._published_failure()
             except Exception:  # noqa: BLE001 - the store is gone: the run (or its host) ended
                 lost = lost if lost is not None else time.monotonic()
@@ -237,6 +282,8 @@ class WorkerStatus:
         if self.dir is not None:
             write_atomic(self.dir / f"failure-rank{self.rank}.json", json.dumps(record))
         self.share_failure(exc, record)
+        if self._behind and not record["error"].endswith(self._behind):
+            record["error"] += self._behind  # (shared before, from another record)
         cause = self._cause
         if not os.environ.get(SUPERVISED_ENV):  # else the launcher says it, once
             print(f"fullgraph: rank {self.rank} failed during {self.phase}: "
@@ -263,6 +310,8 @@ class WorkerStatus:
             if self._cause is not None:
                 return  # else: a peer died unreported, or never came; tell the others
                 # (one may be stuck outside any collective)
+        self._behind = self._not_reached(record)  # (the first to time out says it)
+        record["error"] += self._behind
         brief = {k: record[k] for k in ("rank", "phase", "error", "user_error", "entered",
                                         "inside")}
         _store_call(lambda: self._store.compare_set(self._failure_key, "", json.dumps(brief)))

@@ -492,6 +492,38 @@ def test_under_torchrun_a_failure_reaches_every_host(data_root, tmp_path, failin
         assert cause in errs[other], errs[other]
 
 
+@pytest.mark.dist
+def test_under_torchrun_the_rank_that_never_reached_a_timed_out_call_is_named(data_root,
+                                                                           tmp_path):
+    """Under torchrun no launcher reads heartbeats: a rank whose collective timed out
+    said only that, and which rank held it up was left to the reader of every host's
+    log. The workers publish their progress in the store; the timed-out rank names the
+    one that never reached its call, and every host's message says so."""
+    (tmp_path / "trap.py").write_text(TRAP)
+    port = free_port()
+    procs = []
+    try:
+        for rank in (0, 1):
+            env = clean_env(data_root, RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank),
+                            LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                            MASTER_PORT=str(port), FAIL_RANK="9",
+                            STUCK="1" if rank == 1 else "", FULLGRAPH_SHM="0")
+            procs.append(subprocess.Popen(
+                fullgraph_cmd() + TRAIN + ["--strategy", "data", "--timeout", "5", "--model",
+                                           f"{tmp_path / 'trap.py'}:TrapGCN"],
+                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                preexec_fn=two_cores))
+        errs = [proc.communicate(timeout=120)[1] for proc in procs]
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+    assert [proc.returncode for proc in procs] == [1, 1], errs
+    said = "rank 1 never reached it (by its last report"
+    assert "timed out" in errs[0].lower() and said in errs[0], errs[0]
+    assert "fullgraph: rank 1 stopped during epoch" in errs[1] and said in errs[1], errs[1]
+
+
 def _given_on_some_ranks(comm, cases: list) -> None:
     """Each case: per rank, the options given; the ConfigError expected (or None)."""
     from fullgraph.config import config_from_dict
@@ -810,6 +842,8 @@ WATCHED = textwrap.dedent("""\
             return True
         def get(self, key):
             return json.dumps(self.record)
+        def set(self, key, value):  # the worker's progress
+            self.check([key])
 
     record = json.loads(sys.argv[1])
     status = WorkerStatus(2, None)
