@@ -654,7 +654,7 @@ def _share_failures(status: Any, comm: Any) -> None:
 def _train(cfg: Any, status: Any, launched: bool = True) -> int:
     """Train in this process: alone, or as one worker of a launched job (``launched``)."""
     from fullgraph.allocator import memory_line
-    from fullgraph.comm.group import check_device, destroy_comm, init_comm
+    from fullgraph.comm.group import check_device, destroy_comm, init_comm, resolve_device
     from fullgraph.report import Reporter
     from fullgraph.train import check_same_options, train
 
@@ -662,7 +662,7 @@ def _train(cfg: Any, status: Any, launched: bool = True) -> int:
     comm = None
     if launched:
         backend = None if cfg.launch.backend == "auto" else cfg.launch.backend
-        device = "cuda" if cfg.train.device.startswith("cuda") else "cpu"
+        device = resolve_device(cfg.train.device, int(os.environ.get("LOCAL_RANK", "0")))
         comm = init_comm(backend=backend, timeout_s=cfg.launch.timeout_s, device=device)
         status.watch(comm.counter)
         _share_failures(status, comm)

@@ -135,7 +135,7 @@ per worker) takes seconds, start-up included."""
 
 def main(argv: list[str]) -> int:
     from fullgraph import launch
-    from fullgraph.comm.group import destroy_comm, init_comm
+    from fullgraph.comm.group import destroy_comm, init_comm, resolve_device
     from fullgraph.comm.primitives import all_gather_object, barrier
     from fullgraph.config import config_from_dict
     from fullgraph.plan_measure import workload_seconds
@@ -148,7 +148,7 @@ def main(argv: list[str]) -> int:
             warnings.simplefilter("ignore")
             cfg = config_from_dict(spec["config"], config_path)  # (a failure is reported)
         backend = None if cfg.launch.backend == "auto" else cfg.launch.backend
-        device = "cuda" if cfg.train.device.startswith("cuda") else "cpu"  # as `train` does
+        device = resolve_device(cfg.train.device, int(os.environ.get("LOCAL_RANK", "0")))
         comm = init_comm(backend=backend, timeout_s=cfg.launch.timeout_s, device=device)
         status.watch(comm.counter)
         try:

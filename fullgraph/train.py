@@ -26,7 +26,7 @@ from torch import Tensor
 from fullgraph.adapt import build_adapters, check_local_launch
 from fullgraph.adapt import check_strategy as check_adapt_strategy
 from fullgraph.checkpoint import Checkpointer, run_facts
-from fullgraph.comm.group import Comm, check_device
+from fullgraph.comm.group import Comm, check_device, resolve_device
 from fullgraph.comm.primitives import all_gather_object
 from fullgraph.config import Config
 from fullgraph.errors import ConfigError
@@ -60,19 +60,6 @@ class TrainResult:
     total_s: float
     model: GNN
     extra: dict[str, Any] = field(default_factory=dict)
-
-
-def resolve_device(name: str, local_rank: int = 0) -> torch.device:
-    """``auto`` means CUDA when available; ``cuda`` means the local rank's GPU (GPUs
-    taken in turn when the host runs more workers than it has)."""
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    check_device(name)
-    if name == "cuda":
-        from fullgraph.comm.group import local_gpu
-
-        return local_gpu(local_rank)
-    return torch.device(name)
 
 
 OUTPUTS = (("save_model", "--save-model", False), ("metrics_out", "--metrics-out", False),
@@ -294,11 +281,16 @@ def check_any_strategy(cfg: Config, dataset: Dataset, workers: int, *,
     """
     from fullgraph.adapt import check_general
 
-    check_device(cfg.train.device)
+    check_device(cfg.train.device, local_workers=workers if launching else 1)
     if cfg.launch.backend == "nccl" and not cfg.train.on_gpu:
         raise ConfigError(f"launch.backend: 'nccl' needs CUDA devices, and the run is on "
                           f"{'the CPU' if cfg.train.device != 'auto' else 'the CPU (auto)'}; "
                           "use --backend gloo, or --device cuda")
+    if cfg.launch.backend == "nccl" and launching and workers > torch.cuda.device_count():
+        raise ConfigError(f"launch.backend: 'nccl' needs a GPU for each worker, and this host "
+                          f"has {torch.cuda.device_count()} for --workers {workers}; use "
+                          "--backend gloo (or auto: gloo where workers share a GPU), or fewer "
+                          "workers")
     check_general(cfg, workers)
     nodes = dataset.graph.num_nodes
     if workers > nodes:
@@ -464,6 +456,8 @@ def train(dataset: Dataset, cfg: Config, *, reporter: Reporter | None = None,
     """
     configure_runtime(cfg)
     device = resolve_device(cfg.train.device, local_rank)
+    if device.type == "cuda":  # this rank's GPU is the current one: streams, events and
+        torch.cuda.set_device(device)  # allocations without a device go to it
     if device.type == "cpu" and cfg.runtime.spmm_backend == "auto" and comm is not None \
             and comm.world_size > 1:  # every worker runs the kernel rank 0 chose
         set_auto(all_gather_object(auto_choice() if comm.rank == 0 else None, comm,

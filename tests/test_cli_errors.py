@@ -714,3 +714,25 @@ def test_shards_written_over_a_shard_set_say_they_replace_it(root, tmp_path, cap
         assert ("(replacing the shard set that was there)" in said) == (parts == "2"), said
     assert main(["datasets", str(shards)]) == 0  # described as the shards they are
     assert capsys.readouterr().out.startswith("    shards: 2 per-part shards with 0 hops")
+
+
+@pytest.mark.parametrize("gpus, args, needle", [
+    (2, ["--device", "cuda:1", "--workers", "2"], "--device: 'cuda:1' names one GPU for each "
+     "of this host's 2 workers; use --device cuda (each worker takes its local rank's GPU)"),
+    (2, ["--device", "cuda:5"], "--device: got 'cuda:5' but this host has 2 GPUs visible "
+     "(cuda:0 to cuda:1)"),
+    (1, ["--device", "cuda", "--backend", "nccl", "--workers", "2"],
+     "--backend: 'nccl' needs a GPU for each worker, and this host has 1 for --workers 2"),
+])
+def test_gpus_a_run_cannot_have_are_refused_before_launch(root, capsys, monkeypatch, gpus,
+                                                          args, needle):
+    """On a host of (fake) GPUs: these were accepted and failed in every worker."""
+    import torch
+
+    from fullgraph import launch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    monkeypatch.setattr(launch, "launch_local", lambda *a, **k: pytest.fail("launched"))
+    assert main(["train", "--epochs", "1", "--strategy", "data", *args]) == 2
+    one_line_error(capsys, needle)

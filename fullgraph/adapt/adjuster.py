@@ -43,7 +43,7 @@ import torch
 
 from fullgraph.adapt.base import Adapter, Note
 from fullgraph.comm import primitives as prim
-from fullgraph.comm.tagged import probe_links
+from fullgraph.comm.tagged import probe_links, tagged_messages
 from fullgraph.parallel import costmodel
 from fullgraph.parallel.adjust import Decision, adjust, preprocess
 from fullgraph.parallel.data import DataParallel, DataPlan, StageClock
@@ -183,9 +183,11 @@ class OnlineAdjuster(Adapter):
         """T'_c,i,j: the per-byte cost split over the peers by a link probe (every
         rank sends ``PROBE_BYTES`` to every other at once; a collective exchange
         cannot tell its peers apart). Each peer's share is its probe time over the
-        mean, the median of the last ``WINDOW`` probes; None with one peer."""
+        mean, the median of the last ``WINDOW`` probes; None with one peer, and on a
+        backend that cannot match messages by tag (NCCL: the probe's separate receives
+        and sends would deadlock there; every peer's link is then priced alike)."""
         comm = plan.comm
-        if comm.world_size <= 2:
+        if comm.world_size <= 2 or not tagged_messages(comm):
             return None
         self.adjustments += 1
         peers = [p for p in range(comm.world_size) if p != comm.rank]

@@ -88,9 +88,14 @@ def env_step(args: argparse.Namespace) -> dict[str, Any]:
     t_h2d = cuda_time(lambda: a.copy_(host, non_blocking=True), repeats=5)
     t_d2h = cuda_time(lambda: host.copy_(a, non_blocking=True), repeats=5)
     m = torch.randn(8192, 8192, device=dev)
-    t_mm = cuda_time(lambda: m @ m, repeats=5)
-    torch.backends.cuda.matmul.allow_tf32 = False
-    t_mm32 = cuda_time(lambda: m @ m, repeats=5)
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    try:  # (torch's default is off: the "tf32" figure was float32's too)
+        torch.backends.cuda.matmul.allow_tf32 = True
+        t_mm = cuda_time(lambda: m @ m, repeats=5)
+        torch.backends.cuda.matmul.allow_tf32 = False
+        t_mm32 = cuda_time(lambda: m @ m, repeats=5)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
     return {"step": "env", "device": props.name, "memory_GiB": props.total_memory / 2**30,
             "sms": props.multi_processor_count, "torch": torch.__version__,
             "cuda": torch.version.cuda, "copy_GBps": 8 * n / t_copy / 1e9,

@@ -321,17 +321,51 @@ def destroy_comm(comm: Comm) -> None:
         comm.group = None
 
 
-def check_device(name: str, option: str = "train.device", flag: str = "--device") -> None:
+def check_device(name: str, option: str = "train.device", flag: str = "--device",
+                 local_workers: int | None = None) -> None:
     """Refuse a CUDA device this torch build or machine cannot give (``option``, as
-    ``section.key``, and ``flag``: where it was named).
+    ``section.key``, and ``flag``: where it was named), and one GPU named for each of
+    ``local_workers`` workers of this host (default: $LOCAL_WORLD_SIZE, else 1): they
+    would all compute on it while their communicators took a GPU each.
 
     Raises:
-        ConfigError: ``name`` is cuda or cuda:N and CUDA is not available.
+        ConfigError: ``name`` is cuda or cuda:N and CUDA is not available, or N is no
+            GPU of this host, or cuda:N is given to several workers of this host.
     """
-    if name.startswith("cuda") and not torch.cuda.is_available():
+    if not name.startswith("cuda"):
+        return
+    if not torch.cuda.is_available():
         why = ("this torch build has no CUDA" if torch.version.cuda is None
                else "no CUDA device is visible")
         raise ConfigError(f"{option}: got {name!r} but {why}; use {flag} cpu")
+    try:
+        index = torch.device(name).index
+    except RuntimeError:
+        raise ConfigError(f"{option}: {name!r} is no device; use {flag} cuda or cuda:N") \
+            from None
+    count = torch.cuda.device_count()
+    if index is not None and index >= count:
+        raise ConfigError(f"{option}: got {name!r} but this host has {count} GPU"
+                          f"{'s' if count != 1 else ''} visible (cuda:0"
+                          f"{f' to cuda:{count - 1}' if count > 1 else ''})")
+    workers = local_workers if local_workers is not None else \
+        _env_int("LOCAL_WORLD_SIZE", 1) or 1
+    if index is not None and workers > 1:
+        raise ConfigError(f"{option}: {name!r} names one GPU for each of this host's "
+                          f"{workers} workers; use {flag} cuda (each worker takes its local "
+                          "rank's GPU) and choose the GPUs with CUDA_VISIBLE_DEVICES")
+
+
+def resolve_device(name: str, local_rank: int = 0) -> torch.device:
+    """The device a worker of this host computes on: ``auto`` means CUDA when
+    available; ``cuda`` means the local rank's GPU (GPUs taken in turn when the host
+    runs more workers than it has). Refused as ``check_device`` refuses."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    check_device(name)
+    if name == "cuda":
+        return local_gpu(local_rank)
+    return torch.device(name)
 
 
 def local_gpu(local_rank: int) -> torch.device:
@@ -345,6 +379,17 @@ def gpus_shared() -> bool:
     NCCL refuses two ranks on one device, so the default backend is then gloo, with
     CUDA tensors staged through host memory (``fullgraph.comm.primitives``)."""
     return (_env_int("LOCAL_WORLD_SIZE", 1) or 1) > torch.cuda.device_count()
+
+
+def gpu_share(device: torch.device) -> int:
+    """Bytes of ``device``'s free memory that are this worker's: the free memory over
+    the workers of this host that take that GPU (``local_gpu``'s turns), which plan
+    on it at the same moment."""
+    workers = _env_int("LOCAL_WORLD_SIZE", 1) or 1
+    gpus = max(1, torch.cuda.device_count())
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    sharing = len([r for r in range(workers) if r % gpus == index]) or 1
+    return torch.cuda.mem_get_info(device)[0] // sharing
 
 
 def _env_int(name: str, default: int | None) -> int | None:
@@ -374,4 +419,9 @@ def _resolve_backend_device(backend: str | None,
         backend = "nccl" if dev.type == "cuda" and not gpus_shared() else "gloo"
     if backend == "nccl" and dev.type != "cuda":
         raise ValueError(f"init_comm: backend 'nccl' needs a cuda device, got {dev}")
+    if backend == "nccl" and gpus_shared():
+        raise ValueError(f"init_comm: backend 'nccl' needs a GPU for each worker of this host, "
+                         f"and it runs {_env_int('LOCAL_WORLD_SIZE', 1)} workers on "
+                         f"{torch.cuda.device_count()} GPU(s); use backend 'gloo' (--backend "
+                         "gloo or auto) or fewer workers per host")
     return backend, dev

@@ -124,9 +124,18 @@ def _dist_op(op: ReduceOp | str) -> Any:
             ReduceOp.MIN: dist.ReduceOp.MIN, ReduceOp.PRODUCT: dist.ReduceOp.PRODUCT}[red]
 
 
+def settle(device: torch.device) -> None:
+    """Wait for the kernels queued on ``device`` (a GPU runs them after the host moved
+    on), so that a host clock read next covers them; nothing on the CPU."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 @contextmanager
 def _guarded(comm: Comm, phase: str, collective: str, sent: int, recv: int) -> Iterator[None]:
-    """Time one call, count its bytes, and re-raise backend failures as CommError."""
+    """Time one call, count its bytes, and re-raise backend failures as CommError. On a
+    GPU the kernels queued before it are waited for first: their time is compute's."""
+    settle(comm.device)
     start = time.perf_counter()
     comm.counter.enter(phase, collective)
     try:

@@ -42,9 +42,14 @@ TAG_BASE = 1 << 20
 """Tags below this are left to other point-to-point users (``all_to_all_v(p2p)``)."""
 
 
+def tagged_messages(comm: Comm) -> bool:
+    """Whether ``comm``'s backend matches messages by tag (gloo; NCCL matches by order)."""
+    return comm.world_size == 1 or dist.get_backend(comm.group) == "gloo"
+
+
 def require_tagged(comm: Comm, what: str) -> None:
     """Raise if ``comm``'s backend cannot match messages by tag (NCCL matches by order)."""
-    if comm.world_size > 1 and dist.get_backend(comm.group) != "gloo":
+    if not tagged_messages(comm):
         raise ValueError(f"{what} needs messages matched by tag, which the "
                          f"{dist.get_backend(comm.group)} backend does not do; run it on gloo")
 
@@ -237,6 +242,7 @@ def probe_links(comm: Comm, nbytes: int, phase: str = "link-probe") -> list[floa
 
     if comm.world_size == 1:
         return [0.0]
+    require_tagged(comm, "probe_links")
     _PROBES[0] += 1
     tag = TAG_BASE // 2 + _PROBES[0] % (TAG_BASE // 2)
     payload = torch.zeros(nbytes, dtype=torch.uint8, device=comm.device)

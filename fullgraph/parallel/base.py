@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
 import torch
 from torch import Tensor
 
+from fullgraph.comm.primitives import settle
 from fullgraph.fields import changed_fields
 from fullgraph.graph.data import Dataset, VertexData
 from fullgraph.memory import SavedBytes
@@ -228,6 +229,8 @@ class Strategy(ABC, Generic[PlanT]):
         """Forward, loss, backward, gradient sync, optimiser step."""
         model.train()
         optimizer.zero_grad(set_to_none=True)
+        device = next(iter(model.parameters()), torch.empty(0)).device
+        settle(device)  # (on a GPU: each phase's kernels, not only their launches)
         t0 = time.perf_counter()
         for hook in self.step_hooks:
             hook.before_forward()
@@ -235,18 +238,22 @@ class Strategy(ABC, Generic[PlanT]):
             result = self.forward(model, plan, training=True, seed=seed)
             loss = self.loss(result, plan)
             del result  # the logits: (R, C) that the backward does not read
+        settle(device)
         t1 = time.perf_counter()
         for hook in self.step_hooks:
             loss = hook.on_loss(loss)
         loss.backward()
+        settle(device)
         t_sync = time.perf_counter()
         value = None
         if self.grad_sync is None:
             self.sync_grads(model, plan)
         else:
             value = self.grad_sync(model, plan, loss)
+        settle(device)
         t2 = time.perf_counter()
         optimizer.step()
+        settle(device)
         t3 = time.perf_counter()
         if value is None:
             value = self.reduce_loss(loss, plan)

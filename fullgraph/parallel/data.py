@@ -352,7 +352,9 @@ class DataParallel(RowPartitioned[DataPlan]):
         itemsize = torch.empty(0, dtype=plan.dtype).element_size()
         need = rows.input_rows.numel() * program.in_dim * itemsize
         if plan.device.type == "cuda":
-            free = torch.cuda.mem_get_info(plan.device)[0]
+            from fullgraph.comm.group import gpu_share
+
+            free = gpu_share(plan.device)
         else:
             from fullgraph.memory import ram_per_worker
 
@@ -485,8 +487,10 @@ class _RowRunner(Runner):
     def _timed(self, kind: str, units: int, run: Any) -> Tensor:
         if self.clock is None:
             return run()
+        prim.settle(self.plan.device)  # (on a GPU: the stage's kernels, not their launches)
         t0 = time.perf_counter()
         out = run()
+        prim.settle(self.plan.device)
         self.clock.add(kind, time.perf_counter() - t0, units)
         return out
 

@@ -192,7 +192,7 @@ class P2PParallel(RowPartitioned[P2PPlan]):
     def _limit(self, program: StageProgram, start: int, stop: int, itemsize: int,
                device: torch.device, comm: Comm) -> int:
         """Vertices per bin of phase [start, stop): from ``bin_memory``, else
-        ``bin_size``, else the free memory of a CUDA device, else this worker's share
+        ``bin_size``, else this worker's share of a CUDA device's free memory, else its share
         of the available RAM (``RAM_SHARE``)."""
         opts = self.options
         in_dim = program.stages[start].in_dim
@@ -202,8 +202,9 @@ class P2PParallel(RowPartitioned[P2PPlan]):
         if opts.bin_size is not None:
             return opts.bin_size
         if device.type == "cuda":
-            free, _ = torch.cuda.mem_get_info(device)
-            return bin_limit(free, in_dim, width, itemsize)
+            from fullgraph.comm.group import gpu_share
+
+            return bin_limit(gpu_share(device), in_dim, width, itemsize)
         from fullgraph.memory import ram_per_worker
 
         return bin_limit(ram_per_worker(comm.world_size) // RAM_SHARE, in_dim, width, itemsize)

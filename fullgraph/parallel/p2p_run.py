@@ -49,7 +49,7 @@ class _Loader:
     """Loads a bin's input rows, the next one ahead of time when prefetching."""
 
     def __init__(self, prefetch: bool, device: torch.device) -> None:
-        self.prefetch = prefetch
+        self.prefetch, self.device = prefetch, device
         self.stream = torch.cuda.Stream(device) if prefetch and device.type == "cuda" else None
         self.pool = ThreadPoolExecutor(1) if prefetch and self.stream is None else None
         self.ahead: tuple[int, Any] | None = None
@@ -58,7 +58,7 @@ class _Loader:
         """Begin loading ``fn()`` for bin ``key`` in the background (when prefetching)."""
         if self.stream is not None:
             event = torch.cuda.Event()
-            self.stream.wait_stream(torch.cuda.current_stream())
+            self.stream.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(self.stream):
                 value = fn()
                 event.record(self.stream)
@@ -74,7 +74,7 @@ class _Loader:
         self.ahead = None
         if self.stream is not None:
             value, event = handle
-            stream = torch.cuda.current_stream()
+            stream = torch.cuda.current_stream(self.device)
             stream.wait_event(event)
             # a bin's rows are one tensor (CSR for sparse features): mark its storage,
             # not each of its rows (iterating a tensor yields row views, one per row)

@@ -130,3 +130,102 @@ def test_a_taken_master_port_is_named(monkeypatch):
         with pytest.raises(CommError, match="MASTER_PORT is taken on rank 0's host"):
             init_comm(rank=0, world_size=2, timeout_s=5)
     assert not dist.is_initialized()
+
+
+def _gpus(monkeypatch, count: int) -> None:
+    """A host with ``count`` (fake) GPUs; nothing runs on them."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+
+
+def test_devices_no_host_gives_or_one_gpu_for_several_workers_are_refused(monkeypatch):
+    """``cuda:5`` on a 2-GPU host failed deep in the workers ("invalid device ordinal"),
+    and ``cuda:1`` for 2 workers of a host put both on GPU 1 while each communicator took
+    its local rank's GPU (NCCL then fails on two ranks on one device): both are refused
+    at once, naming the option. ``cuda:1`` for one worker and ``cuda`` stay."""
+    from fullgraph.comm import group
+    from fullgraph.errors import ConfigError
+
+    _gpus(monkeypatch, 2)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    with pytest.raises(ConfigError, match=r"train.device: got 'cuda:5' but this host has 2 "
+                                          r"GPUs visible \(cuda:0 to cuda:1\)"):
+        group.check_device("cuda:5")
+    with pytest.raises(ConfigError, match="'cuda:1' names one GPU for each of this host's 2 "
+                                          "workers; use --device cuda"):
+        group.check_device("cuda:1", local_workers=2)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "3")  # a torchrun worker's host
+    with pytest.raises(ConfigError, match="for each of this host's 3 workers"):
+        group.resolve_device("cuda:1", 0)
+    assert group.resolve_device("cuda", 1) == torch.device("cuda", 1)
+    assert group.resolve_device("auto", 2) == torch.device("cuda", 0)  # GPUs in turn
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    assert group.resolve_device("cuda:1", 0) == torch.device("cuda", 1)
+
+
+def test_nccl_with_workers_sharing_a_gpu_is_refused_by_name(monkeypatch):
+    """NCCL refuses two ranks on one GPU; asked for explicitly with more local workers
+    than GPUs it failed inside the workers after start-up."""
+    from fullgraph.comm import group
+
+    _gpus(monkeypatch, 2)
+    monkeypatch.setenv("LOCAL_RANK", "2")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "3")
+    with pytest.raises(ValueError, match="backend 'nccl' needs a GPU for each worker of this "
+                                         r"host, and it runs 3 workers on 2 GPU\(s\)"):
+        group._resolve_backend_device("nccl", "cuda")
+
+
+def test_workers_sharing_a_gpu_plan_on_their_share_of_its_memory(monkeypatch):
+    """Each worker sized its bins (and DepCache its fit) from the GPU's whole free
+    memory, at the same moment as the others on that GPU."""
+    from fullgraph.comm import group
+
+    _gpus(monkeypatch, 2)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (12 << 30, 80 << 30))
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "3")  # GPU 0: local ranks 0 and 2; GPU 1: 1
+    assert group.gpu_share(torch.device("cuda", 0)) == 6 << 30
+    assert group.gpu_share(torch.device("cuda", 1)) == 12 << 30
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    assert group.gpu_share(torch.device("cuda", 0)) == 12 << 30
+
+
+def test_a_worker_communicates_from_the_gpu_it_computes_on(monkeypatch):
+    """``--device auto`` gave the workers a CPU communicator (gloo, every exchange through
+    host memory; with ``--backend nccl`` a failure about a "cpu" device nobody named),
+    and ``cuda:N`` a communicator on another GPU than the model's: a worker now hands
+    init_comm the device it trains on."""
+    from types import SimpleNamespace
+
+    from fullgraph import cli
+    from fullgraph.comm import group
+
+    _gpus(monkeypatch, 2)
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    given = []
+
+    def init_comm(**kwargs):
+        given.append(kwargs["device"])
+        raise KeyboardInterrupt  # (no process group here: stop at the call)
+
+    monkeypatch.setattr(group, "init_comm", init_comm)
+    for device in ("auto", "cuda"):
+        cfg = SimpleNamespace(train=SimpleNamespace(device=device),
+                              launch=SimpleNamespace(backend="auto", timeout_s=5.0))
+        with pytest.raises(KeyboardInterrupt):
+            cli._train(cfg, SimpleNamespace())
+    assert given == [torch.device("cuda", 1)] * 2
+
+
+def test_a_collective_waits_for_the_gpus_queued_kernels_before_its_clock(monkeypatch):
+    """On a GPU the timed calls measured kernel launches: the queued kernels' time went
+    to the next collective that blocked (comm instead of compute)."""
+    from fullgraph.comm import primitives as prim
+
+    synced = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: synced.append(device))
+    prim.settle(torch.device("cpu"))
+    assert synced == []
+    prim.settle(torch.device("cuda", 1))
+    assert synced == [torch.device("cuda", 1)]

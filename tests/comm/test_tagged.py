@@ -28,3 +28,25 @@ def _posted_world(comm) -> None:
 @pytest.mark.dist
 def test_a_tagged_send_counts_its_bytes_when_posted(tmp_path):
     run_ranks(_posted_world, 2, tmp_path)
+
+
+def test_the_link_probe_is_not_run_where_messages_are_not_matched_by_tag(monkeypatch):
+    """``--adapt adjust`` on 3+ NCCL workers posted the probe's receives, then its sends,
+    one by one: a pattern NCCL deadlocks on. The probe refuses such a backend, and the
+    adjuster prices every peer's link alike there instead."""
+    from types import SimpleNamespace
+
+    import torch.distributed as dist
+
+    from fullgraph.adapt.adjuster import OnlineAdjuster
+    from fullgraph.comm import tagged
+    from fullgraph.comm.group import Comm
+
+    monkeypatch.setattr(dist, "get_backend", lambda group=None: "nccl")
+    comm = Comm(rank=0, world_size=3, group=object())
+    assert not tagged.tagged_messages(comm)
+    with pytest.raises(ValueError, match="probe_links needs messages matched by tag"):
+        tagged.probe_links(comm, 1024)
+    monkeypatch.setattr(tagged, "probe_links", lambda *a, **k: pytest.fail("probed"))
+    adjuster = OnlineAdjuster.__new__(OnlineAdjuster)
+    assert OnlineAdjuster.per_owner(adjuster, SimpleNamespace(comm=comm), 1e-9) is None
