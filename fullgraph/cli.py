@@ -327,7 +327,8 @@ def build_parser() -> argparse.ArgumentParser:
     p_conv.add_argument("--num-classes", type=int, metavar="N",
                         help="number of classes (default: max label + 1, refused when the "
                         "labels use far fewer distinct classes)")
-    p_conv.add_argument("--features", help="features (.npy for edgelist; text for neutronstar)")
+    p_conv.add_argument("--features", help="features (edgelist: .npy, or a sparse matrix's "
+                        "scipy.sparse.save_npz .npz, kept sparse; text for neutronstar)")
     p_conv.add_argument("--labels", help="labels (.npy for edgelist; text for neutronstar)")
     p_conv.add_argument("--masks",
                         help="masks (.npy (3, N) bool for edgelist; text for neutronstar)")
@@ -339,6 +340,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="ogb: the split/ sub-directory to read (default: the only one)")
     p_conv.add_argument("--seed", type=_seed, default=0,
                         help="split seed when no masks are given (default: 0)")
+    p_conv.add_argument("--self-loops", choices=("keep", "remove", "add"), default="keep",
+                        help="keep the input's self-loops, drop them, or give every vertex "
+                        "exactly one (as GCN, GAT and GIN propagate; SAGE and the decoupled "
+                        "models propagate without) (default: keep)")
     p_conv.add_argument("--sparse-features", choices=("auto", "on", "off"), default="auto",
                         help="store the features as CSR (their non-zeros): on, off, or auto "
                         "(on at 5%% non-zeros or fewer and 64+ columns)")
@@ -704,6 +709,7 @@ def cmd_config(args: argparse.Namespace) -> int:
 def cmd_datasets(args: argparse.Namespace) -> int:
     from fullgraph.config import DataConfig
     from fullgraph.graph import datasets
+    from fullgraph.graph.sparse import is_sparse
 
     root = DataConfig(root=args.root).resolved_root()
     if args.name:
@@ -711,10 +717,21 @@ def cmd_datasets(args: argparse.Namespace) -> int:
         if ds.shard is not None:  # (the counts below are the whole dataset's)
             print(f"{'shards':>10}: {ds.shard.parts} per-part shards with {ds.shard.hops} "
                   "hops, each worker loads its own; written from the dataset below")
-        for key, value in ds.summary().items():
-            print(f"{key:>10}: {value}")
-        for key, value in ds.info.items():
-            print(f"{key:>10}: {value}")
+        rows = list(ds.summary().items())
+        x = ds.data.features
+        layout = "dense" if not is_sparse(x) else \
+            f"CSR, {100 * x.values().numel() / max(1, x.shape[0] * x.shape[1]):.2g}% non-zero"
+        rows.append(("stored", f"{str(x.dtype).removeprefix('torch.')} features, {layout}"))
+        if ds.shard is None:
+            src, dst = ds.graph.edges()
+            rows.append(("self-loops", int((src == dst).sum())))
+        counted = {key for key, _ in rows}
+        rows += [(f"{key}_fraction" if key in counted and isinstance(value, float) else key,
+                  value) for key, value in ds.info.items()]  # (a generator's split
+        # fractions, as stored before they were named so, are not the counts above)
+        width = max(len(key) for key, _ in rows)
+        for key, value in rows:
+            print(f"{key:>{width}}: {value}")
         return 0
     print(f"dataset root: {root}")
     for row in datasets.list_datasets(root):
@@ -795,11 +812,35 @@ def _kind_options(args: argparse.Namespace) -> None:
             setattr(args, name, default)
 
 
+NAME_PARTS = (("features", 128, "f{}"), ("classes", 16, "c{}"), ("avg_degree", 10.0, "deg{:g}"),
+              ("homophily", 0.8, "h{:g}"), ("rmat", (0.57, 0.19, 0.19, 0.05), "p{}"),
+              ("symmetrize", False, "sym"), ("labels", "random", "{}"),
+              ("self_loops", "remove", "loops-{}"), ("feature_dtype", "float32", "{}"),
+              ("seed", 0, "seed{}"))
+"""What ``generate``'s default name says of an option given another value than its
+default: (option, default, how)."""
+
+
+def _generated_name(args: argparse.Namespace) -> str:
+    """``rmat-V-E`` or ``sbm-V-C``, then a part for each option that is not its
+    default (``rmat-2000-10000-c4-sym-degree-seed7``): another draw does not silently
+    replace the one written before."""
+    parts = [args.kind, str(args.vertices),
+             str(args.edges) if args.kind == "rmat" else str(args.classes)]
+    for option, default, how in NAME_PARTS:
+        value = getattr(args, option, None)
+        if value is None or (option == "classes" and args.kind == "sbm"):
+            continue  # (another generator's option; sbm's classes are in the name)
+        if tuple(value) != default if isinstance(value, list) else value != default:
+            parts.append(how.format("-".join(f"{v:g}" for v in value)
+                                    if isinstance(value, list) else value))
+    return "-".join(parts)
+
+
 def _generate(args: argparse.Namespace, root: Any, memory: int) -> int:
     from fullgraph.graph import datasets, synthetic
 
-    name = args.name or (f"rmat-{args.vertices}-{args.edges}" if args.kind == "rmat" else
-                         f"sbm-{args.vertices}-{args.classes}")
+    name = args.name or _generated_name(args)
     datasets.check_new_name(name)
     path = datasets.processed_dir(root, name)
     replaced = _replacing(path)
@@ -900,12 +941,20 @@ def cmd_convert(args: argparse.Namespace) -> int:
     ds = datasets.convert(args.format, opts)
     ds.data = dataclasses.replace(ds.data, features=choose_layout(ds.data.features,
                                                                   args.sparse_features))
+    src, dst = ds.graph.edges()
+    loops = int((src == dst).sum())
+    del src, dst
+    if args.self_loops != "keep":
+        ds.graph = ds.graph.with_self_loops(args.self_loops == "add")
+    kept = f", {loops} self-loops kept" if loops and args.self_loops == "keep" else \
+        f", {loops} self-loops dropped" if loops and args.self_loops == "remove" else \
+        ", a self-loop on every vertex" if args.self_loops == "add" else ""
     replaced = _replacing(datasets.processed_dir(root, args.name))
     path = datasets.save_processed(ds, root, args.name)
     s = ds.summary()
     layout = " (features stored sparse)" if is_sparse(ds.data.features) else ""
-    print(f"wrote {args.name}: {s['vertices']} vertices, {s['edges']} edges{layout} -> {path}"
-          f"{replaced}")
+    print(f"wrote {args.name}: {s['vertices']} vertices, {s['edges']} edges{kept}{layout} -> "
+          f"{path}{replaced}")
     return 0
 
 

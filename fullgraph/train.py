@@ -488,8 +488,8 @@ def train(dataset: Dataset, cfg: Config, *, reporter: Reporter | None = None,
     if note and (comm is None or comm.rank == 0) and dataset.graph.has_self_loops():
         import warnings
 
-        warnings.warn(f"--model {cfg.model.name} {note}: convert the edges without them to "
-                      "match", stacklevel=2)
+        warnings.warn(f"--model {cfg.model.name} {note}: convert (or generate) the graph "
+                      "with --self-loops remove to match", stacklevel=2)
     if dataset.data.num_classes < 2 and (comm is None or comm.rank == 0):
         import warnings
 

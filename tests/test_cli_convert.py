@@ -268,3 +268,108 @@ def test_a_broken_pipe_that_is_not_standard_output_is_an_error(root, monkeypatch
     monkeypatch.setitem(cli.COMMANDS, "datasets", broken)
     assert main(["datasets"]) == 2
     assert "fullgraph datasets: error: broken pipe" in capsys.readouterr().err
+
+
+def _edges(tmp_path: Path, loops: int = 0) -> str:
+    lines = [f"{i} {(i * 7 + 1) % N}" for i in range(N)] + [f"{i} {i}" for i in range(loops)]
+    (tmp_path / "e.txt").write_text("\n".join(lines) + "\n")
+    return str(tmp_path / "e.txt")
+
+
+def test_convert_reads_paths_with_a_tilde_and_stores_the_absolute_source(root, tmp_path,
+                                                                         monkeypatch, capsys):
+    """A quoted ``~/...`` input was "not found (place the file at ~/...)", where it
+    was; and the stored source was the path as typed (``e.txt``, meaningless later)."""
+    from fullgraph.graph.store import load_dataset
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    _edges(tmp_path)
+    _arrays(tmp_path)
+    assert main(["convert", "edgelist", "--name", "t", "--edges", "~/e.txt", "--features",
+                 "~/x.npy", "--labels", "~/y.npy"]) == 0
+    assert load_dataset(root / "t" / "processed").info["source"] == str(tmp_path / "e.txt")
+
+
+def test_convert_takes_scipy_sparse_features_and_keeps_them_sparse(root, tmp_path, capsys):
+    """Bag-of-words features had to be written dense (a 499 MB .npy for Coauthor CS)
+    and were held dense while converting."""
+    import scipy.sparse as sp
+    import torch
+
+    from fullgraph.graph.datasets import load
+
+    dense = np.zeros((N, 80), dtype=np.float32)
+    dense[np.arange(N), np.arange(N) % 80] = 1.0
+    sp.save_npz(tmp_path / "x.npz", sp.csr_matrix(dense))
+    np.save(tmp_path / "xd.npy", dense)
+    np.save(tmp_path / "y.npy", np.arange(N) % 3)
+    for name, features in (("s", "x.npz"), ("d", "xd.npy")):
+        assert main(["convert", "edgelist", "--name", name, "--edges", _edges(tmp_path),
+                     "--features", str(tmp_path / features), "--labels",
+                     str(tmp_path / "y.npy")]) == 0
+    assert "(features stored sparse)" in capsys.readouterr().out
+    got, want = load("s", root).data.features, load("d", root).data.features
+    assert got.layout == torch.sparse_csr and torch.equal(got.to_dense(), want.to_dense())
+    np.savez(tmp_path / "bad.npz", format=np.array("csr"), shape=np.array([N, 3]),
+             data=np.ones(2))
+    assert main(["convert", "edgelist", "--name", "b", "--edges", _edges(tmp_path),
+                 "--features", str(tmp_path / "bad.npz"), "--labels",
+                 str(tmp_path / "y.npy")]) == 2
+    assert "not a readable scipy sparse .npz" in _one_line_error(capsys)
+
+
+@pytest.mark.parametrize("mode, said, loops", [
+    ("keep", ", 3 self-loops kept", 3), ("remove", ", 3 self-loops dropped", 0),
+    ("add", ", a self-loop on every vertex", N)])
+def test_convert_keeps_drops_or_adds_self_loops(root, tmp_path, capsys, mode, said, loops):
+    """train's SAGE warning said to "convert the edges without them", and convert had
+    no way to; nor did it say it kept any."""
+    from fullgraph.graph.datasets import load
+
+    assert main(["convert", "edgelist", "--name", "g", "--edges", _edges(tmp_path, loops=3),
+                 *_arrays(tmp_path), "--self-loops", mode]) == 0
+    assert said in capsys.readouterr().out
+    src, dst = load("g", root).graph.edges()
+    assert int((src == dst).sum()) == loops
+
+
+def test_convert_warns_that_a_seed_has_no_effect_with_masks(root, tmp_path):
+    masks = np.zeros((3, N), dtype=bool)
+    masks[0, :30], masks[1, 30:40], masks[2, 40:] = True, True, True
+    np.save(tmp_path / "m.npy", masks)
+    with pytest.warns(UserWarning, match="--seed has no effect with --masks"):
+        assert main(["convert", "edgelist", "--name", "g", "--edges", _edges(tmp_path),
+                     *_arrays(tmp_path), "--masks", str(tmp_path / "m.npy"),
+                     "--seed", "5"]) == 0
+
+
+def test_datasets_describes_the_folder_convert_made_and_what_is_stored(root, tmp_path,
+                                                                       capsys):
+    """``datasets ROOT/NAME`` was "not a name" (only ROOT/NAME/processed was taken); the
+    description said nothing of the stored dtype, layout or self-loops, and printed a
+    generator's split fractions as "train"/"val" under the split counts."""
+    assert main(["generate", "rmat", "--vertices", "300", "--edges", "2000", "--name", "r",
+                 "--feature-dtype", "float16"]) == 0
+    capsys.readouterr()
+    assert main(["datasets", str(root / "r")]) == 0
+    out = capsys.readouterr().out
+    assert "stored: float16 features, dense" in out and "self-loops: 0" in out
+    assert "train_fraction: 0.6" in out and "train: 180" in out
+    assert not any(line.strip() == "train: 0.6" for line in out.splitlines())
+
+
+def test_generates_default_name_tells_draws_apart(capsys):
+    """A second draw with another seed, labels or classes replaced the first under the
+    same ``rmat-V-E`` name; the defaults still give that name."""
+    from fullgraph.cli import _generated_name, _kind_options, build_parser
+
+    def name(*argv: str) -> str:
+        args = build_parser().parse_args(["generate", *argv])
+        _kind_options(args)
+        return _generated_name(args)
+
+    assert name("rmat") == "rmat-10000-100000"
+    assert name("sbm", "--classes", "5") == "sbm-10000-5"
+    assert name("rmat", "--vertices", "20", "--edges", "50", "--seed", "7", "--labels",
+                "degree", "--classes", "4", "--symmetrize") == "rmat-20-50-c4-sym-degree-seed7"
+    assert name("sbm", "--homophily", "0.9", "--features", "8") == "sbm-10000-16-f8-h0.9"

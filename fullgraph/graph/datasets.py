@@ -93,6 +93,8 @@ def load(name: str, root: Path, *, feature_dtype: str = "stored", split_seed: in
             files missing and not downloadable (the message says what to put where).
     """
     direct = Path(name).expanduser()
+    if name != check_name_or_none(name) and (direct / "processed" / store.META_FILE).is_file():
+        direct = direct / "processed"  # a path to the folder convert or generate made
     if name and (direct / store.SHARDS_FILE).is_file():  # a shard set: one part of it
         return _finish(store.load_shard(direct, part, verify=verify, split_seed=split_seed),
                        feature_dtype)
@@ -222,6 +224,14 @@ def _incomplete(where: Path) -> None:
             store.load_dataset(folder, verify=False)  # raises, naming the missing metadata
 
 
+def check_name_or_none(name: str) -> str | None:
+    """``name`` if it is a dataset name (``check_name``), else None."""
+    try:
+        return check_name(name)
+    except ConfigError:
+        return None
+
+
 def check_name(name: str, *, path_ok: bool = False) -> str:
     """Return ``name`` if it is a dataset name: one directory name inside the root.
 
@@ -278,16 +288,26 @@ def save_processed(dataset: Dataset, root: Path, name: str) -> Path:
 
 
 def ensure_raw(spec: DatasetSpec, raw: Path, *, download: bool = True) -> Path:
-    """Make sure the raw files of ``spec`` are in ``raw``; return the directory."""
-    missing = [f for f in spec.files if not (raw / f).exists()]
+    """Make sure the raw files of ``spec`` are in ``raw``; return the directory. A
+    built-in dataset's file of another size than the package's copy (one cut short)
+    is copied again."""
+    builtin = BUILTIN / spec.name
+
+    def present(f: str) -> bool:
+        if not (builtin / f).is_file():
+            return (raw / f).exists()
+        return (raw / f).is_file() and (raw / f).stat().st_size == (builtin / f).stat().st_size
+
+    missing = [f for f in spec.files if not present(f)]
     if not missing:
         return raw
-    builtin = BUILTIN / spec.name
     if builtin.is_dir():
         raw.mkdir(parents=True, exist_ok=True)
         for f in missing:
-            if (builtin / f).is_file():
-                shutil.copyfile(builtin / f, raw / f)
+            if (builtin / f).is_file():  # whole or not at all: a copy cut short by a
+                partial = raw / f".{f}.partial"  # kill must not pass for the file
+                shutil.copyfile(builtin / f, partial)
+                os.replace(partial, raw / f)
         missing = [f for f in spec.files if not (raw / f).exists()]
         if not missing:
             return raw
@@ -361,6 +381,10 @@ def convert(fmt: str, opts: ConvertOptions) -> Dataset:
     if fmt not in CONVERT_FORMATS:
         raise ConfigError(f"convert format {fmt!r}; expected one of {', '.join(CONVERT_FORMATS)}")
     check_new_name(opts.name)
+    opts = dataclasses.replace(opts, **{  # ~ expanded; absolute, as the stored source
+        key: os.path.abspath(os.path.expanduser(value))
+        for key in ("edges", "features", "labels", "masks", "input")
+        if isinstance(value := getattr(opts, key), (str, os.PathLike))})
 
     def need(*names: str) -> list[str]:
         absent = [n for n in names if not getattr(opts, n)]
@@ -378,6 +402,9 @@ def convert(fmt: str, opts: ConvertOptions) -> Dataset:
         warnings.warn(f"convert {fmt}: {', '.join('--' + n.replace('_', '-') for n in unused)} "
                       f"{'has' if len(unused) == 1 else 'have'} no effect on this format",
                       stacklevel=2)
+    if fmt == "edgelist" and opts.masks and opts.seed != 0:
+        warnings.warn("convert edgelist: --seed has no effect with --masks (the masks give "
+                      "the split; the seed draws one without them)", stacklevel=2)
     if fmt == "edgelist":
         edges, features, labels = need("edges", "features", "labels")
         return edgelist.load_edgelist(edges, features, labels,

@@ -514,8 +514,8 @@ class _SBM:
         return {"generator": "sbm", "num_nodes": self.num_nodes,
                 "num_classes": self.num_classes, "avg_degree": self.avg_degree,
                 "homophily": self.homophily, "feature_noise": self.feature_noise,
-                "seed": self.seed, "self_loops": self.self_loops, "train": self.train,
-                "val": self.val}
+                "seed": self.seed, "self_loops": self.self_loops, "train_fraction": self.train,
+                "val_fraction": self.val}
 
 
 def _rmat_block(start: int, count: int, scale: int, base: np.uint64,
@@ -607,7 +607,8 @@ def _rmat_info(num_nodes: int, num_edges: int, a: float, b: float, c: float, d: 
                val: float) -> dict[str, Any]:
     return {"generator": "rmat", "num_nodes": num_nodes, "requested_edges": num_edges,
             "a": a, "b": b, "c": c, "d": d, "seed": seed, "symmetrize": symmetrize,
-            "self_loops": self_loops, "labels": labels, "train": train, "val": val}
+            "self_loops": self_loops, "labels": labels, "train_fraction": train,
+            "val_fraction": val}
 
 
 def _rmat_labels(in_degree: torch.Tensor | None, num_classes: int, scheme: LabelScheme,

@@ -165,3 +165,16 @@ def test_a_built_in_dataset_processed_dense_is_processed_again(tmp_path: Path) -
         again = datasets.load("cora", tmp_path)
     assert is_sparse(again.data.features)
     assert torch.equal(densify(again.data.features), want)
+
+
+def test_a_built_in_raw_file_cut_short_is_copied_again(tmp_path: Path) -> None:
+    """A first run killed while copying Cora's raw files left a truncated file that
+    every later run failed to read ("pickle data was truncated") until it was deleted
+    by hand; the package holds the whole file."""
+    spec = datasets.KNOWN["cora"]
+    raw = datasets.ensure_raw(spec, tmp_path / "cora" / "raw", download=False)
+    whole = (raw / spec.files[0]).read_bytes()
+    (raw / spec.files[0]).write_bytes(whole[:100])
+    datasets.ensure_raw(spec, raw, download=False)
+    assert (raw / spec.files[0]).read_bytes() == whole
+    assert not list(raw.glob(".*.partial"))

@@ -17,12 +17,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import scipy.sparse as sp
 import torch
 
 from fullgraph.errors import DatasetNotFoundError, FormatError, ValidationError
 from fullgraph.graph.csr import Graph
 from fullgraph.graph.data import MASK_NAMES, Dataset, VertexData
 from fullgraph.graph.formats._text import line_of_row
+from fullgraph.graph.sparse import csr
 
 PathLike = str | os.PathLike[str]
 #: Maps the 0-based position of a bad value to ``line=`` / ``field=`` error arguments.
@@ -247,6 +249,67 @@ def check_masks(masks: Sequence[np.ndarray], labels: np.ndarray,
                                       field=f"{MASK_NAMES[i]} & {MASK_NAMES[j]}",
                                       found=f"vertex {v} in both ({int(both.sum())} in all)",
                                       expected="disjoint train/val/test masks")
+
+
+SPARSE_LAYOUTS = (torch.sparse_coo, torch.sparse_csr, torch.sparse_csc)
+
+
+def is_sparse_input(x: Any) -> bool:
+    """A torch sparse tensor (COO, CSR, CSC), a ``torch_sparse.SparseTensor`` or a
+    scipy sparse matrix or array."""
+    if isinstance(x, torch.Tensor):
+        return x.layout in SPARSE_LAYOUTS
+    return hasattr(x, "to_torch_sparse_csr_tensor") or sp.issparse(x)
+
+
+def sparse_features(x: Any, name: PathLike, field: str = "x") -> torch.Tensor:
+    """Sparse ``x`` (``is_sparse_input``) as fullgraph's CSR features (float32, float16
+    kept), its non-zeros only: it is never made dense here (``--sparse-features``
+    decides the layout later). ``name`` and ``field`` locate it in errors."""
+    if sp.issparse(x):
+        m = x.tocsr(copy=True)  # summing duplicates below must not change the caller's
+        if m.ndim != 2:
+            raise FormatError("features must be a 2-D array", source=name, field=field,
+                              found=m.shape, expected="(N, F)")
+        m.sum_duplicates()
+        data = np.asarray(m.data)
+        if data.dtype.kind not in "biuf":
+            raise FormatError("features must be real numbers", source=name, field=field,
+                              found=data.dtype, expected="a float, integer or bool matrix")
+        if data.dtype.itemsize > 8:  # long double: torch has no such type
+            data = data.astype(np.float64)
+        t = torch.sparse_csr_tensor(torch.from_numpy(m.indptr.astype(np.int64)),
+                                    torch.from_numpy(m.indices.astype(np.int64)),
+                                    torch.from_numpy(data), size=m.shape,
+                                    check_invariants=True)
+    else:
+        t = x if isinstance(x, torch.Tensor) else x.to_torch_sparse_csr_tensor()
+    if t.dim() != 2 or (t.layout == torch.sparse_coo and t.sparse_dim() != 2):
+        raise FormatError("features must be a 2-D array (sparse in both dimensions)",
+                          source=name, field=field, found=f"{tuple(t.shape)} {t.layout}",
+                          expected="(N, F)")
+    if t.shape[1] == 0:
+        raise FormatError("features have no columns", source=name, field=field,
+                          found=tuple(t.shape), expected="(N, F) with F >= 1",
+                          hint="for a graph without vertex features, give a column of ones")
+    t = t.detach().cpu()
+    if t.layout == torch.sparse_coo:
+        t = t.coalesce()
+    t = t.to_sparse_csr()
+    values = t.values()
+    if values.dtype not in (torch.float16, torch.float32):
+        if values.dtype.is_complex:
+            raise FormatError("features must be real numbers", source=name, field=field,
+                              found=values.dtype, expected="a float, integer or bool tensor")
+        values = values.to(torch.float32)
+    bad = ~torch.isfinite(values)
+    if bool(bad.any()):
+        k = int(bad.nonzero()[0, 0])
+        row = int(torch.searchsorted(t.crow_indices(), k, right=True)) - 1
+        col = int(t.col_indices()[k])
+        raise ValidationError("feature is not finite", source=name, field=f"{field}[{row}, {col}]",
+                              found=float(values[k]), expected="a finite number")
+    return csr(t.crow_indices(), t.col_indices(), values, (int(t.shape[0]), int(t.shape[1])))
 
 
 def assemble(name: str, graph: Graph, features: np.ndarray | torch.Tensor,

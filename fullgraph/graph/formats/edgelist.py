@@ -5,7 +5,8 @@ blank lines allowed) or binary: no header, one record per edge, ``src`` then ``d
 each a little-endian integer of the stated dtype (uint32: 8 bytes per edge, as
 ``np.array(pairs, dtype="<u4").tofile``; int64: 16 bytes per edge). A binary file
 that reads as valid pairs only at the other of these two widths is refused with a
-message naming that width. Features are an (N, F) ``.npy`` array, labels an
+message naming that width. Features are an (N, F) ``.npy`` array (or a sparse
+matrix written by ``scipy.sparse.save_npz``, kept sparse), labels an
 (N,) integer ``.npy`` array (-1 = unlabelled). Masks are either one (3, N) bool
 ``.npy`` (rows train, val, test) or three (N,) bool ``.npy`` files; without masks a
 seeded fraction split of the labelled vertices is drawn. ``.npy`` files are read
@@ -19,6 +20,7 @@ Shapes: N = number of vertices, F = feature dimension, E = number of edges.
 from __future__ import annotations
 
 import os
+import zipfile
 from collections.abc import Sequence
 
 import numpy as np
@@ -38,6 +40,7 @@ from fullgraph.graph.formats._common import (
     check_labels,
     check_masks,
     field_locator,
+    sparse_features,
     text_locator,
     warn_repeated_edges,
 )
@@ -81,12 +84,11 @@ def load_edgelist(edges: PathLike, features: PathLike, labels: PathLike, *,
             labels out of range, an implausible inferred class count (see
             ``check_class_count``), empty or overlapping masks, no edges.
     """
-    x = as_features(load_npy(features), source=features)
+    x = load_features(features)
     n = x.shape[0] if num_nodes is None else int(num_nodes)
     if x.shape[0] != n:
         raise ValidationError("feature rows do not match the number of vertices",
                               source=features, found=x.shape[0], expected=n)
-    check_finite(x, source=features, locate=lambda k: {})
     y = as_labels(load_npy(labels), source=labels)
     if y.shape[0] != n:
         raise ValidationError("labels do not match the number of vertices", source=labels,
@@ -238,6 +240,34 @@ def _other_width(dt: np.dtype) -> np.dtype | None:
 
 def _ids_in_range(pairs: np.ndarray, num_nodes: int) -> bool:
     return bool((pairs >= 0).all() and (pairs < num_nodes).all())
+
+
+def load_features(path: PathLike) -> np.ndarray | torch.Tensor:
+    """(N, F) features from an ``.npy`` (dense, float32; float16 kept) or from a
+    ``scipy.sparse.save_npz`` archive (CSR, its non-zeros only: bag-of-words features
+    need never be written or held dense).
+
+    Raises:
+        DatasetNotFoundError: the file does not exist.
+        FormatError: neither form, a shape other than (N, F), values not real numbers.
+        ValidationError: a value is not finite.
+    """
+    require_file(path)
+    if zipfile.is_zipfile(path):
+        with zipfile.ZipFile(path) as archive:
+            members = set(archive.namelist())
+        if {"format.npy", "shape.npy", "data.npy"} <= members:
+            import scipy.sparse as sp
+
+            try:
+                matrix = sp.load_npz(path)
+            except (ValueError, OSError, KeyError, NotImplementedError) as exc:
+                raise FormatError("not a readable scipy sparse .npz", source=path,
+                                  found=str(exc)) from exc
+            return sparse_features(matrix, path, "features")
+    x = as_features(load_npy(path), source=path)
+    check_finite(x, source=path, locate=lambda k: {})
+    return x
 
 
 def load_npy(path: PathLike) -> np.ndarray:

@@ -20,6 +20,7 @@ from fullgraph.errors import FormatError, ValidationError
 from fullgraph.graph.csr import Graph
 from fullgraph.graph.data import MASK_NAMES, Dataset
 from fullgraph.graph.formats._common import (
+    SPARSE_LAYOUTS,
     as_features,
     as_labels,
     assemble,
@@ -28,8 +29,10 @@ from fullgraph.graph.formats._common import (
     check_labels,
     check_masks,
     field_locator,
+    is_sparse_input,
+    sparse_features,
 )
-from fullgraph.graph.sparse import csr, densify
+from fullgraph.graph.sparse import densify
 from fullgraph.graph.split import fraction_split
 
 
@@ -67,8 +70,8 @@ def from_pyg(data: Any, name: str = "pyg", *, split_index: int = 0, seed: int = 
             raise FormatError("the PyG data object lacks an attribute", source=name, field=key,
                               expected="x, y and edge_index (or adj_t)")
     features: Any
-    if _is_sparse_input(x):
-        features = _sparse_features(x, name)
+    if is_sparse_input(x):
+        features = sparse_features(x, name)
     else:
         features = as_features(_numpy(x), source=name, field="x")
         check_finite(features, source=name, locate=lambda k: {"field": "x"})
@@ -102,7 +105,7 @@ def adjacency_edges(adj_t: Any, name: str) -> np.ndarray:
     if sp.issparse(adj_t):
         coo = adj_t.tocoo()
         dst, src, values = np.asarray(coo.row), np.asarray(coo.col), np.asarray(coo.data)
-    elif isinstance(adj_t, Tensor) and adj_t.layout in _SPARSE_LAYOUTS and adj_t.dim() == 2:
+    elif isinstance(adj_t, Tensor) and adj_t.layout in SPARSE_LAYOUTS and adj_t.dim() == 2:
         coo = adj_t.detach().cpu().to_sparse_coo()  # (not coalesced: a repeat is no weight)
         (dst, src), values = coo._indices().numpy(), _numpy(coo._values())
     elif hasattr(adj_t, "coo"):  # torch_sparse.SparseTensor
@@ -172,77 +175,19 @@ def to_pyg(dataset: Dataset) -> Any:
                 num_nodes=dataset.graph.num_nodes)
 
 
-_SPARSE_LAYOUTS = (torch.sparse_coo, torch.sparse_csr, torch.sparse_csc)
 
 
 def feature_tensor(x: Any, name: str) -> Tensor:
     """Features given as a tensor, a numpy array or a scipy sparse matrix, as a tensor
     (sparse ones as CSR)."""
-    if _is_sparse_input(x):
-        return _sparse_features(x, name)
+    if is_sparse_input(x):
+        return sparse_features(x, name)
     if isinstance(x, Tensor):
         return x
     features = as_features(_numpy(x), source=name, field="features")  # as from_pyg reads x
     check_finite(features, source=name, locate=lambda k: {"field": "features"})
     return torch.from_numpy(np.require(features, requirements=["C", "W"]))  # (a copy where
     # the rows run backwards, or the array is read-only)
-
-
-def _is_sparse_input(x: Any) -> bool:
-    """A torch sparse tensor (COO, CSR, CSC), a ``torch_sparse.SparseTensor`` or a
-    scipy sparse matrix or array."""
-    if isinstance(x, Tensor):
-        return x.layout in _SPARSE_LAYOUTS
-    return hasattr(x, "to_torch_sparse_csr_tensor") or sp.issparse(x)
-
-
-def _sparse_features(x: Any, name: str) -> Tensor:
-    """Sparse ``x`` as fullgraph's CSR features (float32, float16 kept), its non-zeros
-    only: it is never made dense here (``sparse_features`` decides the layout later)."""
-    if sp.issparse(x):
-        m = x.tocsr(copy=True)  # summing duplicates below must not change the caller's
-        if m.ndim != 2:
-            raise FormatError("features must be a 2-D array", source=name, field="x",
-                              found=m.shape, expected="(N, F)")
-        m.sum_duplicates()
-        data = np.asarray(m.data)
-        if data.dtype.kind not in "biuf":
-            raise FormatError("features must be real numbers", source=name, field="x",
-                              found=data.dtype, expected="a float, integer or bool matrix")
-        if data.dtype.itemsize > 8:  # long double: torch has no such type
-            data = data.astype(np.float64)
-        t = torch.sparse_csr_tensor(torch.from_numpy(m.indptr.astype(np.int64)),
-                                    torch.from_numpy(m.indices.astype(np.int64)),
-                                    torch.from_numpy(data), size=m.shape,
-                                    check_invariants=True)
-    else:
-        t = x if isinstance(x, Tensor) else x.to_torch_sparse_csr_tensor()
-    if t.dim() != 2 or (t.layout == torch.sparse_coo and t.sparse_dim() != 2):
-        raise FormatError("features must be a 2-D array (sparse in both dimensions)",
-                          source=name, field="x", found=f"{tuple(t.shape)} {t.layout}",
-                          expected="(N, F)")
-    if t.shape[1] == 0:
-        raise FormatError("features have no columns", source=name, field="x",
-                          found=tuple(t.shape), expected="(N, F) with F >= 1",
-                          hint="for a graph without vertex features, give a column of ones")
-    t = t.detach().cpu()
-    if t.layout == torch.sparse_coo:
-        t = t.coalesce()
-    t = t.to_sparse_csr()
-    values = t.values()
-    if values.dtype not in (torch.float16, torch.float32):
-        if values.dtype.is_complex:
-            raise FormatError("features must be real numbers", source=name, field="x",
-                              found=values.dtype, expected="a float, integer or bool tensor")
-        values = values.to(torch.float32)
-    bad = ~torch.isfinite(values)
-    if bool(bad.any()):
-        k = int(bad.nonzero()[0, 0])
-        row = int(torch.searchsorted(t.crow_indices(), k, right=True)) - 1
-        col = int(t.col_indices()[k])
-        raise ValidationError("feature is not finite", source=name, field=f"x[{row}, {col}]",
-                              found=float(values[k]), expected="a finite number")
-    return csr(t.crow_indices(), t.col_indices(), values, (int(t.shape[0]), int(t.shape[1])))
 
 
 def _index_mask(ids: np.ndarray, n: int, name: str, key: str) -> np.ndarray:
