@@ -381,10 +381,11 @@ def convert(fmt: str, opts: ConvertOptions) -> Dataset:
     if fmt not in CONVERT_FORMATS:
         raise ConfigError(f"convert format {fmt!r}; expected one of {', '.join(CONVERT_FORMATS)}")
     check_new_name(opts.name)
-    opts = dataclasses.replace(opts, **{  # ~ expanded; absolute, as the stored source
+    paths: dict[str, Any] = {  # ~ expanded; absolute, as the stored source
         key: os.path.abspath(os.path.expanduser(value))
         for key in ("edges", "features", "labels", "masks", "input")
-        if isinstance(value := getattr(opts, key), (str, os.PathLike))})
+        if isinstance(value := getattr(opts, key), (str, os.PathLike))}
+    opts = dataclasses.replace(opts, **paths)
 
     def need(*names: str) -> list[str]:
         absent = [n for n in names if not getattr(opts, n)]
