@@ -54,6 +54,12 @@ def active_allocator() -> str:
     for name, files in CANDIDATES:
         if any(f.split(".so")[0] in preload for f in files):
             return f"{name} ({preload})"
+    choice = os.environ.get("FULLGRAPH_ALLOCATOR", "auto")
+    if choice not in ("auto", "", "system"):
+        if choice in preload:
+            return f"{Path(choice).name} ({preload})"
+        return (f"system malloc (FULLGRAPH_ALLOCATOR={choice} is no file; give a library's "
+                "path, system or auto)")
     return "system malloc (install libtcmalloc-minimal4 for faster epochs)"
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import sys
 import tempfile
 import warnings
@@ -366,7 +367,15 @@ def config_from_options(options: dict[str, Any], caller: str = "fit") -> Any:
                               f"{', '.join(sorted(taken))}")
         section, key = by_name[name]
         tree.setdefault(section, {})[key] = value
-    return config_from_dict(tree, source=caller)
+    try:
+        return config_from_dict(tree, source=caller)
+    except ConfigError as exc:  # named as the caller named it: dep_mode=, not section.key
+        text = str(exc).removeprefix(f"{caller}: ")
+        found = re.match(r"(\w+)\.(\w+): ", text)
+        names = {key: name for name, key in by_name.items()}
+        if found is not None and (found.group(1), found.group(2)) in names:
+            text = f"{names[found.group(1), found.group(2)]}=: {text[found.end():]}"
+        raise ConfigError(f"{caller}: {text}") from None
 
 
 def _from_pyg(data: Any, split_seed: int, num_classes: int | None) -> Any:

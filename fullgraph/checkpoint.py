@@ -145,6 +145,38 @@ def differences(saved: Any, current: Any, where: str = "", *,
     return [] if saved == current else [f"{where}: {saved!r} {saved_in}, {current!r} here"]
 
 
+WHERE_OPTIONS = ("data.root", "train.resume", "train.checkpoint_dir", "train.metrics_out",
+                 "train.save_model", "train.progress", "train.log_level", "launch.run_dir",
+                 "launch.keep_run_dir", "partition.file")
+"""Options that say where a run reads and writes, or how it talks, not what it trains:
+a resumed run may well give others (``changed_options`` leaves them out)."""
+
+
+def changed_options(saved_json: str | None, cfg: Any) -> list[str]:
+    """The options of ``cfg`` other than those of the run that wrote a checkpoint
+    (its ``config_json``), as ``section.key: A -> B``; where and how a run reads and
+    writes (``WHERE_OPTIONS``) left out. The fingerprint refuses what must match; the
+    rest (more epochs, another strategy) may change, and the run header says so."""
+    if not saved_json:
+        return []
+    try:
+        saved = json.loads(saved_json)
+    except ValueError:
+        return []
+    current = json.loads(json.dumps(cfg.to_dict(), default=str))
+
+    def leaves(tree: Any, where: str = "") -> dict[str, Any]:
+        if not isinstance(tree, dict):
+            return {where: tree}
+        return {k: v for key, sub in tree.items()
+                for k, v in leaves(sub, f"{where}.{key}" if where else str(key)).items()}
+
+    before, after = leaves(saved), leaves(current)
+    return [f"{key} {before.get(key)!r} -> {after.get(key)!r}"
+            for key in sorted(set(before) | set(after))
+            if before.get(key) != after.get(key) and key not in WHERE_OPTIONS]
+
+
 def check_fingerprint(saved: dict[str, Any], current: dict[str, Any], source: str) -> None:
     """Refuse a checkpoint of another dataset, model or optimisation, naming each difference.
 
@@ -468,7 +500,8 @@ class Checkpointer:
         optimizer.load_state_dict(ckpt["optimizer"])
         torch.set_rng_state(ckpt["rng"])
         best = ckpt["best"]
-        self.resumed_from = {"epoch": ckpt["epoch"], **ckpt["run"]}
+        self.resumed_from = {"epoch": ckpt["epoch"], **ckpt["run"],
+                             "changed": changed_options(ckpt.get("config_json"), self.cfg)}
         return LoopState(ckpt["epoch"],
                          (best["val"], best["epoch"], best["test"], best["train"], best["params"]),
                          [EpochRecord(**r) for r in ckpt["records"]])
@@ -478,8 +511,12 @@ class Checkpointer:
         r = self.resumed_from
         if r is None:
             return []
-        return [f"resume   from {self.cfg.train.resume} after epoch {r['epoch']} (saved by "
-                f"strategy {r['strategy']} on {r['workers']} worker(s))"]
+        lines = [f"resume   from {self.cfg.train.resume} after epoch {r['epoch']} (saved by "
+                 f"strategy {r['strategy']} on {r['workers']} worker(s))"]
+        if r.get("changed"):
+            lines.append("resume   options other than the checkpoint's run had: "
+                         + "; ".join(r["changed"]))
+        return lines
 
     def after_epoch(self, epoch: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                     best: Best, records: list[EpochRecord], *, last: bool = False) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import json
 import os
 import re
 import signal
@@ -107,7 +108,7 @@ def _add_config_flags(parser: argparse.ArgumentParser, *,
     from fullgraph.fields import choices_of, or_else_of
 
     flags, defaults = flag_names(), defaults or {}
-    parser.add_argument("--config", metavar="FILE",
+    parser.add_argument("--config", metavar="FILE", action=_Once,
                         help="YAML, TOML or JSON file of options (`fullgraph config --print` "
                         "writes one); flags given here override it")
     for section, cls in sections().items():
@@ -196,6 +197,18 @@ def _named_source(text: str, config: str, in_file: set[str],
     return text
 
 
+class _Once(argparse.Action):
+    """An option that may be given once: a second ``--config`` replaced the first
+    without a word (its options were dropped)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        if getattr(namespace, self.dest, None) is not None:
+            parser.error(f"{option_string} given twice ({getattr(namespace, self.dest)} and "
+                         f"{values}); give one file (it may hold every option)")
+        setattr(namespace, self.dest, values)
+
+
 class _Parser(argparse.ArgumentParser):
     """An argparse parser whose usage errors are one line (not the whole usage), and
     which takes no abbreviated flags: ``--epoch`` is refused, not read as ``--epochs``
@@ -237,8 +250,9 @@ def build_parser() -> argparse.ArgumentParser:
                               "its help and its flag. It loads back unchanged.")
     p_config.add_argument("--print", action="store_true", required=True,
                           help="print the config file on stdout")
-    p_config.add_argument("--format", choices=("yaml", "toml"), default="yaml",
-                          help="file format (default: yaml)")
+    p_config.add_argument("--format", choices=("yaml", "toml", "json"), default="yaml",
+                          help="file format (default: yaml; json has no room for the "
+                          "options' help)")
     _add_config_flags(p_config)
 
     p_data = sub.add_parser("datasets", help="list known and processed datasets, or describe one")
@@ -463,10 +477,10 @@ def _main(argv: list[str] | None) -> int:
         parser.exit(2, f"{prog}: error: unrecognized arguments: {' '.join(extra)} "
                     f"(see {prog} --help)\n")
     args.argv = raw
-    debug = bool(os.environ.get("FULLGRAPH_DEBUG")) or \
-        vars(args).get("train.log_level") == "debug"
-    formatted = warnings.formatwarning
-    if not debug:  # a warning is one line, as an error is: no source file, no code line
+    args.debug = bool(os.environ.get("FULLGRAPH_DEBUG")) or \
+        vars(args).get("train.log_level") == "debug"  # (or a config file's: below)
+    formatted = args.formatwarning = warnings.formatwarning
+    if not args.debug:  # a warning is one line, as an error is: no source file, no code line
         warnings.formatwarning = _one_line_warning(f"fullgraph {args.command}")
     from fullgraph import worker
 
@@ -489,7 +503,7 @@ def _main(argv: list[str] | None) -> int:
         print(f"fullgraph {args.command}: error: {_error_text(exc)}", file=sys.stderr)
         return 2
     except (FullgraphError, ValueError, OSError) as exc:
-        if debug:
+        if args.debug:
             traceback.print_exc()
         if not worker.report_start_failure(exc):  # else the launcher names it, once
             print(f"fullgraph {args.command}: error: {_as_given(_error_text(exc), args)}",
@@ -556,6 +570,9 @@ def _config_at_log_level(args: argparse.Namespace,
         cfg = config_from_args(args, defaults, ignored)
     if cfg.train.log_level == "error":
         warnings.simplefilter("ignore")
+    if cfg.train.log_level == "debug" and not getattr(args, "debug", True):  # a config
+        args.debug = True  # file's: tracebacks and warnings' sources, as the flag's
+        warnings.formatwarning = args.formatwarning
     for w in caught:  # those of the options themselves, shown or not by the level
         warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     return cfg
@@ -659,7 +676,7 @@ def _share_failures(status: Any, comm: Any) -> None:
 def _train(cfg: Any, status: Any, launched: bool = True) -> int:
     """Train in this process: alone, or as one worker of a launched job (``launched``)."""
     from fullgraph.allocator import memory_line
-    from fullgraph.comm.group import check_device, destroy_comm, init_comm, resolve_device
+    from fullgraph.comm.group import check_device, destroy_comm, env_int, init_comm, resolve_device
     from fullgraph.report import Reporter
     from fullgraph.train import check_same_options, train
 
@@ -667,7 +684,7 @@ def _train(cfg: Any, status: Any, launched: bool = True) -> int:
     comm = None
     if launched:
         backend = None if cfg.launch.backend == "auto" else cfg.launch.backend
-        device = resolve_device(cfg.train.device, int(os.environ.get("LOCAL_RANK", "0")))
+        device = resolve_device(cfg.train.device, env_int("LOCAL_RANK", 0))
         comm = init_comm(backend=backend, timeout_s=cfg.launch.timeout_s, device=device)
         status.watch(comm.counter)
         _share_failures(status, comm)
@@ -682,7 +699,7 @@ def _train(cfg: Any, status: Any, launched: bool = True) -> int:
         header = [memory_line()]
         try:
             train(dataset, cfg, reporter=reporter, header=header, comm=comm, status=status,
-                  local_rank=int(os.environ.get("LOCAL_RANK", "0")))
+                  local_rank=env_int("LOCAL_RANK", 0))
         finally:
             reporter.close()
     except Exception as exc:
@@ -702,7 +719,10 @@ def cmd_config(args: argparse.Namespace) -> int:
 
     cfg = config_from_args(args)
     check_general(cfg, cfg.launch.workers)  # (what train refuses whatever the strategy)
-    print(template(cfg, args.format), end="")
+    if args.format == "json":
+        print(json.dumps(cfg.to_dict(), indent=2))
+    else:
+        print(template(cfg, args.format), end="")
     return 0
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import sys
 import types
 import typing
@@ -558,6 +559,10 @@ def _build_section(cls: type, values: dict[str, Any], where: str) -> Any:
         if not _type_ok(value, hints[key]):
             raise ConfigError(f"{where}.{key}: got {value!r} ({type(value).__name__}); "
                               f"expected {_type_name(hints[key])}")
+        if isinstance(value, str) and not value.strip() and _type_ok(None, hints[key]):
+            raise ConfigError(f"{where.rsplit(': ', 1)[-1]}.{key}: got an empty value "
+                              f"{value!r}; leave the option out for none (an unset variable "
+                              "in a script?)")
         choices = choices_of(known[key])
         if choices is not None and value not in choices and not or_else_of(known[key]):
             raise ConfigError(f"{where}.{key}: got {value!r}; expected one of "
@@ -566,14 +571,29 @@ def _build_section(cls: type, values: dict[str, Any], where: str) -> Any:
         return cls(**values)
     except ConfigError:
         raise
-    except ValueError as exc:  # a strategy's own validation
-        text = str(exc)  # one that names a field first is named as the others are
-        field = next((f.name for f in dataclasses.fields(cls)
-                      if text.startswith(f"{f.name} ")), None)
+    except ValueError as exc:  # a strategy's own validation: named as the others are
+        field, rest = _field_of(str(exc), cls, values)  # where it names one option
         if field is not None:
-            raise ConfigError(f"{where.rsplit(': ', 1)[-1]}.{field}: "
-                              f"{text[len(field) + 1:]}") from None
+            raise ConfigError(f"{where.rsplit(': ', 1)[-1]}.{field}: {rest}") from None
         raise ConfigError(f"{where}: {exc}") from None
+
+
+def _field_of(text: str, cls: type, values: dict[str, Any]) -> tuple[str | None, str]:
+    """The one field of ``cls`` a validation error's ``text`` is about, and the text
+    after its name ("data parallel byte_cost must be ..." -> byte_cost, "must be
+    ..."); or the field whose given value it quotes ("cannot read 'lots' as a size"),
+    with the whole text. (None, text) where it names none, or several."""
+    names = [f.name for f in dataclasses.fields(cls)]
+    named = [(n, m) for n in names
+             if (m := re.search(rf"(?<![\w.]){re.escape(n).replace('_', '[_ ]')}\b:?\s*",
+                                text))]
+    if len(named) == 1:
+        return named[0][0], text[named[0][1].end():]
+    quoted = [n for n in names if isinstance(values.get(n), str) and
+              f"{values[n]!r}" in text]
+    if not named and len(quoted) == 1:
+        return quoted[0], text
+    return None, text
 
 
 _YES_NO = {"yes": True, "no": False, "on": True, "off": False, "y": True, "n": False}

@@ -93,6 +93,11 @@ def normalize(tree: Any, source: str) -> Any:
                 put(top, _field_name(top, key, fields, by_flag), inner, f"{top}.{key}")
         elif _key(top) in by_flag:
             put(*by_flag[_key(top)], value, str(top))
+        elif _key(top) in ("quiet", "q"):  # --quiet's option: the log level it sets
+            if value is not True:
+                raise ConfigError(f"{source}: {top}: {value!r}; quiet takes only true (or give "
+                                  "log-level: warning, info or debug)")
+            put("train", "log_level", "warning", str(top))
         else:
             out[top] = value  # config_from_dict names the unknown section
     return out
@@ -113,9 +118,17 @@ def _field_name(section: str, key: Any, fields: set[str],
 
 
 def _yaml_value(value: Any) -> str:
+    """``value`` as YAML that ``--config`` reads back as the same value: PyYAML writes
+    YAML 1.1, whose plain ``1e3`` or ``007`` are text, and the file is read as YAML
+    1.2, where they are numbers; such a text is quoted."""
     import yaml
 
-    return yaml.safe_dump([value], default_flow_style=True).strip()[1:-1]
+    from fullgraph.config import yaml_load_unique
+
+    text = yaml.safe_dump([value], default_flow_style=True).strip()[1:-1]
+    if isinstance(value, str) and yaml_load_unique(f"[{text}]") != [value]:
+        text = json.dumps(value)  # (a JSON string is a YAML double-quoted one)
+    return text
 
 
 def _toml_value(value: Any) -> str:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import statistics
 import sys
 import tempfile
@@ -74,6 +73,7 @@ def measure(cfg: Any, labels: list[str], features: int, classes: int,
     import torch
 
     from fullgraph import plan as P
+    from fullgraph.comm.group import env_int
     from fullgraph.comm.primitives import all_gather_object
     from fullgraph.plan_measure import tiny_dataset
     from fullgraph.profile import peak_memory_bytes
@@ -89,7 +89,7 @@ def measure(cfg: Any, labels: list[str], features: int, classes: int,
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 result = train(dataset, probe_config(cfg, cands[label]), comm=comm,
-                               local_rank=int(os.environ.get("LOCAL_RANK", "0")))
+                               local_rank=env_int("LOCAL_RANK", 0))
             mine = [r.epoch_s for r in result.epochs[1:]]
             epochs[label] += [max(walls) for walls in
                               zip(*all_gather_object(mine, comm, "probe"))]
@@ -135,7 +135,7 @@ per worker) takes seconds, start-up included."""
 
 def main(argv: list[str]) -> int:
     from fullgraph import launch
-    from fullgraph.comm.group import destroy_comm, init_comm, resolve_device
+    from fullgraph.comm.group import destroy_comm, env_int, init_comm, resolve_device
     from fullgraph.comm.primitives import all_gather_object, barrier
     from fullgraph.config import config_from_dict
     from fullgraph.plan_measure import workload_seconds
@@ -148,7 +148,7 @@ def main(argv: list[str]) -> int:
             warnings.simplefilter("ignore")
             cfg = config_from_dict(spec["config"], config_path)  # (a failure is reported)
         backend = None if cfg.launch.backend == "auto" else cfg.launch.backend
-        device = resolve_device(cfg.train.device, int(os.environ.get("LOCAL_RANK", "0")))
+        device = resolve_device(cfg.train.device, env_int("LOCAL_RANK", 0))
         comm = init_comm(backend=backend, timeout_s=cfg.launch.timeout_s, device=device)
         status.watch(comm.counter)
         try:

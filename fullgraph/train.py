@@ -13,7 +13,6 @@ from __future__ import annotations
 import copy
 import importlib
 import math
-import os
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -26,7 +25,7 @@ from torch import Tensor
 from fullgraph.adapt import build_adapters, check_local_launch
 from fullgraph.adapt import check_strategy as check_adapt_strategy
 from fullgraph.checkpoint import Checkpointer, run_facts
-from fullgraph.comm.group import Comm, check_device, resolve_device
+from fullgraph.comm.group import Comm, check_device, env_int, resolve_device
 from fullgraph.comm.primitives import all_gather_object
 from fullgraph.config import Config
 from fullgraph.errors import ConfigError
@@ -413,7 +412,7 @@ def step_seed(seed: int, epoch: int) -> int:
 def configure_runtime(cfg: Config) -> None:
     """Process-wide kernel and thread settings."""
     set_backend(cfg.runtime.spmm_backend)
-    threads = cfg.runtime.threads or int(os.environ.get("FULLGRAPH_THREADS", "0"))
+    threads = cfg.runtime.threads or env_int("FULLGRAPH_THREADS", 0)
     threads = threads or torch.get_num_threads()  # else: the launcher's share of the cores
     # numba first: starting its OpenMP pool resets the process-wide OpenMP count
     kernels.set_threads(threads)

@@ -23,7 +23,7 @@ from fullgraph import checkpoint
 from fullgraph.config import Config, ModelConfig, RuntimeConfig, TrainConfig
 from fullgraph.errors import ConfigError
 from fullgraph.graph.synthetic import sbm
-from fullgraph.train import check_before_launch, train
+from fullgraph.train import build, check_before_launch, train
 
 EPOCHS, STOP = 4, 2
 MODEL = ModelConfig(name="gat", hidden=5, heads=2, dropout=0.5, attn_dropout=0.3)
@@ -463,3 +463,23 @@ def test_a_write_removes_the_temporaries_of_writers_killed_outright(tmp_path):
     checkpoint.write_atomic(tmp_path / "m.pt", {"x": torch.ones(2)})
     assert not dead.exists() and live.exists() and other.exists() and elsewhere.exists()
     assert torch.load(tmp_path / "m.pt")["x"].tolist() == [1.0, 1.0]
+
+
+def test_a_resumed_run_names_the_options_it_changed(tmp_path):
+    """The checkpoint kept the whole config, and nothing read it: a resume that
+    changed --epochs, the strategy or --eval-every went on without a word. The header
+    now lists what differs (where it reads and writes aside)."""
+    ds = make_dataset()
+    train(ds, config("single", STOP, tmp_path / "part"))
+    cfg = config("single", EPOCHS, tmp_path / "part", resume=tmp_path / "part")
+    cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, eval_every=2))
+    state = checkpoint.Checkpointer(ds, cfg, 0, torch.float32, {})
+    model = build(ds, cfg)
+    state.resume(model, torch.optim.Adam(model.parameters(), lr=0.05))
+    assert state.header_lines()[1] == (
+        f"resume   options other than the checkpoint's run had: train.epochs {STOP} -> "
+        f"{EPOCHS}; train.eval_every 1 -> 2")
+    same = config("single", STOP, tmp_path / "other", resume=tmp_path / "part")
+    state = checkpoint.Checkpointer(ds, same, 0, torch.float32, {})
+    state.resume(model, torch.optim.Adam(model.parameters(), lr=0.05))
+    assert len(state.header_lines()) == 1  # another checkpoint directory: no change

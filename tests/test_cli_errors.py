@@ -276,7 +276,7 @@ def test_more_inputs_that_are_one_line(root, tmp_path, capsys):
          "--memory: 64 (64 bytes) holds the sort keys of 8 edges, so 200000 edges would be "
          "drawn over 25000 times"),
         (["train", "--strategy", "data", "--workers", "2", "--partitioner", "random",
-          "--partition-seed", "-1"], "partition seed: got -1; expected an integer in [0, 2**63)"),
+          "--partition-seed", "-1"], "--partition-seed: got -1; expected an integer in [0, 2**63)"),
         (["train", "--seed", "99999999999999999999"], "error: --seed: got 99999999999999999999"),
         (["train", "--split-seed", "-2"], "error: --split-seed: got -2"),
         (["train", "--timeout", "inf"], "error: --timeout: got inf; expected seconds in [1, "),
@@ -736,3 +736,89 @@ def test_gpus_a_run_cannot_have_are_refused_before_launch(root, capsys, monkeypa
     monkeypatch.setattr(launch, "launch_local", lambda *a, **k: pytest.fail("launched"))
     assert main(["train", "--epochs", "1", "--strategy", "data", *args]) == 2
     one_line_error(capsys, needle)
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--checkpoint-dir", ""], "--checkpoint-dir: got an empty value ''; leave the option out"),
+    (["--resume", ""], "--resume: got an empty value ''"),
+    (["--metrics-out", " "], "--metrics-out: got an empty value ' '"),
+    (["--strategy", "tensor", "--spill-dir", ""], "--spill-dir: got an empty value ''"),
+])
+def test_an_empty_path_is_refused_not_read_as_here_or_unset(root, capsys, args, needle):
+    """``--checkpoint-dir "$CKPT"`` with $CKPT unset wrote checkpoint.pt into the working
+    directory, ``--resume ''`` resumed from whatever was there, and an empty
+    ``--metrics-out`` or ``--save-model`` was taken as not given."""
+    assert main(["train", "--epochs", "1", *args]) == 2
+    one_line_error(capsys, needle)
+    assert not Path("checkpoint.pt").exists()
+
+
+def test_a_config_files_debug_level_gives_the_traceback(root, tmp_path, capsys):
+    """`log-level: debug` in a file printed as the flag does, but gave no traceback."""
+    (tmp_path / "d.yaml").write_text("log-level: debug\ndataset: nothing-here\n")
+    assert main(["train", "--config", str(tmp_path / "d.yaml")]) == 2
+    assert "Traceback" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--strategy", "data", "--dep-mode", "hybrid", "--byte-cost", "-1"],
+     "error: --byte-cost: must be a finite number >= 0, got -1.0"),
+    (["--strategy", "task", "--task-gamma", "3"], "error: --task-gamma: must be in [0, 1]"),
+    (["--strategy", "tensor", "--device-memory", "lots"],
+     "error: --device-memory: cannot read 'lots' as a size"),
+    (["--strategy", "data", "--partition-seed", "-1"], "error: --partition-seed: got -1"),
+])
+def test_a_strategy_options_error_names_its_flag(root, capsys, args, needle):
+    """They named the section and the field (``command line: data_parallel: data
+    parallel byte_cost must be ...``)."""
+    assert main(["train", "--epochs", "1", *args]) == 2
+    one_line_error(capsys, needle)
+
+
+def test_fit_names_a_refused_option_by_its_keyword():
+    import fullgraph
+    from fullgraph.errors import ConfigError
+
+    for kwargs, said in ((dict(strategy="data", dep_mode="depcach"), "fit: dep_mode=: got "),
+                         (dict(dropout=1.5), "fit: dropout=: got 1.5"),
+                         (dict(strategy="data", dep_mode="hybrid", byte_cost=-1),
+                          "fit: byte_cost=: must be a finite number")):
+        with pytest.raises(ConfigError) as err:
+            fullgraph.fit("cora", epochs=1, **kwargs)
+        assert str(err.value).startswith(said), err.value
+
+
+def test_printed_configs_load_back_unchanged_in_every_format(root, tmp_path, capsys):
+    """A text that YAML 1.2 reads as a number (``1e3``, ``007``) was printed unquoted
+    and loaded back as another text (``'1000.0'``); JSON could not be printed."""
+    given = ["--dataset", "1e3", "--metrics-out", "2e5", "--checkpoint-dir", "007",
+             "--epochs", "7"]
+    for fmt in ("yaml", "toml", "json"):
+        assert main(["config", "--print", "--format", fmt, *given]) == 0
+        first = capsys.readouterr().out
+        (tmp_path / f"c.{fmt}").write_text(first)
+        assert main(["config", "--print", "--format", fmt, "--config",
+                     str(tmp_path / f"c.{fmt}")]) == 0
+        assert capsys.readouterr().out == first, fmt
+    assert json.loads(first)["data"]["dataset"] == "1e3"
+
+
+def test_config_file_spellings_a_user_would_try(root, tmp_path, capsys):
+    """``quiet: true`` was refused as no train flag, a second --config silently
+    replaced the first, and --partition-seed with the chunk partitioner was ignored."""
+    (tmp_path / "q.yaml").write_text("quiet: true\n")
+    assert printed_config(capsys, "--config", str(tmp_path / "q.yaml"))["train"][
+        "log_level"] == "warning"
+    with pytest.raises(SystemExit):
+        main(["train", "--config", str(tmp_path / "q.yaml"), "--config",
+              str(tmp_path / "q.yaml")])
+    assert "--config given twice" in capsys.readouterr().err
+    with pytest.warns(UserWarning, match="--partition-seed 3 has no effect with --partitioner "
+                                         "chunk"):
+        printed_config(capsys, "--partitioner", "chunk", "--partition-seed", "3")
+
+
+def test_a_bad_integer_in_the_environment_is_named(root, capsys, monkeypatch):
+    monkeypatch.setenv("FULLGRAPH_THREADS", "abc")
+    assert main(["train", "--epochs", "1", "--progress", "off"]) == 2
+    one_line_error(capsys, "environment variable FULLGRAPH_THREADS='abc' is not an integer")

@@ -392,6 +392,17 @@ def gpu_share(device: torch.device) -> int:
     return torch.cuda.mem_get_info(device)[0] // sharing
 
 
+def env_int(name: str, default: int) -> int:
+    """The integer environment variable ``name`` (``default`` where unset).
+
+    Raises:
+        ValueError: it is set to something else than an integer (naming it).
+    """
+    value = _env_int(name, default)
+    assert value is not None
+    return value
+
+
 def _env_int(name: str, default: int | None) -> int | None:
     value = os.environ.get(name)
     if value is None:
@@ -399,7 +410,7 @@ def _env_int(name: str, default: int | None) -> int | None:
     try:
         return int(value)
     except ValueError:
-        raise ValueError(f"init_comm: environment variable {name}={value!r} is not an integer") \
+        raise ValueError(f"environment variable {name}={value!r} is not an integer") \
             from None
 
 

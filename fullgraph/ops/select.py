@@ -58,7 +58,9 @@ class Choice:
 
     def describe(self) -> str:
         if not self.seconds:
-            return f"{self.name} (auto: the only CPU backend installed)"
+            why = "numba switched off by FULLGRAPH_NO_NUMBA" if os.environ.get(
+                "FULLGRAPH_NO_NUMBA") else "the only CPU backend installed"
+            return f"{self.name} (auto: {why})"
         times = ", ".join(f"{n} {s * 1e3:.1f} ms" for n, s in sorted(self.seconds.items(),
                                                                    key=lambda kv: kv[1]))
         return (f"{self.name} (auto, {self.source}: {times} per SpMM of a "

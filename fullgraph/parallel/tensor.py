@@ -29,7 +29,6 @@ module holds the strategy: its options, setup and report.
 """
 from __future__ import annotations
 
-import os
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -208,12 +207,12 @@ class TensorParallel(DistributedStrategy[ColumnPlan]):
         """``--nn-device`` where given (refused where torch cannot give it), else ``device``."""
         if self.options.nn_device is None:
             return device
-        from fullgraph.comm.group import check_device, local_gpu
+        from fullgraph.comm.group import check_device, env_int, local_gpu
 
         check_device(self.options.nn_device, "tensor_parallel.nn_device", "--nn-device")
         if self.options.nn_device == "cuda":  # the rank's GPU, as --device cuda gives it
             return device if device.type == "cuda" else \
-                local_gpu(int(os.environ.get("LOCAL_RANK", "0")))
+                local_gpu(env_int("LOCAL_RANK", 0))
         return torch.device(self.options.nn_device)
 
     def setup(self, dataset: Dataset, program: StageProgram, device: torch.device,

@@ -39,3 +39,6 @@ class PartitionOptions:
             warnings.warn(f"--partitioner {self.method} / --partition-seed {self.seed} have no "
                           f"effect with --partition-file {self.file} (the file's partition is "
                           "used)", stacklevel=3)
+        elif self.method == "chunk" and self.seed != 0:
+            warnings.warn(f"--partition-seed {self.seed} has no effect with --partitioner chunk "
+                          "(contiguous ranges of vertex ids: nothing is drawn)", stacklevel=3)
