@@ -336,6 +336,8 @@ def tensor_cost(program: StageProgram, graph: Graph, rank: int, world: int,
             inter += graph.num_edges * int(stage.out_dim) * itemsize * 2
             aggs.append((graph.num_edges, max(1, d_in // world)))
             rounds += 2 * AGG_PASSES
+            moved += edge_stage_bytes(graph, even_counts(n, world), rank, d_in,
+                                      int(getattr(stage, "heads", 1)), itemsize)
             continue
         bytes_, gemm = _first_layer(f, s, stage, rows, itemsize)
         inter, flops = inter + bytes_, flops + gemm
@@ -345,6 +347,51 @@ def tensor_cost(program: StageProgram, graph: Graph, rank: int, world: int,
                     host_only=topo if chunks else 0, bytes_moved=moved,
                     aggregations=tuple(aggs), flops=flops,
                     rounds=rounds + BASE_ROUNDS + (chunks or 0))
+
+
+def edge_halos(graph: Graph, row_counts: Sequence[int]) -> tuple[list[int], list[int]]:
+    """For workers owning consecutive destination ranges of ``row_counts`` rows, each
+    worker's E-stage halo (the distinct sources of its rows' in-edges outside its
+    range, ``columns.edge_plan``) and how many of its own rows the others' halos hold
+    (whose gradients it receives)."""
+    key = (id(graph), graph.num_edges, tuple(row_counts))
+    if _HALOS.get("key") == key:
+        return _HALOS["value"]
+    indptr, indices = graph.indptr.numpy(), graph.indices.numpy()
+    offsets = np.concatenate([[0], np.cumsum(row_counts)]).astype(np.int64)
+    fetched, served = [], [0] * len(row_counts)
+    for r in range(len(row_counts)):
+        lo, hi = int(offsets[r]), int(offsets[r + 1])
+        src = np.unique(indices[indptr[lo]:indptr[hi]])
+        outside = src[(src < lo) | (src >= hi)]
+        fetched.append(int(outside.size))
+        for p, count in enumerate(np.bincount(
+                np.searchsorted(offsets, outside, side="right") - 1,
+                minlength=len(row_counts))):
+            served[p] += int(count)
+    _HALOS.update(key=key, value=(fetched, served))
+    return fetched, served
+
+
+_HALOS: dict[str, Any] = {}
+"""The last ``edge_halos`` (the planner prices every worker of one split in turn)."""
+
+
+def edge_stage_bytes(graph: Graph, row_counts: Sequence[int], rank: int, d_in: int,
+                     heads: int, itemsize: int) -> int:
+    """What worker ``rank`` receives for one E stage on consecutive row ranges
+    (``columns._edge_weights``), per epoch: its halo of ``d_in`` columns in the
+    training and the evaluation forward and its rows' gradients from the others'
+    halos, then the other workers' edge coefficients (``heads`` per edge;
+    ``gather_rows``: forward twice) and its own edges' gradients from every other
+    worker (the backward)."""
+    fetched, served = edge_halos(graph, row_counts)
+    offsets = np.concatenate([[0], np.cumsum(row_counts)]).astype(np.int64)
+    indptr = graph.indptr.numpy()
+    own = int(indptr[offsets[rank + 1]] - indptr[offsets[rank]])
+    world = len(row_counts)
+    return itemsize * ((2 * fetched[rank] + served[rank]) * d_in
+                       + (2 * (graph.num_edges - own) + (world - 1) * own) * heads)
 
 
 def column_slice(dim: int, world: int) -> int:
@@ -365,6 +412,18 @@ def task_costs(program: StageProgram, graph: Graph, world: int, feat_dim: int | 
         aggs: list[tuple[int, int]] = []
         for s, (info, stage) in enumerate(zip(describe(program), program.stages)):
             d_in = int(stage.in_dim)
+            if info.is_edge:  # the T group computes it as tensor parallelism does, then
+                # sends every edge's coefficients to each P worker (and gets their
+                # gradients back from each)
+                heads = int(getattr(stage, "heads", 1))
+                if on_t:
+                    t_rows = even_counts(n, split.num_t)
+                    moved += edge_stage_bytes(graph, t_rows, rank, d_in, heads, itemsize)
+                    first = sum(t_rows[:rank])
+                    own = int(graph.indptr[first + t_rows[rank]] - graph.indptr[first])
+                    moved += split.num_p * own * heads * itemsize
+                else:
+                    moved += 2 * graph.num_edges * heads * itemsize
             if info.is_propagate and not on_t:
                 cols = even_counts(d_in, group)[rank - split.num_t]
                 inter += n * cols * itemsize
