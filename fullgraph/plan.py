@@ -159,6 +159,11 @@ class PlanRates:
     rounds_paid: int = 0
     calibration: float = 1.0
     worker_bytes: int = 0
+    busy: float | None = None
+    """Cores other processes kept busy while the rates were measured (None: unknown)."""
+    disagreed: tuple[str, ...] = ()
+    """Strategies whose calibration met a bound: the epoch measured and the counted
+    work disagree by over 4x (a load spike while measuring, most often)."""
 
 
 @dataclass(frozen=True)

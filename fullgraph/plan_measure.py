@@ -192,9 +192,11 @@ def plan_rates(graph: Graph, workers: int, threads: int | None = None,
         machine = taskmodel.measure_machine(single_comm())
         narrow, wide = costmodel.measure_edge_costs(graph, (NARROW, WIDE))
     byte, latency = measure_link()
+    busy = busy_cores()
     return P.PlanRates(wide, 1.0 / machine.flops, byte, latency, edge_min=narrow * NARROW,
-                       slowdown=core_share(workers, available_cores()),
-                       bandwidth=machine.bandwidth)
+                       slowdown=core_share(workers, available_cores(),
+                                           None if busy is None else busy + 1.0),
+                       bandwidth=machine.bandwidth, busy=busy)
 
 
 @contextlib.contextmanager

@@ -59,6 +59,9 @@ class Estimate:
     """Hybrid: the mode its setup trial is predicted to keep (``_price_the_trial``)."""
     refused: bool = False
     """The strategy refuses the run (``refusals``): never probed, its time not shown."""
+    split: taskmodel.TaskSplit | None = None
+    """Task parallelism: the T:P split priced (the one the run takes where it is given,
+    else the one its model chooses from the rates measured here)."""
 
     @property
     def peak(self) -> P.RankCost:
@@ -91,8 +94,9 @@ TASK_UNPRICED = ("group_parallel", "pieces", "recompute", "subgraphs", "chunks",
 
 def unpriced(cfg: Any) -> str:
     """The options given that no price follows: ``--adapt`` and ``--inject`` (every
-    strategy is priced without them), ``--dep-mode`` (each data row is one mode) and
-    the task form's (``TASK_UNPRICED``)."""
+    strategy is priced without them), ``--dep-mode`` (each data row is one mode), the
+    task form's (``TASK_UNPRICED``), tensor parallelism's uneven shares and column
+    split, the overlap of pipelines and bins, and a GPU (timed at the CPU's rates)."""
     adapt, left = cfg.section("adapt"), []
     if adapt.mode != "off":
         left.append(f"--adapt {adapt.mode}")
@@ -109,6 +113,21 @@ def unpriced(cfg: Any) -> str:
             "" if getattr(opts, f) is True else f" {getattr(opts, f)}") for f in task]
         left.append(f"{', '.join(given)} (the task row prices the column-split P group and "
                     "whole hand-offs)")
+    tp, pp = cfg.options["tensor_parallel"], cfg.options["p2p"]
+    if tp.shares:
+        left.append(f"--shares {tp.shares} (tensor is priced with even shares)")
+    if tp.column_split != "balanced":
+        left.append(f"--column-split {tp.column_split} (tensor is priced with the balanced "
+                    "split)")
+    overlap = [flag for flag, given in (("--pipeline", tp.pipeline),
+                                        ("--p2p-schedule", pp.schedule != "multi-level"),
+                                        ("--bin-size", pp.bin_size is not None),
+                                        ("--bin-memory", pp.bin_memory is not None)) if given]
+    if overlap:
+        left.append(f"{', '.join(overlap)} (the times leave out overlap and bins)")
+    if cfg.train.on_gpu:
+        left.append("the GPU (the times use this host's CPU rates and link; memory is the "
+                    "device's)")
     return f"not priced: {', '.join(left)}; the rows are the strategies without them" \
         if left else ""
 
@@ -143,7 +162,8 @@ def price(cfg: Any, dataset: Dataset, rates: P.PlanRates,
         costs, split = _costs(cfg, cand, program, graph, book, rates,
                               features_of(dataset, program))
         timed = (per_candidate or {}).get(cand.label, rates)
-        out.append(Estimate(cand, costs, P.epoch_seconds(cand.label, costs, timed, split)))
+        out.append(Estimate(cand, costs, P.epoch_seconds(cand.label, costs, timed, split),
+                            split=split))
     return out
 
 
@@ -229,7 +249,8 @@ def measured_rates(cfg: Any, dataset: Dataset, rates: P.PlanRates,
     workers = cfg.launch.workers
     cands = [c for c in candidates(workers) if c.label not in skip]
     factors, ring_epochs = _calibrate(cfg, dataset, rates, cands)
-    rates = replace(rates, calibration=statistics.median(factors.values()))
+    bounded = tuple(label for label, f in factors.items() if f in CALIBRATION_BOUNDS)
+    rates = replace(rates, calibration=statistics.median(factors.values()), disagreed=bounded)
     if workers > 1:
         try:
             measured = probe(cfg, [c.label for c in cands], feat, classes)
@@ -300,6 +321,11 @@ def calibration(cfg: Any, dataset: Dataset, rates: P.PlanRates,
     return _calibrate(cfg, dataset, rates, cands)[0]
 
 
+CALIBRATION_BOUNDS = (0.25, 20.0)
+"""The calibration factor's bounds: an epoch measured beyond them against the counted
+work says more of the machine's load while measuring than of the strategy."""
+
+
 def _calibrate(cfg: Any, dataset: Dataset, rates: P.PlanRates,
                cands: list[P.Candidate] | None = None
                ) -> tuple[dict[str, float], dict[str, float] | None]:
@@ -320,7 +346,8 @@ def _calibrate(cfg: Any, dataset: Dataset, rates: P.PlanRates,
         return {c.label: 1.0 for c in cands}, None
     with _as_worker(cfg):
         epochs = _epochs_here(cfg, cands, dataset)
-    return ({label: min(20.0, max(0.25, (real - ring) / max(predicted, 1e-9)))
+    low, high = CALIBRATION_BOUNDS
+    return ({label: min(high, max(low, (real - ring) / max(predicted, 1e-9)))
              for label, (real, ring) in epochs.items()},
             {label: ring for label, (_, ring) in epochs.items()})
 
@@ -357,7 +384,11 @@ def _costs(cfg: Any, cand: P.Candidate, program: StageProgram, graph: Any,
         mode = cand.overrides.get("data_parallel", {}).get("mode", "depcomm")
         # the hybrid mode's own cost model times its aggregation at 32 columns
         at32 = max(rates.edge, rates.edge_min / 32)
-        dep_rates = costmodel.Rates(rates.byte, at32, rates.flop * 64)
+        given = cfg.options["data_parallel"]  # --byte-cost and the others, as the run
+        dep_rates = costmodel.Rates(  # takes them, where given
+            rates.byte if given.byte_cost is None else given.byte_cost,
+            at32 if given.edge_cost is None else given.edge_cost,
+            rates.flop * 64 if given.vertex_cost is None else given.vertex_cost)
         plans = [P.data_rows(program, graph, book, r, mode, dep_rates) for r in range(workers)]
         served = P.served_rows(plans, book)
         return [P.data_cost(program, graph, plans[r], workers, feat, served=served[r])
@@ -491,6 +522,8 @@ def table_lines(result: PlanResult) -> list[str]:
         mark = "yes" if e.fits else f"NO: {e.why_not}"
         if e.kept and e.kept != "hybrid":
             mark += f" (its setup trial keeps {e.kept})"
+        if e.split is not None:
+            mark += f" (T:P {e.split.num_t}:{e.split.num_p})"
         lines.append(f"{e.candidate.label:<14}" + "".join(f"{fmt_bytes(peak.memory[c]):>13}"
                                                         for c in P.CATEGORIES)
                      + f"{fmt_bytes(peak.total):>11}{fmt_bytes(e.bytes_moved):>13}"
@@ -502,7 +535,17 @@ def table_lines(result: PlanResult) -> list[str]:
                  f"{r.byte:.3g} s, round {r.latency:.3g} s, cores shared x{r.slowdown:.2f}, "
                  f"graph work x{r.calibration:.2f} " + (
                      "(median over the strategies; one epoch of each measured here)"
-                     if r.calibration != 1.0 else "(not calibrated: the counts as they are)"))
+                     if r.calibration != 1.0 else "(not calibrated: the counts as they are)")
+                 + (f", {r.busy:.1f} cores busy with other processes while measuring"
+                    if r.busy is not None else ""))
+    if r.disagreed or (r.busy or 0.0) >= 0.5:
+        why = [f"other processes kept {r.busy:.1f} cores busy"] if (r.busy or 0) >= 0.5 \
+            else []
+        if r.disagreed:
+            why.append(f"the measured epoch of {', '.join(r.disagreed)} and its counted work "
+                       "disagreed by over 4x (bounded)")
+        lines.append(f"unreliable times: {'; '.join(why)}: the times are a hint; plan again "
+                     "on a quiet machine")
     lines += explain(result)
     return lines + ([result.unpriced] if result.unpriced else [])
 
@@ -557,7 +600,8 @@ def resolve_auto(cfg: Any, dataset: Dataset) -> tuple[P.Candidate, list[str], st
     if not best.fits:
         warnings.warn(f"--strategy auto: no strategy fits ({best.why_not} for the fastest, "
                       f"{cand.label}); running it anyway (see `fullgraph plan`)", stacklevel=2)
-    why = explain(result)[1].removeprefix("why: ")
+    why = explain(result)[1].removeprefix("why: ").replace(" (see NO above)", "").replace(
+        "left out (NO above)", "left out as not fitting")  # (no table above it here)
     return cand, candidate_flags(cand, device_budget(cfg) is not None), why
 
 

@@ -748,3 +748,42 @@ def test_gat_bytes_under_tensor_and_task_are_what_the_runs_receive(tmp_path, wor
               for e in planner.price(cfg, _irregular(), rates)}
     for strategy in ("tensor", "task"):
         assert abs(priced[strategy] - got[strategy]) <= 64, (strategy, priced, got)
+
+
+def test_the_plan_prices_given_unit_costs_and_names_what_it_leaves_out():
+    """Hybrid with --byte-cost/--edge-cost/--vertex-cost given was priced with the
+    planner's own rates (a split the run never made); --shares, --column-split even,
+    --pipeline, the bins and a GPU changed the run while the plan priced the defaults
+    without a word."""
+    from dataclasses import replace
+
+    dataset = _irregular()
+    costly_bytes = {"byte_cost": 1.0, "edge_cost": 0.0, "vertex_cost": 0.0}
+    cfg = tiny_cfg(2, data_parallel=costly_bytes)
+    priced = {e.candidate.label: e for e in planner.price(cfg, dataset, RATES)}
+    assert priced["data/hybrid"].bytes_moved == priced["data/depcache"].bytes_moved
+    cfg = tiny_cfg(2, tensor_parallel={"shares": "1,3", "column_split": "even",
+                                       "pipeline": True}, p2p={"bin_size": 50})
+    line = planner.unpriced(cfg)
+    for said in ("--shares 1,3 (tensor is priced with even shares)",
+                 "--column-split even", "--pipeline, --bin-size (the times leave out"):
+        assert said in line, line
+    assert "the GPU" not in line
+    gpu = replace(cfg, train=replace(cfg.train, device="cuda"))
+    assert "the GPU (the times use this host's CPU rates" in planner.unpriced(gpu)
+
+
+def test_the_table_says_the_task_split_and_when_its_times_are_unreliable():
+    dataset = _irregular()
+    cfg = tiny_cfg(3, task_parallel={"split": "2:1"})
+    result = planner.plan_run(cfg, dataset, base_rss=0, rates=RATES, overheads=False)
+    lines = planner.table_lines(result)
+    assert any(line.startswith("task ") and line.endswith("(T:P 2:1)") for line in lines), lines
+    assert not any(line.startswith("unreliable") for line in lines)
+    from dataclasses import replace
+
+    result.rates = replace(result.rates, busy=1.2, disagreed=("tensor",))
+    said = [line for line in planner.table_lines(result) if line.startswith("unreliable")]
+    assert said == ["unreliable times: other processes kept 1.2 cores busy; the measured epoch "
+                    "of tensor and its counted work disagreed by over 4x (bounded): the times "
+                    "are a hint; plan again on a quiet machine"]
