@@ -144,8 +144,12 @@ class _BinRunner(Runner):
         self.blk, self.weights = blk, weights
         self.ctx = StageContext(blk.gids, seed, training)
         self.edge_ctx = StageContext(blk.gids, seed, training, blk.eids)
+        self.on_sources = blk.src_local is not None  # h: the bin's sources, not its rows
 
     def transform(self, s: int, stage: Any, h: Tensor, layer_input: Tensor | None) -> Tensor:
+        if self.on_sources:  # a T stage after the phase's E stage (E T P): the E stage
+            h, self.on_sources = take(h, self.blk.dst_pos), False  # read the sources; a
+            # T stage reads the bin's own rows among them
         return stage(h, self.ctx, layer_input)
 
     def edge(self, s: int, stage: Any, h: Tensor) -> Tensor:
@@ -156,6 +160,7 @@ class _BinRunner(Runner):
             weight = self.weights[s]
             assert weight is not None
             edge_weights = self.blk.edge_weights(s, weight)
+        self.on_sources = False
         return stage(self.blk.graph, h, edge_weights)
 
 

@@ -74,6 +74,17 @@ class DotGNN(GNN):
         return [DotAttention(dim), *(Propagate(dim, "edge") for _ in range(num_props))]
 
 
+class AttendFirstGNN(GNN):
+    """Attention over the layer's input rows, then a projection, then the weighted sum
+    (E T P): a T stage between the attention and the sum that reads its weights."""
+
+    model_name = "attend-first-gnn"
+
+    def conv(self, layer, in_dim, out_dim, *, act, residual):
+        return [DotAttention(in_dim), Dense(in_dim, out_dim, bias=False),
+                Propagate(out_dim, "edge"), Dense(out_dim, out_dim, linear=False, act=act)]
+
+
 class Centre(Transform):
     """Subtracts the column means of the rows it is given: the mean of every vertex in
     one process, of a block of rows on a worker. It breaks the rule that a transform

@@ -23,11 +23,16 @@ from fullgraph.partition import PartitionOptions
 USER_FILE = Path(__file__).parent.parent / "models" / "user_gnn.py"
 
 
+OWN_ATTENTION = {"dot": "DotGNN", "dot-first": "AttendFirstGNN"}
+"""The ``norm`` values that name a model with attention of its own."""
+
+
 def make_user_model(decoupled: bool, norm: str):
-    """``GatedGCN`` with propagation ``norm``, or (``norm="dot"``) ``DotGNN``."""
+    """``GatedGCN`` with propagation ``norm``, or (``norm="dot"``) ``DotGNN``, or
+    (``"dot-first"``) ``AttendFirstGNN``: E T P, which p2p ran on the wrong rows."""
     torch.manual_seed(0)
-    options = {} if norm == "dot" else {"norm": norm}
-    name = f"{USER_FILE}:{'DotGNN' if norm == 'dot' else 'GatedGCN'}"
+    options = {} if norm in OWN_ATTENTION else {"norm": norm}
+    name = f"{USER_FILE}:{OWN_ATTENTION.get(norm, 'GatedGCN')}"
     return build_model(name, 9, 5, 3, num_layers=2, dropout=0.3, decoupled=decoupled,
                        **options).to(TEST_DEVICE, torch.float64)
 
@@ -56,8 +61,8 @@ def check_user_model(comm, forms):
 
 
 @pytest.mark.parametrize("world_size,forms", [
-    (2, [(False, "gcn"), (True, "mean"), (False, "dot")]),
-    (3, [(False, "mean"), (True, "sum"), (True, "dot")])])
+    (2, [(False, "gcn"), (True, "mean"), (False, "dot"), (False, "dot-first")]),
+    (3, [(False, "mean"), (True, "sum"), (True, "dot"), (False, "dot-first")])])
 def test_user_model_matches_single_under_every_strategy(tmp_path, world_size, forms):
     run_ranks(check_user_model, world_size, tmp_path, forms)
 
