@@ -41,11 +41,13 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from fullgraph.bench import entry_point, names
 from fullgraph.bench.figures import NO_MATPLOTLIB, new_figure, save_figure
 from fullgraph.bench.rmat import cached_rmat
 from fullgraph.runlog import read_run_log
 
 CLASSES, HIDDEN = 16, 64
+TABLES = ("time", "breakdown")
 
 CONFIGS = [
     ("static DepComm", ["--dep-mode", "depcomm"]),
@@ -213,6 +215,7 @@ def plot_breakdown(rows: list[tuple], rank: int, out: Path) -> str:
     return save_figure(fig, out, "cost breakdown")
 
 
+@entry_point
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--vertices", type=int, default=20_000)
@@ -233,8 +236,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--cache", default="/tmp/fullgraph-bench")
     p.add_argument("--plot", default="", help="PNG path for the Fig. 17 plot")
-    p.add_argument("--tables", default="time,breakdown")
+    p.add_argument("--tables", default="time,breakdown", help=f"comma list of {', '.join(TABLES)}")
     args = p.parse_args(argv)
+    args.tables = names(p, "--tables", args.tables, TABLES)
     if args.workers < 2:
         p.error("--workers: needs at least 2")
     data = dataset_dir(args)
@@ -252,7 +256,7 @@ def report(args: argparse.Namespace, data: Path, argv: list[str] | None) -> int:
     print(f"{datetime.date.today()}, {platform.machine()} {os.cpu_count()} cores, "
           f"R-MAT {args.vertices} vertices, {args.edges} edges, {args.features} features, "
           f"{args.workers} workers\n", flush=True)
-    tables = args.tables.split(",")
+    tables = args.tables
     if "time" in tables:
         lines, results = time_table(args, data)
         print("\n".join(lines) + "\n", flush=True)

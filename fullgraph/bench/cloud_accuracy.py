@@ -38,10 +38,12 @@ from typing import Any
 
 import torch
 
+from fullgraph.bench import entry_point, names
 from fullgraph.bench.figures import NO_MATPLOTLIB, new_figure, save_figure
 from fullgraph.runlog import read_run_log
 
 INJECT = "sleep:p=0.1,n=5,seed={seed}"
+TABLES = ("accuracy", "staleness", "convergence", "classes")
 
 
 def run(args: argparse.Namespace, dataset: list[str], mode: str, seed: int, epochs: int,
@@ -129,11 +131,12 @@ def convergence_table(args: argparse.Namespace, cora: list[str]) -> list[str]:
         lines.append(f"| {mode} | {'not reached' if hit is None else f'{hit:.1f}'} | "
                      f"{100 * max(v for _, v in points):.1f} |")
     if args.plot:
-        lines += ["", plot_curves(curves, Path(args.plot))]
+        lines += ["", plot_curves(curves, args)]
     return lines
 
 
-def plot_curves(curves: dict[str, list[tuple[float, float]]], out: Path) -> str:
+def plot_curves(curves: dict[str, list[tuple[float, float]]], args: argparse.Namespace) -> str:
+    """Fig. 14 as a PNG at ``--plot``; its Markdown link."""
     fig = new_figure(6, 3.5)
     if fig is None:
         return NO_MATPLOTLIB
@@ -142,9 +145,9 @@ def plot_curves(curves: dict[str, list[tuple[float, float]]], out: Path) -> str:
         ax.plot([t for t, _ in points], [100 * v for _, v in points], label=mode)
     ax.set_xlabel("elapsed training time, s")
     ax.set_ylabel("validation accuracy, %")
-    ax.set_title("Cora, 4 workers, compute injection")
+    ax.set_title(f"Cora, {args.workers} workers, compute injection")
     ax.legend()
-    return save_figure(fig, out, "epoch-to-accuracy", "docs/img/")
+    return save_figure(fig, Path(args.plot), "epoch-to-accuracy")
 
 
 def class_spread_table(args: argparse.Namespace, datasets: dict[str, list[str]]) -> list[str]:
@@ -172,6 +175,7 @@ def class_spread_table(args: argparse.Namespace, datasets: dict[str, list[str]])
     return lines
 
 
+@entry_point
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--root", default="../shared/datasets", help="holds coauthor_cs/*.npz")
@@ -179,10 +183,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--epochs", type=int, default=200, help="Cora epochs")
     p.add_argument("--cs-epochs", type=int, default=60, help="Coauthor CS epochs")
-    p.add_argument("--tables", default="accuracy,staleness,convergence")
+    p.add_argument("--tables", default="accuracy,staleness,convergence",
+                   help=f"comma list of {', '.join(TABLES)}")
     p.add_argument("--plot", default="", help="PNG path for the Fig. 14 plot")
     args = p.parse_args(argv)
-    tables = args.tables.split(",")
+    tables = names(p, "--tables", args.tables, TABLES)
     print(f"python -m fullgraph.bench.cloud_accuracy "
           f"{' '.join(sys.argv[1:] if argv is None else argv)}")
     print(f"{datetime.date.today()}, {platform.machine()} {os.cpu_count()} cores\n",

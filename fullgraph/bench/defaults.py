@@ -24,6 +24,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from fullgraph.bench import entry_point
 from fullgraph.bench.rmat import cached_rmat
 from fullgraph.bench.task import CLASSES, run
 
@@ -57,9 +58,24 @@ def rounds(args: argparse.Namespace, data: Path,
     return out
 
 
-def epoch(runs: list[dict[str, Any]]) -> float:
+def epoch(runs: list[dict[str, Any]]) -> float | None:
+    """The median epoch over the rounds that ran; None when none did."""
     good = [r["epoch_s"] for r in runs if "epoch_s" in r]
-    return statistics.median(good) if good else float("nan")
+    return statistics.median(good) if good else None
+
+
+def cells(runs: list[dict[str, Any]], ref: float | None) -> str:
+    """A row's ``epoch s | ratio`` cells: the median over the rounds that ran, with how
+    many of them did when fewer than all, or ``failed: <reason>`` (the last line the
+    failing run printed, as ``bench.task``) when none did."""
+    t = epoch(runs)
+    error = next((r["error"] for r in runs if "error" in r), "no round ran")
+    if t is None:
+        return f"failed: {error} | -"
+    good = sum("epoch_s" in r for r in runs)
+    short = "" if good == len(runs) else f" ({good} of {len(runs)} rounds; failed: {error})"
+    ratio = "-" if ref is None else f"{t / ref:.2f}"
+    return f"{t:.3f}{short} | {ratio}"
 
 
 def defaults_table(args: argparse.Namespace, data: Path, graph: str) -> list[str]:
@@ -67,23 +83,21 @@ def defaults_table(args: argparse.Namespace, data: Path, graph: str) -> list[str
     for workers in args.workers:
         got = rounds(args, data, [(n, workers, f) for n, f in DEFAULT_ROWS])
         t = {n: epoch(rs) for n, rs in got.items()}
-        base = {"data": min(t["data, DepComm"], t["data, DepCache"]),
-                "p2p": t["p2p, --bin-size 5000"]}
+        data_times = [x for x in (t["data, DepComm"], t["data, DepCache"]) if x is not None]
+        base = {"data": min(data_times, default=None), "p2p": t["p2p, --bin-size 5000"]}
         for name, _ in DEFAULT_ROWS:
             ref = base[name.split(",")[0]]
-            lines.append(f"| {graph} | {workers} | {name} | {t[name]:.3f} | "
-                         f"{t[name] / ref:.2f} |")
+            lines.append(f"| {graph} | {workers} | {name} | {cells(got[name], ref)} |")
     return lines
 
 
 def threads_table(args: argparse.Namespace, data: Path, graph: str) -> list[str]:
     got = rounds(args, data, THREAD_ROWS)
-    t = {n: epoch(rs) for n, rs in got.items()}
-    one = t[THREAD_ROWS[0][0]]
-    return [f"| {graph} | {name} | {t[name]:.3f} | {t[name] / one:.2f} |"
-            for name, _, _ in THREAD_ROWS]
+    one = epoch(got[THREAD_ROWS[0][0]])
+    return [f"| {graph} | {name} | {cells(got[name], one)} |" for name, _, _ in THREAD_ROWS]
 
 
+@entry_point
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--graphs", default="20000:400000,100000:2000000",

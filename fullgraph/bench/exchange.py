@@ -3,7 +3,8 @@
 Starts ``--workers`` gloo ranks (one thread each) and times ``all_to_all_v`` with
 ``--mb`` MiB per peer, through the shared-memory transport (``fullgraph.comm.shm``)
 and through gloo's ``all_to_all_single``, alternating, ``--repeats`` times each after
-a barrier; the median of the slowest rank's time per call.
+a barrier; the median of the slowest rank's time per call, and the rate at which one
+rank sends to its peers in GiB/s (MiB and GiB as ``fullgraph train`` prints them).
 
     python -m fullgraph.bench.exchange --workers 2 --mb 1 4 16 64
 """
@@ -21,6 +22,9 @@ from pathlib import Path
 import torch
 import torch.multiprocessing as mp
 
+from fullgraph.bench import entry_point
+from fullgraph.runlog import MIB
+
 
 def _rank(rank: int, world: int, store: str, sizes: list[float], repeats: int,
           out: str) -> None:
@@ -35,7 +39,7 @@ def _rank(rank: int, world: int, store: str, sizes: list[float], repeats: int,
             paths.pop("shm")
         lines = []
         for mb in sizes:
-            rows = max(1, int(mb * 2**20 / 4 / 256))
+            rows = max(1, int(mb * MIB / 4 / 256))
             send = [torch.randn(rows, 256) for _ in range(world)]
             times: dict[str, list[float]] = {k: [] for k in paths}
             for _ in range(repeats + 1):
@@ -46,12 +50,12 @@ def _rank(rank: int, world: int, store: str, sizes: list[float], repeats: int,
                     dt = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
                     times[name].append(float(all_reduce_(dt, comm, "bench", op="max")[0]))
             med = {k: statistics.median(v[1:]) for k, v in times.items()}
-            peer_mb = rows * 256 * 4 / 2**20
+            peer_mb = rows * 256 * 4 / MIB
             row = [f"{peer_mb:.1f}"]
             for name in ("shm", "gloo"):
                 if name in med:
-                    gbs = peer_mb * (world - 1) / 1024 / med[name]
-                    row.append(f"{med[name] * 1e3:.2f} ms ({gbs:.2f} GB/s)")
+                    gibs = peer_mb * (world - 1) / 1024 / med[name]  # (MiB -> GiB)
+                    row.append(f"{med[name] * 1e3:.2f} ms ({gibs:.2f} GiB/s)")
                 else:
                     row.append("-")
             row.append(f"{med['gloo'] / med['shm']:.1f}x" if "shm" in med else "-")
@@ -62,6 +66,7 @@ def _rank(rank: int, world: int, store: str, sizes: list[float], repeats: int,
         destroy_comm(comm)
 
 
+@entry_point
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--workers", type=int, default=2)

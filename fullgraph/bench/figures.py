@@ -17,9 +17,11 @@ def new_figure(width: float, height: float) -> Any | None:
     return Figure(figsize=(width, height))
 
 
-def save_figure(fig: Any, out: Path, alt: str, link_dir: str = "") -> str:
-    """Lay out and write ``fig`` to ``out`` (100 dpi); a Markdown image link to it."""
+def save_figure(fig: Any, out: Path, alt: str) -> str:
+    """Lay out and write ``fig`` to ``out`` (100 dpi); a Markdown image link to it, at
+    ``out`` as given (``--plot docs/img/x.png`` run from the repository's root links
+    where BENCHMARKS.md finds it)."""
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=100)
-    return f"![{alt}]({link_dir}{out.name})"
+    return f"![{alt}]({out.as_posix()})"

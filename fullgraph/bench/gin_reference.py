@@ -24,7 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fullgraph.bench.accuracy import SETTINGS, load
+from fullgraph.bench import entry_point
+from fullgraph.bench.accuracy import ROOT_HELP, SETTINGS, load
 from fullgraph.bench.pyg_accuracy import adjacency
 from fullgraph.graph.data import Dataset
 
@@ -108,9 +109,10 @@ def train_plain(ds: Dataset, adj: Tensor, masks: str, epochs: int, seed: int
     return best
 
 
+@entry_point
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--root", default="../shared/datasets", help="the shared datasets folder")
+    p.add_argument("--root", default="../shared/datasets", help=ROOT_HELP)
     p.add_argument("--dataset", default="coauthor_cs")
     p.add_argument("--masks", default="torch", choices=MASKS)
     p.add_argument("--seeds", type=int, default=5)

@@ -47,6 +47,7 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 
+from fullgraph.bench import entry_point
 from fullgraph.bench.kernels import spmm_bytes
 
 STEPS = ("env", "kernels", "attention", "beyond")
@@ -426,6 +427,7 @@ def _pyg_gcn(ds: Any, dev: torch.device, args: argparse.Namespace) -> dict[str, 
     return rec
 
 
+@entry_point
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--steps", default=",".join(STEPS), help="comma list of " + ", ".join(STEPS))

@@ -30,6 +30,7 @@ import sys
 import time
 from pathlib import Path
 
+from fullgraph.bench import entry_point
 from fullgraph.bench.figures import NO_MATPLOTLIB, new_figure, save_figure
 
 CHILD = "import sys; from fullgraph.cli import main; sys.exit(main())"
@@ -117,6 +118,7 @@ def plot(rows: list[dict], out: Path) -> str:
     return save_figure(fig, out, "growth")
 
 
+@entry_point
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--sizes", default="250000,500000,1000000,2000000,4000000")

@@ -1,7 +1,7 @@
 """Kernel and single-process epoch benchmark (a script, not a test).
 
 In one process on one machine it measures:
-  (a) memory bandwidth (copy and triad over arrays far larger than cache),
+  (a) memory bandwidth (read, copy and triad over arrays far larger than cache),
   (b) GEMM rate,
   (c) SpMM effective bandwidth of our kernel and of torch's CSR ``torch.sparse.mm``,
       each as the operator call (which allocates and zeroes its output) and, for
@@ -9,10 +9,12 @@ In one process on one machine it measures:
   (d) one training epoch (forward + backward + Adam) of a 2-layer GCN
       ``F -> hidden -> classes`` on an R-MAT graph, with fullgraph's single-process
       executor and with torch_geometric's ``GCNConv`` (normalisation cached, sparse
-      ``adj_t`` input, the memory-feasible PyG path at this size),
+      ``adj_t`` input, the memory-feasible PyG path at this size; where PyG is not
+      installed, ``pyg_left_out`` says so),
 and prints one JSON object per line plus a readable summary with the roofline bound:
 GEMM FLOPs at the measured GEMM rate plus SpMM bytes at the measured read bandwidth
-(each the mean of a measurement before and one right after our epochs).
+(each the mean of a measurement before and one right after our epochs). The summary
+gives SpMM's effective bandwidth as a share of the read bandwidth too.
 
 ``--allocators system,tcmalloc`` runs the whole measurement once per allocator, each
 in a fresh process with the allocator preloaded, and prints the ratios side by side.
@@ -34,6 +36,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
+
+from fullgraph.bench import NO_PYG, entry_point, names
 
 
 def _median_time(fn: Callable[[], Any], repeats: int, warmup: int = 1) -> float:
@@ -138,11 +142,14 @@ def epoch_ours(ds: Any, args: argparse.Namespace) -> dict[str, Any]:
             "ours_backward_s": statistics.median(s.backward_s for s in stats)}
 
 
-def epoch_pyg(ds: Any, args: argparse.Namespace) -> dict[str, float]:
+def epoch_pyg(ds: Any, args: argparse.Namespace) -> dict[str, Any]:
+    """PyG's epoch, wall time around the whole step (ours is the sum of ``train_step``'s
+    phase timers: it leaves out only ``zero_grad`` and reading the loss back); where PyG
+    is not installed, ``pyg_left_out`` says so."""
     try:
         from torch_geometric.nn import GCNConv
     except ImportError:
-        return {}
+        return {"pyg_left_out": NO_PYG}
     import torch.nn.functional as F
 
     g = ds.graph
@@ -221,6 +228,7 @@ def roofline(rec: dict[str, Any], n: int, e: int, args: argparse.Namespace) -> d
             "roofline_GFLOPs": rate / 1e9}
 
 
+@entry_point
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--vertices", type=int, default=1_000_000)
@@ -240,43 +248,80 @@ def main(argv: list[str] | None = None) -> int:
                    help="torch tensors on transparent huge pages, both systems (default: on "
                         "where the kernel offers them, as the fullgraph command does)")
     args = p.parse_args(argv)
+    # (every allocator found before the first run: each run takes minutes at the default size)
+    preloads = allocator_preloads(p, args.allocators) if args.allocators else {}
     from fullgraph.allocator import reexec_for_hugepages
 
     reexec_for_hugepages("fullgraph.bench.kernels", args.hugepages == "on",
                          sys.argv[1:] if argv is None else argv)
     if not args.allocators:
-        print(json.dumps(measure(args)), flush=True)
+        rec = measure(args)
+        print(json.dumps(rec), flush=True)
+        print_summary([rec])
         return 0
-    rows = [run_with_allocator(name, argv if argv is not None else sys.argv[1:])
-            for name in args.allocators.split(",")]
+    rows = [run_with_allocator(name, preload, argv if argv is not None else sys.argv[1:])
+            for name, preload in preloads.items()]
     for row in rows:
         print(json.dumps(row))
     print_summary(rows)
-    return 0
+    return 1 if any("error" in row for row in rows) else 0
 
 
-def run_with_allocator(name: str, argv: list[str]) -> dict[str, Any]:
+def allocator_preloads(p: argparse.ArgumentParser, value: str) -> dict[str, str | None]:
+    """Per allocator of the comma list ``value``, the library to preload (None: the
+    system's malloc); an argparse error for a name that is unknown or not installed."""
     from fullgraph.allocator import CANDIDATES, LIB_DIRS
 
+    files = dict(CANDIDATES)
+    preloads: dict[str, str | None] = {}
+    for name in names(p, "--allocators", value, ("system", *files)):
+        if name == "system":
+            preloads[name] = None
+            continue
+        paths = [Path(d) / f for d in LIB_DIRS for f in files[name] if (Path(d) / f).is_file()]
+        if not paths:
+            p.error(f"--allocators: {name} is not installed (none of {', '.join(files[name])} "
+                    f"in {', '.join(LIB_DIRS)}); install it or leave it out")
+        preloads[name] = str(paths[0])
+    return preloads
+
+
+def run_with_allocator(name: str, preload: str | None, argv: list[str]) -> dict[str, Any]:
+    """The measurement in a fresh process with ``preload`` preloaded; on a failure,
+    ``{"allocator": name, "error": ...}`` with the tail of the child's stderr, which
+    is also printed, so that the other allocators still run."""
     env = dict(os.environ, FULLGRAPH_ALLOCATOR_ACTIVE="1")
     env.pop("LD_PRELOAD", None)
-    if name != "system":
-        files = dict(CANDIDATES)[name]
-        paths = [Path(d) / f for d in LIB_DIRS for f in files if (Path(d) / f).is_file()]
-        if not paths:
-            raise SystemExit(f"allocator {name} is not installed")
-        env["LD_PRELOAD"] = str(paths[0])
+    if preload is not None:
+        env["LD_PRELOAD"] = preload
     rest = [a for a in argv if not a.startswith("--allocators")]
     if "--allocators" in argv:
         i = argv.index("--allocators")
         rest = argv[:i] + argv[i + 2:]
-    out = subprocess.run([sys.executable, "-m", "fullgraph.bench.kernels", *rest], env=env,
-                         check=True, capture_output=True, text=True).stdout
-    return json.loads(out.strip().splitlines()[-1])
+    done = subprocess.run([sys.executable, "-m", "fullgraph.bench.kernels", *rest], env=env,
+                          capture_output=True, text=True)
+    records = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode == 0 and records:  # (the JSON line, before the child's own summary)
+        return json.loads(records[-1])
+    tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-ERROR_LINES:])
+    print(f"allocator {name}: the measurement failed (exit {done.returncode}):\n{tail}",
+          file=sys.stderr, flush=True)
+    return {"allocator": name, "error": tail.splitlines()[-1] if tail else
+            f"exit {done.returncode}"}
+
+
+ERROR_LINES = 10
+"""Lines of a failed child's stderr shown (a traceback's last frames and its error)."""
 
 
 def print_summary(rows: list[dict[str, Any]]) -> None:
+    """The readable form of each measurement: SpMM's effective bandwidth against the
+    read bandwidth (``memory_bandwidth``: SpMM mostly reads), the epochs against the
+    roofline bound."""
     for r in rows:
+        if "error" in r:
+            print(f"\n== {r['allocator']}: failed: {r['error']}")
+            continue
         print(f"\n== {r['allocator']} ({r['threads']} threads"
               f"{', torch on huge pages' if r.get('torch_hugepages') else ''}), "
               f"{r['vertices']} vertices, {r['edges_with_loops']} edges incl. self-loops")
@@ -287,11 +332,11 @@ def print_summary(rows: list[dict[str, Any]]) -> None:
             print(f"after our epochs   read {r['read_after_GBps']:.1f} GB/s, "
                   f"GEMM {r['gemm_after_GFLOPs']:.1f} GFLOP/s (the bound uses the means: "
                   f"{r['roofline_GBps']:.1f} GB/s, {r['roofline_GFLOPs']:.1f} GFLOP/s)")
-        bw = r["bandwidth_GBps"]
+        bw = r["read_GBps"]
         for name in ("numba", "torch", "kernel"):
             if f"spmm_{name}_GBps" in r:
                 print(f"SpMM {name:<6}        {r[f'spmm_{name}_GBps']:.1f} GB/s effective "
-                      f"({r[f'spmm_{name}_GBps'] / bw:.0%} of memory bandwidth)"
+                      f"({r[f'spmm_{name}_GBps'] / bw:.0%} of the read bandwidth)"
                       f"{'  (numba kernel, output allocated before)' if name == 'kernel' else ''}")
         print(f"epoch fullgraph    {r['ours_epoch_s']:.3f} s  (roofline {r['roofline_s']:.3f} s: "
               f"GEMM {r['roofline_gemm_s']:.3f} + SpMM {r['roofline_spmm_s']:.3f}; "
@@ -299,6 +344,8 @@ def print_summary(rows: list[dict[str, Any]]) -> None:
         if "pyg_epoch_s" in r:
             print(f"epoch PyG GCNConv  {r['pyg_epoch_s']:.3f} s  -> fullgraph / PyG = "
                   f"{r['ours_epoch_s'] / r['pyg_epoch_s']:.2f}")
+        elif "pyg_left_out" in r:
+            print(f"epoch PyG GCNConv  -  ({r['pyg_left_out']})")
 
 
 if __name__ == "__main__":

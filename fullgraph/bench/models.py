@@ -46,10 +46,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from fullgraph.bench import entry_point, names, require_cuda
 from fullgraph.bench.kernels import _median_time
 from fullgraph.bench.rmat import cached_rmat
+from fullgraph.extras import require
 
 MODELS = ("gcn", "sage", "gat", "gin")
+"""The models both systems build (``PygNet``): fullgraph's others have no PyG side here."""
+TABLES = ("models", "attention")
 CLASSES = 16
 
 
@@ -107,10 +111,13 @@ class PygNet(nn.Module):
             self.convs = nn.ModuleList([
                 GATConv(in_dim, c, heads=heads, dropout=0.5, add_self_loops=False),
                 GATConv(c * heads, CLASSES, heads=1, dropout=0.5, add_self_loops=False)])
-        else:
+        elif model == "gin":
             def mlp(i: int, o: int) -> nn.Module:
                 return nn.Sequential(nn.Linear(i, h), nn.ReLU(), nn.Linear(h, o))
             self.convs = nn.ModuleList([GINConv(mlp(in_dim, h)), GINConv(mlp(h, CLASSES))])
+        else:  # (never another architecture under this model's name)
+            raise ValueError(f"PyG side of model {model!r}: none here; expected one of "
+                             f"{', '.join(MODELS)}")
 
     def forward(self, x: Tensor, graph: Tensor) -> Tensor:
         x = self.convs[0](F.dropout(x, 0.5, self.training), graph)
@@ -148,6 +155,7 @@ def attention_table(ds: Any, args: argparse.Namespace) -> list[str]:
     """GAT's attention weights (forward and backward) fused against the same from torch
     ops, on the graph with self-loops, ``--heads`` heads, medians of ``--epochs`` calls
     each over ``--rounds`` alternating rounds."""
+    from fullgraph.ops import kernels
     from fullgraph.ops.edge_softmax import attention_softmax, edge_softmax
 
     g = ds.graph.with_self_loops(True)
@@ -175,11 +183,32 @@ def attention_table(ds: Any, args: argparse.Namespace) -> list[str]:
         for name, fn in (("fused", fused), ("composite", composite)):
             times[name].append(_median_time(call(fn), args.epochs))
     ours, theirs = statistics.median(times["fused"]), statistics.median(times["composite"])
+    path = kernel_path(fused(s_src.clone().requires_grad_(), s_dst))
+    why = "numba is not installed (pip install 'fullgraph[fast]')" if not kernels.HAVE_NUMBA \
+        else "the SpMM backend is torch"
+    note = [] if path != "torch ops" else [
+        f"(no fused kernel ran: {why}, so attention_softmax took torch ops, as the other "
+        "column does)", ""]
     return [f"GAT attention weights, forward and backward, {g.num_edges} edges x {args.heads} "
-            "heads:", "", "| fused (numba) s | torch ops s | fused / torch ops |",
+            "heads:", "", *note, f"| fused ({path}) s | torch ops s | fused / torch ops |",
             "| --- | --- | --- |", f"| {ours:.3f} | {theirs:.3f} | {ours / theirs:.2f} |"]
 
 
+ATTENTION_PATHS = {"_AttentionSoftmaxBackward": "numba", "_TritonAttentionBackward": "triton",
+                   "_SegmentedAttentionBackward": "segmented torch",
+                   "_EdgeSoftmaxBackward": "torch ops"}
+"""``attention_softmax``'s paths (``ops.edge_softmax``), by the autograd node of their
+output: the table names the one that ran, not the one it hoped for."""
+
+
+def kernel_path(weights: Tensor) -> str:
+    """Which path of ``attention_softmax`` made ``weights``: numba, triton, segmented
+    torch or torch ops."""
+    name = type(weights.grad_fn).__name__
+    return ATTENTION_PATHS.get(name, name)
+
+
+@entry_point
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--vertices", type=int, default=200_000)
@@ -188,12 +217,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hidden", type=int, default=256)
     p.add_argument("--heads", type=int, default=8, help="GAT heads of the hidden layer")
     p.add_argument("--gat-channels", type=int, default=8, help="GAT columns per head")
-    p.add_argument("--models", default=",".join(MODELS))
+    p.add_argument("--models", default=",".join(MODELS),
+                   help=f"comma list of {', '.join(MODELS)}: the models PyG's side builds")
     p.add_argument("--epochs", type=int, default=3, help="timed epochs per round (median)")
     p.add_argument("--rounds", type=int, default=3, help="rounds of both systems in turn")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--cache", default="/tmp/fullgraph-bench")
-    p.add_argument("--tables", default="models", help="comma list of models, attention")
+    p.add_argument("--tables", default="models", help=f"comma list of {', '.join(TABLES)}")
     p.add_argument("--device", default="cpu", help="cpu or cuda (both systems)")
     p.add_argument("--profile", type=int, default=0, metavar="N",
                    help="after the table, the N operators of most time in one epoch of each "
@@ -206,10 +236,17 @@ def main(argv: list[str] | None = None) -> int:
                    help="torch tensors on transparent huge pages, both systems (default: on "
                         "where the kernel offers them, as the fullgraph command does)")
     args = p.parse_args(argv)
+    # (every name checked before any work: a model PyG has no layer for here would be
+    # timed against another architecture, and a bad name would end half a table)
+    args.models = names(p, "--models", args.models, MODELS)
+    tables = names(p, "--tables", args.tables, TABLES)
+    require_cuda(p, args.device)
     from fullgraph.allocator import memory_line, reexec_for_hugepages
 
     reexec_for_hugepages("fullgraph.bench.models", args.hugepages == "on",
                          sys.argv[1:] if argv is None else argv)
+    if "models" in tables:
+        require("torch_geometric", "the comparison with PyG (--tables models)")
     from fullgraph.graph import store
     from fullgraph.ops import kernels
 
@@ -223,17 +260,16 @@ def main(argv: list[str] | None = None) -> int:
           f"R-MAT {ds.graph.num_nodes} vertices, {ds.graph.num_edges} edges, "
           f"{args.features} features, {CLASSES} classes; hidden {args.hidden} (GAT "
           f"{args.heads} heads x {args.gat_channels})\n{memory_line()}\n")
-    tables = args.tables.split(",")
     if "attention" in tables:
         print("\n".join(attention_table(ds, args)) + "\n", flush=True)
     if "models" not in tables:
         return 0
-    roofline = args.roofline and "gcn" in args.models.split(",")
+    roofline = args.roofline and "gcn" in args.models
     before = device_ceilings(args.device) if roofline else None
     print("| model | fullgraph epoch, s | PyG epoch, s | fullgraph / PyG |")
     print("| --- | --- | --- | --- |")
     gcn_epoch = None
-    for model in args.models.split(","):
+    for model in args.models:
         times = model_times(ds, model, args)
         got = {k: statistics.median(v) if v else None for k, v in times.items()}
         ours, theirs = got["ours"], got["pyg"]
@@ -245,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
         print("\n" + roofline_line(gcn_epoch, ds.graph, args, before,
                                    device_ceilings(args.device)), flush=True)
     if args.profile:
-        for model in args.models.split(","):
+        for model in args.models:
             for name, make in (("fullgraph", ours_step), ("PyG", pyg_step)):
                 step = _unless_oom(lambda: make(ds, model, args))
                 if step is not None:

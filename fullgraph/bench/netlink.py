@@ -37,6 +37,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from fullgraph.bench import entry_point
+
 SUBNET_PREFIX = "10.217"
 PROBE_PORT = 29611
 _UNITS = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12,
@@ -311,6 +313,7 @@ def probe(link: Link, nbytes: int | None = None, both_ways: bool = True) -> dict
     return out
 
 
+@entry_point
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--rate", default=None, help="tc rate, e.g. 1gbit (default: not shaped)")

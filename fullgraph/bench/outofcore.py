@@ -1,8 +1,9 @@
 """Training beyond RAM: one worker, with and without the spill, under a memory limit
 (a script, not a test).
 
-On a dataset directory (e.g. from ``fullgraph generate rmat --vertices 20000000
---edges 400000000 --features 128 --classes 47 --self-loops add``), it trains a
+On a dataset (what ``fullgraph train --dataset`` takes: e.g. the folder of ``fullgraph
+generate rmat --vertices 20000000 --edges 400000000 --features 128 --classes 47
+--self-loops add``, its ``processed`` folder, or a name under ``--root``), it trains a
 decoupled GCN with tensor parallelism on one worker, the dense layers in row blocks
 (``--row-block``), once with the propagation's (N, C) matrices in memory and once
 with them spilled to ``--spill-dir`` (``--modes`` picks), each run in a child
@@ -32,11 +33,13 @@ import json
 import os
 import platform
 import shlex
+import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from fullgraph.bench import entry_point, names
 from fullgraph.bench.growth import status_bytes
 from fullgraph.memory import parse_bytes
 
@@ -53,8 +56,7 @@ def summary(records: list[dict]) -> dict[str, str]:
     """Median epoch, per-epoch forward / backward times and losses, as table cells."""
     if not records:
         return {"median": "-", "forward": "-", "backward": "-", "losses": "-"}
-    times = sorted(r["epoch_s"] for r in records)
-    return {"median": f"{times[len(times) // 2]:.1f}",
+    return {"median": f"{statistics.median(r['epoch_s'] for r in records):.1f}",
             "forward": "/".join(f"{r['forward_s']:.1f}" for r in records),
             "backward": "/".join(f"{r['backward_s']:.1f}" for r in records),
             "losses": "/".join(f"{r['loss']:.4f}" for r in records)}
@@ -137,6 +139,37 @@ def watch(cmd: list[str], cgroup: Path | None, log: Path) -> tuple[int, dict[str
     return child.returncode, peak
 
 
+def resolve_dataset(name: str, root: str | None) -> Path:
+    """The processed folder (``meta.json`` and its arrays) of the dataset ``fullgraph
+    train --dataset name --root root`` trains on: a folder ``fullgraph generate`` or
+    ``convert`` made, its ``processed`` folder, or a name under the root (a built-in
+    one processed there first, as ``train`` does). The bench reads its bytes, drops
+    its files from the page cache and hands the children this folder, so the runs
+    train on what was measured.
+
+    Raises:
+        DatasetNotFoundError: as ``fullgraph train`` for a name it does not know.
+        ConfigError: a shard set (a run of one worker trains a whole dataset).
+    """
+    from fullgraph.config import DataConfig
+    from fullgraph.errors import ConfigError
+    from fullgraph.graph import datasets, store
+
+    cfg = DataConfig(dataset=name, root=root)
+    datasets.load(name, cfg.resolved_root(), verify=False)  # (the package's resolution)
+    direct = Path(name).expanduser()
+    # the folders `datasets.load` looks in, in its order: a path's processed/, the path,
+    # the name's processed folder under the root
+    places = ([direct / "processed"] if name != datasets.check_name_or_none(name) else []) + \
+        [direct, datasets.processed_dir(cfg.resolved_root(), name)]
+    found = next((d for d in places if (d / store.META_FILE).is_file()), None)
+    if found is None:
+        raise ConfigError(f"--dataset {name}: a shard set (`fullgraph partition --shards`); "
+                          "give the whole dataset it was written from, whose processed "
+                          f"folder holds {store.META_FILE}")
+    return found
+
+
 def data_bytes(dataset: Path, props: int) -> dict[str, int]:
     """Bytes of the stored features and graph, and of the (N, C) float32 matrices."""
     meta = json.loads((dataset / "meta.json").read_text())
@@ -153,9 +186,14 @@ def gib(b: int | None) -> str:
     return "-" if b is None else f"{b / 2**30:.1f}"
 
 
+@entry_point
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--dataset", required=True, type=Path)
+    p.add_argument("--dataset", required=True, help="what `fullgraph train --dataset` takes: "
+                   "a folder from `fullgraph generate` or `convert`, its processed/ folder, "
+                   "or a dataset name under --root")
+    p.add_argument("--root", default=None, help="the dataset root of a name (default: as "
+                   "`fullgraph train`: $FULLGRAPH_DATA, else the user cache)")
     p.add_argument("--spill-dir", required=True, type=Path)
     p.add_argument("--spill-memory", default=None, help="--spill-memory of the spilled run")
     p.add_argument("--memory-limit", default=None, help="run each child in a memory cgroup "
@@ -168,6 +206,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--logs", type=Path, default=Path("."))
     args = p.parse_args(argv)
     limit = None if args.memory_limit is None else parse_bytes(args.memory_limit)
+    modes = names(p, "--modes", args.modes, ("memory", "spill"))
+    args.dataset = resolve_dataset(args.dataset, args.root)
     data = data_bytes(args.dataset, args.props)
     print(f"# {datetime.datetime.now():%Y-%m-%d %H:%M}, {platform.node()}, "
           f"{os.cpu_count()} cores; dataset {args.dataset}: features {gib(data['features'])} "
@@ -177,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
           "| anon | anon in epochs | file | cgroup peak |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     args.logs.mkdir(parents=True, exist_ok=True)
-    for mode in args.modes.split(","):
+    for mode in modes:
         cmd = [sys.executable, "-c", "import sys; from fullgraph.cli import main; "
                "sys.exit(main())", "train", "--dataset", str(args.dataset), "--strategy",
                "tensor", "--workers", "1", "--decoupled", "--num-props", str(args.props),
@@ -187,8 +227,6 @@ def main(argv: list[str] | None = None) -> int:
             cmd += ["--spill-dir", str(args.spill_dir)]
             if args.spill_memory:
                 cmd += ["--spill-memory", args.spill_memory]
-        elif mode != "memory":
-            raise SystemExit(f"--modes: unknown mode {mode!r} (memory, spill)")
         cgroup = None if limit is None else \
             memory_cgroup(limit, f"fullgraph-{mode}-{os.getpid()}")[0]
         log = args.logs / f"outofcore-{mode}.log"

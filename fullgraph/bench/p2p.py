@@ -60,7 +60,7 @@ Prints one JSON object per configuration, then a markdown summary per world size
 
 The defaults (60,000 vertices, 2M edges, 1 warm-up + 10 timed epochs, 2 and 4 workers)
 take about 2.5 minutes on 2 idle cores (longer when the machine is shared) and about
-2 GB per worker.
+2 GiB per worker.
 """
 from __future__ import annotations
 
@@ -79,6 +79,7 @@ from typing import Any
 
 import torch
 
+from fullgraph.bench import entry_point, require_cuda
 from fullgraph.bench.p2p_report import (
     FIG16_SCHEDULE,
     FIG17_PARTITIONER,
@@ -333,6 +334,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.rank_worker:
         return args
+    require_cuda(p, args.device)  # (here, not in every rank's traceback)
     args.partitioners = _choices(p, args.partitioners, PARTITIONERS, "partitioners")
     args.schedules = _choices(p, args.schedules, SCHEDULES, "schedules")
     if args.bin_size is not None and args.bin_size < 1:
@@ -352,6 +354,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+@entry_point
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.rank_worker:

@@ -15,6 +15,7 @@ from typing import Any, TypeGuard
 import torch
 
 from fullgraph.bench.tensor import CLASSES, _mb, _ratio
+from fullgraph.runlog import MIB
 
 PARTITIONERS = ("random", "chunk", "metis", "g3")
 SCHEDULES = ("sequential", "inter-layer", "intra-layer", "multi-level")
@@ -128,8 +129,8 @@ def print_fig16(rows: list[dict[str, Any]], args: argparse.Namespace, world: int
     print(f"\n### Fig. 16, {world} workers{where}: partitioners under the {FIG16_SCHEDULE} "
           "schedule\n")
     print("| partitioner | epoch wall s | CPU s/rank, median | max | CPU max/min "
-          "| edges x cols max/min | vertex bytes/rank max/min | vertex MB/epoch, all ranks "
-          "| push MB | push-grad MB | partition s | setup s |")
+          "| edges x cols max/min | vertex bytes/rank max/min | vertex MiB/epoch, all ranks "
+          "| push MiB | push-grad MiB | partition s | setup s |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for p in args.partitioners:
         r = _find(rows, p, FIG16_SCHEDULE)
@@ -145,10 +146,10 @@ def print_fig16(rows: list[dict[str, Any]], args: argparse.Namespace, world: int
               f"| {_s(r['partition_s'])} | {r['setup_s_max']:.2f} |")
     ok = [r for r in rows if r["schedule"] == FIG16_SCHEDULE and "error" not in r]
     if ok:
-        print("\nPer rank (CPU s; vertex MB sent+received; vertices owned):")
+        print("\nPer rank (CPU s; vertex MiB sent+received; vertices owned):")
         for r in ok:
             print(f"- {r['partitioner']}: CPU {[round(c, 2) for c in r['cpu_s_per_rank']]}, "
-                  f"MB {[_mb(b) for b in r['bytes_vertex_per_rank']]}, "
+                  f"MiB {[_mb(b) for b in r['bytes_vertex_per_rank']]}, "
                   f"owned {r['owned_per_rank']}")
 
 
@@ -158,7 +159,7 @@ def print_fig17(rows: list[dict[str, Any]], args: argparse.Namespace, world: int
           "partition\n")
     print("| schedule | bins/worker per phase (rank 0) | epoch wall s | CPU s/rank, median "
           "| max | blocked in push waits s/rank, median | max | barrier wait s max "
-          "| vertex MB/epoch | wall / sequential | CPU max / sequential |")
+          "| vertex MiB/epoch | wall / sequential | CPU max / sequential |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     seq = _find(rows, FIG17_PARTITIONER, "sequential")
     seq = None if seq is None or "error" in seq else seq
@@ -228,7 +229,7 @@ def print_header(args: argparse.Namespace, info: dict[str, Any], machine: dict[s
             pr = link["probe"]
             both = " and ".join(f"{x:.3f}" for x in pr.get("both_ways_gbit_s", []))
             print(f" Measured TCP payload rate (bench.netlink.probe, "
-                  f"{pr['bytes_per_stream'] / 1e6:.0f} MB per stream): one way "
+                  f"{pr['bytes_per_stream'] / MIB:.0f} MiB per stream): one way "
                   f"{pr['one_way_gbit_s']:.3f} Gbit/s" + (f"; both ways at once {both} Gbit/s"
                                                           if both else "") + ".", end="")
         print()
@@ -249,7 +250,7 @@ def print_world(rows: list[dict[str, Any]], args: argparse.Namespace, world: int
         if tx:
             print(f" Bytes sent over the veth during this world size's whole run (setup, "
                   f"warm-up and timed epochs of every configuration, frame headers "
-                  f"included): A->B {tx[0] / 1e6:.0f} MB, B->A {tx[1] / 1e6:.0f} MB.", end="")
+                  f"included): A->B {tx[0] / MIB:.0f} MiB, B->A {tx[1] / MIB:.0f} MiB.", end="")
         print()
     if world > cores:
         print(f"\nNOTE: {world} workers x 1 thread > {cores} cores: workers time-share the "

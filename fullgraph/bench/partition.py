@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import time
 
+from fullgraph.bench import entry_point
 from fullgraph.graph.data import Dataset
 from fullgraph.partition import partition
 from fullgraph.partition.metrics import quality
@@ -32,6 +33,7 @@ def graphs(args: argparse.Namespace) -> list[Dataset]:
     return out
 
 
+@entry_point
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--parts", type=int, default=4)

@@ -37,6 +37,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from fullgraph.bench import entry_point
 from fullgraph.config import config_from_dict
 from fullgraph.graph import datasets, synthetic
 from fullgraph.plan_measure import rss_bytes
@@ -51,15 +52,14 @@ def graphs(scale: float) -> dict[str, dict[str, int]]:
                                 features=100, classes=47)}
 
 
-def make_root(scale: float) -> str:
-    root = tempfile.mkdtemp(prefix="fullgraph-plan-bench-")
+def make_root(scale: float, root: str) -> None:
+    """The graphs of ``graphs(scale)`` and Cora, processed into the dataset root ``root``."""
     for name, shape in graphs(scale).items():
         ds = synthetic.rmat(shape["vertices"], shape["edges"], num_features=shape["features"],
                             num_classes=shape["classes"], symmetrize=True, seed=0)
         datasets.save_processed(ds, Path(root), name)
     cora = datasets.load_for(config_from_dict({}).data)
     datasets.save_processed(cora, Path(root), "cora")
-    return root
 
 
 def measure(root: str, dataset: str, workers: int, flags: list[str], epochs: int,
@@ -88,7 +88,13 @@ def measure(root: str, dataset: str, workers: int, flags: list[str], epochs: int
 
 
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:
-    root = make_root(args.scale)
+    """Every graph's rows, trained in a temporary dataset root that is removed after."""
+    with tempfile.TemporaryDirectory(prefix="fullgraph-plan-bench-") as root:
+        make_root(args.scale, root)
+        return run_in(args, root)
+
+
+def run_in(args: argparse.Namespace, root: str) -> list[dict[str, Any]]:
     rounds = max(1, args.rounds)
     base = rss_bytes()
     rows = []
@@ -158,6 +164,7 @@ def report(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+@entry_point
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--graphs", nargs="+", default=["cora", "rmat-dense", "rmat-sparse"])

@@ -25,8 +25,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fullgraph.bench.accuracy import SETTINGS, load
+from fullgraph.bench import entry_point, names
+from fullgraph.bench.accuracy import ROOT_HELP, SETTINGS, load
 from fullgraph.config import Config, ModelConfig, TrainConfig
+from fullgraph.extras import require
 from fullgraph.graph.data import Dataset
 from fullgraph.graph.sparse import choose_layout
 from fullgraph.train import train
@@ -151,9 +153,10 @@ def row(ds: Dataset, adj_t: Tensor, name: str, model: str, seeds: range, epochs:
             f"{seeds.start}-{seeds.stop - 1} | {secs[0]:.0f} / {secs[1]:.0f} |")
 
 
+@entry_point
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--root", default="../shared/datasets", help="the shared datasets folder")
+    p.add_argument("--root", default="../shared/datasets", help=ROOT_HELP)
     p.add_argument("--datasets", default="amazon_photo,coauthor_cs")
     p.add_argument("--models", default="sage,gin-bn", help=f"some of {', '.join(MODELS)}")
     p.add_argument("--seeds", type=int, default=5)
@@ -161,10 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--epochs", type=int, default=200)
     p.add_argument("--per-seed", action="store_true", help="also print each seed's numbers")
     args = p.parse_args(argv)
-    models = args.models.split(",")
-    for m in models:
-        if m not in MODELS:
-            p.error(f"--models: unknown model {m!r}; expected some of {', '.join(MODELS)}")
+    models = names(p, "--models", args.models, MODELS)
+    require("torch_geometric", "the comparison with PyG")
     print("| dataset | model | fullgraph test | PyG test | difference | fullgraph val | "
           "PyG val | seeds | seconds (fullgraph / PyG) |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")

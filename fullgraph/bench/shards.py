@@ -21,13 +21,16 @@ import tempfile
 import time
 from pathlib import Path
 
+from fullgraph.bench import entry_point
 from fullgraph.bench.rmat import cached_rmat
+from fullgraph.runlog import MIB, fmt_bytes
 
 
 def du(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
+@entry_point
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--vertices", type=int, default=1_000_000)
@@ -52,9 +55,9 @@ def main(argv: list[str] | None = None) -> int:
     metis_s = time.perf_counter() - t0
     print(f"python -m fullgraph.bench.shards {' '.join(sys.argv[1:] if argv is None else argv)}")
     print(f"{datetime.date.today()}, {platform.machine()} {os.cpu_count()} cores; R-MAT "
-          f"{n} vertices, {e} edges, {args.features} float32 features: {whole / 1e9:.2f} GB "
+          f"{n} vertices, {e} edges, {args.features} float32 features: {fmt_bytes(whole)} "
           f"on disk; METIS into {args.parts} parts in {metis_s:.1f} s\n")
-    print("| hops | write s | largest part, GB (of whole) | mean part, GB (of whole) | "
+    print("| hops | write s | largest part, MiB (of whole) | mean part, MiB (of whole) | "
           "feature rows, largest part (of N) | edges, largest part (of E) |")
     print("| --- | --- | --- | --- | --- | --- |")
     with tempfile.TemporaryDirectory(prefix="fullgraph-bench-shards-", dir=args.cache) as tmp:
@@ -67,8 +70,8 @@ def main(argv: list[str] | None = None) -> int:
             big, mean = max(nbytes), sum(nbytes) / len(nbytes)
             rows = max(s["rows"] for s in sizes)
             edges = max(s["edges"] for s in sizes)
-            print(f"| {hops} | {took:.1f} | {big / 1e9:.2f} ({big / whole:.0%}) | "
-                  f"{mean / 1e9:.2f} ({mean / whole:.0%}) | {rows} ({rows / n:.0%}) | "
+            print(f"| {hops} | {took:.1f} | {big / MIB:.1f} ({big / whole:.0%}) | "
+                  f"{mean / MIB:.1f} ({mean / whole:.0%}) | {rows} ({rows / n:.0%}) | "
                   f"{edges} ({edges / e:.0%}) |", flush=True)
             shutil.rmtree(out)
     return 0

@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from fullgraph.bench import NO_PYG, entry_point, have_pyg
 from fullgraph.bench.kernels import _median_time
 
 
@@ -49,18 +50,28 @@ def bow_dataset(n: int, features: int, words: int, seed: int = 0) -> Any:
     return dataclasses.replace(ds, name="bow", data=dataclasses.replace(ds.data, features=x))
 
 
-def load(name: str, args: argparse.Namespace) -> Any:
+def load(name: str, args: argparse.Namespace, scratch: Path) -> Any:
+    """Dataset ``name``, features row-normalised and as CSR. A ``.npz`` of ``--root`` is
+    processed in ``scratch`` (a dataset root the caller removes), as ``fullgraph train``
+    processes it, leaving the shared folder as it is; any other name is read as
+    ``bench.accuracy`` reads it."""
+    from fullgraph.bench.accuracy import load as load_shared
     from fullgraph.graph.datasets import load as load_dataset
-    from fullgraph.graph.sparse import to_sparse
+    from fullgraph.graph.sparse import is_sparse, to_sparse
 
     if name == "bow":
         return bow_dataset(args.vertices, args.features, args.words)
-    tmp = Path(tempfile.mkdtemp(prefix="fullgraph-bench-sparse-"))
-    (tmp / name / "raw").mkdir(parents=True)
-    shutil.copy(Path(args.root) / name / f"{name}.npz", tmp / name / "raw")
-    ds = load_dataset(name, tmp)
+    npz = Path(args.root) / name / f"{name}.npz"
+    if npz.is_file():
+        (scratch / name / "raw").mkdir(parents=True)
+        shutil.copy(npz, scratch / name / "raw")
+        ds = load_dataset(name, scratch)
+    else:
+        ds = load_shared(Path(args.root), name)
     data = ds.data.row_normalized()
-    ds.data = dataclasses.replace(data, features=to_sparse(data.features))
+    # (the loaders hold bag-of-words features as CSR already, as `--sparse-features auto`)
+    features = data.features if is_sparse(data.features) else to_sparse(data.features)
+    ds.data = dataclasses.replace(data, features=features)
     return ds
 
 
@@ -115,11 +126,11 @@ def epoch_pyg(ds: Any, sparse: bool, args: argparse.Namespace) -> float | None:
     return _median_time(step, args.epochs)
 
 
+@entry_point
 def main(argv: list[str] | None = None) -> int:
-    from fullgraph.graph.sparse import density
-
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--root", default="../shared/datasets", help="holds coauthor_cs/*.npz")
+    p.add_argument("--root", default="../shared/datasets", help="holds <name>/<name>.npz "
+                   "(coauthor_cs); other names are read as bench.accuracy reads them")
     p.add_argument("--datasets", default="bow,coauthor_cs")
     p.add_argument("--vertices", type=int, default=20_000, help="bow: vertices")
     p.add_argument("--features", type=int, default=8192, help="bow: columns")
@@ -134,23 +145,33 @@ def main(argv: list[str] | None = None) -> int:
     print(f"<!-- {datetime.date.today()} {platform.node()} torch {torch.__version__}, "
           f"{args.threads} thread(s), GCN hidden {args.hidden}, median of {args.epochs} "
           f"steps -->")
+    if not have_pyg():
+        print(f"\n{NO_PYG}. Its columns read -.\n")
     print("| dataset | vertices x columns, non-zero | fullgraph dense | fullgraph CSR | "
           "PyG dense | PyG CSR | CSR / dense (fullgraph) | fullgraph CSR / PyG CSR |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
-    for name in args.datasets.split(","):
-        ds = load(name, args)
-        dense, csr = epoch_ours(ds, False, args), epoch_ours(ds, True, args)
-        pyg_dense, pyg_csr = epoch_pyg(ds, False, args), epoch_pyg(ds, True, args)
-        x = ds.data.features
-
-        def cell(v: float | None) -> str:
-            return "-" if v is None else f"{1000 * v:.1f} ms"
-
-        vs_pyg = "-" if pyg_csr is None else f"{csr / pyg_csr:.2f}"
-        print(f"| {name} | {x.shape[0]} x {x.shape[1]}, {100 * density(x):.2f}% | "
-              f"{cell(dense)} | {cell(csr)} | {cell(pyg_dense)} | {cell(pyg_csr)} | "
-              f"{csr / dense:.2f} | {vs_pyg} |", flush=True)
+    with tempfile.TemporaryDirectory(prefix="fullgraph-bench-sparse-") as scratch:
+        for name in args.datasets.split(","):
+            print(row(name, load(name, args, Path(scratch)), args), flush=True)
     return 0
+
+
+def row(name: str, ds: Any, args: argparse.Namespace) -> str:
+    """The table row of ``ds``: the four systems' steps ("-" for PyG's where it is not
+    installed)."""
+    from fullgraph.graph.sparse import density
+
+    dense, csr = epoch_ours(ds, False, args), epoch_ours(ds, True, args)
+    pyg_dense, pyg_csr = epoch_pyg(ds, False, args), epoch_pyg(ds, True, args)
+    x = ds.data.features
+
+    def cell(v: float | None) -> str:
+        return "-" if v is None else f"{1000 * v:.1f} ms"
+
+    vs_pyg = "-" if pyg_csr is None else f"{csr / pyg_csr:.2f}"
+    return (f"| {name} | {x.shape[0]} x {x.shape[1]}, {100 * density(x):.2f}% | "
+            f"{cell(dense)} | {cell(csr)} | {cell(pyg_dense)} | {cell(pyg_csr)} | "
+            f"{csr / dense:.2f} | {vs_pyg} |")
 
 
 if __name__ == "__main__":

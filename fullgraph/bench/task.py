@@ -6,12 +6,13 @@ for ``--epochs`` epochs through the real launcher (``fullgraph train --workers N
 gloo, one thread per worker) and read back from its ``--metrics-out`` file. Per
 configuration:
 
-- ``saved MB``: the intermediate data autograd holds between forward and backward
+- ``saved MiB``: the intermediate data autograd holds between forward and backward
   on the worker holding the most (``SavedBytes``: every saved tensor once,
   parameters excluded) -- NeutronTask Fig. 10's "memory per GPU" without the graph;
-- ``RSS MB``: peak resident memory of the largest worker (graph, features,
+- ``RSS MiB``: peak resident memory of the largest worker (graph, features,
   replicas, allocator slack included);
-- ``MB/epoch``: bytes sent per epoch, all workers (Fig. 15);
+- ``MiB/epoch``: bytes sent per epoch, all workers (Fig. 15; MiB = 2**20 bytes, as
+  ``fullgraph train`` prints them);
 - ``epoch s``: median epoch wall time after the first epoch. Workers share this
   host's cores, so times are for ratios within one run only.
 
@@ -55,8 +56,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from fullgraph.bench import entry_point
 from fullgraph.bench.rmat import cached_rmat
-from fullgraph.runlog import read_run_log
+from fullgraph.runlog import MIB, read_run_log
 
 CLASSES, HIDDEN = 16, 64
 
@@ -77,20 +79,21 @@ def run(args: argparse.Namespace, data: Path, workers: int, flags: list[str]) ->
                "--metrics-out", str(metrics), "--threads", "1", *flags]
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
         done = subprocess.run(cmd, env=env, capture_output=True, text=True)
-        if done.returncode != 0:
-            return {"error": (done.stderr or done.stdout).strip().splitlines()[-1:]}
+        if done.returncode != 0:  # (the error: the last line the run printed)
+            last = (done.stderr or done.stdout).strip().splitlines()[-1:]
+            return {"error": last[0] if last else f"exit {done.returncode}"}
         log = read_run_log(metrics)
     ranks = {r: recs[1:] or recs for r, recs in log.ranks.items()}  # drop epoch 1 (warm-up)
     epochs = log.epochs[1:] or log.epochs
     ranks = ranks or {0: epochs}  # one process: its epochs are its rank's
     return {
-        "saved_mb": max(max(x.get("saved_bytes", 0) for x in recs) for recs in ranks.values())
-        / 2**20,
-        "rss_mb": max(max(x.get("peak_mem", 0) for x in recs) for recs in ranks.values()) / 2**20,
-        "mb_epoch": statistics.median(
+        "saved_mib": max(max(x.get("saved_bytes", 0) for x in recs) for recs in ranks.values())
+        / MIB,
+        "rss_mib": max(max(x.get("peak_mem", 0) for x in recs) for recs in ranks.values()) / MIB,
+        "mib_epoch": statistics.median(
             sum(sum(x.get("bytes_sent", {}).values())
                 for x in (recs[i] for recs in ranks.values()))
-            for i in range(len(epochs))) / 1e6,
+            for i in range(len(epochs))) / MIB,
         "epoch_s": statistics.median(e["epoch_s"] for e in epochs),
         "compute_s": {r: statistics.median(x["compute_s"] if "compute_s" in x else x["epoch_s"]
                                            for x in recs)
@@ -110,7 +113,7 @@ MEMORY_ROWS = [
 
 def memory_table(args: argparse.Namespace, data: Path) -> list[str]:
     lines = [f"### Memory and bytes per epoch, {args.workers} workers (Figs. 10 and 15)", "",
-             "| strategy | model | saved MB (max worker) | RSS MB (max worker) | MB/epoch, "
+             "| strategy | model | saved MiB (max worker) | RSS MiB (max worker) | MiB/epoch, "
              "all workers | epoch s |", "|---|---|---:|---:|---:|---:|"]
     for label, flags in MEMORY_ROWS:
         for form, extra in (("coupled", []), ("decoupled", ["--decoupled", "--num-props", "2"])):
@@ -120,8 +123,8 @@ def memory_table(args: argparse.Namespace, data: Path) -> list[str]:
             if "error" in r:
                 lines.append(f"| {label} | {form} | failed: {r['error']} | | | |")
                 continue
-            lines.append(f"| {label} | {form} | {r['saved_mb']:.2f} | {r['rss_mb']:.0f} | "
-                         f"{r['mb_epoch']:.2f} | {r['epoch_s']:.3f} |")
+            lines.append(f"| {label} | {form} | {r['saved_mib']:.2f} | {r['rss_mib']:.0f} | "
+                         f"{r['mib_epoch']:.2f} | {r['epoch_s']:.3f} |")
     return lines
 
 
@@ -164,7 +167,7 @@ def schedule_table(args: argparse.Namespace, data: Path) -> list[str]:
 
 def pipeline_table(args: argparse.Namespace, data: Path) -> list[str]:
     lines = [f"### Subgraph pipeline, {args.workers} workers, decoupled GCN (Fig. 14a)", "",
-             "| subgraphs | epoch s | MB/epoch |", "|---:|---:|---:|"]
+             "| subgraphs | epoch s | MiB/epoch |", "|---:|---:|---:|"]
     for s in (1, 2, 4):
         r = run(args, data, args.workers, ["--strategy", "task", "--decoupled", "--num-props",
                                            "2", "--subgraphs", str(s)])
@@ -172,7 +175,7 @@ def pipeline_table(args: argparse.Namespace, data: Path) -> list[str]:
         if "error" in r:
             lines.append(f"| {s} | failed: {r['error']} | |")
             continue
-        lines.append(f"| {s} | {r['epoch_s']:.3f} | {r['mb_epoch']:.2f} |")
+        lines.append(f"| {s} | {r['epoch_s']:.3f} | {r['mib_epoch']:.2f} |")
     return lines
 
 
@@ -192,7 +195,7 @@ def ablation_rows(workers: int) -> list[tuple[str, list[str]]]:
 def ablation_table(args: argparse.Namespace, data: Path) -> list[str]:
     """Fig. 12: from naive task parallelism, one technique added per row."""
     lines = [f"### Ablation, {args.workers} workers, GCN (Fig. 12)", "",
-             "| configuration | epoch s | ratio to naive | MB/epoch, all workers | saved MB "
+             "| configuration | epoch s | ratio to naive | MiB/epoch, all workers | saved MiB "
              "(max worker) |", "|---|---:|---:|---:|---:|"]
     base = None
     for label, flags in ablation_rows(args.workers):
@@ -203,7 +206,7 @@ def ablation_table(args: argparse.Namespace, data: Path) -> list[str]:
             continue
         base = base or r["epoch_s"]
         lines.append(f"| {label} | {r['epoch_s']:.3f} | {r['epoch_s'] / base:.2f} | "
-                     f"{r['mb_epoch']:.2f} | {r['saved_mb']:.2f} |")
+                     f"{r['mib_epoch']:.2f} | {r['saved_mib']:.2f} |")
     return lines
 
 
@@ -251,7 +254,7 @@ def group_rows(workers: int) -> list[tuple[str, int, list[str]]]:
 def groups_table(args: argparse.Namespace, data: Path) -> list[str]:
     """Hybrid groups against data, tensor and plain task parallelism (coupled GCN)."""
     lines = [f"### Groups, coupled GCN, {args.workers} workers (Figs. 11 and 19)", "",
-             "| configuration | workers | epoch s | MB/epoch, all workers | saved MB "
+             "| configuration | workers | epoch s | MiB/epoch, all workers | saved MiB "
              "(max worker) |", "|---|---:|---:|---:|---:|"]
     for label, workers, flags in group_rows(args.workers):
         r = run(args, data, workers, flags)
@@ -259,11 +262,12 @@ def groups_table(args: argparse.Namespace, data: Path) -> list[str]:
         if "error" in r:
             lines.append(f"| {label} | {workers} | failed: {r['error']} | | |")
             continue
-        lines.append(f"| {label} | {workers} | {r['epoch_s']:.3f} | {r['mb_epoch']:.2f} | "
-                     f"{r['saved_mb']:.2f} |")
+        lines.append(f"| {label} | {workers} | {r['epoch_s']:.3f} | {r['mib_epoch']:.2f} | "
+                     f"{r['saved_mib']:.2f} |")
     return lines
 
 
+@entry_point
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--vertices", type=int, default=20_000)

@@ -27,7 +27,7 @@ Prints one JSON object per configuration, then a markdown summary.
 
     python -m fullgraph.bench.tensor --vertices 120000 --edges 8000000 --workers 4
 
-The defaults take about 3-5 minutes on 2 shared cores and about 2.5 GB per worker.
+The defaults take about 3-5 minutes on 2 shared cores and about 2.5 GiB per worker.
 """
 from __future__ import annotations
 
@@ -43,6 +43,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from fullgraph.bench import entry_point
+from fullgraph.runlog import MIB
 
 IN_DIM, HIDDEN, CLASSES = 602, 256, 41  # Reddit's widths (NeutronTP Table 2)
 NON_VERTEX_PHASES = ("grad-sync", "metrics", "wait", "bench")  # not vertex data
@@ -228,12 +231,13 @@ def summarise(name: str, ranks: list[dict[str, Any]]) -> dict[str, Any]:
 
 # ---------------------------------------------------------------- report
 def _mb(x: float) -> str:
-    return f"{x / 1e6:.1f}"
+    """Bytes as MiB, the unit of every byte figure ``fullgraph train`` prints."""
+    return f"{x / MIB:.1f}"
 
 
 def print_fig10(rows: list[dict[str, Any]]) -> None:
     print("\n### Fig. 10: communication and computation load per epoch\n")
-    print("| configuration | MB moved, all ranks (vertex data) | MB moved incl. grad sync "
+    print("| configuration | MiB moved, all ranks (vertex data) | MiB moved incl. grad sync "
           "| bytes/rank max/min | edges x cols, all ranks (1e6) | edges x cols max/min "
           f"| max/min <= {BALANCE_BOUND} |")
     print("|---|---:|---:|---:|---:|---:|---|")
@@ -254,7 +258,7 @@ def print_fig10(rows: list[dict[str, Any]]) -> None:
                 print(f"\n{LABELS[name]} / TP decoupled bytes: {v:.2f}x vertex data, "
                       f"{a:.2f}x incl. grad sync (paper, Reddit: up to 7.23x)", end="")
         print()
-    print("\nPer rank (MB sent+received incl. grad sync; edges x cols in 1e6):")
+    print("\nPer rank (MiB sent+received incl. grad sync; edges x cols in 1e6):")
     for r in rows:
         if "error" not in r:
             print(f"- {r['label']}: bytes {[_mb(b) for b in r['bytes_all_per_rank']]}, "
@@ -317,6 +321,7 @@ def print_summary(rows: list[dict[str, Any]], args: argparse.Namespace, info: di
               f"{'yes' if same else 'NO'} {[[round(x, 5) for x in r['losses']] for r in coupled]}")
 
 
+@entry_point
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--vertices", type=int, default=120_000)
