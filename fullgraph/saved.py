@@ -84,10 +84,12 @@ class SavedModel(nn.Module):
         Raises:
             ValueError: the model has one layer, so no hidden layer.
         """
-        # the template opens each of the num_layers layers with a LayerInput; a decoupled
-        # propagation may add its own after them (TAGCN's, which keeps the filter's input)
-        starts = [s.index for s in self.program.stages
-                  if isinstance(s, LayerInput)][:self.program.num_layers]
+        # the template opens each of the num_layers layers with a LayerInput (a GNN
+        # records which); a conv() or a decoupled propagation may add its own (GCNII's
+        # first layer's rows, TAGCN's filter input)
+        starts = getattr(self.program, "layer_starts", None) or [
+            s.index for s in self.program.stages
+            if isinstance(s, LayerInput)][:self.program.num_layers]
         if len(starts) < 2:
             raise ValueError("a one-layer model has no hidden layer to take embeddings from")
         return self._run(graph, features, stop=starts[-1])
@@ -162,13 +164,35 @@ def model_meta(model: GNN, cfg: Config, dataset: Dataset,
     elif cfg.data.root:  # a name under a root given for the run: looked up there later too
         data["root"] = str(Path(cfg.data.root).expanduser().resolve())
     param = next(model.parameters())
+    found = _import_root(cfg.model.name)
     return {
         "model": {"name": cfg.model.name, "in_dim": model.in_dim, "hidden": cfg.model.hidden,
                   "out_dim": model.out_dim, "options": cfg.model.build_options(),
-                  "dtype": str(param.dtype).replace("torch.", "")},
+                  "dtype": str(param.dtype).replace("torch.", ""),
+                  **({"found_in": found} if found else {})},
         "data": data,
         "dataset": dataset_fingerprint(dataset),
         "trained": trained}
+
+
+def _import_root(name: str) -> str | None:
+    """For a ``module:Class`` model (not a file's, which names its path), the directory
+    its top package was imported from: where a later process must look for it."""
+    import sys
+
+    from fullgraph.models.custom import is_reference
+
+    target = name.rpartition(":")[0]
+    if not is_reference(name) or target.endswith(".py") or "/" in target \
+            or target == "__main__" or target not in sys.modules:
+        return None
+    file = getattr(sys.modules[target], "__file__", None)
+    if not file:
+        return None
+    root = Path(file).resolve().parent
+    for _ in range(target.count(".") + (Path(file).name == "__init__.py")):
+        root = root.parent  # pkg/sub/mod.py for pkg.sub.mod: up to what holds pkg
+    return str(root)
 
 
 def run_facts(cfg: Config, workers: int, *, best_epoch: int, val_acc: float, test_acc: float,
@@ -223,6 +247,15 @@ def load_model(path: str | Path) -> SavedModel:
                               "function of the process that trained it, which no other "
                               "process can import; move the class to a module before "
                               "training") from None
+        if m.get("found_in"):  # a module reference: say where training found it
+            try:
+                build_model(m["name"], m["in_dim"], m["hidden"], m["out_dim"], **m["options"])
+            except ConfigError as exc:
+                if "no module named" in str(exc):
+                    raise ConfigError(f"{exc}; when {path} was saved it was found in "
+                                      f"{m['found_in']}: run from there or add it to "
+                                      "PYTHONPATH") from None
+                raise
         if m["name"].startswith("__main__:"):
             raise ConfigError(f"model: {path}: its class {m['name']} was defined in the "
                               "process that trained it (a notebook cell), not in a module; "

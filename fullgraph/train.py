@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from fullgraph.adapt import build_adapters, check_local_launch
 from fullgraph.adapt import check_strategy as check_adapt_strategy
@@ -404,6 +404,28 @@ def check_shard_hops(cfg: Config, dataset: Dataset, model: GNN) -> None:
                           f"{needed} holds every row a replicating plan reads)") from None
 
 
+def _warn_of_unkeyed_modules(model: GNN, strategy: str) -> None:
+    """Warn of torch modules in stages that no strategy but ``single`` runs as one
+    process does: a batch norm's statistics are over the rows a worker (or a bin)
+    holds, and ``nn.Dropout`` draws its mask from each process's generator, where the
+    executors' dropout is keyed by (seed, stage, vertex)."""
+    import warnings
+
+    for stage in model.stages:
+        for module in stage.modules():
+            fix = ("fullgraph.models.norm.GlobalBatchNorm, over every vertex"
+                   if isinstance(module, nn.modules.batchnorm._BatchNorm) else
+                   "fullgraph.ops.dropout.keyed_dropout(x, p, ctx.gids, fullgraph.models."
+                   "stages.stage_seed(ctx.seed, self.index), ctx.training)"
+                   if isinstance(module, nn.Dropout) else None)
+            if fix is not None:
+                warnings.warn(f"stage {stage.index} ({type(stage).__name__}) of "
+                              f"{model.name} holds torch's {type(module).__name__}, which "
+                              f"--strategy {strategy} does not run as one process does (the "
+                              f"run is not exact): use {fix}", stacklevel=3)
+                return
+
+
 def step_seed(seed: int, epoch: int) -> int:
     """The dropout seed of an epoch."""
     return (int(seed) * 100_003 + epoch) & 0xFFFFFFFF
@@ -467,6 +489,8 @@ def train(dataset: Dataset, cfg: Config, *, reporter: Reporter | None = None,
     shards.check_use(dataset, strategy.name, comm.world_size if comm is not None else 1)
     check_patience(cfg, dataset)
     model = build(dataset, cfg).to(strategy.model_device(device), dtype)
+    if strategy.name != "single" and (comm is None or comm.rank == 0):
+        _warn_of_unkeyed_modules(model, strategy.name)
     if cfg.model.residual and (comm is None or comm.rank == 0) and not any(
             getattr(s, "residual", False) for s in model.stages):
         import warnings
@@ -476,7 +500,9 @@ def train(dataset: Dataset, cfg: Config, *, reporter: Reporter | None = None,
         if kept:  # a user's conv() that does not apply the residual= it is given
             warnings.warn(f"--residual has no effect here: {cfg.model.name}'s conv() does "
                           f"not apply residual=True, which layer {kept[0]} (keeping its "
-                          "width) was given", stacklevel=2)
+                          "width) was given (a stage that adds the layer's input keeps "
+                          "residual = True, as Dense(..., residual=residual) does: that is "
+                          "how a run tells)", stacklevel=2)
         else:
             warnings.warn("--residual has no effect here: it adds a layer's input to its "
                           "output where the layer keeps its width, and no layer of this "

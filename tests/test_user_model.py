@@ -817,3 +817,150 @@ def test_a_model_of_a_notebooks_class_saves_with_a_warning_and_loads_where_it_is
                        r"process that trained it \(a notebook cell\), not in a module; "
                        "define that class in this process's __main__"):
         fullgraph.load_model(tmp_path / "cell.pt")
+
+
+STAGE_RULES = '''
+import torch
+from torch import nn
+
+from fullgraph.models import GNN, EdgeTransform, Propagate, Transform
+from fullgraph.models.layers import Dense
+from fullgraph.models.stages import LayerInput
+from fullgraph.ops.edge_softmax import edge_softmax
+
+
+class NoWidth(EdgeTransform):
+    def __init__(self, dim):
+        super().__init__()  # sets neither in_dim nor heads
+        self.w = nn.Linear(dim, 1, bias=False)
+
+    def forward(self, graph, x_dst, x_src, ctx):
+        src, dst = graph.indices.long(), graph.dst_index().long()
+        return edge_softmax(graph, self.w(x_src)[src] + self.w(x_dst)[dst])
+
+
+class ThreeHeads(NoWidth):
+    heads = 3
+
+    def __init__(self, dim):
+        super().__init__(dim)
+        self.in_dim = self.out_dim = dim
+        self.w = nn.Linear(dim, 3, bias=False)
+
+
+class NoWidthGNN(GNN):
+    def conv(self, layer, in_dim, out_dim, *, act, residual):
+        return [Dense(in_dim, out_dim, bias=False), NoWidth(out_dim),
+                Propagate(out_dim, "edge"), Dense(out_dim, out_dim, linear=False, act=act)]
+
+
+class BadHeadsGNN(GNN):
+    def conv(self, layer, in_dim, out_dim, *, act, residual):
+        return [Dense(in_dim, out_dim, bias=False), ThreeHeads(out_dim),
+                Propagate(out_dim, "edge"), Dense(out_dim, out_dim, linear=False, act=act)]
+
+
+class TiedGNN(GNN):
+    """Layers after the first share one weight, kept on self by conv()."""
+
+    def conv(self, layer, in_dim, out_dim, *, act, residual):
+        if layer and in_dim == out_dim:
+            if not hasattr(self, "tied"):
+                self.tied = Dense(in_dim, out_dim, bias=False)
+            first = self.tied
+        else:
+            first = Dense(in_dim, out_dim, bias=False)
+        return [first, Propagate(out_dim, "gcn"), Dense(out_dim, out_dim, linear=False, act=act)]
+
+
+class KeepsFirstRows(GNN):
+    """GCNII's initial residual: the first layer opens a layer input of its own (its
+    projected rows), which every later layer reads."""
+
+    def conv(self, layer, in_dim, out_dim, *, act, residual):
+        if layer == 0:
+            return [Dense(in_dim, out_dim, act=act), LayerInput(out_dim, 0.0),
+                    Propagate(out_dim, "gcn"), Dense(out_dim, out_dim, linear=False)]
+        return [Dense(in_dim, out_dim, bias=False), Propagate(out_dim, "gcn"),
+                Dense(out_dim, out_dim, linear=False, act=act)]
+
+
+class TorchNormGNN(GNN):
+    def conv(self, layer, in_dim, out_dim, *, act, residual):
+        return [Dense(in_dim, out_dim, bias=False), Propagate(out_dim, "gcn"), Norm(out_dim)]
+
+
+class Norm(Transform):
+    def __init__(self, dim):
+        super().__init__(dim, dim)
+        self.bn = nn.BatchNorm1d(dim)
+
+    def forward(self, x, ctx, layer_input=None):
+        return self.bn(x)
+'''
+
+
+def test_stage_rules_a_user_meets_are_said_at_build(tmp_path):
+    """An E stage without in_dim crashed every run deep in an executor, and heads that
+    do not divide the columns crashed mid-epoch; each is now one error at build."""
+    (tmp_path / "rules.py").write_text(STAGE_RULES)
+    with pytest.raises(ValueError, match=r"model NoWidthGNN: stage 2 \(NoWidth, layer 1\), "
+                                         r"an EdgeTransform, sets no in_dim .* call "
+                                         r"super\(\).__init__\(5\)"):
+        build_model(f"{tmp_path / 'rules.py'}:NoWidthGNN", 9, 5, 3)
+    with pytest.raises(ValueError, match=r"stage 3 \(Propagate, layer 1\) weighs 5 columns by "
+                                         r"the 3 heads of stage 2 \(ThreeHeads\)"):
+        build_model(f"{tmp_path / 'rules.py'}:BadHeadsGNN", 9, 5, 3)
+
+
+def test_conv_may_keep_a_shared_module_on_self_and_embed_finds_the_layers(tmp_path):
+    """conv() ran before nn.Module.__init__, so a layer shared by several (weights
+    tied) kept on self raised torch's "cannot assign module before Module.__init__()";
+    and embed took the first LayerInputs as the layers' starts, so a conv() opening a
+    layer input of its own (GCNII) got the wrong rows."""
+    (tmp_path / "rules.py").write_text(STAGE_RULES)
+    tied = build_model(f"{tmp_path / 'rules.py'}:TiedGNN", 9, 5, 3, num_layers=4)
+    assert tied.stages[5] is tied.stages[9] is tied.tied  # layers 2 and 3 share it
+    data = small()
+    result = fullgraph.fit(data, model=f"{tmp_path / 'rules.py'}:KeepsFirstRows", epochs=2,
+                           layers=3, hidden=5)
+    model = result.model
+    starts = [s.index for s in model.program.stages if type(s).__name__ == "LayerInput"]
+    assert model.program.layer_starts != starts[:3]  # (the layer input conv() opened)
+    out = model.embed(data.graph, data.data.features)
+    assert out.shape == (data.graph.num_nodes, 5)
+    last = model.program.layer_starts[-1]
+    assert torch.allclose(out, model._run(data.graph, data.data.features, stop=last))
+
+
+def test_a_torch_batch_norm_in_a_stage_is_named_where_the_run_is_not_exact(tmp_path, root):
+    """nn.BatchNorm1d in a stage differs under every strategy but single (statistics over
+    a worker's rows), and plain train ran on without a word."""
+    (tmp_path / "rules.py").write_text(STAGE_RULES)
+    with pytest.warns(UserWarning, match=r"stage 3 \(Norm\) of TorchNormGNN holds torch's "
+                                         r"BatchNorm1d, which --strategy tensor does not run "
+                                         r"as one process does .*GlobalBatchNorm"):
+        assert main(["train", "--model", f"{tmp_path / 'rules.py'}:TorchNormGNN",
+                     "--strategy", "tensor", "--epochs", "1", "--progress", "off"]) == 0
+
+
+def test_a_saved_module_model_says_where_training_found_it(tmp_path, monkeypatch, capsys, root):
+    """A model named module:Class loaded only from the directory it was trained in,
+    and the error did not say which."""
+    pkg = tmp_path / "lab" / "labmodels"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "layers.py").write_text((MODELS_DIR / "user_gnn.py").read_text())
+    monkeypatch.chdir(tmp_path / "lab")
+    assert main(["train", "--model", "labmodels.layers:GatedGCN", "--epochs", "1",
+                 "--progress", "off", "--save-model", str(tmp_path / "m.pt")]) == 0
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path / "lab"))])
+    for name in [n for n in sys.modules if n.startswith("labmodels")]:
+        monkeypatch.delitem(sys.modules, name)
+    capsys.readouterr()
+    assert main(["evaluate", "--model", str(tmp_path / "m.pt")]) == 2
+    assert f"it was found in {tmp_path / 'lab'}: run from there or add it to PYTHONPATH" in \
+        capsys.readouterr().err

@@ -12,6 +12,8 @@ over a graph with self-loops (TAGCN: its own parameter-free filter, see ``tagcn`
 """
 from __future__ import annotations
 
+from torch import nn
+
 from fullgraph.models.layers import Dense
 from fullgraph.models.stages import LayerInput, Stage, StageProgram
 
@@ -58,6 +60,9 @@ class GNN(StageProgram):
                  dropout: float = 0.5, input_dropout: float | None = None,
                  activation: str = "relu", residual: bool = False, decoupled: bool = False,
                  num_props: int = 2, **conv_options) -> None:
+        # the module first: conv() may keep a module on self (one shared by several
+        # layers, weights tied), which nn.Module allows only once it is set up
+        nn.Module.__init__(self)
         if num_layers < 1:
             raise ValueError(f"num_layers must be >= 1, got {num_layers}")
         if decoupled and num_props < 1:
@@ -67,8 +72,10 @@ class GNN(StageProgram):
         self.conv_options = conv_options
         dims = [in_dim] + [hidden] * (num_layers - 1) + [out_dim]
         stages: list[Stage] = []
+        starts: list[int] = []  # the LayerInput opening each layer (conv() may add more)
         for layer in range(num_layers):
             p = dropout if layer or input_dropout is None else input_dropout
+            starts.append(len(stages))
             stages.append(LayerInput(dims[layer], p))
             last = layer == num_layers - 1
             act = None if last else activation
@@ -86,6 +93,7 @@ class GNN(StageProgram):
         super().__init__(stages, self_loops=(self.decoupled_self_loops if decoupled
                                              else self.coupled_self_loops),
                          name=name)
+        self.layer_starts = starts  # the LayerInput opening each of the num_layers layers
 
     def conv(self, layer: int, in_dim: int, out_dim: int, *, act: str | None,
              residual: bool) -> list[Stage]:

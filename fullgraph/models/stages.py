@@ -104,7 +104,8 @@ def stage_seed(seed: int, index: int) -> int:
 
 class Stage(nn.Module):
     """Common base: every stage knows its kind, its index in the program and its
-    widths (an E stage's ``out_dim`` is its number of heads)."""
+    widths (an E stage's are those of the rows it reads, which it leaves as they are;
+    its weights' columns are its ``heads``)."""
 
     kind: ClassVar[StageKind]
     index: int = -1
@@ -166,10 +167,24 @@ class EdgeTransform(Stage):
 
     ``graph`` holds every in-edge of its destinations; ``x_dst`` are the destination
     rows and ``x_src`` the source rows (the same tensor for a square graph).
+
+    Attributes:
+        in_dim, out_dim: the columns of the rows it reads (both: it leaves the rows
+            as they are).
+        heads: H, its weights' columns. A P stage with ``norm="edge"`` weights its
+            D columns in H contiguous blocks of D / H, column block h by head h, so
+            H must divide D.
     """
 
     kind = StageKind.EDGE
     heads: int = 1
+
+    def __init__(self, in_dim: int | None = None, heads: int | None = None) -> None:
+        super().__init__()
+        if in_dim is not None:  # (a subclass may set them itself, as the README's do,
+            self.in_dim = self.out_dim = int(in_dim)  # or ``heads`` on the class)
+        if heads is not None:
+            self.heads = int(heads)
 
     def forward(self, graph: Graph, x_dst: Tensor, x_src: Tensor, ctx: StageContext) -> Tensor:
         raise NotImplementedError
@@ -226,7 +241,8 @@ class StageProgram(nn.Module):
     """
 
     def __init__(self, stages: list[Stage], *, self_loops: bool, name: str) -> None:
-        super().__init__()
+        if "_modules" not in self.__dict__:  # (a GNN sets the module up before its conv())
+            super().__init__()
         self.stages = StageList(stages)
         self.self_loops = self_loops
         self.name = name
@@ -275,7 +291,8 @@ class StageProgram(nn.Module):
     def _check(self) -> None:
         if not self.stages or not isinstance(self.stages[0], LayerInput):
             raise ValueError("a stage program must start with a LayerInput stage")
-        seen_edge, width, before = False, self.stages[0].in_dim, "the input"
+        seen_edge: EdgeTransform | None = None
+        width, before = self.stages[0].in_dim, "the input"
         for s in self.stages:
             if not isinstance(s, (Transform, EdgeTransform, Propagate)):
                 raise ValueError(f"model {self.name}: stage {s.index} (layer "
@@ -283,15 +300,25 @@ class StageProgram(nn.Module):
                                  "not a Transform, EdgeTransform or Propagate (each stage "
                                  "is one of these kinds: README, 'Your own model')")
             _check_forward(s, self.name, self.layer_of[s.index])
-            seen_edge |= isinstance(s, EdgeTransform)
+            if isinstance(s, EdgeTransform):
+                _check_edge_stage(s, self.name, self.layer_of[s.index], width, before)
+                seen_edge = s
             if not isinstance(s, EdgeTransform):  # an E stage leaves the rows as they are
                 if s.in_dim != width:
                     raise ValueError(f"model {self.name}: stage {s.index} "
                                      f"({type(s).__name__}, layer {self.layer_of[s.index] + 1}) "
                                      f"takes {s.in_dim} columns but {before} gives {width}")
                 width, before = s.out_dim, f"stage {s.index} ({type(s).__name__})"
-            if isinstance(s, Propagate) and s.norm == "edge" and not seen_edge:
+            if isinstance(s, Propagate) and s.norm == "edge" and seen_edge is None:
                 raise ValueError(f"stage {s.index}: norm='edge' needs an earlier EdgeTransform")
+            if isinstance(s, Propagate) and s.norm == "edge" and seen_edge is not None \
+                    and s.in_dim % seen_edge.heads:
+                raise ValueError(
+                    f"model {self.name}: stage {s.index} (Propagate, layer "
+                    f"{self.layer_of[s.index] + 1}) weighs {s.in_dim} columns by the "
+                    f"{seen_edge.heads} heads of stage {seen_edge.index} "
+                    f"({type(seen_edge).__name__}), which do not divide them (head h weighs "
+                    "the h-th of heads equal blocks of columns)")
 
     def forward(self, graph: Graph, norms: dict[str, Tensor], x: Tensor,
                 ctx: StageContext) -> Tensor:
@@ -323,6 +350,21 @@ def sums_over_rows(stage: nn.Module) -> bool:
 
     return bool(getattr(stage, "reduces_rows", False)) or \
         any(isinstance(m, GlobalBatchNorm) for m in stage.modules())
+
+
+def _check_edge_stage(stage: EdgeTransform, model: str, layer: int, width: int,
+                      before: str) -> None:
+    """An E stage declares the width of the rows it reads, as every stage does, and a
+    whole number of heads (the executors size its halo and its weights by them)."""
+    where = f"model {model}: stage {stage.index} ({type(stage).__name__}, layer {layer + 1})"
+    if not isinstance(getattr(stage, "in_dim", None), int):
+        raise ValueError(f"{where}, an EdgeTransform, sets no in_dim (the columns of the "
+                         f"rows it reads, {width} here): call super().__init__({width}) or "
+                         "set self.in_dim = self.out_dim in its __init__")
+    if stage.in_dim != width:
+        raise ValueError(f"{where} takes {stage.in_dim} columns but {before} gives {width}")
+    if not isinstance(stage.heads, int) or stage.heads < 1:
+        raise ValueError(f"{where}: heads must be a whole number >= 1, got {stage.heads!r}")
 
 
 def _check_forward(stage: Stage, model: str, layer: int) -> None:

@@ -148,8 +148,9 @@ class _BinRunner(Runner):
 
     def transform(self, s: int, stage: Any, h: Tensor, layer_input: Tensor | None) -> Tensor:
         if self.on_sources:  # a T stage after the phase's E stage (E T P): the E stage
-            h, self.on_sources = take(h, self.blk.dst_pos), False  # read the sources; a
-            # T stage reads the bin's own rows among them
+            # read the sources; a T stage reads the bin's own rows among them
+            assert self.blk.dst_pos is not None, "a phase that opens with an E stage"
+            h, self.on_sources = take(h, self.blk.dst_pos), False
         return stage(h, self.ctx, layer_input)
 
     def edge(self, s: int, stage: Any, h: Tensor) -> Tensor:
