@@ -108,7 +108,8 @@ class CheckReport:
                     (" (already in the forward pass)" if o.first_epoch == 1 else "")
             else:
                 verdict = f"DIFFERS in evaluation from epoch {o.accuracy_epoch} (the losses " \
-                    "agree; the accuracies do not)"
+                    "agree; the accuracies do not: a stage that treats rows unlike one " \
+                    "process, or predictions tied within rounding that flip together)"
             lines.append(f"{o.label:<15} {o.difference:>15.2e}  {verdict}")
         if self.not_exact:
             lines.append(f"not exact: {', '.join(self.not_exact)} (a loss further than "
