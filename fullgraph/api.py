@@ -253,8 +253,8 @@ def _run_options(caller: str, data: Any, model: str | type, num_classes: int | N
     options["model"] = reference_of(model) if isinstance(model, type) else model
     options.update({k: plain(v) for k, v in options.items()})  # (np.int64(16): 16)
     if isinstance(options.get("model_options"), dict):
-        options["model_options"] = format_options(
-            {k: plain(v) for k, v in options["model_options"].items()})
+        options["model_options"] = format_options(  # (an empty mapping: none)
+            {k: plain(v) for k, v in options["model_options"].items()}) or None
     if "dataset" in options:
         raise ConfigError(f"{caller}: give the dataset as the first argument, not dataset=")
     in_memory = not isinstance(data, (str, Path, Dataset))
@@ -374,7 +374,7 @@ def config_from_options(options: dict[str, Any], caller: str = "fit") -> Any:
         found = re.match(r"(\w+)\.(\w+): ", text)
         names = {key: name for name, key in by_name.items()}
         if found is not None and (found.group(1), found.group(2)) in names:
-            text = f"{names[found.group(1), found.group(2)]}=: {text[found.end():]}"
+            text = f"{names[found.group(1), found.group(2)]}: {text[found.end():]}"
         raise ConfigError(f"{caller}: {text}") from None
 
 

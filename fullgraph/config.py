@@ -535,8 +535,8 @@ def config_from_dict(tree: dict[str, Any], source: str = "config") -> Config:
         if name == "model" and isinstance(values.get("options"), dict):
             from fullgraph.models.custom import format_options  # a file's mapping, as text
 
-            values = {**values, "options": format_options(values["options"],
-                                                          f"{source}: model.options")}
+            values = {**values, "options": format_options(values["options"],  # ({}: none)
+                                                          f"{source}: model.options") or None}
         built[name] = _build_section(known[name], values, f"{source}: {name}")
     core = {k: v for k, v in built.items() if k in CORE_SECTIONS}
     return Config(**core, options={k: v for k, v in built.items() if k not in CORE_SECTIONS})

@@ -94,10 +94,11 @@ def normalize(tree: Any, source: str) -> Any:
         elif _key(top) in by_flag:
             put(*by_flag[_key(top)], value, str(top))
         elif _key(top) in ("quiet", "q"):  # --quiet's option: the log level it sets
-            if value is not True:
-                raise ConfigError(f"{source}: {top}: {value!r}; quiet takes only true (or give "
-                                  "log-level: warning, info or debug)")
-            put("train", "log_level", "warning", str(top))
+            if not isinstance(value, bool):
+                raise ConfigError(f"{source}: {top}: {value!r}; quiet takes true or false (or "
+                                  "give log-level: warning, info or debug)")
+            if value:  # (false: the level as it is)
+                put("train", "log_level", "warning", str(top))
         else:
             out[top] = value  # config_from_dict names the unknown section
     return out

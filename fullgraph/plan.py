@@ -19,6 +19,7 @@ without processes.
 """
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -163,7 +164,7 @@ class PlanRates:
     """Cores other processes kept busy while the rates were measured (None: unknown)."""
     disagreed: tuple[str, ...] = ()
     """Strategies whose calibration met a bound: the epoch measured and the counted
-    work disagree by over 4x (a load spike while measuring, most often)."""
+    work disagree beyond x0.25 or x20 (a load spike while measuring, most often)."""
 
 
 @dataclass(frozen=True)
@@ -359,8 +360,9 @@ def edge_halos(graph: Graph, row_counts: Sequence[int]) -> tuple[list[int], list
     worker's E-stage halo (the distinct sources of its rows' in-edges outside its
     range, ``columns.edge_plan``) and how many of its own rows the others' halos hold
     (whose gradients it receives)."""
-    key = (id(graph), graph.num_edges, tuple(row_counts))
-    if _HALOS.get("key") == key:
+    key = (graph.num_edges, tuple(row_counts))
+    held = _HALOS.get("graph")
+    if held is not None and held() is graph and _HALOS.get("key") == key:
         return _HALOS["value"]
     indptr, indices = graph.indptr.numpy(), graph.indices.numpy()
     offsets = np.concatenate([[0], np.cumsum(row_counts)]).astype(np.int64)
@@ -374,7 +376,7 @@ def edge_halos(graph: Graph, row_counts: Sequence[int]) -> tuple[list[int], list
                 np.searchsorted(offsets, outside, side="right") - 1,
                 minlength=len(row_counts))):
             served[p] += int(count)
-    _HALOS.update(key=key, value=(fetched, served))
+    _HALOS.update(graph=weakref.ref(graph), key=key, value=(fetched, served))
     return fetched, served
 
 

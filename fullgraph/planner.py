@@ -543,7 +543,7 @@ def table_lines(result: PlanResult) -> list[str]:
             else []
         if r.disagreed:
             why.append(f"the measured epoch of {', '.join(r.disagreed)} and its counted work "
-                       "disagreed by over 4x (bounded)")
+                       "disagreed beyond the calibration's bounds, x0.25 to x20")
         lines.append(f"unreliable times: {'; '.join(why)}: the times are a hint; plan again "
                      "on a quiet machine")
     lines += explain(result)

@@ -241,21 +241,17 @@ def load_model(path: str | Path) -> SavedModel:
     try:
         program = build_model(m["name"], m["in_dim"], m["hidden"], m["out_dim"],
                               **m["options"])
-    except ConfigError:
+    except ConfigError as exc:
         if "<locals>" in m["name"]:
             raise ConfigError(f"model: {path}: its class {m['name']} was defined inside a "
                               "function of the process that trained it, which no other "
                               "process can import; move the class to a module before "
                               "training") from None
-        if m.get("found_in"):  # a module reference: say where training found it
-            try:
-                build_model(m["name"], m["in_dim"], m["hidden"], m["out_dim"], **m["options"])
-            except ConfigError as exc:
-                if "no module named" in str(exc):
-                    raise ConfigError(f"{exc}; when {path} was saved it was found in "
-                                      f"{m['found_in']}: run from there or add it to "
-                                      "PYTHONPATH") from None
-                raise
+        if m.get("found_in") and "no module named" in str(exc):  # a module reference
+            # that training found elsewhere: say where
+            raise ConfigError(f"{exc}; when {path} was saved it was found in "
+                              f"{m['found_in']}: run from there or add it to "
+                              "PYTHONPATH") from None
         if m["name"].startswith("__main__:"):
             raise ConfigError(f"model: {path}: its class {m['name']} was defined in the "
                               "process that trained it (a notebook cell), not in a module; "

@@ -417,7 +417,7 @@ def _warn_of_unkeyed_modules(model: GNN, strategy: str) -> None:
                    if isinstance(module, nn.modules.batchnorm._BatchNorm) else
                    "fullgraph.ops.dropout.keyed_dropout(x, p, ctx.gids, fullgraph.models."
                    "stages.stage_seed(ctx.seed, self.index), ctx.training)"
-                   if isinstance(module, nn.Dropout) else None)
+                   if isinstance(module, nn.modules.dropout._DropoutNd) else None)
             if fix is not None:
                 warnings.warn(f"stage {stage.index} ({type(stage).__name__}) of "
                               f"{model.name} holds torch's {type(module).__name__}, which "

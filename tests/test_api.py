@@ -179,7 +179,7 @@ def test_in_memory_bag_of_words_features_are_held_as_csr(capsys) -> None:
     (lambda: fullgraph.fit("cora", epochs=1, hiddne=8), "unknown option 'hiddne'.*hidden"),
     (lambda: fullgraph.fit(42, epochs=1),
      "a PyG Data with x, y and edge_index \\(or adj_t\\); got int"),
-    (lambda: fullgraph.fit("cora", model="gnc"), "model.name: got 'gnc'"),
+    (lambda: fullgraph.fit("cora", model="gnc"), "fit: model: got 'gnc'"),
     (lambda: fullgraph.fit("cora", dataset="x"), "first argument"),
     (lambda: fullgraph.fit("cora", verbose="yes"), "verbose must be True or False, got 'yes'"),
     (lambda: fullgraph.fit("cora", model=fullgraph.models.build_model("gcn", 4, 8, 3)),

@@ -779,10 +779,10 @@ def test_fit_names_a_refused_option_by_its_keyword():
     import fullgraph
     from fullgraph.errors import ConfigError
 
-    for kwargs, said in ((dict(strategy="data", dep_mode="depcach"), "fit: dep_mode=: got "),
-                         (dict(dropout=1.5), "fit: dropout=: got 1.5"),
+    for kwargs, said in ((dict(strategy="data", dep_mode="depcach"), "fit: dep_mode: got "),
+                         (dict(dropout=1.5), "fit: dropout: got 1.5"),
                          (dict(strategy="data", dep_mode="hybrid", byte_cost=-1),
-                          "fit: byte_cost=: must be a finite number")):
+                          "fit: byte_cost: must be a finite number")):
         with pytest.raises(ConfigError) as err:
             fullgraph.fit("cora", epochs=1, **kwargs)
         assert str(err.value).startswith(said), err.value
@@ -822,3 +822,15 @@ def test_a_bad_integer_in_the_environment_is_named(root, capsys, monkeypatch):
     monkeypatch.setenv("FULLGRAPH_THREADS", "abc")
     assert main(["train", "--epochs", "1", "--progress", "off"]) == 2
     one_line_error(capsys, "environment variable FULLGRAPH_THREADS='abc' is not an integer")
+
+
+def test_an_empty_options_mapping_and_quiet_false_are_no_options(root, tmp_path, capsys):
+    """An empty value is refused, but an empty mapping of model options (a sweep's
+    ``model_options={}``, ``options: {}`` in a file) is none, and ``quiet: false`` is
+    the level as it is."""
+    import fullgraph
+
+    assert fullgraph.fit("cora", epochs=1, model_options={}).config.model.options is None
+    (tmp_path / "e.yaml").write_text("model:\n  options: {}\nquiet: false\n")
+    printed = printed_config(capsys, "--config", str(tmp_path / "e.yaml"))
+    assert printed["model"]["options"] is None and printed["train"]["log_level"] == "info"

@@ -785,5 +785,5 @@ def test_the_table_says_the_task_split_and_when_its_times_are_unreliable():
     result.rates = replace(result.rates, busy=1.2, disagreed=("tensor",))
     said = [line for line in planner.table_lines(result) if line.startswith("unreliable")]
     assert said == ["unreliable times: other processes kept 1.2 cores busy; the measured epoch "
-                    "of tensor and its counted work disagreed by over 4x (bounded): the times "
-                    "are a hint; plan again on a quiet machine"]
+                    "of tensor and its counted work disagreed beyond the calibration's bounds, "
+                    "x0.25 to x20: the times are a hint; plan again on a quiet machine"]

@@ -350,7 +350,8 @@ def check_device(name: str, option: str = "train.device", flag: str = "--device"
                           f"{f' to cuda:{count - 1}' if count > 1 else ''})")
     workers = local_workers if local_workers is not None else \
         _env_int("LOCAL_WORLD_SIZE", 1) or 1
-    if index is not None and workers > 1:
+    if index is not None and workers > 1 and count > 1:  # (one GPU visible, as a launcher
+        # that binds a GPU to each process leaves it: cuda:0 is each worker's own)
         raise ConfigError(f"{option}: {name!r} names one GPU for each of this host's "
                           f"{workers} workers; use {flag} cuda (each worker takes its local "
                           "rank's GPU) and choose the GPUs with CUDA_VISIBLE_DEVICES")
@@ -381,14 +382,13 @@ def gpus_shared() -> bool:
     return (_env_int("LOCAL_WORLD_SIZE", 1) or 1) > torch.cuda.device_count()
 
 
-def gpu_share(device: torch.device) -> int:
+def gpu_share(device: torch.device, comm: Comm) -> int:
     """Bytes of ``device``'s free memory that are this worker's: the free memory over
-    the workers of this host that take that GPU (``local_gpu``'s turns), which plan
-    on it at the same moment."""
-    workers = _env_int("LOCAL_WORLD_SIZE", 1) or 1
-    gpus = max(1, torch.cuda.device_count())
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    sharing = len([r for r in range(workers) if r % gpus == index]) or 1
+    the workers that compute on the same GPU (by its UUID: a launcher may bind one GPU
+    to each process, or leave a host's GPUs to all of its workers), which plan on it
+    at the same moment (collective)."""
+    uuid = str(torch.cuda.get_device_properties(device).uuid)
+    sharing = prim.all_gather_object(uuid, comm, "setup").count(uuid) or 1
     return torch.cuda.mem_get_info(device)[0] // sharing
 
 
@@ -430,9 +430,4 @@ def _resolve_backend_device(backend: str | None,
         backend = "nccl" if dev.type == "cuda" and not gpus_shared() else "gloo"
     if backend == "nccl" and dev.type != "cuda":
         raise ValueError(f"init_comm: backend 'nccl' needs a cuda device, got {dev}")
-    if backend == "nccl" and gpus_shared():
-        raise ValueError(f"init_comm: backend 'nccl' needs a GPU for each worker of this host, "
-                         f"and it runs {_env_int('LOCAL_WORLD_SIZE', 1)} workers on "
-                         f"{torch.cuda.device_count()} GPU(s); use backend 'gloo' (--backend "
-                         "gloo or auto) or fewer workers per host")
     return backend, dev

@@ -133,9 +133,9 @@ def settle(device: torch.device) -> None:
 
 @contextmanager
 def _guarded(comm: Comm, phase: str, collective: str, sent: int, recv: int) -> Iterator[None]:
-    """Time one call, count its bytes, and re-raise backend failures as CommError. On a
-    GPU the kernels queued before it are waited for first: their time is compute's."""
-    settle(comm.device)
+    """Time one call, count its bytes, and re-raise backend failures as CommError. (On
+    a GPU the kernels queued before it are not waited for first: that would stall the
+    host at every pipelined exchange; their time may land in the call's.)"""
     start = time.perf_counter()
     comm.counter.enter(phase, collective)
     try:

@@ -354,7 +354,7 @@ class DataParallel(RowPartitioned[DataPlan]):
         if plan.device.type == "cuda":
             from fullgraph.comm.group import gpu_share
 
-            free = gpu_share(plan.device)
+            free = gpu_share(plan.device, plan.comm)
         else:
             from fullgraph.memory import ram_per_worker
 

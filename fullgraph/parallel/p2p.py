@@ -204,7 +204,7 @@ class P2PParallel(RowPartitioned[P2PPlan]):
         if device.type == "cuda":
             from fullgraph.comm.group import gpu_share
 
-            return bin_limit(gpu_share(device), in_dim, width, itemsize)
+            return bin_limit(gpu_share(device, comm), in_dim, width, itemsize)
         from fullgraph.memory import ram_per_worker
 
         return bin_limit(ram_per_worker(comm.world_size) // RAM_SHARE, in_dim, width, itemsize)

@@ -163,31 +163,34 @@ def test_devices_no_host_gives_or_one_gpu_for_several_workers_are_refused(monkey
     assert group.resolve_device("cuda:1", 0) == torch.device("cuda", 1)
 
 
-def test_nccl_with_workers_sharing_a_gpu_is_refused_by_name(monkeypatch):
-    """NCCL refuses two ranks on one GPU; asked for explicitly with more local workers
-    than GPUs it failed inside the workers after start-up."""
-    from fullgraph.comm import group
-
-    _gpus(monkeypatch, 2)
-    monkeypatch.setenv("LOCAL_RANK", "2")
-    monkeypatch.setenv("LOCAL_WORLD_SIZE", "3")
-    with pytest.raises(ValueError, match="backend 'nccl' needs a GPU for each worker of this "
-                                         r"host, and it runs 3 workers on 2 GPU\(s\)"):
-        group._resolve_backend_device("nccl", "cuda")
-
-
 def test_workers_sharing_a_gpu_plan_on_their_share_of_its_memory(monkeypatch):
     """Each worker sized its bins (and DepCache its fit) from the GPU's whole free
-    memory, at the same moment as the others on that GPU."""
+    memory, at the same moment as the others on that GPU; a worker bound to a GPU of
+    its own (one visible, as a launcher's per-process binding leaves it) keeps all."""
+    from types import SimpleNamespace
+
     from fullgraph.comm import group
 
     _gpus(monkeypatch, 2)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (12 << 30, 80 << 30))
-    monkeypatch.setenv("LOCAL_WORLD_SIZE", "3")  # GPU 0: local ranks 0 and 2; GPU 1: 1
-    assert group.gpu_share(torch.device("cuda", 0)) == 6 << 30
-    assert group.gpu_share(torch.device("cuda", 1)) == 12 << 30
-    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
-    assert group.gpu_share(torch.device("cuda", 0)) == 12 << 30
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda device: SimpleNamespace(uuid=f"GPU-{device.index}"))
+    comm = SimpleNamespace(rank=0, world_size=3)
+    for on, share in ((["GPU-0", "GPU-1", "GPU-0"], {0: 6 << 30, 1: 12 << 30}),
+                      (["GPU-0", "GPU-1", "GPU-2"], {0: 12 << 30, 1: 12 << 30})):
+        monkeypatch.setattr(group.prim, "all_gather_object", lambda obj, comm, phase, on=on: on)
+        for index, want in share.items():
+            assert group.gpu_share(torch.device("cuda", index), comm) == want
+
+
+def test_one_visible_gpu_named_for_each_worker_is_its_own(monkeypatch):
+    """A launcher that binds one GPU to each process (CUDA_VISIBLE_DEVICES per rank)
+    leaves each worker one device: cuda:0 there is its own GPU, not one shared."""
+    from fullgraph.comm import group
+
+    _gpus(monkeypatch, 1)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    assert group.resolve_device("cuda:0", 3) == torch.device("cuda", 0)
 
 
 def test_a_worker_communicates_from_the_gpu_it_computes_on(monkeypatch):
@@ -218,9 +221,9 @@ def test_a_worker_communicates_from_the_gpu_it_computes_on(monkeypatch):
     assert given == [torch.device("cuda", 1)] * 2
 
 
-def test_a_collective_waits_for_the_gpus_queued_kernels_before_its_clock(monkeypatch):
-    """On a GPU the timed calls measured kernel launches: the queued kernels' time went
-    to the next collective that blocked (comm instead of compute)."""
+def test_settle_waits_for_the_gpus_queued_kernels_and_not_on_the_cpu(monkeypatch):
+    """On a GPU the step's phases measured kernel launches: the queued kernels' time
+    went to whatever blocked next (``Strategy.train_step`` settles at each phase's end)."""
     from fullgraph.comm import primitives as prim
 
     synced = []
