@@ -450,14 +450,12 @@ TRAP = textwrap.dedent("""\
 """)
 
 
-@pytest.mark.dist
-@pytest.mark.parametrize("failing,stuck", [(1, False), (1, True), (0, True)])
-def test_under_torchrun_a_failure_reaches_every_host(data_root, tmp_path, failing, stuck):
-    """Nothing supervises torchrun's hosts together: the failed worker publishes its
-    failure in the process group's store. A peer in a collective names it as the first
-    failure (not only a closed connection); a peer stuck outside any collective stops
-    on it within seconds (it would wait forever), also where the failed rank is rank 0,
-    whose process holds the store here (no torchrun agent)."""
+def _trapped_pair(data_root, tmp_path, failing: int | None, stuck: tuple[int, ...],
+                  *flags: str) -> tuple[list, list[str]]:
+    """Two workers as torchrun starts them (RANK, MASTER_ADDR, ...), training the
+    ``TRAP`` model: rank ``failing`` raises in its 3rd step, the ``stuck`` ranks that do
+    not fail sleep there outside any collective. Returns the processes and their
+    standard errors."""
     (tmp_path / "trap.py").write_text(TRAP)
     port = free_port()
     procs = []
@@ -466,9 +464,9 @@ def test_under_torchrun_a_failure_reaches_every_host(data_root, tmp_path, failin
             env = clean_env(data_root, RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank),
                             LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
                             MASTER_PORT=str(port), FAIL_RANK=str(failing),
-                            STUCK="1" if stuck else "", FULLGRAPH_SHM="0")
+                            STUCK="1" if rank in stuck else "", FULLGRAPH_SHM="0")
             procs.append(subprocess.Popen(
-                fullgraph_cmd() + TRAIN + ["--strategy", "data", "--model",
+                fullgraph_cmd() + TRAIN + ["--strategy", "data", *flags, "--model",
                                            f"{tmp_path / 'trap.py'}:TrapGCN"],
                 env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                 preexec_fn=two_cores))
@@ -477,6 +475,18 @@ def test_under_torchrun_a_failure_reaches_every_host(data_root, tmp_path, failin
         for proc in procs:
             proc.kill()
             proc.wait()
+    return procs, errs
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize("failing,stuck", [(1, False), (1, True), (0, True)])
+def test_under_torchrun_a_failure_reaches_every_host(data_root, tmp_path, failing, stuck):
+    """Nothing supervises torchrun's hosts together: the failed worker publishes its
+    failure in the process group's store. A peer in a collective names it as the first
+    failure (not only a closed connection); a peer stuck outside any collective stops
+    on it within seconds (it would wait forever), also where the failed rank is rank 0,
+    whose process holds the store here (no torchrun agent)."""
+    procs, errs = _trapped_pair(data_root, tmp_path, failing, (0, 1) if stuck else ())
     other = 1 - failing
     for proc, err in zip(procs, errs):
         assert proc.returncode == 1, err
@@ -499,25 +509,7 @@ def test_under_torchrun_the_rank_that_never_reached_a_timed_out_call_is_named(da
     said only that, and which rank held it up was left to the reader of every host's
     log. The workers publish their progress in the store; the timed-out rank names the
     one that never reached its call, and every host's message says so."""
-    (tmp_path / "trap.py").write_text(TRAP)
-    port = free_port()
-    procs = []
-    try:
-        for rank in (0, 1):
-            env = clean_env(data_root, RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank),
-                            LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
-                            MASTER_PORT=str(port), FAIL_RANK="9",
-                            STUCK="1" if rank == 1 else "", FULLGRAPH_SHM="0")
-            procs.append(subprocess.Popen(
-                fullgraph_cmd() + TRAIN + ["--strategy", "data", "--timeout", "5", "--model",
-                                           f"{tmp_path / 'trap.py'}:TrapGCN"],
-                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                preexec_fn=two_cores))
-        errs = [proc.communicate(timeout=120)[1] for proc in procs]
-    finally:
-        for proc in procs:
-            proc.kill()
-            proc.wait()
+    procs, errs = _trapped_pair(data_root, tmp_path, None, (1,), "--timeout", "5")
     assert [proc.returncode for proc in procs] == [1, 1], errs
     said = "rank 1 never reached it (by its last report"
     assert "timed out" in errs[0].lower() and said in errs[0], errs[0]
