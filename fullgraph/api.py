@@ -34,7 +34,7 @@ import torch
 
 from fullgraph.errors import ConfigError, FullgraphError
 from fullgraph.exactness import DEFAULT_FORMS as DEFAULT_CHECKED
-from fullgraph.worker import warnings_recorded
+from fullgraph.worker import WARNINGS_ENV, warnings_recorded
 
 if TYPE_CHECKING:
     from fullgraph.saved import SavedModel
@@ -43,9 +43,6 @@ RESULT_ENV = "FULLGRAPH_FIT_RESULT"
 """Where rank 0 of a launched ``fit`` writes its result (set for the workers)."""
 QUIET_ENV = "FULLGRAPH_FIT_QUIET"
 """Set for the workers of a ``fit`` that is not verbose: rank 0 prints no table."""
-WARNINGS_ENV = "FULLGRAPH_FIT_WARNINGS"
-"""Where the workers of a ``fit`` write their warnings (``PREFIX-rankR.jsonl``), for the
-caller to raise as Python warnings."""
 DATA_ENV = "FULLGRAPH_FIT_DATA"
 """The data options as the caller of ``fit`` gave them (JSON), where the workers read a
 temporary copy: what ``metrics_out``'s run record names."""
@@ -201,7 +198,11 @@ def check(data: Any = "cora", *, model: str | type = "gcn",
                 dataset = exactness.prepare(cfg)
                 for message in exactness.unused_options(cfg, forms, "strategies="):
                     warnings.warn(message, stacklevel=2)
-                return exactness.run_checks(cfg, forms, dataset)
+                warned = Path(tmp) / "warnings"  # the workers' warnings: Python warnings here
+                with launch.environment({WARNINGS_ENV: str(warned)}):
+                    report = exactness.run_checks(cfg, forms, dataset)
+                _warn_as_workers_did(warned)
+                return report
     except launch.SignalStop as stop:  # the temporary files are gone: now end
         launch.send_on(stop, "check")
 
@@ -556,20 +557,8 @@ def _worker_main(argv: list[str]) -> int:
         print(f"fullgraph.api: the entry point of the workers of fullgraph.fit ({RESULT_ENV} "
               "is not set); use `fullgraph train` from a shell", file=sys.stderr)
         return 2
-    real_train = training.train
-    warned = os.environ.get(WARNINGS_ENV)
-    if warned:  # this rank's warnings go back to the caller of fit, as Python warnings
-        import warnings
-
-        to_caller = Path(f"{warned}-rank{os.environ.get('RANK', '0')}.jsonl")
-
-        def write(message: Any, category: type[Warning], *args: Any, **kwargs: Any) -> None:
-            with open(to_caller, "a") as f:
-                f.write(json.dumps({"module": category.__module__,
-                                    "category": category.__qualname__,
-                                    "message": str(message)}) + "\n")
-
-        warnings.showwarning = write
+    real_train = training.train  # (its warnings: to the caller of fit, by the CLI's
+    # relay_warnings, as Python warnings)
 
     def train_and_keep(dataset: Any, cfg: Any, *args: Any, **kwargs: Any) -> Any:
         given = os.environ.get(DATA_ENV)

@@ -486,6 +486,7 @@ def _main(argv: list[str] | None) -> int:
 
     if os.environ.get(worker.SUPERVISED_ENV):
         worker.ignore_launcher_warnings()
+    worker.relay_warnings()  # (a worker of a Python caller's fit or check)
     try:
         with _stopped_by_signals(args.command in CLEAN_ON_SIGNALS), worker.warnings_recorded():
             code = COMMANDS[args.command](args)

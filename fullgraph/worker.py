@@ -71,6 +71,29 @@ def warnings_recorded() -> Iterator[None]:
         del _shown[start:]
 
 
+WARNINGS_ENV = "FULLGRAPH_FIT_WARNINGS"
+"""Set by ``fullgraph.fit`` and ``fullgraph.check`` for their launched workers: where a
+worker writes its warnings (``PREFIX-rankR.jsonl``, ``relay_warnings``), for the caller
+to raise as Python warnings."""
+
+
+def relay_warnings() -> None:
+    """Under ``WARNINGS_ENV``: this worker's warnings go to its file, for the Python
+    caller that launched it to raise (not to the console as text)."""
+    prefix = os.environ.get(WARNINGS_ENV)
+    if not prefix:
+        return
+    to_caller = Path(f"{prefix}-rank{os.environ.get('RANK', '0')}.jsonl")
+
+    def write(message: Any, category: type[Warning], *args: Any, **kwargs: Any) -> None:
+        with open(to_caller, "a") as f:
+            f.write(json.dumps({"module": category.__module__,
+                                "category": category.__qualname__,
+                                "message": str(message)}) + "\n")
+
+    warnings.showwarning = write
+
+
 def shown_warnings() -> list[str]:
     """The messages of the warnings shown within ``warnings_recorded`` so far."""
     return list(dict.fromkeys(_shown))

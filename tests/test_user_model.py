@@ -964,3 +964,19 @@ def test_a_saved_module_model_says_where_training_found_it(tmp_path, monkeypatch
     assert main(["evaluate", "--model", str(tmp_path / "m.pt")]) == 2
     assert f"it was found in {tmp_path / 'lab'}: run from there or add it to PYTHONPATH" in \
         capsys.readouterr().err
+
+
+@pytest.mark.dist
+def test_check_from_python_raises_its_workers_warnings_as_python_warnings(tmp_path, capfd):
+    """fullgraph.check printed its launched runs' warnings as CLI lines on stderr where
+    fit raises them as Python warnings of the caller."""
+    import warnings
+
+    (tmp_path / "rules.py").write_text(STAGE_RULES)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fullgraph.check(small(), model=f"{tmp_path / 'rules.py'}:TiedGNN", residual=True,
+                        layers=3, hidden=5, strategies=["data"], epochs=1)
+    said = [w for w in caught if "--residual has no effect here" in str(w.message)]
+    assert len(said) == 1 and said[0].filename == __file__, [str(w.message) for w in caught]
+    assert "warning" not in capfd.readouterr().err
