@@ -134,15 +134,21 @@ def run_fingerprint(dataset: Dataset, cfg: Config, dtype: torch.dtype) -> dict[s
 
 
 def differences(saved: Any, current: Any, where: str = "", *,
-                saved_in: str = "in the checkpoint") -> list[str]:
-    """``where.key: A <saved_in>, B here`` for every leaf that differs."""
+                saved_in: str = "in the checkpoint",
+                say: Callable[[str, Any, Any], str] | None = None) -> list[str]:
+    """``where.key: A <saved_in>, B here`` (or ``say(where.key, A, B)``) for every leaf
+    that differs."""
     if isinstance(saved, dict) and isinstance(current, dict):
         out = []
         for key in sorted(set(saved) | set(current), key=str):
             out += differences(saved.get(key), current.get(key),
-                               f"{where}.{key}" if where else str(key), saved_in=saved_in)
+                               f"{where}.{key}" if where else str(key), saved_in=saved_in,
+                               say=say)
         return out
-    return [] if saved == current else [f"{where}: {saved!r} {saved_in}, {current!r} here"]
+    if saved == current:
+        return []
+    return [say(where, saved, current) if say is not None else
+            f"{where}: {saved!r} {saved_in}, {current!r} here"]
 
 
 WHERE_OPTIONS = ("data.root", "train.resume", "train.checkpoint_dir", "train.metrics_out",
@@ -164,17 +170,10 @@ def changed_options(saved_json: str | None, cfg: Any) -> list[str]:
     except ValueError:
         return []
     current = json.loads(json.dumps(cfg.to_dict(), default=str))
-
-    def leaves(tree: Any, where: str = "") -> dict[str, Any]:
-        if not isinstance(tree, dict):
-            return {where: tree}
-        return {k: v for key, sub in tree.items()
-                for k, v in leaves(sub, f"{where}.{key}" if where else str(key)).items()}
-
-    before, after = leaves(saved), leaves(current)
-    return [f"{key} {before.get(key)!r} -> {after.get(key)!r}"
-            for key in sorted(set(before) | set(after))
-            if before.get(key) != after.get(key) and key not in WHERE_OPTIONS]
+    changed = differences(saved, current,
+                          say=lambda key, a, b: "" if key in WHERE_OPTIONS else
+                          f"{key} {a!r} -> {b!r}")
+    return [line for line in changed if line]
 
 
 def check_fingerprint(saved: dict[str, Any], current: dict[str, Any], source: str) -> None:

@@ -727,20 +727,6 @@ def cmd_config(args: argparse.Namespace) -> int:
     return 0
 
 
-def _self_loops(graph: Any, block: int = 1 << 20) -> int:
-    """How many edges of ``graph`` are self-loops, counted a block of rows at a time
-    (the whole edge list of a large graph is gigabytes)."""
-    import numpy as np
-
-    indptr, indices, loops = graph.indptr.numpy(), graph.indices.numpy(), 0
-    for lo in range(0, graph.num_dst, block):
-        hi = min(lo + block, graph.num_dst)
-        counts = np.diff(indptr[lo:hi + 1])
-        dst = np.repeat(np.arange(lo, hi, dtype=np.int64), counts)
-        loops += int((indices[indptr[lo]:indptr[hi]] == dst).sum())
-    return loops
-
-
 def cmd_datasets(args: argparse.Namespace) -> int:
     from fullgraph.config import DataConfig
     from fullgraph.graph import datasets
@@ -758,7 +744,7 @@ def cmd_datasets(args: argparse.Namespace) -> int:
             f"CSR, {100 * x.values().numel() / max(1, x.shape[0] * x.shape[1]):.2g}% non-zero"
         rows.append(("stored", f"{str(x.dtype).removeprefix('torch.')} features, {layout}"))
         if ds.shard is None:
-            rows.append(("self-loops", _self_loops(ds.graph)))
+            rows.append(("self-loops", ds.graph.self_loop_count()))
         counted = {key for key, _ in rows}
         rows += [(f"{key}_fraction" if key in counted and isinstance(value, float) else key,
                   value) for key, value in ds.info.items()]  # (a generator's split
@@ -975,9 +961,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
     ds = datasets.convert(args.format, opts)
     ds.data = dataclasses.replace(ds.data, features=choose_layout(ds.data.features,
                                                                   args.sparse_features))
-    src, dst = ds.graph.edges()
-    loops = int((src == dst).sum())
-    del src, dst
+    loops = ds.graph.self_loop_count()
     if args.self_loops != "keep":
         ds.graph = ds.graph.with_self_loops(args.self_loops == "add")
     kept = f", {loops} self-loops kept" if loops and args.self_loops == "keep" else \

@@ -355,11 +355,12 @@ def tensor_cost(program: StageProgram, graph: Graph, rank: int, world: int,
                     rounds=rounds + BASE_ROUNDS + (chunks or 0))
 
 
-def edge_halos(graph: Graph, row_counts: Sequence[int]) -> tuple[list[int], list[int]]:
+def edge_halos(graph: Graph, row_counts: Sequence[int]
+               ) -> tuple[list[int], list[int], list[int]]:
     """For workers owning consecutive destination ranges of ``row_counts`` rows, each
     worker's E-stage halo (the distinct sources of its rows' in-edges outside its
-    range, ``columns.edge_plan``) and how many of its own rows the others' halos hold
-    (whose gradients it receives)."""
+    range, ``columns.edge_plan``), how many of its own rows the others' halos hold
+    (whose gradients it receives), and its rows' in-edges."""
     key = (graph.num_edges, tuple(row_counts))
     held = _HALOS.get("graph")
     if held is not None and held() is graph and _HALOS.get("key") == key:
@@ -367,6 +368,7 @@ def edge_halos(graph: Graph, row_counts: Sequence[int]) -> tuple[list[int], list
     indptr, indices = graph.indptr.numpy(), graph.indices.numpy()
     offsets = np.concatenate([[0], np.cumsum(row_counts)]).astype(np.int64)
     fetched, served = [], [0] * len(row_counts)
+    own = [int(indptr[offsets[r + 1]] - indptr[offsets[r]]) for r in range(len(row_counts))]
     for r in range(len(row_counts)):
         lo, hi = int(offsets[r]), int(offsets[r + 1])
         src = np.unique(indices[indptr[lo]:indptr[hi]])
@@ -376,8 +378,8 @@ def edge_halos(graph: Graph, row_counts: Sequence[int]) -> tuple[list[int], list
                 np.searchsorted(offsets, outside, side="right") - 1,
                 minlength=len(row_counts))):
             served[p] += int(count)
-    _HALOS.update(graph=weakref.ref(graph), key=key, value=(fetched, served))
-    return fetched, served
+    _HALOS.update(graph=weakref.ref(graph), key=key, value=(fetched, served, own))
+    return fetched, served, own
 
 
 _HALOS: dict[str, Any] = {}
@@ -392,13 +394,10 @@ def edge_stage_bytes(graph: Graph, row_counts: Sequence[int], rank: int, d_in: i
     halos, then the other workers' edge coefficients (``heads`` per edge;
     ``gather_rows``: forward twice) and its own edges' gradients from every other
     worker (the backward)."""
-    fetched, served = edge_halos(graph, row_counts)
-    offsets = np.concatenate([[0], np.cumsum(row_counts)]).astype(np.int64)
-    indptr = graph.indptr.numpy()
-    own = int(indptr[offsets[rank + 1]] - indptr[offsets[rank]])
+    fetched, served, own = edge_halos(graph, row_counts)
     world = len(row_counts)
     return itemsize * ((2 * fetched[rank] + served[rank]) * d_in
-                       + (2 * (graph.num_edges - own) + (world - 1) * own) * heads)
+                       + (2 * (graph.num_edges - own[rank]) + (world - 1) * own[rank]) * heads)
 
 
 def column_slice(dim: int, world: int) -> int:
@@ -426,8 +425,7 @@ def task_costs(program: StageProgram, graph: Graph, world: int, feat_dim: int | 
                 if on_t:
                     t_rows = even_counts(n, split.num_t)
                     moved += edge_stage_bytes(graph, t_rows, rank, d_in, heads, itemsize)
-                    first = sum(t_rows[:rank])
-                    own = int(graph.indptr[first + t_rows[rank]] - graph.indptr[first])
+                    own = edge_halos(graph, t_rows)[2][rank]
                     moved += split.num_p * own * heads * itemsize
                 else:
                     moved += 2 * graph.num_edges * heads * itemsize

@@ -550,8 +550,10 @@ def table_lines(result: PlanResult) -> list[str]:
     return lines + ([result.unpriced] if result.unpriced else [])
 
 
-def explain(result: PlanResult) -> list[str]:
-    """Two lines: what is recommended and why."""
+def explain(result: PlanResult, *, under_table: bool = True) -> list[str]:
+    """Two lines: what is recommended and why (``under_table``: below the plan's table,
+    whose NO rows they point at)."""
+    above = " (see NO above)" if under_table else ""
     best = result.recommended
     budget = result.device_budget is not None
     others = sorted((e for e in result.estimates
@@ -565,7 +567,7 @@ def explain(result: PlanResult) -> list[str]:
         return [f"recommended: {best.candidate.label} "
                 f"({' '.join(candidate_flags(best.candidate, budget))}), the fastest, but "
                 "nothing fits",
-                "why: every strategy needs more memory than there is (see NO above): use a "
+                f"why: every strategy needs more memory than there is{above}: use a "
                 "smaller model or a host with more memory per worker (more workers on this "
                 "host each get less), or tensor parallelism's --spill-dir for its "
                 "propagation's matrices"]
@@ -574,7 +576,8 @@ def explain(result: PlanResult) -> list[str]:
             f"why: the fastest predicted epoch that fits, {best.seconds * 1e3:.1f} ms ({nxt}); "
             f"its busiest worker receives {fmt_bytes(best.bytes_moved)} an epoch and its "
             f"largest holds {fmt_bytes(best.peak.total)}"
-            + (f"; left out (NO above): {', '.join(skipped)}" if skipped else "")]
+            + (f"; left out {'(NO above)' if under_table else 'as not fitting'}: "
+               f"{', '.join(skipped)}" if skipped else "")]
 
 
 def _same_run(a: Estimate, b: Estimate, budget: bool) -> bool:
@@ -600,8 +603,7 @@ def resolve_auto(cfg: Any, dataset: Dataset) -> tuple[P.Candidate, list[str], st
     if not best.fits:
         warnings.warn(f"--strategy auto: no strategy fits ({best.why_not} for the fastest, "
                       f"{cand.label}); running it anyway (see `fullgraph plan`)", stacklevel=2)
-    why = explain(result)[1].removeprefix("why: ").replace(" (see NO above)", "").replace(
-        "left out (NO above)", "left out as not fitting")  # (no table above it here)
+    why = explain(result, under_table=False)[1].removeprefix("why: ")
     return cand, candidate_flags(cand, device_budget(cfg) is not None), why
 
 

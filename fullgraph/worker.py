@@ -201,14 +201,13 @@ class WorkerStatus:
             return ""
 
         def read() -> list[int]:
-            keys = [f"{self._progress_key}/{r}" for r in range(self._world_size)
-                    if r != self.rank]
             behind = []
-            for key in keys:
-                if self._store.check([key]):
+            for r in range(self._world_size):
+                key = f"{self._progress_key}/{r}"
+                if r != self.rank and self._store.check([key]):
                     seen = json.loads(self._store.get(key))
                     if seen["inside"] is None and seen["entered"] < record["entered"]:
-                        behind.append(int(key.rsplit("/", 1)[1]))
+                        behind.append(r)
             return behind
 
         behind = _store_call(read) or []

@@ -244,6 +244,14 @@ class Graph:
         src, dst = self.edges()
         return bool((src == dst).any())
 
+    def self_loop_count(self) -> int:
+        """How many edges are self-loops (row by row where ``graph.kernels`` can walk
+        the rows, without the whole edge list)."""
+        if self._row_loops():
+            return _kernels.count_loops(self.indptr.numpy(), self.indices.numpy())
+        src, dst = self.edges()
+        return int((src == dst).sum())
+
     def _row_loops(self) -> bool:
         """Whether ``graph.kernels`` can walk this graph's rows (numba, host memory)."""
         return _kernels.HAVE_NUMBA and self.indptr.device.type == "cpu"

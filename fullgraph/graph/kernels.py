@@ -43,6 +43,11 @@ def has_loops(indptr: np.ndarray, indices: np.ndarray) -> bool:
     return bool(_count_loops(indptr, indices)[0] > 0)
 
 
+def count_loops(indptr: np.ndarray, indices: np.ndarray) -> int:
+    """How many edges ``v -> v`` the rows list."""
+    return _count_loops(indptr, indices)[0]
+
+
 def one_loop_per_row(indptr: np.ndarray, indices: np.ndarray) -> bool:
     """Whether every row ``v`` lists ``v`` exactly once."""
     return bool(_count_loops(indptr, indices)[1] == indptr.shape[0] - 1)

@@ -301,13 +301,13 @@ class StageProgram(nn.Module):
                                  "is one of these kinds: README, 'Your own model')")
             _check_forward(s, self.name, self.layer_of[s.index])
             if isinstance(s, EdgeTransform):
-                _check_edge_stage(s, self.name, self.layer_of[s.index], width, before)
+                _check_edge_stage(s, self.name, self.layer_of[s.index], width)
                 seen_edge = s
+            if s.in_dim != width:
+                raise ValueError(f"model {self.name}: stage {s.index} "
+                                 f"({type(s).__name__}, layer {self.layer_of[s.index] + 1}) "
+                                 f"takes {s.in_dim} columns but {before} gives {width}")
             if not isinstance(s, EdgeTransform):  # an E stage leaves the rows as they are
-                if s.in_dim != width:
-                    raise ValueError(f"model {self.name}: stage {s.index} "
-                                     f"({type(s).__name__}, layer {self.layer_of[s.index] + 1}) "
-                                     f"takes {s.in_dim} columns but {before} gives {width}")
                 width, before = s.out_dim, f"stage {s.index} ({type(s).__name__})"
             if isinstance(s, Propagate) and s.norm == "edge" and seen_edge is None:
                 raise ValueError(f"stage {s.index}: norm='edge' needs an earlier EdgeTransform")
@@ -352,8 +352,7 @@ def sums_over_rows(stage: nn.Module) -> bool:
         any(isinstance(m, GlobalBatchNorm) for m in stage.modules())
 
 
-def _check_edge_stage(stage: EdgeTransform, model: str, layer: int, width: int,
-                      before: str) -> None:
+def _check_edge_stage(stage: EdgeTransform, model: str, layer: int, width: int) -> None:
     """An E stage declares the width of the rows it reads, as every stage does, and a
     whole number of heads (the executors size its halo and its weights by them)."""
     where = f"model {model}: stage {stage.index} ({type(stage).__name__}, layer {layer + 1})"
@@ -361,8 +360,6 @@ def _check_edge_stage(stage: EdgeTransform, model: str, layer: int, width: int,
         raise ValueError(f"{where}, an EdgeTransform, sets no in_dim (the columns of the "
                          f"rows it reads, {width} here): call super().__init__({width}) or "
                          "set self.in_dim = self.out_dim in its __init__")
-    if stage.in_dim != width:
-        raise ValueError(f"{where} takes {stage.in_dim} columns but {before} gives {width}")
     if not isinstance(stage.heads, int) or stage.heads < 1:
         raise ValueError(f"{where}: heads must be a whole number >= 1, got {stage.heads!r}")
 
