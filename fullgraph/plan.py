@@ -46,6 +46,9 @@ INDEX = 8
 BASE_ROUNDS = 4
 """Rounds every distributed epoch makes: barrier, gradient all-reduce, loss and
 accuracy reductions."""
+EDGE_BUFFERS = 2
+"""(E, H) buffers an E stage holds per edge at its peak: its coefficients, kept for
+the backward, and their dropout output or, in the backward, their gradient."""
 
 
 @dataclass(frozen=True)
@@ -206,6 +209,12 @@ def _first_layer(f: Features, s: int, stage: Any, rows: int, itemsize: int) -> t
     return inter, flops
 
 
+def edge_buffer_bytes(stage: Any, edges: int, itemsize: int) -> int:
+    """What E stage ``stage`` holds over ``edges`` edges: ``EDGE_BUFFERS`` coefficients
+    per edge and head (not per column: H of them, whatever the rows' width)."""
+    return EDGE_BUFFERS * edges * int(getattr(stage, "heads", 1)) * itemsize
+
+
 def _mem(**values: int) -> dict[str, int]:
     return {c: int(values.get(c, 0)) for c in CATEGORIES}
 
@@ -249,7 +258,7 @@ def data_cost(program: StageProgram, graph: Graph, rows: RowPlan, world: int,
         topo += (block.graph.num_dst + 1 + 2 * edges) * INDEX + edges * itemsize
         aggs.append((edges, int(stage.in_dim)))
         if info.is_edge:
-            inter += edges * int(stage.out_dim) * itemsize * 2
+            inter += edge_buffer_bytes(stage, edges, itemsize)
         fetched = rows.fetched[s].numel()
         if fetched and not rows.shares_halo[s]:
             halo += fetched * int(stage.in_dim) * itemsize
@@ -339,7 +348,7 @@ def tensor_cost(program: StageProgram, graph: Graph, rank: int, world: int,
             rounds += AGG_PASSES
         on_rows = True
         if info.is_edge:
-            inter += graph.num_edges * int(stage.out_dim) * itemsize * 2
+            inter += edge_buffer_bytes(stage, graph.num_edges, itemsize)
             aggs.append((graph.num_edges, max(1, d_in // world)))
             rounds += 2 * AGG_PASSES
             moved += edge_stage_bytes(graph, even_counts(n, world), rank, d_in,
@@ -414,7 +423,7 @@ def task_costs(program: StageProgram, graph: Graph, world: int, feat_dim: int | 
         on_t = rank < split.num_t
         group = split.num_t if on_t else split.num_p
         rows = even_counts(n, split.num_t)[rank] if on_t else 0
-        inter = flops = moved = rounds = 0
+        inter = flops = moved = rounds = own_edges = 0
         aggs: list[tuple[int, int]] = []
         for s, (info, stage) in enumerate(zip(describe(program), program.stages)):
             d_in = int(stage.in_dim)
@@ -425,10 +434,15 @@ def task_costs(program: StageProgram, graph: Graph, world: int, feat_dim: int | 
                 if on_t:
                     t_rows = even_counts(n, split.num_t)
                     moved += edge_stage_bytes(graph, t_rows, rank, d_in, heads, itemsize)
-                    own = edge_halos(graph, t_rows)[2][rank]
+                    own = own_edges = edge_halos(graph, t_rows)[2][rank]
                     moved += split.num_p * own * heads * itemsize
+                    inter += edge_buffer_bytes(stage, own, itemsize)
+                    flops += _gemm_flops(stage, rows)
+                    aggs.append((graph.num_edges, max(1, d_in // group)))
                 else:
                     moved += 2 * graph.num_edges * heads * itemsize
+                    inter += edge_buffer_bytes(stage, graph.num_edges, itemsize)
+                continue
             if info.is_propagate and not on_t:
                 cols = even_counts(d_in, group)[rank - split.num_t]
                 inter += n * cols * itemsize
@@ -438,12 +452,11 @@ def task_costs(program: StageProgram, graph: Graph, world: int, feat_dim: int | 
             elif not info.is_propagate and on_t:
                 bytes_, gemm = _first_layer(f, s, stage, rows, itemsize)
                 inter, flops = inter + bytes_, flops + gemm
-                if info.is_edge:
-                    aggs.append((graph.num_edges, max(1, d_in // group)))
             elif info.is_propagate:  # the T rank sends its rows and gets them back
                 moved += AGG_PASSES * rows * d_in * itemsize
                 rounds += AGG_PASSES
-        topo = 0 if on_t else _whole_topology(graph, itemsize, max(1, len(program.norms)))
+        topo = (_whole_topology(graph, itemsize, max(1, len(program.norms))) if not on_t
+                else (rows + 1 + 2 * own_edges) * INDEX if own_edges else 0)  # its in-edges
         out.append(RankCost(_mem(topology=topo, features=f.rows_bytes(rows, itemsize),
                                  params=param_bytes(program), intermediate=inter),
                             bytes_moved=moved + _grad_sync(program, world),
