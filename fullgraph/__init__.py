@@ -45,7 +45,12 @@ def __dir__() -> list[str]:
 
 def load_model(path: str | Path) -> SavedModel:
     """The model saved by ``train --save-model PATH``, a plain ``torch.nn.Module``:
-    ``model(graph, features)`` gives logits (see ``fullgraph.saved``)."""
+    ``model(graph, features)`` gives logits (see ``fullgraph.saved``).
+
+    Raises:
+        ConfigError: ``path`` is missing, cut short or not a fullgraph model file, or
+            its model class cannot be imported here.
+    """
     from fullgraph.saved import load_model as load
 
     return load(path)

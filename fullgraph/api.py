@@ -37,6 +37,7 @@ from fullgraph.exactness import DEFAULT_FORMS as DEFAULT_CHECKED
 from fullgraph.worker import WARNINGS_ENV, warnings_recorded
 
 if TYPE_CHECKING:
+    from fullgraph.exactness import CheckReport
     from fullgraph.saved import SavedModel
 
 RESULT_ENV = "FULLGRAPH_FIT_RESULT"
@@ -56,7 +57,8 @@ class FitResult:
         history: one dict per epoch run (fewer than ``epochs`` where ``patience=``
             stopped the run early): epoch, loss, train_acc, val_acc, test_acc
             (NaN on epochs without evaluation), epoch_s, forward_s, backward_s,
-            optimizer_s, eval_s (the evaluation's part of epoch_s). A run given
+            sync_s (the gradients' all-reduce), optimizer_s, eval_s (the evaluation's
+            part of epoch_s), other_s (the rest: the six add up to epoch_s). A run given
             ``resume=`` starts with the checkpoint's epochs, each marked
             ``"restored": True`` (as in ``metrics_out``'s file).
         model: the trained model at its best-validation epoch, on the CPU, in eval
@@ -148,7 +150,8 @@ def fit(data: Any = "cora", *, model: str | type = "gcn", strategy: str = "singl
 
 def check(data: Any = "cora", *, model: str | type = "gcn",
           strategies: str | Sequence[str] = DEFAULT_CHECKED, workers: int = 2,
-          epochs: int = 3, num_classes: int | None = None, **options: Any) -> Any:
+          epochs: int = 3, num_classes: int | None = None,
+          **options: Any) -> CheckReport:
     """Is ``model`` exact under every strategy? Train it ``epochs`` epochs in this
     process, then under each of ``strategies`` on ``workers`` launched workers, from the
     same seed, and compare the per-epoch losses (``fullgraph check``).

@@ -53,8 +53,11 @@ class SavedModel(nn.Module):
 
     Args:
         program: the stage program (a ``GNN``) with its trained parameters.
-        meta: what the file says about the model and its training (``options``,
-            ``data``, ``dataset``, ``trained``).
+        meta: what the file says about the model and its training, as
+            ``model_meta`` builds it: ``model`` (``name``, ``in_dim``, ``hidden``,
+            ``out_dim``, ``options``, ``dtype``), ``data`` (the data options it was
+            trained under), ``dataset`` (its fingerprint) and ``trained`` (best epoch,
+            accuracies, strategy, workers). ``save`` needs all four.
 
     Attributes:
         program: the model's stages (its parameters are this module's).
@@ -73,7 +76,17 @@ class SavedModel(nn.Module):
         Args:
             graph: a fullgraph ``Graph``, or a (2, E) ``edge_index`` (row 0 sources,
                 row 1 destinations) over ``features.shape[0]`` vertices.
-            features: (N, F) input features, dense or CSR.
+            features: (N, F) input features, dense or CSR (a numpy or scipy matrix
+                is taken too), prepared as the run prepared its own (row-normalised
+                where it was trained with ``normalize_features``).
+
+        In training mode (``model.train()``) every call draws new dropout masks.
+
+        Raises:
+            ValueError: features that are not an (N, F) matrix of the model's F
+                columns, or whose rows are not the graph's vertices.
+            FormatError: an ``edge_index`` that is not a (2, E) integer tensor.
+            ValidationError: vertex ids out of range.
         """
         return self._run(graph, features, stop=None)
 
@@ -82,7 +95,8 @@ class SavedModel(nn.Module):
         (N, hidden x heads) for a coupled GAT, whose heads are concatenated.
 
         Raises:
-            ValueError: the model has one layer, so no hidden layer.
+            ValueError: the model has one layer, so no hidden layer; and as ``forward``
+                (as do ``FormatError`` and ``ValidationError``).
         """
         # the template opens each of the num_layers layers with a LayerInput (a GNN
         # records which); a conv() or a decoupled propagation may add its own (GCNII's
@@ -96,7 +110,12 @@ class SavedModel(nn.Module):
 
     def save(self, path: str | Path) -> None:
         """Write this model to ``path`` (atomically) as ``train --save-model`` does, for
-        ``load_model`` and ``fullgraph predict`` / ``evaluate``."""
+        ``load_model`` and ``fullgraph predict`` / ``evaluate``.
+
+        Raises:
+            ValueError: ``meta`` lacks one of ``model``, ``data``, ``dataset``,
+                ``trained``.
+        """
         missing = [k for k in META_KEYS if k not in self.meta]
         if missing:
             raise ValueError(f"SavedModel.save: meta lacks {', '.join(missing)}")

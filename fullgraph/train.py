@@ -491,6 +491,12 @@ def train(dataset: Dataset, cfg: Config, *, reporter: Reporter | None = None,
     model = build(dataset, cfg).to(strategy.model_device(device), dtype)
     if strategy.name != "single" and (comm is None or comm.rank == 0):
         _warn_of_unkeyed_modules(model, strategy.name)
+    if device.type != "cpu" and cfg.runtime.spmm_backend == "numba" \
+            and (comm is None or comm.rank == 0):
+        import warnings
+
+        warnings.warn(f"--spmm-backend numba has no effect on {device}: its kernels are "
+                      "the CPU's; a GPU runs torch's sparse kernels", stacklevel=2)
     if cfg.model.residual and (comm is None or comm.rank == 0) and not any(
             getattr(s, "residual", False) for s in model.stages):
         import warnings

@@ -41,6 +41,16 @@ def pytest_configure(config: pytest.Config) -> None:
     choose()
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Tell ``harness.run_ranks`` whether the test about to run (its fixtures too) is
+    marked ``dist``: one that starts ranks unmarked fails, so ``-m "not dist"`` stays
+    the quick part docs/contributing.md says it is."""
+    import harness
+
+    harness.DIST_MARKED = item.get_closest_marker("dist") is not None
+
+
 def _check_test_device(name: str) -> None:
     import torch
 

@@ -26,6 +26,8 @@ from fullgraph.comm import CommError, destroy_comm, init_comm, shm
 
 ECHO_DELAY_S = 1.0
 """How long a rank that failed with CommError waits before exiting (see _rank_main)."""
+DIST_MARKED: bool | None = None
+"""Whether the running test is marked ``dist`` (set by conftest; None outside pytest)."""
 
 
 def _rank_main(rank: int, fn: Callable[..., Any], world_size: int, store: str,
@@ -62,6 +64,9 @@ def run_ranks(fn: Callable[..., Any], world_size: int, tmp_path: Path | str, *ar
         torch.multiprocessing.ProcessRaisedException: a rank raised; carries its traceback.
         torch.multiprocessing.ProcessExitedException: a rank died without raising.
     """
+    if DIST_MARKED is False:
+        raise RuntimeError("run_ranks in a test not marked dist: add @pytest.mark.dist "
+                           "(or a module's pytestmark), so -m 'not dist' leaves it out")
     store = Path(tmp_path) / "store"
     if store.exists():  # a stale file store would hang the rendezvous
         os.remove(store)

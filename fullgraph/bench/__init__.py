@@ -40,6 +40,25 @@ def have_pyg() -> bool:
     return True
 
 
+DATASETS_ENV = "FULLGRAPH_SHARED_DATASETS"
+"""The folder of the real datasets' files (``<name>/<name>.npz``, ``planetoid/raw``),
+as the test suite reads it: the default ``--root`` of the scripts that read them."""
+
+
+def add_root(parser: argparse.ArgumentParser, help: str) -> None:
+    """``--root``: the datasets folder; by default ``$FULLGRAPH_SHARED_DATASETS``, else
+    the dataset root ``fullgraph train`` reads (``$FULLGRAPH_DATA``, else the user
+    cache), where the datasets it has processed are."""
+    given = os.environ.get(DATASETS_ENV) or None
+    if given is None:
+        from fullgraph.config import DataConfig
+
+        given = str(DataConfig().resolved_root())
+    parser.add_argument("--root", default=given,
+                        help=f"{help} (default: ${DATASETS_ENV}, else the dataset root "
+                             f"`fullgraph train` reads; here {given})")
+
+
 def entry_point(main: Main) -> Main:
     """``main`` that ends with ``<prog>: error: <message>`` and exit status 2 (raised
     as ``SystemExit``, as ``ArgumentParser.error`` does) on a ``FullgraphError`` or a

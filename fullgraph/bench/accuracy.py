@@ -4,7 +4,7 @@ Mean and standard deviation over seeds of the test accuracy at the best validati
 epoch, public split for the Planetoid graphs and the seeded 20/30-per-class split
 for Amazon Photo and Coauthor CS. Prints a markdown table for BENCHMARKS.md.
 
-    python -m fullgraph.bench.accuracy --root ../shared/datasets
+    python -m fullgraph.bench.accuracy --root DATASETS
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fullgraph.bench import entry_point, names
+from fullgraph.bench import add_root, entry_point, names
 from fullgraph.config import Config, ModelConfig, TrainConfig
 from fullgraph.graph.data import Dataset
 from fullgraph.train import train
@@ -78,7 +78,7 @@ def load(shared: Path, name: str) -> Dataset:
 @entry_point
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--root", default="../shared/datasets", help=ROOT_HELP)
+    add_root(p, ROOT_HELP)
     p.add_argument("--datasets", default="cora,citeseer,amazon_photo,coauthor_cs")
     p.add_argument("--models", default="gcn,sage,gat,gin",
                    help=f"comma list of {', '.join([*SETTINGS, *ALIASES])}")

@@ -20,7 +20,7 @@ Coauthor CS is read from ``--root`` (``<root>/coauthor_cs/coauthor_cs.npz``, cop
 into a scratch dataset root). Workers share this host's cores: times are for ratios
 within one run.
 
-    python -m fullgraph.bench.cloud_accuracy --root ../shared/datasets
+    python -m fullgraph.bench.cloud_accuracy --root DATASETS
 """
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from fullgraph.bench import entry_point, names
+from fullgraph.bench import add_root, entry_point, names
 from fullgraph.bench.figures import NO_MATPLOTLIB, new_figure, save_figure
 from fullgraph.runlog import read_run_log
 
@@ -178,7 +178,7 @@ def class_spread_table(args: argparse.Namespace, datasets: dict[str, list[str]])
 @entry_point
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--root", default="../shared/datasets", help="holds coauthor_cs/*.npz")
+    add_root(p, "holds coauthor_cs/*.npz; without it, Cora only")
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--epochs", type=int, default=200, help="Cora epochs")

@@ -11,7 +11,7 @@ the same function. ``--masks torch`` draws dropout from torch's generator,
 ``--masks keyed`` uses fullgraph's keyed masks (``ops.dropout``) with fullgraph's
 seeds, so that the masks can be told apart from the rest of the implementation.
 
-    python -m fullgraph.bench.gin_reference --root ../shared/datasets --seeds 20
+    python -m fullgraph.bench.gin_reference --root DATASETS --seeds 20
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fullgraph.bench import entry_point
+from fullgraph.bench import add_root, entry_point
 from fullgraph.bench.accuracy import ROOT_HELP, SETTINGS, load
 from fullgraph.bench.pyg_accuracy import adjacency
 from fullgraph.graph.data import Dataset
@@ -112,7 +112,7 @@ def train_plain(ds: Dataset, adj: Tensor, masks: str, epochs: int, seed: int
 @entry_point
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--root", default="../shared/datasets", help=ROOT_HELP)
+    add_root(p, ROOT_HELP)
     p.add_argument("--dataset", default="coauthor_cs")
     p.add_argument("--masks", default="torch", choices=MASKS)
     p.add_argument("--seeds", type=int, default=5)

@@ -5,7 +5,7 @@ in-edges and remote vertices (G3 §4.1's cost factors), total remote vertices,
 edge cut and replication factor. Prints a markdown table for BENCHMARKS.md.
 
     python -m fullgraph.bench.partition --parts 4 --rmat 1000000:20000000 \
-        --npz ../shared/datasets/coauthor_cs/coauthor_cs.npz
+        --npz DATASETS/coauthor_cs/coauthor_cs.npz
 """
 from __future__ import annotations
 

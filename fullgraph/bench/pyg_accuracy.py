@@ -11,7 +11,7 @@ bag-of-words features such as Coauthor CS's), PyG gets them dense, as its exampl
 Linear, as PyG's GIN example), fullgraph's ``batch_norm=True``. Prints a markdown
 table for BENCHMARKS.md.
 
-    python -m fullgraph.bench.pyg_accuracy --root ../shared/datasets
+    python -m fullgraph.bench.pyg_accuracy --root DATASETS
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fullgraph.bench import entry_point, names
+from fullgraph.bench import add_root, entry_point, names
 from fullgraph.bench.accuracy import ROOT_HELP, SETTINGS, load
 from fullgraph.config import Config, ModelConfig, TrainConfig
 from fullgraph.extras import require
@@ -156,7 +156,7 @@ def row(ds: Dataset, adj_t: Tensor, name: str, model: str, seeds: range, epochs:
 @entry_point
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--root", default="../shared/datasets", help=ROOT_HELP)
+    add_root(p, ROOT_HELP)
     p.add_argument("--datasets", default="amazon_photo,coauthor_cs")
     p.add_argument("--models", default="sage,gin-bn", help=f"some of {', '.join(MODELS)}")
     p.add_argument("--seeds", type=int, default=5)

@@ -10,7 +10,7 @@ tensor), which favours PyG. Datasets: ``bow`` (a stochastic block model with
 ``--features`` columns of random word counts, ``--words`` per vertex) and
 ``coauthor_cs`` (6,805 columns, read from ``--root``).
 
-    python -m fullgraph.bench.sparse_features --root ../shared/datasets
+    python -m fullgraph.bench.sparse_features --root DATASETS
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from fullgraph.bench import NO_PYG, entry_point, have_pyg
+from fullgraph.bench import NO_PYG, add_root, entry_point, have_pyg
 from fullgraph.bench.kernels import _median_time
 
 
@@ -129,8 +129,8 @@ def epoch_pyg(ds: Any, sparse: bool, args: argparse.Namespace) -> float | None:
 @entry_point
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--root", default="../shared/datasets", help="holds <name>/<name>.npz "
-                   "(coauthor_cs); other names are read as bench.accuracy reads them")
+    add_root(p, "holds <name>/<name>.npz (coauthor_cs); other names are read as "
+                "bench.accuracy reads them; bow needs none")
     p.add_argument("--datasets", default="bow,coauthor_cs")
     p.add_argument("--vertices", type=int, default=20_000, help="bow: vertices")
     p.add_argument("--features", type=int, default=8192, help="bow: columns")

@@ -1,7 +1,7 @@
 """The communication handle: who this worker is, its process group, timeout and byte counter.
 
 Every communicating function in fullgraph takes a ``Comm`` argument; there is no
-module-level group, rank or counter (STYLE.md section 3). A ``Comm`` of world size 1
+module-level group, rank or counter. A ``Comm`` of world size 1
 has ``group=None`` and never touches ``torch.distributed``: every primitive is then an
 identity or a no-op, so single-process runs need no process group at all.
 
@@ -9,7 +9,9 @@ identity or a no-op, so single-process runs need no process group at all.
 the world (``subgroup.py`` documents them); ``global_ranks`` and ``name`` say which.
 
 The process-group lifecycle (``init_comm`` / ``destroy_comm``) lives here; the actual
-``torch.distributed`` calls are made in ``primitives.py``, the one module that calls it.
+``torch.distributed`` calls are made in ``primitives.py`` (collectives, groups) and
+``tagged.py`` (tagged point-to-point messages and the process group's store, through
+torch's private ``_get_default_store``), the two modules that call it.
 This module must not import ``parallel``, ``models`` or anything above ``comm``.
 """
 from __future__ import annotations

@@ -89,8 +89,11 @@ def load(name: str, root: Path, *, feature_dtype: str = "stored", split_seed: in
     then only part ``part`` is opened (a worker's rank; the launcher checks part 0).
 
     Raises:
-        DatasetNotFoundError: unknown name (the message lists the known ones), or raw
-            files missing and not downloadable (the message says what to put where).
+        DatasetNotFoundError: unknown name (the message lists the known ones), a path
+            that does not exist, or raw files missing and not downloadable (the
+            message says what to put where), or a path to a folder that holds no
+            dataset.
+        ConfigError: ``name`` is empty.
     """
     direct = Path(name).expanduser()
     if name != check_name_or_none(name) and (direct / "processed" / store.META_FILE).is_file():
@@ -101,6 +104,16 @@ def load(name: str, root: Path, *, feature_dtype: str = "stored", split_seed: in
     if name and (direct / store.META_FILE).is_file():
         return _finish(_fixed_split(store.load_dataset(direct, verify=verify), split_seed),
                        feature_dtype)
+    if name.strip() and check_name_or_none(name) is None:  # a path, but to no dataset
+        if not direct.exists():
+            raise DatasetNotFoundError(
+                f"dataset {name!r}: no such directory; a dataset is a name under the root "
+                "(`fullgraph datasets` lists them) or the directory `fullgraph convert` "
+                "or `generate` wrote")
+        try:
+            check_name(name, path_ok=True)
+        except ConfigError as exc:
+            raise DatasetNotFoundError(str(exc)) from None
     check_name(name, path_ok=True)
     if name not in KNOWN and (root / name / store.SHARDS_FILE).is_file():  # by its name
         return _finish(store.load_shard(root / name, part, verify=verify,

@@ -37,7 +37,7 @@ from fullgraph.ops.sparse import is_sparse, sparse_dropout
 
 
 class StageKind(str, enum.Enum):
-    """The three stage kinds of DESIGN.md."""
+    """The three stage kinds (docs/architecture.md): transform, edge, propagate."""
 
     TRANSFORM = "T"
     EDGE = "E"

@@ -3,7 +3,7 @@
 A strategy is an executor of a model's stage program: it owns where vertex data lives,
 the re-placements between stages and the gradient sync, never the model math, the
 optimiser, the loop or the CLI. The training loop calls only ``setup``,
-``train_step`` and ``evaluate`` (STYLE.md section 4). In full-graph training one
+``train_step`` and ``evaluate``. In full-graph training one
 optimiser step is one epoch.
 
 Losses are normalised by the global number of training vertices, so that N workers

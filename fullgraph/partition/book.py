@@ -5,7 +5,7 @@ permutation ``perm`` that lists the gids part by part (ascending gid inside a pa
 and the ``offsets`` that cut ``perm`` into parts. Part ``p`` owns the gids
 ``perm[offsets[p]:offsets[p + 1]]``; the local id (lid) of a vertex is its position
 in that slice, so ``perm[offsets[part_of[g]] + gid_to_lid(g)] == g`` for every gid.
-This is the ``Shard(0)`` row layout of DESIGN.md.
+This is the row layout (``Shard(0)``, in DTensor's words) every placement builds on.
 
 Empty parts are allowed (an executor must cope with a worker that owns no rows, as
 it copes with uneven row counts); ``fullgraph.partition.partition`` warns when a

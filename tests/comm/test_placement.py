@@ -1,7 +1,7 @@
 """The conjugate placement pairs: values, gradients and bytes against one process.
 
 Each rank rebuilds the whole problem from seeds, computes the single-process
-reference itself and checks its own slice (STYLE.md section 6). Cases cover N and D
+reference itself and checks its own slice. Cases cover N and D
 not divisible by the world size, ranks with 0 rows or 0 columns, empty halos and
 the isend/irecv fallback. ``Fn.backward(stub_ctx, g)`` is checked against the
 conjugate's forward on every world size, and without any process group for 1.

@@ -36,13 +36,16 @@ def test_load_refuses_a_name_that_escapes(tmp_path: Path) -> None:
     root = tmp_path / "root"
     outside = tmp_path / "outside"
     store.save_dataset(sbm(40, 2, num_features=3, seed=0), outside / "processed")
-    with pytest.raises(ConfigError, match="nor is it a processed dataset directory"):
-        datasets.load("../outside", root)
+    with pytest.raises(DatasetNotFoundError, match="'../outside': no such directory"):
+        datasets.load("../outside", root)  # (relative to here, not to the root)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DatasetNotFoundError, match="nor is it a processed dataset directory"):
+        datasets.load(str(tmp_path / "empty"), root)
     # A path to the processed directory itself is still accepted, as documented.
     assert datasets.load(str(outside / "processed"), root).graph.num_nodes == 40
     # shard folders without their manifest: the message names what is missing
     (tmp_path / "shards" / "part-0").mkdir(parents=True)
-    with pytest.raises(ConfigError, match=r"holds part-\* folders but no shards.json"):
+    with pytest.raises(DatasetNotFoundError, match=r"holds part-\* folders but no shards.json"):
         datasets.load(str(tmp_path / "shards"), root)
 
 

@@ -20,6 +20,8 @@ from fullgraph.parallel.task import TaskParallel
 from fullgraph.parallel.tensor import TensorParallel
 from fullgraph.partition import PartitionOptions
 
+pytestmark = pytest.mark.dist
+
 USER_FILE = Path(__file__).parent.parent / "models" / "user_gnn.py"
 
 

@@ -42,6 +42,7 @@ def from_pyg(data: Any, name: str = "pyg", *, split_index: int = 0, seed: int = 
 
     Args:
         data: a ``torch_geometric.data.Data`` (any object with these attributes); a
+            label of -1 marks an unlabelled vertex (it must be in no mask); a
             sparse ``x`` (torch COO, CSR or CSC, a ``torch_sparse.SparseTensor`` or a
             scipy sparse matrix) becomes CSR features, never made dense here; a mask
             may be boolean (or 0/1 uint8), or a vector of vertex ids (as OGB's split
