@@ -457,6 +457,29 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
+def _torchrun_run_dir(cfg: Any) -> None:
+    """Under torchrun, ``--run-dir`` is where this host's workers keep their status,
+    heartbeat and failure files (torchrun keeps the logs); ``--keep-run-dir``, which
+    asks to keep the local launcher's temporary one, has no effect there."""
+    from fullgraph import launch
+    from fullgraph.worker import RUN_DIR_ENV
+
+    if cfg.launch.keep_run_dir and os.environ.get("LOCAL_RANK", "0") == "0":
+        warnings.warn("--keep-run-dir has no effect under torchrun (it keeps the local "
+                      "launcher's temporary run directory; give --run-dir DIR for the "
+                      "workers' status files)", stacklevel=2)
+    if cfg.launch.run_dir:
+        where = Path(cfg.launch.run_dir).expanduser()
+        try:
+            where.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(f"--run-dir: cannot make {where}: {exc.strerror or exc}") from None
+        rank = os.environ.get("RANK", "0")
+        for pattern in launch.RUN_FILES:  # this rank's files of an earlier run
+            (where / pattern.replace("*", rank)).unlink(missing_ok=True)
+        os.environ[RUN_DIR_ENV] = str(where.resolve())
+
+
 def _main(argv: list[str] | None) -> int:
     if (sys.argv[1:] if argv is None else argv) == ["--version"]:  # without loading torch
         try:
@@ -612,6 +635,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             if os.environ.get("LOCAL_RANK", os.environ.get("RANK")) == "0":
                 print(f"fullgraph {args.command}: error: {conflict}", file=sys.stderr)
             return 2
+        _torchrun_run_dir(cfg)
         return launch.run_worker(lambda status: _train(cfg, status),
                                  debug=cfg.train.log_level == "debug")
     launch.check_threads(cfg.runtime.threads, cfg.launch.workers)
@@ -622,9 +646,18 @@ def cmd_train(args: argparse.Namespace) -> int:
         launch.check_workers(cfg.launch.workers, cfg.launch.oversubscribe)
         # process the dataset once here, and find the user's errors before any worker starts
         check_before_launch(cfg, datasets.load_for(cfg.data), cfg.launch.workers)
-        return launch.launch_local(args.argv, cfg.launch.workers, timeout_s=cfg.launch.timeout_s,
-                                   run_dir=cfg.launch.run_dir, threads=cfg.runtime.threads,
-                                   keep_run_dir=cfg.launch.keep_run_dir)
+        try:
+            code = launch.launch_local(args.argv, cfg.launch.workers,
+                                       timeout_s=cfg.launch.timeout_s,
+                                       run_dir=cfg.launch.run_dir,
+                                       threads=cfg.runtime.threads,
+                                       keep_run_dir=cfg.launch.keep_run_dir)
+        except BaseException:  # (interrupted: a signal the launcher sends on to itself)
+            _say_where_to_resume(cfg)
+            raise
+        if code != 0:
+            _say_where_to_resume(cfg)
+        return code
     if cfg.launch.run_dir or cfg.launch.keep_run_dir:
         warnings.warn("--run-dir and --keep-run-dir have no effect with one worker (the run "
                       "directory is the launcher's, for --workers N)", stacklevel=1)
@@ -637,8 +670,26 @@ def cmd_train(args: argparse.Namespace) -> int:
     except ValueError as exc:  # (main reports a ValueError as a user's error, exit 2)
         if status.is_user_error(exc):
             raise
+        _say_where_to_resume(cfg)
         raise RuntimeError(f"failed during {status.phase}: {type(exc).__name__}: "
                            f"{exc}") from exc
+    except BaseException:
+        if status.phase.startswith("epoch"):  # (not a refusal before any training)
+            _say_where_to_resume(cfg)
+        raise
+
+
+def _say_where_to_resume(cfg: Any) -> None:
+    """After a run that failed or was stopped: where its last checkpoint is, and how to
+    go on from it (nothing where it wrote none)."""
+    from fullgraph.checkpoint import checkpoint_file
+
+    if cfg.train.checkpoint_dir is None:
+        return
+    path = checkpoint_file(cfg.train.checkpoint_dir)
+    if path.is_file():
+        print(f"fullgraph train: its last checkpoint is {path}; the same command with "
+              "--resume auto goes on from it", file=sys.stderr)
 
 
 def _load_once_per_host(cfg: Any, comm: Comm | None) -> Any:

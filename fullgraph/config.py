@@ -77,6 +77,8 @@ def _require(cond: bool, section: str, name: str, value: Any, expected: str) -> 
 FLOAT32_MAX = 3.4028234663852886e38
 """The largest float32: torch's optimisers refuse a larger step size or weight decay
 (a traceback, not a message) for float32 parameters."""
+MAX_LR = FLOAT32_MAX * (1 - 0.9)
+"""The largest learning rate: Adam's first step is the rate over 1 - beta1 (0.1)."""
 
 SPARSE_FEATURES = ("auto", "on", "off")
 
@@ -303,8 +305,9 @@ class TrainConfig:
         if self.checkpoint_every != 10 and self.checkpoint_dir is None:
             warnings.warn("--checkpoint-every has no effect without --checkpoint-dir",
                           stacklevel=3)
-        _require(0 < self.lr <= FLOAT32_MAX, "train", "lr", self.lr,
-                 "> 0 and finite in float32 (at most 3.4e38)")
+        _require(0 < self.lr <= MAX_LR, "train", "lr", self.lr,
+                 "> 0 and at most 3.4e37 (Adam's first step is 10x the rate, finite in "
+                 "float32)")
         if self.resume == "auto" and self.checkpoint_dir is None:
             raise ConfigError("train.resume: 'auto' resumes from --checkpoint-dir where it "
                               "holds a checkpoint; give --checkpoint-dir too")

@@ -74,7 +74,9 @@ GRACE_S = 5.0
 """How long the other workers get once a peer failure or a hang has been found."""
 EARLY_PHASES = ("start-up", "setup")
 """The phases before training: a user's error there leaves the others nothing to do."""
-RUN_FILES = ("pid-rank*", "status-rank*", "heartbeat-rank*", "failure-rank*.json")
+RUN_FILES = ("pid-rank*", "status-rank*", "heartbeat-rank*", "failure-rank*.json",
+             "rank*.log")
+"""A run directory's files of one run (``*``: the rank), removed before the next."""
 
 
 def under_launcher() -> bool:

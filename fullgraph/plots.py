@@ -91,11 +91,17 @@ def _figure() -> Any:
 
 
 def _training(fig: Any, log: RunLog, rows: list[RankRow], slow: int | None) -> None:
-    loss_ax, acc_ax = fig.subplots(1, 2)
+    loss_ax, acc_ax = fig.subplots(1, 2, sharex=True)  # (the loss's range: the run's too)
     epochs = [e["epoch"] for e in log.epochs]
     loss_ax.plot(epochs, [e["loss"] for e in log.epochs], color=COLORS["compute"],
                  marker="." if len(epochs) <= 60 else None)
     loss_ax.set(title="training loss", xlabel="epoch", ylabel="loss")
+    bad = [e["epoch"] for e in log.epochs if not math.isfinite(e["loss"])]
+    for i, epoch in enumerate(bad):  # (a line has no point there to draw)
+        loss_ax.axvline(epoch, color="tab:red", linestyle=":", linewidth=1.5,
+                        label="loss not finite: diverged" if i == 0 else None)
+    if bad:
+        loss_ax.legend(loc="upper right")
     for split in ("train", "val", "test"):
         points = [(e["epoch"], 100 * e[f"{split}_acc"]) for e in log.epochs
                   if not math.isnan(e[f"{split}_acc"])]
@@ -210,8 +216,14 @@ def _epoch_time(fig: Any, log: RunLog, rows: list[RankRow], slow: int | None) ->
     for i, epoch in enumerate(switched):
         ax.axvline(epoch - 0.5, color="tab:purple", linestyle=":", linewidth=1,
                    label="plan switched" if i == 0 else None)
+    drawn = [r["wall_s"] for recs in log.ranks.values() for r in recs] or times
+    if log.ranks and restored:  # (restored epochs have no rank's record: their epoch time)
+        back = log.epochs[:restored]
+        ax.plot([e["epoch"] for e in back], [e["epoch_s"] for e in back], color="grey",
+                marker=marker, linewidth=1, label="restored epochs (their run's time)")
+        drawn += [e["epoch_s"] for e in back]
     title = "epoch time over the run"
-    if max(times) > 10 * median:
+    if max(drawn) > 10 * median:
         ax.set_yscale("log")
         title += " (log scale: some epochs, often the first, are much slower)"
     ax.set(title=title, xlabel="epoch", ylabel="seconds")
@@ -226,7 +238,7 @@ def adapt_epochs(log: RunLog) -> tuple[list[int], list[int]]:
     adapter's event is kept in the record of the epoch it shaped, the one after the
     adapter ran."""
     slowed, switched = set(), set()
-    for recs in log.ranks.values():
+    for recs in [*log.restored_ranks.values(), *log.ranks.values()]:
         for r in recs:
             for e in r.get("events", ()):
                 if e.get("kind") == "inject":
@@ -242,9 +254,11 @@ def adapt_lines(log: RunLog) -> list[str]:
 
     from fullgraph.profile import event_lines
 
+    both = {rank: [*log.restored_ranks.get(rank, []), *log.ranks.get(rank, [])]
+            for rank in sorted({*log.ranks, *log.restored_ranks})}  # (restored: before)
     return event_lines([[SimpleNamespace(rank=rank, epoch=r.get("epoch"),
                                          events=r.get("events", [])) for r in recs]
-                        for rank, recs in sorted(log.ranks.items()) if recs])
+                        for rank, recs in both.items() if recs])
 
 
 def outside(log: RunLog) -> list[str]:
@@ -288,6 +302,9 @@ def final_lines(log: RunLog) -> list[str]:
     restored = len(log.epochs) - len(log.ran)
     early = f", stopped early (patience {log.config('train', 'patience')})" \
         if s.get("stopped_early") else ""
+    if s.get("diverged_at") is not None:
+        early = f", stopped at epoch {s['diverged_at']}: its loss is not finite (the " \
+            "training diverged)"
     if restored == len(log.epochs):  # resumed after its last epoch (or its early stop)
         ran = f"no epoch ran after the {restored} restored from a checkpoint{early}"
     else:

@@ -74,6 +74,9 @@ class Reporter:
             else None
         self.start = time.perf_counter()
         self.first = 1  # the first epoch this process runs
+        # epoch -> (loss, rank records) of the file this run replaces: a resumed run
+        # carries those of its restored epochs over (a requeued job writes the same file)
+        self._earlier: dict[int, tuple[float, list[dict[str, Any]]]] = {}
 
     def header(self, lines: list[str], record: dict[str, Any]) -> None:
         if not self.enabled:
@@ -88,6 +91,10 @@ class Reporter:
             return
         for rec in records:
             self._write({"event": "epoch", **asdict(rec), "restored": True})
+            loss, ranks = self._earlier.get(rec.epoch, (None, []))
+            if loss is not None and (loss == rec.loss or (loss != loss and rec.loss != rec.loss)):
+                for r in ranks:  # the same run's epoch (the requeued job's own file)
+                    self._write({"event": "rank_epoch", **r, "restored": True})
         self.first = len(records) + 1
 
     def epoch(self, rec: EpochRecord) -> None:
@@ -141,6 +148,7 @@ class Reporter:
 
     def _write(self, record: dict[str, Any]) -> None:
         if self.metrics is None and self._metrics_path is not None:
+            self._earlier = _earlier_epochs(self._metrics_path)
             self._metrics_path.parent.mkdir(parents=True, exist_ok=True)
             self.metrics = self._metrics_path.open("w")
             self._metrics_path = None
@@ -149,7 +157,35 @@ class Reporter:
             self.metrics.flush()
 
 
+def _earlier_epochs(path: Path) -> dict[int, tuple[float, list[dict[str, Any]]]]:
+    """Of the metrics file at ``path`` (if any): epoch -> (its loss, its ranks' records
+    without their event key). Lines that are not records are passed over."""
+    out: dict[int, tuple[float, list[dict[str, Any]]]] = {}
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines() if path.is_file() else []
+    except (OSError, UnicodeDecodeError):
+        return out
+    ranks: dict[int, list[dict[str, Any]]] = {}
+    for line in lines:
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if not isinstance(rec, dict) or not isinstance(rec.get("epoch"), int):
+            continue
+        event = rec.pop("event", None)
+        rec.pop("restored", None)
+        if event == "epoch" and isinstance(rec.get("loss"), float):
+            out[rec["epoch"]] = (rec["loss"], ranks.setdefault(rec["epoch"], []))
+        elif event == "rank_epoch":
+            ranks.setdefault(rec["epoch"], []).append(rec)
+    return out
+
+
 def _fmt(width: int, fmt: str, value: float, gap: bool = True) -> str:
     if value != value and gap:  # NaN: an epoch without evaluation
         return f"{'-':>{width}}"
-    return f"{value:>{width}{fmt}}"
+    text = f"{value:>{width}{fmt}}"
+    if len(text) > width and fmt.endswith("f"):  # (a diverging loss, a stalled epoch)
+        text = f"{value:>{width}.{max(1, width - 7)}e}"  # in its column: the rows line up
+    return text

@@ -43,8 +43,12 @@ class RunLog:
         source: the file.
         run: the ``run`` record.
         epochs: the ``epoch`` records, in order.
-        ranks: rank -> its ``rank_epoch`` records in epoch order (empty for one worker).
+        ranks: rank -> its ``rank_epoch`` records in epoch order (empty for one worker),
+            of the epochs this run ran.
         summary: the ``summary`` record, or None for a run that did not finish.
+        restored_ranks: rank -> the ``rank_epoch`` records of restored epochs, carried
+            from the file of the run that checkpointed them (``"restored": true``; that
+            run's workers, maybe under another strategy or worker count).
     """
 
     source: Path
@@ -52,6 +56,7 @@ class RunLog:
     epochs: list[dict[str, Any]]
     ranks: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
     summary: dict[str, Any] | None = None
+    restored_ranks: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
 
     def config(self, section: str, key: str, default: Any = None) -> Any:
         """One option of the run's config (``default`` when the file lacks it)."""
@@ -78,13 +83,23 @@ class RankRow:
     peak_mem: int
 
 
+REQUIRED = {
+    "epoch": ("epoch", "loss", "train_acc", "val_acc", "test_acc", "epoch_s"),
+    "rank_epoch": ("rank", "epoch", "compute_s", "comm_s", "wait_s", "wall_s"),
+    "summary": ("best_epoch", "best_val", "test_acc", "train_acc", "total_s",
+                "median_epoch_s"),
+}
+"""The keys of each record kind that the report reads (every version wrote them)."""
+
+
 def read_run_log(path: str | Path) -> RunLog:
     """Parse a metrics file.
 
     Raises:
-        DataError: the file is missing, a line is not a JSON object, it has no
-            ``run`` record or no ``epoch`` record, or a second ``run`` record (the
-            message names file and line).
+        DataError: the file is missing or not text, a line is not a JSON object or
+            lacks a key of its kind (``REQUIRED``), it has no ``run`` record or no
+            ``epoch`` record, or a second ``run`` record (the message names file and
+            line).
     """
     path = Path(path)
     if path.is_dir():
@@ -96,7 +111,12 @@ def read_run_log(path: str | Path) -> RunLog:
     run: dict[str, Any] | None = None
     run_line = 0
     log = RunLog(path, {}, [])
-    text = path.read_text()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise DataError("not a metrics file: not text (a checkpoint or a model file?)",
+                        source=path, hint="give the file `fullgraph train --metrics-out "
+                        "FILE` wrote") from None
     lines = text.splitlines()
     for n, line in enumerate(lines, 1):
         if not line.strip():
@@ -113,6 +133,11 @@ def read_run_log(path: str | Path) -> RunLog:
             raise DataError("not a metrics record", source=path, line=n,
                             expected='a JSON object with an "event" key')
         event = record.pop("event")
+        lacks = [k for k in REQUIRED.get(event, ()) if k not in record]
+        if lacks:
+            raise DataError(f"a {event!r} record without {', '.join(map(repr, lacks))}",
+                            source=path, line=n, hint="a file fullgraph wrote has them; was "
+                            "it edited, or written by another tool?")
         if event == "run":
             if run is not None:
                 raise DataError(f"a second run starts here (the first at line {run_line}): the "
@@ -122,13 +147,20 @@ def read_run_log(path: str | Path) -> RunLog:
         elif event == "epoch":
             log.epochs.append(record)
         elif event == "rank_epoch":
-            log.ranks.setdefault(int(record["rank"]), []).append(record)
+            into = log.restored_ranks if record.get("restored") else log.ranks
+            into.setdefault(int(record["rank"]), []).append(record)
         elif event == "summary":
             log.summary = record
-    if run is None or not log.epochs:
-        missing = "run" if run is None else "epoch"
-        raise DataError(f"no {missing} record: not a complete fullgraph metrics file",
+    if run is None:
+        raise DataError("no run record: not a complete fullgraph metrics file",
                         source=path, hint="write one with `fullgraph train --metrics-out FILE`")
+    if not log.epochs:
+        what = ", ".join(f"{k} {v}" for k, v in (
+            ("strategy", run.get("config", {}).get("runtime", {}).get("strategy")),
+            ("dataset", run.get("dataset", {}).get("name"))) if v)
+        raise DataError(f"no epoch record: the run{f' ({what})' if what else ''} stopped "
+                        "before its first epoch ended", source=path,
+                        hint="its output (or a launcher's run directory) says why")
     log.run = run
     return log
 
@@ -175,14 +207,20 @@ def rank_rows(log: RunLog) -> list[RankRow]:
     return rows
 
 
+SLOWEST_MARGIN = 0.5
+"""The rank with the most compute is the one the others waited for only where it
+waited less than this fraction of the least any other rank waited."""
+
+
 def slowest(compute: Sequence[float], wait: Sequence[float]) -> tuple[int, bool]:
     """Of ranks with these median compute and waiting seconds: the index of the one
     with the most compute, and whether it is the one the others waited for (False
-    where it waited as long as another: workers sharing cores take turns being late,
-    and no one rank holds the others up)."""
+    where it waited at least ``SLOWEST_MARGIN`` as long as another: workers sharing
+    cores take turns being late, and a pipeline makes every rank wait alike, so no one
+    rank holds the others up)."""
     i = max(range(len(compute)), key=lambda r: compute[r])
     others = [w for r, w in enumerate(wait) if r != i]
-    return i, not (others and wait[i] >= min(others) > 0)
+    return i, not (others and min(others) > 0 and wait[i] >= SLOWEST_MARGIN * min(others))
 
 
 def waiting_split(log: RunLog) -> bool:

@@ -79,6 +79,8 @@ def check_outputs(cfg: Config) -> None:
         path = getattr(cfg.train, key)
         if path:
             check_output(path, flag, directory=directory)
+    if cfg.launch.run_dir:  # (the launcher's, or under torchrun each host's)
+        check_output(cfg.launch.run_dir, "--run-dir", directory=True)
     from fullgraph.checkpoint import check_not_replaced, checkpoint_file, given_file
 
     t = cfg.train
@@ -609,7 +611,7 @@ def _epochs(strategy: Strategy, model: GNN, plan: Plan, optimizer: torch.optim.O
         """Whether early stopping ends the run at ``epoch``, evaluated at ``val``."""
         return patience is not None and not math.isnan(val) and epoch - best[1] >= patience
 
-    last = cfg.train.epochs
+    last, diverged = cfg.train.epochs, None
     if records and out_of_patience(state.epoch, records[-1].val_acc):
         last = state.epoch  # the run resumed had already stopped early
     for epoch in range(state.epoch + 1, last + 1):
@@ -672,6 +674,7 @@ def _epochs(strategy: Strategy, model: GNN, plan: Plan, optimizer: torch.optim.O
             if best[4] is None:  # no model was kept before: the one kept is this epoch's
                 best = (best[0], epoch, acc["test"], acc["train"], None)  # (the last one)
             _diverged(epoch, stats.loss, best[1], best[4] or model.state_dict())
+            diverged = epoch
             break
         phase(f"epoch {epoch} checkpoint")  # (written by rank 0 alone, where due)
         ckpt.after_epoch(epoch, model, optimizer, best, records, last=epoch == last)
@@ -680,9 +683,12 @@ def _epochs(strategy: Strategy, model: GNN, plan: Plan, optimizer: torch.optim.O
     phase("done")
     stopped = f"stopped early after epoch {last}: no better validation accuracy in " \
         f"{last - best[1]} epochs (--patience {patience})" if last < cfg.train.epochs else None
+    if diverged is not None:
+        stopped = f"stopped after epoch {diverged}: its loss is {records[-1].loss} (the " \
+            "training diverged; a smaller --lr may help)"
     return _finish(records, profiles, best, time.perf_counter() - start, model, reporter,
                    strategy.outcome(model, plan), restored=state.epoch, stopped=stopped,
-                   save=save)
+                   save=save, diverged=diverged)
 
 
 def _layer_width(model: GNN, layer: int) -> tuple[int, int]:
@@ -753,10 +759,12 @@ def _finish(records: list[EpochRecord], profiles: list[list[EpochProfile]], best
             total: float, model: GNN, reporter: Reporter,
             outcome: list[str] | None = None, restored: int = 0,
             stopped: str | None = None,
-            save: Callable[[TrainResult], None] | None = None) -> TrainResult:
+            save: Callable[[TrainResult], None] | None = None,
+            diverged: int | None = None) -> TrainResult:
     """The result and the summary; ``restored``: epochs a checkpoint brought (their
     records are the result's too, but ``total`` is the time of the epochs after);
-    ``stopped``: why the run stopped before its last epoch (early stopping); ``save``:
+    ``stopped``: why the run stopped before its last epoch (early stopping, or
+    ``diverged``: the epoch whose loss was not finite); ``save``:
     writes the result's model, before the summary (a run whose model could not be
     written has none)."""
     if best[4] is not None:
@@ -789,7 +797,8 @@ def _finish(records: list[EpochRecord], profiles: list[list[EpochProfile]], best
         {"best_epoch": result.best_epoch, "best_val": result.best_val,
          "test_acc": result.test_at_best, "train_acc": result.train_at_best,
          "total_s": total, "median_epoch_s": times[len(times) // 2],
-         "epochs": len(records), "stopped_early": stopped is not None})
+         "epochs": len(records), "stopped_early": stopped is not None and diverged is None,
+         **({"diverged_at": diverged} if diverged is not None else {})})
     result.extra["profiles"] = per_rank
     result.extra["restored"] = restored
     return result

@@ -144,6 +144,7 @@ def test_a_config_file_that_is_no_mapping_is_one_error(tmp_path, capsys):
     ("--save-model", "under-file", "is a file, not a directory"),
     ("--metrics-out", "dir", "is a directory; give a file name"),
     ("--checkpoint-dir", "file", "is a file, not a directory"),
+    ("--run-dir", "file", "is a file, not a directory"),  # (was: "a-file: file exists")
 ])
 def test_output_paths_are_checked_before_training(root, tmp_path, capsys, flag, kind, expect):
     (tmp_path / "a-dir").mkdir()
@@ -180,16 +181,28 @@ def test_debug_shows_the_traceback_and_keeps_the_exit_code(root, capsys):
     assert "Traceback" in err and err.strip().endswith("--epochs: got 0; expected >= 1")
 
 
-def test_a_diverged_run_stops_and_says_so(root, capsys):
+def test_a_diverged_run_stops_and_says_so(root, tmp_path, capsys):
     assert main(["train", "--lr", "inf"]) == 2
-    one_line_error(capsys, "error: --lr: got inf; expected > 0 and finite")
-    assert main(["train", "--lr", "1e39"]) == 2  # (torch's Adam: a traceback)
-    one_line_error(capsys, "error: --lr: got 1e+39; expected > 0 and finite in float32")
+    one_line_error(capsys, "error: --lr: got inf; expected > 0 and at most 3.4e37")
+    for lr in ("1e39", "5e37"):  # (torch's Adam: a traceback, its first step 10x lr)
+        assert main(["train", "--lr", lr]) == 2
+        one_line_error(capsys, f"error: --lr: got {float(lr)}; expected > 0 and at most "
+                               "3.4e37 (Adam's first step is 10x the rate")
     with pytest.warns(UserWarning, match=r"epoch 2: the loss is nan: the training diverged.*"
                                          r"stops here; the model kept is epoch 1's"):
-        assert main(["train", "--lr", "1e30", "--epochs", "20", "--progress", "off"]) == 0
+        assert main(["train", "--lr", "1e30", "--epochs", "20", "--progress", "off",
+                     "--metrics-out", str(tmp_path / "m.jsonl")]) == 0
     out = capsys.readouterr().out
     assert "    2      nan " in out and "2 epochs in" in out
+    # the summary and its record say why it stopped (they read as a short run's)
+    assert "stopped after epoch 2: its loss is nan (the training diverged" in out
+    from fullgraph.plots import final_lines
+    from fullgraph.runlog import read_run_log
+
+    log = read_run_log(tmp_path / "m.jsonl")
+    assert log.summary["diverged_at"] == 2 and log.summary["stopped_early"] is False
+    assert "stopped at epoch 2: its loss is not finite (the training diverged)" in \
+        final_lines(log)[1]
 
 
 def test_predict_writes_the_file_it_names(root, tmp_path, capsys):

@@ -285,3 +285,28 @@ def test_readme_lists_every_key_that_differs_from_its_flag():
     differ = {(flag, section, field) for (section, field), flag in flag_names().items()
               if flag != field.replace("_", "-")}
     assert rows == differ
+
+
+def test_a_stopped_run_says_where_its_last_checkpoint_is(monkeypatch, tmp_path, capsys):
+    """Ctrl-C in epoch 3 of a run that checkpoints: the run said only "interrupted",
+    not that epoch 2's checkpoint was there to go on from."""
+    from fullgraph import report
+
+    monkeypatch.setenv("FULLGRAPH_DATA", str(tmp_path / "data"))
+    epoch = report.Reporter.epoch
+
+    def stopped_at_3(self, rec):
+        if rec.epoch == 3:
+            raise KeyboardInterrupt
+        epoch(self, rec)
+
+    monkeypatch.setattr(report.Reporter, "epoch", stopped_at_3)
+    ck = tmp_path / "ck"
+    assert main(["train", "--epochs", "5", "--progress", "off", "--checkpoint-dir", str(ck),
+                 "--checkpoint-every", "1"]) == 130
+    err = capsys.readouterr().err
+    assert f"its last checkpoint is {ck / 'checkpoint.pt'}; the same command with " \
+           "--resume auto goes on from it" in err and err.endswith("fullgraph: interrupted\n")
+    # without --checkpoint-dir there is nothing to say
+    assert main(["train", "--epochs", "5", "--progress", "off"]) == 130
+    assert capsys.readouterr().err == "fullgraph: interrupted\n"

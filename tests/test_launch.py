@@ -132,11 +132,18 @@ def test_torchrun_gives_the_same_result(launched, data_root, tmp_path):
     out, metrics, _ = launched
     assert out.returncode == 0, out.stderr
     torch_metrics = tmp_path / "torchrun.jsonl"
+    run_dir = tmp_path / "run"  # --run-dir: the workers' status files (it was ignored)
+    run_dir.mkdir()
+    (run_dir / "failure-rank1.json").write_text("{}")  # an earlier run's: removed
     run = run_cli(["--nproc-per-node", "2", "--master-port", str(free_port()),
                    "-m", "fullgraph"] + TRAIN +
-                  ["--strategy", "data", "--metrics-out", str(torch_metrics)], data_root,
+                  ["--strategy", "data", "--metrics-out", str(torch_metrics),
+                   "--run-dir", str(run_dir)], data_root,
                   cmd=[sys.executable, "-m", "torch.distributed.run"])
     assert run.returncode == 0, run.stdout + run.stderr
+    assert sorted(p.name for p in run_dir.glob("status-rank*")) == ["status-rank0",
+                                                                    "status-rank1"]
+    assert not (run_dir / "failure-rank1.json").exists()
     assert final_accuracy(run.stdout) == final_accuracy(out.stdout)
     assert "per rank, its median epoch" in run.stdout
     np.testing.assert_allclose([r["loss"] for r in events(torch_metrics, "epoch")],

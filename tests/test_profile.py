@@ -14,6 +14,7 @@ from fullgraph.config import Config, RuntimeConfig, TrainConfig
 from fullgraph.graph.synthetic import sbm
 from fullgraph.parallel import build_strategy
 from fullgraph.profile import EpochProfile, split_waiting, summary_lines
+from fullgraph.runlog import slowest
 from fullgraph.train import train
 
 DELAY_S = 0.3
@@ -50,6 +51,15 @@ def test_no_slowest_rank_is_named_when_the_busiest_waited_as_long_as_another():
     lines = summary_lines([[p] for p in split_waiting(ranks)])
     assert any(line.startswith("no clear slowest rank") for line in lines), lines
     assert not any(line.startswith("slowest rank") for line in lines), lines
+
+
+def test_no_slowest_rank_is_named_when_every_rank_waited_about_as_long():
+    """A task-parallel pipeline: every rank waits about 15 ms of a 25 ms epoch, and the
+    busiest waited 0.13 ms less than another; it was named as the one the others
+    waited for."""
+    assert slowest([8.93, 10.58, 9.1], [14.76, 14.63, 15.85]) == (1, False)
+    assert slowest([8.93, 10.58, 9.1], [14.76, 6.0, 15.85]) == (1, True)
+    assert slowest([1.0, 2.0], [0.5, 0.0]) == (1, True)
 
 
 def test_summary_counts_injected_slowdowns_and_plan_switches_per_rank():
