@@ -477,6 +477,41 @@ class Checkpointer:
         self.writer = rank == 0 and cfg.train.checkpoint_dir is not None
         self.resumed_from: dict[str, Any] | None = None
         self._fingerprint: dict[str, Any] | None = None
+        self.other_writers: list[int] = []  # ranks writing a copy on hosts of their own
+
+    def find_other_hosts(self, comm: Any) -> None:
+        """Under torchrun, where hosts may not share storage: make one worker of each
+        host that does not see rank 0's ``--checkpoint-dir`` write its own copy, so that
+        every host finds the checkpoint to resume from (``--resume auto`` after a
+        requeue). Rank 0 leaves a marker there; a worker that cannot see it writes,
+        the lowest rank of each (host, directory). Collective."""
+        import socket
+        import uuid
+
+        from fullgraph.comm.primitives import all_gather_object
+
+        given = self.cfg.train.checkpoint_dir
+        where = Path(given).expanduser() if given else None
+        marker = None
+        if comm.rank == 0 and where is not None:
+            where.mkdir(parents=True, exist_ok=True)
+            marker = where / f".fullgraph-host-{uuid.uuid4().hex}"
+            marker.write_bytes(b"")
+        try:
+            name = all_gather_object(marker.name if marker else None, comm, "setup")[0]
+            unseen = None
+            if comm.rank and name and where is not None and not (where / name).exists():
+                unseen = (socket.gethostname(), str(where.resolve()))
+            every = all_gather_object(unseen, comm, "setup")
+        finally:
+            if marker is not None:
+                marker.unlink(missing_ok=True)
+        first: dict[tuple[str, str], int] = {}
+        for r, key in enumerate(every):
+            if key is not None:
+                first.setdefault(tuple(key), r)
+        self.other_writers = sorted(first.values())
+        self.writer = self.writer or comm.rank in self.other_writers
 
     @property
     def fingerprint(self) -> dict[str, Any]:
@@ -506,12 +541,18 @@ class Checkpointer:
                          [EpochRecord(**r) for r in ckpt["records"]])
 
     def header_lines(self) -> list[str]:
-        """A report line on where the run resumed from, if it did."""
+        """Report lines on where the run resumed from, if it did, and on the hosts that
+        keep a checkpoint of their own."""
+        lines = []
+        if self.other_writers:
+            ranks = ", ".join(map(str, self.other_writers))
+            lines.append(f"checkpt  rank 0 writes {self.cfg.train.checkpoint_dir}; rank(s) "
+                         f"{ranks}, whose hosts do not see it, each write a copy there too")
         r = self.resumed_from
         if r is None:
-            return []
-        lines = [f"resume   from {self.cfg.train.resume} after epoch {r['epoch']} (saved by "
-                 f"strategy {r['strategy']} on {r['workers']} worker(s))"]
+            return lines
+        lines.append(f"resume   from {self.cfg.train.resume} after epoch {r['epoch']} "
+                     f"(saved by strategy {r['strategy']} on {r['workers']} worker(s))")
         if r.get("changed"):
             lines.append("resume   options other than the checkpoint's run had: "
                          + "; ".join(r["changed"]))

@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import importlib
 import math
+import os
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -193,6 +194,15 @@ def _differing(every: list[dict[str, Any]]) -> list[str]:
             diffs.append(f"{key}: " + ", ".join(f"{value} on rank(s) {_ranks(r)}"
                                                  for value, r in ranks.items()))
     return diffs
+
+
+def _under_torchrun() -> bool:
+    """A worker of torchrun (or another launcher setting RANK and WORLD_SIZE), not of
+    fullgraph's own local launcher: its peers may be on other hosts."""
+    from fullgraph.worker import SUPERVISED_ENV
+
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ \
+        and not os.environ.get(SUPERVISED_ENV)
 
 
 def check_same_start(epoch: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
@@ -541,6 +551,8 @@ def train(dataset: Dataset, cfg: Config, *, reporter: Reporter | None = None,
     world = comm.world_size if comm is not None else 1
     rank = comm.rank if comm is not None else 0
     ckpt = Checkpointer(dataset, cfg, rank, dtype, run_facts(cfg, world, plan))
+    if comm is not None and comm.world_size > 1 and _under_torchrun():
+        ckpt.find_other_hosts(comm)  # (hosts that may not share --checkpoint-dir)
     state = ckpt.resume(model, optimizer)
     if comm is not None and comm.world_size > 1:
         check_same_start(state.epoch, model, optimizer, comm)

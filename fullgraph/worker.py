@@ -137,6 +137,7 @@ class WorkerStatus:
         self._failure_key = FAILURE_KEY
         self._progress_key = PROGRESS_KEY
         self._world_size = 1
+        self._beats = 0  # progress reports published (share_failures)
         self._behind = ""  # the ranks that never reached this rank's timed-out collective
         self._timeout_s = 1800.0  # how long a worker outlives its run's store (share_failures)
         self._shared = False  # share_failure ran
@@ -189,9 +190,37 @@ class WorkerStatus:
 
     def _publish_progress(self) -> None:
         counter = self.counter
+        self._beats += 1
         self._store.set(f"{self._progress_key}/{self.rank}", json.dumps(
             {"entered": counter.entered if counter is not None else 0,
-             "inside": counter.inside if counter is not None else None}))
+             "inside": counter.inside if counter is not None else None,
+             "beat": self._beats}))
+
+    def _silent(self) -> str:
+        """For a collective a peer broke without reporting why (killed, its host lost):
+        the ranks whose progress reports stopped, read twice a report interval apart,
+        as a clause of this rank's error; "" when every peer still reports (or the
+        store is gone with its host)."""
+        def beats() -> dict[int, int]:
+            out = {}
+            for r in range(self._world_size):
+                key = f"{self._progress_key}/{r}"
+                if r != self.rank and self._store.check([key]):
+                    out[r] = json.loads(self._store.get(key)).get("beat", 0)
+            return out
+
+        before = _store_call(beats)
+        if not before:
+            return ""
+        time.sleep(1.5 * FAILURE_POLL_S)
+        after = _store_call(beats) or {}
+        silent = [r for r, beat in before.items() if after.get(r) == beat]
+        if not silent or len(after) < len(before):
+            return ""
+        ranks = ", ".join(map(str, silent))
+        many = len(silent) > 1
+        return (f"; rank{'s' if many else ''} {ranks} stopped reporting "
+                f"{'their' if many else 'its'} progress (killed, or its host lost)")
 
     def _not_reached(self, record: dict[str, Any]) -> str:
         """For a collective of this rank that timed out (``record``): the ranks whose
@@ -333,6 +362,8 @@ class WorkerStatus:
                 return  # else: a peer died unreported, or never came; tell the others
                 # (one may be stuck outside any collective)
         self._behind = self._not_reached(record)  # (the first to time out says it)
+        if record["peer_failure"] and not record.get("timed_out"):
+            self._behind = self._silent()  # a connection a peer's end closed: which
         record["error"] += self._behind
         brief = {k: record[k] for k in ("rank", "phase", "error", "user_error", "entered",
                                         "inside")}

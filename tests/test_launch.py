@@ -445,6 +445,8 @@ TRAP = textwrap.dedent("""\
             if type(self).calls == 3:
                 if os.environ["RANK"] == os.environ["FAIL_RANK"]:
                     raise ValueError("trap: a bug in the model")
+                if os.environ["RANK"] == os.environ.get("KILL_RANK"):
+                    os.kill(os.getpid(), 9)
                 if os.environ.get("STUCK"):
                     time.sleep(600)
             return x if self.act is None else self.act(x)
@@ -458,11 +460,11 @@ TRAP = textwrap.dedent("""\
 
 
 def _trapped_pair(data_root, tmp_path, failing: int | None, stuck: tuple[int, ...],
-                  *flags: str) -> tuple[list, list[str]]:
+                  *flags: str, killed: int | None = None) -> tuple[list, list[str]]:
     """Two workers as torchrun starts them (RANK, MASTER_ADDR, ...), training the
-    ``TRAP`` model: rank ``failing`` raises in its 3rd step, the ``stuck`` ranks that do
-    not fail sleep there outside any collective. Returns the processes and their
-    standard errors."""
+    ``TRAP`` model: rank ``failing`` raises in its 3rd step, rank ``killed`` is killed
+    there, the ``stuck`` ranks that do not fail sleep there outside any collective.
+    Returns the processes and their standard errors."""
     (tmp_path / "trap.py").write_text(TRAP)
     port = free_port()
     procs = []
@@ -471,7 +473,8 @@ def _trapped_pair(data_root, tmp_path, failing: int | None, stuck: tuple[int, ..
             env = clean_env(data_root, RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank),
                             LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
                             MASTER_PORT=str(port), FAIL_RANK=str(failing),
-                            STUCK="1" if rank in stuck else "", FULLGRAPH_SHM="0")
+                            STUCK="1" if rank in stuck else "", FULLGRAPH_SHM="0",
+                            KILL_RANK=str(killed))
             procs.append(subprocess.Popen(
                 fullgraph_cmd() + TRAIN + ["--strategy", "data", *flags, "--model",
                                            f"{tmp_path / 'trap.py'}:TrapGCN"],
@@ -521,6 +524,17 @@ def test_under_torchrun_the_rank_that_never_reached_a_timed_out_call_is_named(da
     said = "rank 1 never reached it (by its last report"
     assert "timed out" in errs[0].lower() and said in errs[0], errs[0]
     assert "fullgraph: rank 1 stopped during epoch" in errs[1] and said in errs[1], errs[1]
+
+
+@pytest.mark.dist
+def test_under_torchrun_a_killed_rank_is_named_by_its_peer(data_root, tmp_path):
+    """Over gloo's sockets (separate hosts: no shared memory), a peer killed outright
+    left only "Connection reset by peer" and a socket address; the survivor names the
+    rank whose progress reports stopped."""
+    procs, errs = _trapped_pair(data_root, tmp_path, None, (), killed=1)
+    assert procs[1].returncode == -9 and procs[0].returncode == 1, errs
+    assert "rank 1 stopped reporting its progress (killed, or its host lost)" in errs[0], \
+        errs[0]
 
 
 def _given_on_some_ranks(comm, cases: list) -> None:

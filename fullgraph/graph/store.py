@@ -458,7 +458,10 @@ def load_shard(path: Path | str, part: int, *, verify: bool = True,
         held = sorted(p.name for p in path.glob("part-*") if p.is_dir())
         raise ConfigError(f"dataset {path}: this host holds {', '.join(held) or 'no part'}, "
                           f"not part-{part}, which worker rank {part} reads: copy each "
-                          "host the parts of its own ranks")
+                          "host the parts of its own ranks (under torchrun a host's ranks "
+                          "follow --node-rank only with its static rendezvous, "
+                          "--master-addr/--master-port; --rdzv-backend c10d ranks hosts in "
+                          "the order they join)")
     dataset = load_dataset(path / f"part-{part}", verify=verify)
     sh = dataset.shard
     if sh is None or sh.part != part or sh.parts != parts:
