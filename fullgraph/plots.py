@@ -298,7 +298,15 @@ def final_lines(log: RunLog) -> list[str]:
     s = log.summary
     if s is None:
         last = log.epochs[-1]
-        return [f"unfinished run: last epoch {last['epoch']}, loss {last['loss']:.4f}"]
+        of = log.config("train", "epochs")
+        line = (f"unfinished run: last epoch {last['epoch']}"
+                + (f" of {of}" if of else "") + f", loss {last['loss']:.4f}")
+        seen = [e for e in log.epochs if math.isfinite(e["val_acc"])]
+        if seen:
+            top = max(seen, key=lambda e: e["val_acc"])  # (the first of equals, as a run)
+            line += (f"; best validation so far at epoch {top['epoch']}: validation "
+                     f"{top['val_acc']:.2%}, test {top['test_acc']:.2%}")
+        return [line]
     restored = len(log.epochs) - len(log.ran)
     early = f", stopped early (patience {log.config('train', 'patience')})" \
         if s.get("stopped_early") else ""

@@ -438,3 +438,18 @@ def test_a_requeued_run_keeps_its_first_attempts_rank_records(tmp_path):
     reporter.restored([EpochRecord(1, 7.0, 0.5, 0.5, 0.5, 0.1, 0.0, 0.0, 0.0)])
     reporter.close()
     assert not any('"rank_epoch"' in line for line in metrics.read_text().splitlines())
+
+
+def test_an_unfinished_run_says_how_far_it_got_and_its_best_so_far(tmp_path):
+    """A killed run's page said "17 epochs" and nothing of the 400 asked for or of its
+    best validation accuracy so far."""
+    from fullgraph.plots import final_lines
+
+    records = [{"event": "run", "config": {"train": {"epochs": 400}}}]
+    records += [epoch_record(e, val_acc=v, test_acc=v - 0.1)
+                for e, v in ((1, 0.5), (2, 0.75), (3, 0.75))]
+    metrics = tmp_path / "m.jsonl"
+    metrics.write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert final_lines(read_run_log(metrics)) == [
+        "unfinished run: last epoch 3 of 400, loss 1.0000; best validation so far at epoch "
+        "2: validation 75.00%, test 65.00%"]
