@@ -210,7 +210,8 @@ def refusals(cfg: Any, dataset: Dataset) -> dict[str, str]:
     """Per candidate whose strategy refuses this model, graph or worker count before a
     launch (``Strategy.check_launch``: p2p and batch normalisation, say), or, tensor
     parallelism, a ``--device-memory`` that cannot hold one vertex, its reason, or that
-    does not take the run's ``--adapt``. The planner neither runs nor recommends them."""
+    does not take the run's ``--adapt``, or whose overrides the run's options refuse
+    (chunks with ``--spill-dir``). The planner neither runs nor recommends them."""
     from fullgraph.adapt import check_strategy
     from fullgraph.parallel import build_strategy
 
@@ -220,11 +221,13 @@ def refusals(cfg: Any, dataset: Dataset) -> dict[str, str]:
     graph = propagation_inputs(program, dataset.graph)[0] if budgeted else None
     out = {}
     for cand in candidates(workers):
-        with warnings.catch_warnings():  # (options that do not apply to the candidate)
-            warnings.simplefilter("ignore")
-            run = candidate_config(cfg, cand)
-            strategy = build_strategy(run)
         try:
+            with warnings.catch_warnings():  # (options that do not apply to the candidate)
+                warnings.simplefilter("ignore")
+                # (its overrides may clash with the run's own: tensor/chunks and
+                # --spill-dir, refused together)
+                run = candidate_config(cfg, cand)
+                strategy = build_strategy(run)
             if workers > 1:  # --adapt on a strategy it does not work on
                 check_strategy(run)
             strategy.check_launch(program, dataset.graph.num_nodes, workers)

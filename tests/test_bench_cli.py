@@ -230,8 +230,10 @@ def _fake_train(bytes_sent: int, error: str | None = None):
             return subprocess.CompletedProcess(cmd, 1, "", f"some output\n{error}\n")
         records = [{"event": "run"}]
         for epoch in (1, 2):
-            records.append({"event": "epoch", "epoch": epoch, "epoch_s": 0.25})
+            records.append({"event": "epoch", "epoch": epoch, "epoch_s": 0.25, "loss": 1.0,
+                            "train_acc": 0.5, "val_acc": 0.5, "test_acc": 0.5})
             records += [{"event": "rank_epoch", "rank": r, "epoch": epoch, "epoch_s": 0.25,
+                         "compute_s": 0.2, "comm_s": 0.03, "wait_s": 0.02, "wall_s": 0.25,
                          "bytes_sent": {"halo": bytes_sent}, "saved_bytes": 3 * 2**20,
                          "peak_mem": 100 * 2**20} for r in (0, 1)]
         out = Path(cmd[cmd.index("--metrics-out") + 1])

@@ -812,3 +812,14 @@ def test_the_table_says_the_task_split_and_when_its_times_are_unreliable():
     assert said == ["unreliable times: other processes kept 1.2 cores busy; the measured epoch "
                     "of tensor and its counted work disagreed beyond the calibration's bounds, "
                     "x0.25 to x20: the times are a hint; plan again on a quiet machine"]
+
+
+def test_a_spill_dir_refuses_the_chunked_tensor_row_not_the_plan(tmp_path):
+    """``--spill-dir`` with ``plan`` or ``--strategy auto``: the tensor/chunks candidate's
+    chunk count clashed with it, and the whole plan failed on an option the user never
+    gave (num_chunks)."""
+    cfg = config_from_dict({"launch": {"workers": 2},
+                            "tensor_parallel": {"spill_dir": str(tmp_path)}})
+    refused = planner.refusals(cfg, _irregular())
+    assert list(refused) == ["tensor/chunks"], refused
+    assert "spill_dir cannot be combined with num_chunks" in refused["tensor/chunks"]

@@ -35,6 +35,7 @@ from torch import Tensor
 
 from fullgraph.graph.csr import Graph
 from fullgraph.ops.spmm import aggregate, transposed_aggregate
+from fullgraph.runlog import fmt_bytes
 
 # how many tensors share a storage (a private torch function: without it, every
 # matrix takes a new file)
@@ -58,7 +59,7 @@ class Spill:
     def __init__(self, directory: str | os.PathLike[str], memory: int) -> None:
         if memory < 1:
             raise ValueError(f"spill memory must be at least 1 byte, got {memory}")
-        self.directory, self.memory = Path(directory), int(memory)
+        self.directory, self.memory = Path(directory).expanduser(), int(memory)
         if self.directory.exists() and not self.directory.is_dir():
             raise ValueError(f"spill directory {str(directory)!r} is a file, not a directory")
         try:
@@ -146,7 +147,12 @@ class Spill:
     def describe(self) -> str:
         return (f"(N, C) propagation matrices and the transposed graph in unlinked files "
                 f"under {self.directory}, propagated in column chunks of at most "
-                f"{self.memory} B")
+                f"{fmt_bytes(self.memory)}")
+
+    def summary(self) -> str:
+        """What was spilled so far: files made, their bytes, files used again."""
+        return (f"spill    {self.made} file(s), {fmt_bytes(self.made_bytes)} made under "
+                f"{self.directory} (unlinked: nothing stays), {self.reused} reused")
 
 
 def spilled_spmm(graph: Graph, x: Tensor, weight: Tensor | None, spill: Spill) -> Tensor:
@@ -211,6 +217,10 @@ def _reserve(fd: int, nbytes: int, directory: Any) -> None:
         if exc.errno == errno.ENOSPC:
             raise OSError(errno.ENOSPC, f"no space left for {nbytes} bytes of spilled rows "
                           f"(--spill-dir)", str(directory)) from None
+        if exc.errno == errno.EFBIG:
+            raise OSError(errno.EFBIG, f"a file of {nbytes} bytes of spilled rows is over "
+                          "this process's or file system's file size limit (ulimit -f; "
+                          "--spill-dir)", str(directory)) from None
         if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
             raise
     except AttributeError:  # no posix_fallocate on this platform

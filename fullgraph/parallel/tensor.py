@@ -230,6 +230,8 @@ class TensorParallel(DistributedStrategy[ColumnPlan]):
             dataset = assemble(dataset, comm, contiguous_blocks(row_counts))
         rows_device = self.model_device(device)  # where T stages and vertex rows live
         spill = self._spill(program, device, rows_device, comm.world_size)
+        if spill is not None:
+            self._check_spill_memory(spill, n, dtype)
         # with a spill, the edge weights and the transposed CSR are made in files
         graph, norms = propagation_inputs(program, dataset.graph, dtype,
                                           empty=None if spill is None else spill.array)
@@ -304,6 +306,17 @@ class TensorParallel(DistributedStrategy[ColumnPlan]):
         memory = (parse_bytes(opts.spill_memory) if opts.spill_memory is not None
                   else max(1, ram_per_worker(world_size) // 4))  # (a host's workers share)
         return Spill(opts.spill_dir, memory)
+
+    @staticmethod
+    def _check_spill_memory(spill: Spill, rows: int, dtype: torch.dtype) -> None:
+        """A column chunk holds at least one column of its input and output rows: a
+        smaller budget would be exceeded, and it sizes the transpose's passes too."""
+        itemsize = torch.empty(0, dtype=dtype).element_size()
+        least = 2 * rows * itemsize
+        if spill.memory < least:
+            raise ValueError(f"tensor_parallel.spill_memory: {spill.memory} B holds less than "
+                             f"one column of the propagation's input and output rows "
+                             f"(2 x {rows} rows x {itemsize} B); give at least {least} B")
 
     def _place_rows(self, program: StageProgram, plan: ColumnPlan, row_counts: list[int],
                     rows_device: torch.device, dtype: torch.dtype) -> None:
@@ -401,6 +414,10 @@ class TensorParallel(DistributedStrategy[ColumnPlan]):
             parse_bytes(opts.device_memory) if opts.device_memory is not None else None)
         if opts.pipeline:
             plan.first_reads = first_reads(plan.chunks)
+
+    def outcome(self, model: StageProgram, plan: ColumnPlan) -> list[str]:
+        """What the spill made (this rank's files), where the run spilled."""
+        return [] if plan.spill is None else [plan.spill.summary()]
 
     def describe(self, model: StageProgram, plan: ColumnPlan) -> list[str]:
         lines = []

@@ -128,7 +128,8 @@ def check_spill(comm, cases, directory):
     for name, decoupled in cases:
         ref_model = make_model(name, decoupled, 9, 3)
         ref_losses, (ref_out, _), _ = run_epochs(SingleProcess(), dataset, ref_model, None)
-        for row_block, memory in ((10, "1"), (None, "1"), (10, "1GB")):
+        one = str(2 * dataset.graph.num_dst * 8)  # one float64 column in, one out
+        for row_block, memory in ((10, one), (None, one), (10, "1GB")):
             model = make_model(name, decoupled, 9, 3)
             opts = TensorParallel.Options(row_block=row_block, spill_dir=str(directory),
                                           spill_memory=memory)
@@ -159,8 +160,8 @@ def test_spill_holds_no_propagation_matrix_in_memory(tmp_path):
     torch.manual_seed(0)
     model = build_model("gcn", 9, 64, 3, decoupled=True, num_props=3)
     strategy = TensorParallel(TensorParallel.Options(row_block=16, spill_dir=str(tmp_path),
-                                                     spill_memory="1"))
-    plan = strategy.setup(dataset, model, torch.device("cpu"), None)
+                                                     spill_memory=str(2 * n * 4)))
+    plan = strategy.setup(dataset, model, torch.device("cpu"), None)  # (column chunks)
     saved: list[torch.Tensor] = []
     with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
         result = strategy.forward(model, plan, training=True, seed=1)
@@ -206,6 +207,46 @@ def test_spill_refuses_attention_and_unwritable_directories(tmp_path):
     strategy = TensorParallel(TensorParallel.Options(spill_dir=str(blocker)))
     with pytest.raises(ValueError, match="is a file, not a directory"):  # (was: File exists)
         strategy.setup(dataset, model, torch.device("cpu"), None, torch.float64)
+
+
+@cpu_only("spilled matrices are host files")
+def test_a_spill_memory_below_one_column_is_refused(tmp_path):
+    """1 byte was taken: the header said "column chunks of at most 1 B" while each held
+    a whole column, and the transpose built into files took a pass per few edges (over
+    120 s of setup on 2.1M edges)."""
+    dataset = make_dataset()
+    least = 2 * dataset.graph.num_dst * 8
+    for memory, refused in (("1", True), (str(least - 1), True), (str(least), False)):
+        model = make_model("gcn", False, 9, 3).cpu()
+        strategy = TensorParallel(TensorParallel.Options(spill_dir=str(tmp_path),
+                                                         spill_memory=memory))
+        if refused:
+            with pytest.raises(ValueError, match=f"holds less than one column .* give at "
+                                                 f"least {least} B"):
+                strategy.setup(dataset, model, torch.device("cpu"), None, torch.float64)
+        else:
+            plan = strategy.setup(dataset, model, torch.device("cpu"), None, torch.float64)
+            assert strategy.outcome(model, plan)[0].startswith("spill    ")
+
+
+def test_spill_paths_expand_the_home_directory_and_a_size_limit_is_named(tmp_path,
+                                                                        monkeypatch):
+    """``spill_dir = "~/x"`` in a config file made a folder named ``~`` here; a file
+    over ``ulimit -f`` ended with a bare "file too large"."""
+    import errno
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    spill = Spill("~/rows", memory=1 << 20)
+    assert spill.directory == tmp_path / "home" / "rows" and not (tmp_path / "~").exists()
+
+    def too_big(fd, offset, length):
+        raise OSError(errno.EFBIG, "File too large")
+
+    monkeypatch.setattr(os, "posix_fallocate", too_big, raising=False)
+    with pytest.raises(OSError, match=r"file size limit \(ulimit -f; --spill-dir\)") as err:
+        spill.empty(1000, 7, torch.float32)
+    assert err.value.filename == str(tmp_path / "home" / "rows")
 
 
 def test_kept_graph_arrays_are_in_files_and_give_the_same_gradients(tmp_path):
