@@ -1,4 +1,5 @@
-"""Checkpoints of a training run: written atomically by one worker, resumable anywhere.
+"""Checkpoints of a training run: written atomically by one worker (one per host that
+does not see rank 0's directory, under torchrun), resumable anywhere.
 
 Every strategy keeps a whole replica of the model on every worker (gradients are
 all-reduced), so rank 0's parameters are the model in its single-process form: a
@@ -460,13 +461,23 @@ def _checked(ckpt: dict[str, Any], fingerprint: dict[str, Any], cfg: Config) -> 
     return ckpt
 
 
+def _boot_id() -> str:
+    """This host's boot id (Linux), which tells apart hosts that share a name; "" where
+    there is none."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
 class Checkpointer:
     """Resumes a run from ``train.resume`` and writes checkpoints to ``train.checkpoint_dir``.
 
     Args:
         dataset: the run's dataset (for the fingerprint, computed only when needed).
         cfg: the run's options.
-        rank: this worker's rank; only rank 0 writes.
+        rank: this worker's rank; rank 0 writes (and, under torchrun, one worker of
+            each host that does not see its directory: ``find_other_hosts``).
         dtype: of the parameters.
         facts: strategy, worker count and partition (``run_facts``).
     """
@@ -493,20 +504,25 @@ class Checkpointer:
         given = self.cfg.train.checkpoint_dir
         where = Path(given).expanduser() if given else None
         marker = None
-        if comm.rank == 0 and where is not None:
-            where.mkdir(parents=True, exist_ok=True)
-            marker = where / f".fullgraph-host-{uuid.uuid4().hex}"
-            marker.write_bytes(b"")
         try:
+            if comm.rank == 0 and where is not None:
+                try:
+                    where.mkdir(parents=True, exist_ok=True)
+                    for old in where.glob(".fullgraph-host-*"):  # a killed run's
+                        old.unlink(missing_ok=True)
+                    marker = where / f".fullgraph-host-{uuid.uuid4().hex}"
+                    marker.write_bytes(b"")
+                except OSError:  # (its checkpoint's write will say why)
+                    marker = None
             name = all_gather_object(marker.name if marker else None, comm, "setup")[0]
             unseen = None
             if comm.rank and name and where is not None and not (where / name).exists():
-                unseen = (socket.gethostname(), str(where.resolve()))
+                unseen = (socket.gethostname(), _boot_id(), str(where.resolve()))
             every = all_gather_object(unseen, comm, "setup")
         finally:
             if marker is not None:
                 marker.unlink(missing_ok=True)
-        first: dict[tuple[str, str], int] = {}
+        first: dict[tuple[str, ...], int] = {}
         for r, key in enumerate(every):
             if key is not None:
                 first.setdefault(tuple(key), r)

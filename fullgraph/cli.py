@@ -474,9 +474,14 @@ def _torchrun_run_dir(cfg: Any) -> None:
             where.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise ConfigError(f"--run-dir: cannot make {where}: {exc.strerror or exc}") from None
-        rank = os.environ.get("RANK", "0")
-        for pattern in launch.RUN_FILES:  # this rank's files of an earlier run
+        rank, world = os.environ.get("RANK", "0"), int(os.environ.get("WORLD_SIZE", "1"))
+        for pattern in launch.RUN_FILES:  # this rank's files of an earlier run (and rank
+            # 0: those of ranks beyond this run's); torchrun keeps the logs elsewhere
             (where / pattern.replace("*", rank)).unlink(missing_ok=True)
+            for old in where.glob(pattern) if rank == "0" else ():
+                digits = "".join(c for c in old.name if c.isdigit())
+                if digits and int(digits) >= world:
+                    old.unlink(missing_ok=True)
         os.environ[RUN_DIR_ENV] = str(where.resolve())
 
 
@@ -635,7 +640,8 @@ def cmd_train(args: argparse.Namespace) -> int:
             if os.environ.get("LOCAL_RANK", os.environ.get("RANK")) == "0":
                 print(f"fullgraph {args.command}: error: {conflict}", file=sys.stderr)
             return 2
-        _torchrun_run_dir(cfg)
+        if launch.under_torchrun():  # (not the local launcher's workers: its run dir)
+            _torchrun_run_dir(cfg)
         return launch.run_worker(lambda status: _train(cfg, status),
                                  debug=cfg.train.log_level == "debug")
     launch.check_threads(cfg.runtime.threads, cfg.launch.workers)
@@ -655,7 +661,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         except BaseException:  # (interrupted: a signal the launcher sends on to itself)
             _say_where_to_resume(cfg)
             raise
-        if code != 0:
+        if code not in (0, 2):  # (2: a user's error, which a resumed run would repeat)
             _say_where_to_resume(cfg)
         return code
     if cfg.launch.run_dir or cfg.launch.keep_run_dir:
@@ -670,7 +676,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     except ValueError as exc:  # (main reports a ValueError as a user's error, exit 2)
         if status.is_user_error(exc):
             raise
-        _say_where_to_resume(cfg)
+        if status.phase.startswith("epoch"):
+            _say_where_to_resume(cfg)
         raise RuntimeError(f"failed during {status.phase}: {type(exc).__name__}: "
                            f"{exc}") from exc
     except BaseException:

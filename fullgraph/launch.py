@@ -84,6 +84,13 @@ def under_launcher() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
+def under_torchrun() -> bool:
+    """True inside a worker of torchrun (or of another launcher setting RANK and
+    WORLD_SIZE), not of fullgraph's own local launcher: its peers may be on other
+    hosts, and nothing supervises them together."""
+    return under_launcher() and not os.environ.get(SUPERVISED_ENV)
+
+
 def free_port() -> int:
     """A free TCP port on the loopback interface."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:

@@ -77,6 +77,7 @@ class Reporter:
         # epoch -> (loss, rank records) of the file this run replaces: a resumed run
         # carries those of its restored epochs over (a requeued job writes the same file)
         self._earlier: dict[int, tuple[float, list[dict[str, Any]]]] = {}
+        self.resumed_after = 0  # the checkpoint's epoch (set before the header)
 
     def header(self, lines: list[str], record: dict[str, Any]) -> None:
         if not self.enabled:
@@ -148,7 +149,8 @@ class Reporter:
 
     def _write(self, record: dict[str, Any]) -> None:
         if self.metrics is None and self._metrics_path is not None:
-            self._earlier = _earlier_epochs(self._metrics_path)
+            if self.resumed_after:
+                self._earlier = _earlier_epochs(self._metrics_path, self.resumed_after)
             self._metrics_path.parent.mkdir(parents=True, exist_ok=True)
             self.metrics = self._metrics_path.open("w")
             self._metrics_path = None
@@ -157,9 +159,10 @@ class Reporter:
             self.metrics.flush()
 
 
-def _earlier_epochs(path: Path) -> dict[int, tuple[float, list[dict[str, Any]]]]:
-    """Of the metrics file at ``path`` (if any): epoch -> (its loss, its ranks' records
-    without their event key). Lines that are not records are passed over."""
+def _earlier_epochs(path: Path, upto: int) -> dict[int, tuple[float, list[dict[str, Any]]]]:
+    """Of the metrics file at ``path`` (if any), its epochs up to ``upto``: epoch ->
+    (its loss, its ranks' records without their event key). Lines that are not records
+    are passed over."""
     out: dict[int, tuple[float, list[dict[str, Any]]]] = {}
     try:
         lines = path.read_text(encoding="utf-8").splitlines() if path.is_file() else []
@@ -171,7 +174,8 @@ def _earlier_epochs(path: Path) -> dict[int, tuple[float, list[dict[str, Any]]]]
             rec = json.loads(line)
         except json.JSONDecodeError:
             continue
-        if not isinstance(rec, dict) or not isinstance(rec.get("epoch"), int):
+        if not isinstance(rec, dict) or not isinstance(rec.get("epoch"), int) \
+                or rec["epoch"] > upto:
             continue
         event = rec.pop("event", None)
         rec.pop("restored", None)
@@ -187,5 +191,10 @@ def _fmt(width: int, fmt: str, value: float, gap: bool = True) -> str:
         return f"{'-':>{width}}"
     text = f"{value:>{width}{fmt}}"
     if len(text) > width and fmt.endswith("f"):  # (a diverging loss, a stalled epoch)
-        text = f"{value:>{width}.{max(1, width - 7)}e}"  # in its column: the rows line up
+        for digits in range(max(0, width - 6), -1, -1):  # in its column, so the rows
+            text = f"{value:>{width}.{digits}e}"  # line up: 3.4e+13
+            if len(text) <= width:
+                break
+        else:  # (-1e+100 in 7 columns)
+            text = f"{'>' if value > 0 else '<'}{'9' * (width - 1)}"
     return text

@@ -13,7 +13,6 @@ from __future__ import annotations
 import copy
 import importlib
 import math
-import os
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -23,6 +22,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from fullgraph import launch
 from fullgraph.adapt import build_adapters, check_local_launch
 from fullgraph.adapt import check_strategy as check_adapt_strategy
 from fullgraph.checkpoint import Checkpointer, run_facts
@@ -65,7 +65,8 @@ class TrainResult:
 OUTPUTS = (("save_model", "--save-model", False), ("metrics_out", "--metrics-out", False),
            ("checkpoint_dir", "--checkpoint-dir", True))
 """The run's outputs (``train`` options, their flags, whether a directory): rank 0
-alone writes them, at the paths rank 0 was given."""
+alone writes them, at the paths rank 0 was given (and the checkpoint, under torchrun,
+one worker of each host that does not see rank 0's directory)."""
 
 
 def check_outputs(cfg: Config) -> None:
@@ -196,15 +197,6 @@ def _differing(every: list[dict[str, Any]]) -> list[str]:
     return diffs
 
 
-def _under_torchrun() -> bool:
-    """A worker of torchrun (or another launcher setting RANK and WORLD_SIZE), not of
-    fullgraph's own local launcher: its peers may be on other hosts."""
-    from fullgraph.worker import SUPERVISED_ENV
-
-    return "RANK" in os.environ and "WORLD_SIZE" in os.environ \
-        and not os.environ.get(SUPERVISED_ENV)
-
-
 def check_same_start(epoch: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                      comm: Comm) -> None:
     """Refuse a run whose workers start from different points: ``--resume`` given to some
@@ -225,8 +217,11 @@ def check_same_start(epoch: int, model: torch.nn.Module, optimizer: torch.optim.
         groups.setdefault(start, []).append(rank)
     named = [(f"a checkpoint of epoch {e} ({d[:8]})" if e else "a fresh start")
              + f" on rank(s) {_ranks(r)}" for (e, d), r in groups.items()]
+    copies = ("; under torchrun each host that does not see rank 0's --checkpoint-dir "
+              "keeps its own copy: one behind the others (a host that stopped or failed "
+              "to write) must be replaced by the newest") if launch.under_torchrun() else ""
     raise ConfigError("the workers start from different points (" + "; ".join(named) +
-                      "): give every worker the same --resume checkpoint, or none")
+                      "): give every worker the same --resume checkpoint, or none" + copies)
 
 
 def _state_digest(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> str:
@@ -551,7 +546,7 @@ def train(dataset: Dataset, cfg: Config, *, reporter: Reporter | None = None,
     world = comm.world_size if comm is not None else 1
     rank = comm.rank if comm is not None else 0
     ckpt = Checkpointer(dataset, cfg, rank, dtype, run_facts(cfg, world, plan))
-    if comm is not None and comm.world_size > 1 and _under_torchrun():
+    if comm is not None and comm.world_size > 1 and launch.under_torchrun():
         ckpt.find_other_hosts(comm)  # (hosts that may not share --checkpoint-dir)
     state = ckpt.resume(model, optimizer)
     if comm is not None and comm.world_size > 1:
@@ -563,6 +558,7 @@ def train(dataset: Dataset, cfg: Config, *, reporter: Reporter | None = None,
         for hook in hooks:
             getattr(hook, "resumed", lambda _: None)(state.records)
     try:
+        reporter.resumed_after = state.epoch  # (its file's rank records are carried)
         reporter.header(_header_lines(dataset, model, cfg, device, setup_s, world)
                         + strategy.describe(model, plan) + (header or [])
                         + [line for h in hooks for line in getattr(h, "header", list)()]
@@ -688,7 +684,7 @@ def _epochs(strategy: Strategy, model: GNN, plan: Plan, optimizer: torch.optim.O
             _diverged(epoch, stats.loss, best[1], best[4] or model.state_dict())
             diverged = epoch
             break
-        phase(f"epoch {epoch} checkpoint")  # (written by rank 0 alone, where due)
+        phase(f"epoch {epoch} checkpoint")  # (by rank 0, or a host's own, where due)
         ckpt.after_epoch(epoch, model, optimizer, best, records, last=epoch == last)
         if epoch == last:  # stopped early (the range was drawn to train.epochs)
             break

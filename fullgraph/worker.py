@@ -188,13 +188,13 @@ class WorkerStatus:
         record = json.loads(self._store.get(self._failure_key))
         return record if record.get("rank") != self.rank else None
 
-    def _publish_progress(self) -> None:
+    def _publish_progress(self, done: bool = False) -> None:
         counter = self.counter
         self._beats += 1
         self._store.set(f"{self._progress_key}/{self.rank}", json.dumps(
             {"entered": counter.entered if counter is not None else 0,
              "inside": counter.inside if counter is not None else None,
-             "beat": self._beats}))
+             "beat": self._beats, "done": done}))
 
     def _silent(self) -> str:
         """For a collective a peer broke without reporting why (killed, its host lost):
@@ -206,14 +206,20 @@ class WorkerStatus:
             for r in range(self._world_size):
                 key = f"{self._progress_key}/{r}"
                 if r != self.rank and self._store.check([key]):
-                    out[r] = json.loads(self._store.get(key)).get("beat", 0)
+                    seen = json.loads(self._store.get(key))
+                    if not seen.get("done"):  # (a rank that finished stopped reporting)
+                        out[r] = seen.get("beat", 0)
             return out
 
         before = _store_call(beats)
         if not before:
             return ""
-        time.sleep(1.5 * FAILURE_POLL_S)
+        time.sleep(2.5 * FAILURE_POLL_S)  # (a live rank reports at least twice: a GIL
+        # held a while, by numba compiling say, is not taken for a death)
         after = _store_call(beats) or {}
+        self._cause = _store_call(self._published_failure)  # one published meanwhile:
+        if self._cause is not None:  # that rank's own report is the cause to name
+            return ""
         silent = [r for r, beat in before.items() if after.get(r) == beat]
         if not silent or len(after) < len(before):
             return ""
@@ -274,6 +280,8 @@ class WorkerStatus:
                           "it was busy outside any collective)" if behind else ""),
                       2 if record.get("user_error") else 1)
             return
+        if not self._failing:  # the run is over here: its peers no longer hear from it,
+            _store_call(lambda: self._publish_progress(done=True))  # and know why
 
     def _end(self, why: str, code: int) -> None:
         """End this worker at once, saying ``why`` (unless it reports its own failure)."""
@@ -364,6 +372,8 @@ class WorkerStatus:
         self._behind = self._not_reached(record)  # (the first to time out says it)
         if record["peer_failure"] and not record.get("timed_out"):
             self._behind = self._silent()  # a connection a peer's end closed: which
+            if self._cause is not None:  # (a peer's failure published while it looked)
+                return
         record["error"] += self._behind
         brief = {k: record[k] for k in ("rank", "phase", "error", "user_error", "entered",
                                         "inside")}

@@ -487,12 +487,15 @@ def test_a_resumed_run_names_the_options_it_changed(tmp_path):
 
 def _hosts(comm, base: str) -> None:
     """Rank 0 on "host 0", ranks 1 and 2 on "host 1": a --checkpoint-dir of the same
-    name that is another folder on each (hosts without shared storage)."""
-    cfg = Config(train=TrainConfig(checkpoint_dir=f"{base}/host{min(comm.rank, 1)}/ck"))
-    ckpt = checkpoint.Checkpointer(None, cfg, comm.rank, torch.float32, {})
-    ckpt.find_other_hosts(comm)
-    Path(f"{base}/rank{comm.rank}.json").write_text(
-        json.dumps([ckpt.writer, ckpt.other_writers]))
+    name that is another folder on each (hosts without shared storage); then one
+    folder for all (shared storage)."""
+    got = []
+    for host in (min(comm.rank, 1), 0):
+        cfg = Config(train=TrainConfig(checkpoint_dir=f"{base}/host{host}/ck"))
+        ckpt = checkpoint.Checkpointer(None, cfg, comm.rank, torch.float32, {})
+        ckpt.find_other_hosts(comm)
+        got.append([ckpt.writer, ckpt.other_writers])
+    Path(f"{base}/rank{comm.rank}.json").write_text(json.dumps(got))
 
 
 @pytest.mark.dist
@@ -502,5 +505,6 @@ def test_a_host_that_does_not_see_rank_0s_checkpoint_dir_writes_its_own(tmp_path
     from different points)."""
     run_ranks(_hosts, 3, tmp_path, str(tmp_path))
     got = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(3)]
-    assert got == [[True, [1]], [True, [1]], [False, [1]]]  # one writer on host 1
+    assert [g[0] for g in got] == [[True, [1]], [True, [1]], [False, [1]]]  # one on host 1
+    assert [g[1] for g in got] == [[True, []], [False, []], [False, []]]  # shared: rank 0
     assert list((tmp_path / "host0" / "ck").iterdir()) == []  # rank 0's marker removed

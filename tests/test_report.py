@@ -395,9 +395,10 @@ def test_a_huge_loss_keeps_the_epoch_table_in_its_columns():
     from fullgraph.report import TABLE_COLUMNS, _fmt
 
     for name, width, fmt in TABLE_COLUMNS:  # the loss and the seconds
-        for value in (34222809022464.0, 1.5, 123456.7) if fmt.endswith("f") else ():
+        for value in ((34222809022464.0, 1.5, 123456.7, 1e100, -1e100)
+                      if fmt.endswith("f") else ()):
             assert len(_fmt(width, fmt, value)) == width, (name, value)
-    assert _fmt(8, ".4f", 34222809022464.0) == " 3.4e+13"
+    assert _fmt(8, ".4f", 34222809022464.0) == "3.42e+13"
 
 
 def test_a_requeued_run_keeps_its_first_attempts_rank_records(tmp_path):
@@ -416,8 +417,9 @@ def test_a_requeued_run_keeps_its_first_attempts_rank_records(tmp_path):
                               if (epoch, rank) == (2, 1) else []) for rank in (0, 1)]
     metrics.write_text("".join(json.dumps(r) + "\n" for r in first))
     reporter = Reporter(5, metrics_out=str(metrics), verbose=False)
+    reporter.resumed_after = 2  # the checkpoint of epoch 2 of that run
     reporter.header([], {})
-    # the checkpoint of epoch 2 of that run; then its epoch 3 again, and epoch 4
+    # its epochs, then epoch 3 again, and epoch 4
     reporter.restored([EpochRecord(e, loss, 0.5, 0.5, 0.5, 0.1, 0.0, 0.0, 0.0)
                        for e, loss in ((1, 1.5), (2, 1.25))])
     for epoch in (3, 4):
@@ -434,6 +436,7 @@ def test_a_requeued_run_keeps_its_first_attempts_rank_records(tmp_path):
     assert any("rank 1: injected 1 epoch(s) of sleep" in line for line in adapt_lines(log))
     # another run's file (its losses differ) lends nothing
     reporter = Reporter(5, metrics_out=str(metrics), verbose=False)
+    reporter.resumed_after = 1
     reporter.header([], {})
     reporter.restored([EpochRecord(1, 7.0, 0.5, 0.5, 0.5, 0.1, 0.0, 0.0, 0.0)])
     reporter.close()
