@@ -217,7 +217,8 @@ def _epoch_time(fig: Any, log: RunLog, rows: list[RankRow], slow: int | None) ->
         ax.axvline(epoch - 0.5, color="tab:purple", linestyle=":", linewidth=1,
                    label="plan switched" if i == 0 else None)
     drawn = [r["wall_s"] for recs in log.ranks.values() for r in recs] or times
-    if log.ranks and restored:  # (restored epochs have no rank's record: their epoch time)
+    if log.ranks and restored:  # (their rank records, where carried, are another run's:
+        # the epoch time it recorded is drawn, as that run's rank 0 saw it)
         back = log.epochs[:restored]
         ax.plot([e["epoch"] for e in back], [e["epoch_s"] for e in back], color="grey",
                 marker=marker, linewidth=1, label="restored epochs (their run's time)")
