@@ -8,6 +8,7 @@ line: a ``run`` record, one ``epoch`` record per epoch and a ``summary`` record.
 from __future__ import annotations
 
 import json
+import math
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -93,7 +94,7 @@ class Reporter:
         for rec in records:
             self._write({"event": "epoch", **asdict(rec), "restored": True})
             loss, ranks = self._earlier.get(rec.epoch, (None, []))
-            if loss is not None and (loss == rec.loss or (loss != loss and rec.loss != rec.loss)):
+            if loss is not None and (loss == rec.loss or math.isnan(loss) and math.isnan(rec.loss)):
                 for r in ranks:  # the same run's epoch (the requeued job's own file)
                     self._write({"event": "rank_epoch", **r, "restored": True})
         self.first = len(records) + 1

@@ -416,8 +416,6 @@ def _warn_of_unkeyed_modules(model: GNN, strategy: str) -> None:
     process does: a batch norm's statistics are over the rows a worker (or a bin)
     holds, and ``nn.Dropout`` draws its mask from each process's generator, where the
     executors' dropout is keyed by (seed, stage, vertex)."""
-    import warnings
-
     for stage in model.stages:
         for module in stage.modules():
             fix = ("fullgraph.models.norm.GlobalBatchNorm, over every vertex"
@@ -500,14 +498,10 @@ def train(dataset: Dataset, cfg: Config, *, reporter: Reporter | None = None,
         _warn_of_unkeyed_modules(model, strategy.name)
     if device.type != "cpu" and cfg.runtime.spmm_backend == "numba" \
             and (comm is None or comm.rank == 0):
-        import warnings
-
         warnings.warn(f"--spmm-backend numba has no effect on {device}: its kernels are "
                       "the CPU's; a GPU runs torch's sparse kernels", stacklevel=2)
     if cfg.model.residual and (comm is None or comm.rank == 0) and not any(
             getattr(s, "residual", False) for s in model.stages):
-        import warnings
-
         kept = [layer + 1 for layer in sorted(set(model.layer_of))
                 if len(set(_layer_width(model, layer))) == 1]
         if kept:  # a user's conv() that does not apply the residual= it is given
@@ -524,13 +518,9 @@ def train(dataset: Dataset, cfg: Config, *, reporter: Reporter | None = None,
                           f"--layers {cfg.model.layers})", stacklevel=2)
     note = model.stored_self_loops_note()
     if note and (comm is None or comm.rank == 0) and dataset.graph.has_self_loops():
-        import warnings
-
         warnings.warn(f"--model {cfg.model.name} {note}: convert (or generate) the graph "
                       "with --self-loops remove to match", stacklevel=2)
     if dataset.data.num_classes < 2 and (comm is None or comm.rank == 0):
-        import warnings
-
         warnings.warn(f"the dataset has {dataset.data.num_classes} class: cross-entropy over "
                       "one class is 0 whatever the model computes, so nothing trains",
                       stacklevel=2)
@@ -689,11 +679,13 @@ def _epochs(strategy: Strategy, model: GNN, plan: Plan, optimizer: torch.optim.O
         if epoch == last:  # stopped early (the range was drawn to train.epochs)
             break
     phase("done")
-    stopped = f"stopped early after epoch {last}: no better validation accuracy in " \
-        f"{last - best[1]} epochs (--patience {patience})" if last < cfg.train.epochs else None
+    stopped = None
     if diverged is not None:
         stopped = f"stopped after epoch {diverged}: its loss is {records[-1].loss} (the " \
             "training diverged; a smaller --lr may help)"
+    elif last < cfg.train.epochs:
+        stopped = f"stopped early after epoch {last}: no better validation accuracy in " \
+            f"{last - best[1]} epochs (--patience {patience})"
     return _finish(records, profiles, best, time.perf_counter() - start, model, reporter,
                    strategy.outcome(model, plan), restored=state.epoch, stopped=stopped,
                    save=save, diverged=diverged)
@@ -719,8 +711,6 @@ def _pct(share: float) -> str:
 def _diverged(epoch: int, loss: float, best_epoch: int, kept: dict[str, Tensor]) -> None:
     """Say that the training stopped at ``epoch`` on a non-finite loss, and which model
     is kept (``kept``: its parameters)."""
-    import warnings
-
     which = f"the model kept is epoch {best_epoch}'s" if best_epoch != epoch else \
         "no validation accuracy kept an earlier model, so the model kept is this one"
     if not all(bool(torch.isfinite(v).all()) for v in kept.values() if v.is_floating_point()):

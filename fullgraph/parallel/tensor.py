@@ -311,7 +311,7 @@ class TensorParallel(DistributedStrategy[ColumnPlan]):
     def _check_spill_memory(spill: Spill, rows: int, dtype: torch.dtype) -> None:
         """A column chunk holds at least one column of its input and output rows: a
         smaller budget would be exceeded, and it sizes the transpose's passes too."""
-        itemsize = torch.empty(0, dtype=dtype).element_size()
+        itemsize = dtype.itemsize
         least = 2 * rows * itemsize
         if spill.memory < least:
             raise ValueError(f"tensor_parallel.spill_memory: {spill.memory} B holds less than "
