@@ -4,7 +4,7 @@ Every partitioner is a function ``fn(graph, num_parts, *, seed=0, **opts) ->
 PartitionBook`` registered under a name; ``partition(graph, num_parts, method)`` is
 the one entry point the layers above call (the CLI's ``--partitioner`` value is the
 registry key). Built in: ``"chunk"`` (contiguous id ranges, NeutronStar), ``"random"``
-(seeded, equal sizes) and ``"metis"`` (pymetis, G3's multi-constraint weights).
+(seeded, equal sizes) and ``"metis"`` (pymetis, weighted by work by default).
 ``register_partitioner`` adds another, e.g. G3's iterative re-partitioner::
 
     @register_partitioner("g3")

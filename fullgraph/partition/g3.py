@@ -59,6 +59,7 @@ Shapes: N = number of vertices, E = number of edges, P = number of parts.
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -86,6 +87,11 @@ from fullgraph.partition.g3_tracking import (
 __all__ = ["JIT_KERNELS", "NUM_BUCKETS", "PY_KERNELS", "STOP_REASONS", "Adjacency", "Buckets",
            "Kernels", "RefineStats", "Tracker", "adjacency", "build_tracker", "g3_partition",
            "g3_refine", "recount", "select_kernels"]
+
+
+UNEVEN_WARNING = 1.05
+"""``g3_partition`` warns where stage 2 stopped short with the remote counts' max/min
+above this."""
 
 
 @dataclass(frozen=True)
@@ -137,9 +143,20 @@ def g3_partition(graph: Graph, num_parts: int, *, seed: int = 0, threshold: floa
     check_num_parts(num_parts, graph.num_nodes)
     _check_options(threshold, max_moves, max_seconds, candidates)
     book = _stage1(graph, num_parts, seed, stage1)
-    refined, _ = g3_refine(graph, book, threshold=threshold, max_moves=max_moves,
-                           max_seconds=max_seconds, candidates=candidates,
-                           use_numba=use_numba)
+    refined, stats = g3_refine(graph, book, threshold=threshold, max_moves=max_moves,
+                               max_seconds=max_seconds, candidates=candidates,
+                               use_numba=use_numba)
+    after = stats.remote_after
+    if stats.stop != "converged" and min(after) * UNEVEN_WARNING < max(after):
+        why = {"no_improvement": "no swap lowered the busiest part's count",
+               "no_candidate": "the busiest part had no vertex to swap",
+               "max_moves": "max_moves was reached",
+               "max_seconds": "max_seconds was reached"}[stats.stop]
+        warnings.warn(f"g3: remote vertices per part still {max(after)}/{min(after)} = "
+                      f"{max(after) / max(min(after), 1):.2f}x max/min after "
+                      f"{stats.swaps} swaps ({why}; stage 1 left "
+                      f"{max(stats.remote_before)}/{min(stats.remote_before)})",
+                      stacklevel=2)
     return refined
 
 
@@ -165,6 +182,9 @@ def g3_refine(graph: Graph, book: PartitionBook, *, threshold: float = 0.005,
     before = tuple(int(r) for r in tracker.remote)
     swaps, stop = 0, "converged"
     while book.num_parts > 1:
+        if max_seconds is not None and time.perf_counter() - start >= max_seconds:
+            stop = "max_seconds"  # the budget counts the setup too
+            break
         budget = CHUNK_SWAPS if max_moves is None else min(CHUNK_SWAPS, max_moves - swaps)
         if budget <= 0:
             stop = "max_moves"
@@ -173,9 +193,6 @@ def g3_refine(graph: Graph, book: PartitionBook, *, threshold: float = 0.005,
         swaps += int(done)
         if code != _BUDGET:
             stop = STOP_REASONS[code]
-            break
-        if max_seconds is not None and time.perf_counter() - start >= max_seconds:
-            stop = "max_seconds"
             break
     refined = PartitionBook.from_assignment(tracker.part.astype(np.int64), book.num_parts)
     return refined, RefineStats(swaps=swaps, stop=stop, remote_before=before,

@@ -1,4 +1,4 @@
-"""METIS partitioning (through pymetis) with the multi-constraint weights of G3.
+"""METIS partitioning (through pymetis), also with the multi-constraint weights of G3.
 
 METIS (Karypis and Kumar, SISC 1998) partitions an undirected graph into parts of
 balanced vertex weight with a small edge cut. The CSR here is directed (in-edges),
@@ -21,12 +21,16 @@ Which vertex weights METIS balances, ``constraints``:
 - ``"none"``: no weights passed, which METIS treats as weight 1 per vertex, so it
   gives the same result as ``"vertices"``.
 
-Why not G3's two weights by default: METIS's multi-constraint bisection met neither
-bound well on power-law graphs. On R-MAT 100k / 1.8M edges it left the in-edges
-1.14x uneven at 2 parts and 1.35x at 3 and 4, and on Cora 1.09-1.17x. In-degree
-alone balanced R-MAT's in-edges and vertex counts exactly, with a smaller cut, and
-the work weights balanced Cora's work exactly (BENCHMARKS.md, "Partitions balanced
-by work").
+Why not G3's two weights by default: METIS keeps both within its tolerance (vertices
+and in-edges within 1.06x max/min on R-MAT and Coauthor CS at 2-5 parts), but the
+one combined weight keeps the work even (busiest part 1.000x the mean, against
+1.001-1.014x) with about the same cut on R-MAT (within 1.2 %) and 9-18 % fewer cut edges
+on Coauthor CS at 2, 4 and 5 parts (2 % more at 3; BENCHMARKS.md, "G3's two
+constraints reach METIS").
+
+pymetis's ``part_graph`` passes METIS one constraint, so several constraints are
+given to METIS's own ``METIS_PartGraphRecursive``/``Kway`` through ctypes
+(``_part_graph_multi``).
 
 A degree constraint on a graph without edges is dropped (it would be all zeros).
 
@@ -70,6 +74,7 @@ BALANCED_SLACK = 1.03
 """``"balanced"`` runs METIS a second time (``"work"``) only where ``"degree"`` left the
 busiest part more than this above the mean work."""
 _SEED_MODULUS = 0x7FFFFFFF  # METIS takes a positive C int seed
+_METIS_NOPTIONS = 40  # METIS 5's options array length (METIS_NOPTIONS)
 _SHIFT = np.uint64(32)
 _LOW_BITS = np.uint64(0xFFFFFFFF)
 
@@ -155,9 +160,14 @@ def _run_metis(xadj: np.ndarray, adjncy: np.ndarray, vweights: np.ndarray | None
     out = _Printed()
     try:
         with _catch_stdout(out):
-            result = pymetis.part_graph(
-                num_parts, **graph_args, options=options, recursive=recursive,
-                vweights=None if vweights is None else vweights.astype(idx_dtype, copy=False))
+            if vweights is not None and vweights.ndim == 2 and vweights.shape[1] > 1:
+                part = _part_graph_multi(pymetis, xadj, adjncy, vweights, num_parts,
+                                         options, recursive)
+            else:
+                part = pymetis.part_graph(
+                    num_parts, **graph_args, options=options, recursive=recursive,
+                    vweights=None if vweights is None else vweights.astype(idx_dtype, copy=False)
+                ).vertex_part
     except Exception as exc:  # what METIS printed says why ("Input Error: Incorrect ufactor")
         why = "; ".join(line.strip().strip("*").strip()
                         for line in out.text.splitlines() if line.strip())
@@ -176,7 +186,56 @@ def _run_metis(xadj: np.ndarray, adjncy: np.ndarray, vweights: np.ndarray | None
     if said:  # e.g. "***Cannot bisect a graph with 0 vertices!" on tiny or empty graphs
         warnings.warn(f"METIS: {'; '.join(said)} (the partition it returned is valid and "
                       "is used)", stacklevel=3)
-    return np.array(result.vertex_part, dtype=np.int64)
+    return np.array(part, dtype=np.int64)
+
+
+_METIS_OK = 1
+_METIS_ERRORS = {-2: "input error", -3: "out of memory", -4: "error"}
+
+
+def _part_graph_multi(pymetis: Any, xadj: np.ndarray, adjncy: np.ndarray,
+                      vweights: np.ndarray, num_parts: int, options: Any,
+                      recursive: bool | None) -> np.ndarray:
+    """METIS with several balance constraints, ``vweights`` (N, C).
+
+    pymetis's ``part_graph`` passes METIS one constraint (``ncon = 1``), so an
+    interleaved (N * C,) array would be read as N single weights of the first half of
+    the vertices. Here METIS's own ``METIS_PartGraphRecursive``/``Kway``, exported by
+    the library pymetis ships, is called through ctypes with ``ncon = C``; the options
+    array is pymetis's, so its option indices are those of the same build.
+    """
+    from pymetis import _internal
+
+    if recursive is None:  # pymetis's choice
+        recursive = num_parts <= 8
+    idx_dtype = np.dtype(f"int{_internal._idx_type_width()}")
+    try:
+        lib = ctypes.CDLL(_internal.__file__)
+        entry = lib.METIS_PartGraphRecursive if recursive else lib.METIS_PartGraphKway
+    except (OSError, AttributeError) as exc:
+        raise RuntimeError(
+            f"this pymetis build ({getattr(pymetis, '__version__', '?')}) does not export "
+            f"METIS's C functions, which {vweights.shape[1]} balance constraints need "
+            f"({exc}); use one constraint (constraints='balanced', the default)") from None
+    options.numbering = 0
+    opts = np.array([options._get(i) for i in range(_METIS_NOPTIONS)], dtype=idx_dtype)
+    num_nodes, ncon = vweights.shape
+    scalars = np.array([num_nodes, ncon, num_parts, 0], dtype=idx_dtype)
+    arrays = [np.ascontiguousarray(a, dtype=idx_dtype)
+              for a in (xadj, adjncy, vweights.reshape(-1))]
+    part = np.zeros(num_nodes, dtype=idx_dtype)
+
+    def ptr(a: np.ndarray, at: int = 0) -> ctypes.c_void_p:
+        return ctypes.c_void_p(a.ctypes.data + at * a.itemsize)
+
+    entry.restype = ctypes.c_int
+    status = entry(ptr(scalars, 0), ptr(scalars, 1), ptr(arrays[0]), ptr(arrays[1]),
+                   ptr(arrays[2]), None, None, ptr(scalars, 2), None, None, ptr(opts),
+                   ptr(scalars, 3), ptr(part))
+    if status != _METIS_OK:
+        raise RuntimeError(f"METIS_PartGraph{'Recursive' if recursive else 'Kway'} "
+                           f"returned {_METIS_ERRORS.get(status, status)}")
+    return part
 
 
 class _Printed:
@@ -292,7 +351,7 @@ def symmetric_adjacency(graph: Graph) -> tuple[np.ndarray, np.ndarray]:
 
 def vertex_weights(graph: Graph, constraints: Constraints,
                    xadj: np.ndarray | None = None) -> np.ndarray | None:
-    """(N * C,) int64 vertex weights, interleaved per vertex as METIS wants, or None
+    """(N,) int64 vertex weights, (N, C) for C constraints, or None
     (``xadj``: of the symmetrised graph, which tells ``"work"`` the isolated vertices;
     made here if not given)."""
     if constraints == "none":
@@ -314,7 +373,7 @@ def vertex_weights(graph: Graph, constraints: Constraints,
         # isolated vertices weigh nothing to METIS, which leaves them where coarsening
         # put them; they are spread afterwards (``_spread_isolated``)
         return np.where(_isolated(xadj), 0, degree + _vertex_cost(degree))
-    return np.stack([ones, degree], axis=1).reshape(-1)
+    return np.stack([ones, degree], axis=1)
 
 
 def _import_pymetis() -> Any:

@@ -161,9 +161,9 @@ def test_symmetric_adjacency_matches_brute_force() -> None:
     assert [adjncy[xadj[w]:xadj[w + 1]].tolist() for w in range(6)] == expected
 
 
-def test_vertex_weights_interleave_constraints() -> None:
+def test_vertex_weights_have_a_column_per_constraint() -> None:
     graph = Graph.from_edges([0, 0, 1], [1, 2, 2], 3)  # in-degrees 0, 1, 2
-    assert vertex_weights(graph, "vertices+degree").tolist() == [1, 0, 1, 1, 1, 2]
+    assert vertex_weights(graph, "vertices+degree").tolist() == [[1, 0], [1, 1], [1, 2]]
     assert vertex_weights(graph, "degree").tolist() == [0, 1, 2]
     assert vertex_weights(graph, "vertices").tolist() == [1, 1, 1]
     assert vertex_weights(graph, "none") is None
@@ -177,23 +177,34 @@ def test_metis_cuts_far_fewer_edges_than_random_on_cora(cora: Graph) -> None:
     for constraints in ("vertices+degree", "vertices", "none"):
         q = quality(cora, metis_partition(cora, 4, constraints=constraints))
         assert q.edge_cut < 0.15 * random_cut, constraints
-    # One constraint: METIS keeps vertex counts within its 3% tolerance. Two
-    # constraints on a graph this small (hubs of 1.6% of all edges) are looser.
+    # One constraint: METIS keeps vertex counts within its 3% tolerance.
     plain = quality(cora, metis_partition(cora, 4, constraints="vertices"))
     assert _max_over_mean(plain.vertices) <= 1.03
-    both = quality(cora, metis_partition(cora, 4, constraints="vertices+degree"))
-    assert _max_over_mean(both.vertices) <= 1.10 and _max_over_mean(both.edges) <= 1.25
     by_degree = quality(cora, metis_partition(cora, 4, constraints="degree"))
     assert _max_over_mean(by_degree.edges) < _max_over_mean(plain.edges)
 
 
+@pytest.mark.parametrize("num_parts", [2, 3, 4, 5])
+def test_two_constraints_balance_vertices_and_in_edges(cora: Graph, skewed: Graph,
+                                                       num_parts: int) -> None:
+    """G3's ``(1, in_degree)`` reaches METIS as two constraints, each within a few
+    per cent of the mean, where METIS with one constraint (the first half of the
+    interleaved weights, as pymetis's ``part_graph`` read them) left the in-edges
+    1.4-5.3x uneven (max/min) on Cora and this R-MAT graph."""
+    pytest.importorskip("pymetis")
+    for graph in (cora, skewed):
+        q = quality(graph, metis_partition(graph, num_parts, constraints="vertices+degree",
+                                           spread_isolated=False))
+        assert _max_over_mean(q.vertices) <= 1.05 and _max_over_mean(q.edges) <= 1.06
+
+
 @pytest.mark.parametrize("num_parts", [2, 3, 4])
-def test_balanced_weights_leave_the_busiest_part_less_work(cora: Graph, num_parts) -> None:
+def test_balanced_weights_leave_the_busiest_part_little_work(cora: Graph,
+                                                             num_parts) -> None:
     """The default ("balanced": in-degree, or in-degree plus a per-vertex cost where
-    that evens out the work better) against G3's two METIS constraints: on Cora and
-    on an R-MAT graph with isolated vertices, the busiest part's work (in-edges plus
-    the mean in-degree per vertex) is within 6 % of the mean and no more than with the
-    two constraints, whose in-edges were 1.09-1.35x uneven here."""
+    that evens out the work better): on Cora and on an R-MAT graph with isolated
+    vertices, the busiest part's work (in-edges plus the mean in-degree per vertex) is
+    within 6 % of the mean, and the vertex counts within 20 %."""
     pytest.importorskip("pymetis")
     from fullgraph.graph import synthetic
     from fullgraph.partition.metis import work_imbalance
@@ -202,9 +213,7 @@ def test_balanced_weights_leave_the_busiest_part_less_work(cora: Graph, num_part
     for graph in (cora, rmat):
         degree = graph.in_degrees().numpy()
         balanced = metis_partition(graph, num_parts).part_of.numpy()
-        two = metis_partition(graph, num_parts, constraints="vertices+degree").part_of.numpy()
-        got = work_imbalance(balanced, degree, num_parts)
-        assert got <= 1.06 and got <= work_imbalance(two, degree, num_parts) + 1e-9
+        assert work_imbalance(balanced, degree, num_parts) <= 1.06
         assert _max_over_mean(quality(graph, PartitionBook.from_assignment(
             balanced, num_parts)).vertices) <= 1.2
 
