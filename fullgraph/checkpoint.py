@@ -44,8 +44,8 @@ from torch import Tensor
 
 from fullgraph.config import Config
 from fullgraph.errors import ConfigError
-from fullgraph.graph.csr import Graph
 from fullgraph.graph.data import Dataset
+from fullgraph.graph.digest import digest, topology_digest
 from fullgraph.graph.sparse import row_blocks
 from fullgraph.paths import process_alive, process_space, unfinished, write_in_place
 from fullgraph.report import EpochRecord
@@ -69,23 +69,6 @@ class LoopState:
     epoch: int = 0
     best: Best = field(default_factory=no_best)
     records: list[EpochRecord] = field(default_factory=list)
-
-
-def digest(*tensors: Tensor) -> str:
-    """A short BLAKE2 digest of the tensors' dtypes, shapes and bytes."""
-    h = hashlib.blake2b(digest_size=16)
-    for t in tensors:
-        t = t.detach().cpu().contiguous()
-        h.update(f"{t.dtype}{tuple(t.shape)};".encode())
-        if t.numel():
-            h.update(t.reshape(-1).view(torch.uint8).numpy().data)
-    return h.hexdigest()
-
-
-def topology_digest(graph: Graph) -> str:
-    """``digest`` of a graph's edges (its CSR), as a checkpoint and a partition book
-    record the graph they belong to."""
-    return digest(graph.indptr, graph.indices)
 
 
 def feature_digest(x: Tensor) -> str:

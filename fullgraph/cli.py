@@ -979,11 +979,13 @@ def cmd_partition(args: argparse.Namespace) -> int:
     print(f"{args.partitioner} partition of {dataset.name} into {args.parts} parts in "
           f"{time.perf_counter() - t0:.2f} s")
     if args.out:
-        from fullgraph.checkpoint import topology_digest
+        from fullgraph.graph.digest import topology_digest
 
         book.made_for = topology_digest(dataset.graph)  # train refuses it for another graph
+        replaced = " (replacing the file that was there)" \
+            if Path(args.out).expanduser().is_file() else ""
         book.save(args.out)
-        print(f"wrote {args.out}")
+        print(f"wrote {args.out}{replaced}")
     if args.shards:
         from fullgraph.checkpoint import dataset_fingerprint
         from fullgraph.partition.shards import write_shards

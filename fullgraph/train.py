@@ -29,10 +29,11 @@ from fullgraph.checkpoint import Checkpointer, run_facts
 from fullgraph.comm.group import Comm, check_device, env_int, resolve_device
 from fullgraph.comm.primitives import all_gather_object
 from fullgraph.config import Config
-from fullgraph.errors import ConfigError
+from fullgraph.errors import ConfigError, ValidationError
 from fullgraph.extras import MissingExtraError, missing_message
 from fullgraph.fields import changed_fields
 from fullgraph.graph.data import Dataset
+from fullgraph.graph.digest import digest
 from fullgraph.graph.sparse import density, is_sparse
 from fullgraph.models import build_model
 from fullgraph.models.base import GNN
@@ -156,8 +157,6 @@ def check_same_data(dataset: Dataset, comm: Comm) -> None:
         ConfigError: on every rank, naming each fact that differs and its value on
             which ranks.
     """
-    from fullgraph.checkpoint import digest
-
     sh = dataset.shard
     if sh is not None:
         mine: dict[str, Any] = {**sh.fingerprint, "parts": sh.parts, "shard hops": sh.hops,
@@ -373,12 +372,10 @@ def check_before_launch(cfg: Config, dataset: Dataset, workers: int) -> None:
     opts = cfg.options["partition"]
     if opts.file:
         book = PartitionBook.load(opts.file, num_nodes=dataset.graph.num_nodes)
-        from fullgraph.checkpoint import topology_digest
-
-        if book.made_for and book.made_for != topology_digest(dataset.graph):
-            raise ConfigError(f"partition.file: {opts.file} was made for another graph of "
-                              f"{dataset.graph.num_nodes} vertices (its edges differ): "
-                              "partition this one again")
+        try:
+            book.check_made_for(dataset.graph, opts.file)
+        except ValidationError as exc:
+            raise ConfigError(f"partition.file: {exc}") from None
         if book.num_parts != workers:
             raise ConfigError(f"partition.file: {opts.file} has {book.num_parts} parts but "
                               f"there are {workers} workers")

@@ -423,6 +423,31 @@ def test_workers_given_different_options_are_refused(data_root, tmp_path):
         assert "metrics_out" not in err
 
 
+@pytest.mark.dist
+def test_under_torchrun_a_book_made_for_another_graph_is_refused(data_root, tmp_path):
+    """The local launcher refused a partition file made for another graph of as many
+    vertices, but torchrun's workers, which skip the launcher's checks, trained on it."""
+    from fullgraph.partition import PartitionBook
+
+    book = PartitionBook.from_assignment(np.arange(2000) % 2, 2)
+    book.made_for = "0" * 32  # no graph's digest
+    book.save(tmp_path / "book.npz")
+    port = free_port()
+    procs = []
+    for rank in (0, 1):
+        env = clean_env(data_root, RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank),
+                        LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        procs.append(subprocess.Popen(
+            fullgraph_cmd() + TRAIN + ["--strategy", "data", "--dataset", "toy",
+                                       "--partition-file", str(tmp_path / "book.npz")],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            preexec_fn=two_cores))
+    for proc in procs:
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode != 0, err
+        assert "book.npz was made for another graph of 2000 vertices" in err, err
+
+
 TRAP = textwrap.dedent("""\
     import os
     import time

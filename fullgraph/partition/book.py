@@ -40,6 +40,7 @@ import torch
 from torch import Tensor
 
 from fullgraph.errors import CacheError, ValidationError
+from fullgraph.graph.csr import Graph
 from fullgraph.paths import sibling_file
 
 FORMAT_NAME = "fullgraph.PartitionBook"
@@ -185,6 +186,19 @@ class PartitionBook:
                 f"part_sizes={span})")
 
     # -------------------------------------------------------------------- disk
+    def check_made_for(self, graph: Graph, path: Path | str) -> None:
+        """Refuse a book whose ``made_for`` names another graph (one without it is
+        taken).
+
+        Raises:
+            ValidationError: naming ``path`` and the graph's size.
+        """
+        from fullgraph.graph.digest import topology_digest
+
+        if self.made_for and self.made_for != topology_digest(graph):
+            raise ValidationError(f"{path} was made for another graph of {graph.num_nodes} "
+                                  "vertices (its edges differ): partition this one again")
+
     def save(self, path: Path | str) -> None:
         """Write the book to ``path`` (one ``.npz``), replacing it atomically.
 
