@@ -920,6 +920,7 @@ def _generate(args: argparse.Namespace, root: Any, memory: int) -> int:
 
     name = args.name or _generated_name(args)
     datasets.check_new_name(name)
+    _check_dataset_target(root, name)
     path = datasets.processed_dir(root, name)
     replaced = _replacing(path)
     if args.kind == "rmat":
@@ -1014,11 +1015,15 @@ def cmd_convert(args: argparse.Namespace) -> int:
     from fullgraph.graph.sparse import choose_layout, is_sparse
 
     root = DataConfig(root=args.root).resolved_root()
+    _check_dataset_target(root, args.name)
     opts = datasets.ConvertOptions(
         name=args.name, edges=args.edges, features=args.features, labels=args.labels,
         masks=args.masks, input=args.input, binary=args.binary, symmetrize=args.symmetrize,
         seed=args.seed, split_scheme=args.split_scheme, num_classes=args.num_classes)
     ds = datasets.convert(args.format, opts)
+    symmetrized = args.symmetrize if args.symmetrize is not None else args.format == "ogb"
+    ds.info = {**ds.info, "converted with": f"--{'' if symmetrized else 'no-'}symmetrize "
+               f"--self-loops {args.self_loops}"}  # what the edge count alone cannot tell
     ds.data = dataclasses.replace(ds.data, features=choose_layout(ds.data.features,
                                                                   args.sparse_features))
     loops = ds.graph.self_loop_count()
@@ -1034,6 +1039,37 @@ def cmd_convert(args: argparse.Namespace) -> int:
     print(f"wrote {args.name}: {s['vertices']} vertices, {s['edges']} edges{kept}{layout} -> "
           f"{path}{replaced}")
     return 0
+
+
+def _check_dataset_target(root: Path, name: str) -> None:
+    """Before any input is read: refuse a name whose folder holds a shard set (which
+    ``--dataset NAME`` would go on opening instead of what is written), and a ``--root``
+    that cannot be made or written to.
+
+    Raises:
+        ConfigError: naming the folder or ``--root``.
+    """
+    import tempfile
+
+    from fullgraph.graph import datasets, store
+
+    datasets.check_name(name)
+    folder = root / name
+    if (folder / store.SHARDS_FILE).is_file():
+        raise ConfigError(f"{folder} holds per-part shards (fullgraph partition --shards), "
+                          f"which --dataset {name} would go on opening: give another name "
+                          "or remove that folder")
+    existing = root.absolute()
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent  # made when the dataset is written
+    try:
+        if not existing.is_dir():
+            raise NotADirectoryError(0, f"{existing} is not a directory")
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as exc:
+        raise ConfigError(f"--root {root}: cannot write there "
+                          f"({exc.strerror or exc})") from None
 
 
 def _replacing(path: Any) -> str:

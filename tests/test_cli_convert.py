@@ -374,3 +374,63 @@ def test_generates_default_name_tells_draws_apart(capsys):
     assert name("rmat", "--vertices", "20", "--edges", "50", "--seed", "7", "--labels",
                 "degree", "--classes", "4", "--symmetrize") == "rmat-20-50-c4-sym-degree-seed7"
     assert name("sbm", "--homophily", "0.9", "--features", "8") == "sbm-10000-16-f8-h0.9"
+
+
+def test_a_shard_set_under_the_name_is_refused_before_it_shadows_the_new_data(
+        root, tmp_path, capsys):
+    """``--dataset NAME`` opens a shard set in ROOT/NAME before ROOT/NAME/processed: a
+    convert or generate under that name said "wrote" while training went on reading the
+    old shards."""
+    edges = _edges(tmp_path)
+    assert main(["convert", "edgelist", "--name", "g", "--edges", edges,
+                 *_arrays(tmp_path)]) == 0
+    assert main(["partition", "--dataset", "g", "--parts", "2", "--partitioner", "chunk",
+                 "--shards", str(root / "h")]) == 0
+    capsys.readouterr()
+    assert main(["convert", "edgelist", "--name", "h", "--edges", edges,
+                 *_arrays(tmp_path)]) == 2
+    assert "holds per-part shards" in _one_line_error(capsys)
+    assert main(["generate", "sbm", "--vertices", "60", "--name", "h"]) == 2
+    assert "holds per-part shards" in _one_line_error(capsys)
+    assert not (root / "h" / "processed").exists()
+
+
+def test_a_root_that_cannot_be_written_is_named_before_the_input_is_read(tmp_path, capsys):
+    (tmp_path / "file").write_text("")
+    rc = main(["convert", "edgelist", "--root", str(tmp_path / "file" / "sub"), "--name", "g",
+               "--edges", str(tmp_path / "missing.txt"), *_arrays(tmp_path)])
+    err = _one_line_error(capsys)
+    assert rc == 2 and "--root" in err and "missing.txt" not in err
+
+
+def test_datasets_says_whether_convert_symmetrized(root, tmp_path, capsys):
+    edges = _edges(tmp_path)
+    for name, flag in (("d", "--no-symmetrize"), ("s", "--symmetrize")):
+        assert main(["convert", "edgelist", "--name", name, "--edges", edges, flag,
+                     "--self-loops", "add", *_arrays(tmp_path)]) == 0
+    capsys.readouterr()
+    assert main(["datasets", "d"]) == 0
+    assert "converted with: --no-symmetrize --self-loops add" in capsys.readouterr().out
+    assert main(["datasets", "s"]) == 0
+    assert "converted with: --symmetrize --self-loops add" in capsys.readouterr().out
+
+
+def test_binary_or_unsuffixed_gzip_edges_read_as_text(root, tmp_path, capsys):
+    """A binary edge file given without --binary failed on "line 1: wrong number of
+    values" with no hint; gzip text without the .gz suffix likewise."""
+    import gzip
+
+    edges = _binary_edges(tmp_path, "<u4")
+    assert main(["convert", "edgelist", "--name", "g", "--edges", str(edges),
+                 *_arrays(tmp_path)]) == 2
+    assert "--binary uint32 or --binary int64" in _one_line_error(capsys)
+    packed = tmp_path / "edges.txt"
+    packed.write_bytes(gzip.compress(Path(_edges(tmp_path)).read_bytes()))
+    assert main(["convert", "edgelist", "--name", "z", "--edges", str(packed),
+                 *_arrays(tmp_path)]) == 0
+
+
+def test_an_explicit_class_count_far_beyond_the_labels_warns(root, tmp_path):
+    with pytest.warns(UserWarning, match="num_classes 400,000,000 is given for 3 distinct"):
+        assert main(["convert", "edgelist", "--name", "g", "--edges", _edges(tmp_path),
+                     "--num-classes", "400000000", *_arrays(tmp_path)]) == 0

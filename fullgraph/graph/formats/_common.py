@@ -136,6 +136,12 @@ def check_labels(labels: np.ndarray, num_classes: int | None, *, source: PathLik
     elif int(num_classes) < 1:
         raise ValidationError("there must be at least one class", source=source,
                               field="num_classes", found=num_classes, expected="an integer >= 1")
+    elif num_classes > SPARSE_CLASS_RATIO:
+        distinct = int(np.unique(labels[labels >= 0]).size)
+        if num_classes > MAX_INFERRED_CLASSES or num_classes > SPARSE_CLASS_RATIO * distinct:
+            warnings.warn(f"{source}: num_classes {num_classes:,} is given for {distinct:,} "
+                          "distinct labels: a model's output layer will be that wide (a "
+                          "typo?)", stacklevel=4)
     bad = (labels < -1) | (labels >= num_classes)
     if bad.any():
         k = int(np.argmax(bad))

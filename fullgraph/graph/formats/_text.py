@@ -35,14 +35,17 @@ PathLike = str | os.PathLike[str]
 
 
 def open_binary(path: PathLike) -> IO[bytes]:
-    """Open ``path`` for reading bytes, decompressing ``.gz`` files on the fly.
+    """Open ``path`` for reading bytes, decompressing gzip files (by the ``.gz``
+    suffix, or the gzip magic bytes at the start) on the fly.
 
     Raises:
         DatasetNotFoundError: the file does not exist.
     """
     path = Path(path)
     require_file(path)
-    if path.suffix == ".gz":
+    with open(path, "rb") as f:
+        magic = f.read(3)
+    if path.suffix == ".gz" or magic == b"\x1f\x8b\x08":  # (no text starts with 0x1f)
         return gzip.open(path, "rb")  # type: ignore[return-value]
     return open(path, "rb")
 

@@ -123,8 +123,16 @@ def read_edges(path: PathLike, num_nodes: int, *,
         ValidationError: no edges, or an id outside ``[0, num_nodes)``.
     """
     if binary_dtype is None:
-        pairs = read_table(path, dtype=np.int64, num_cols=2, comments=True,
-                           expected="two vertex ids 'src dst'")
+        try:
+            pairs = read_table(path, dtype=np.int64, num_cols=2, comments=True,
+                               expected="two vertex ids 'src dst'")
+        except FormatError as exc:
+            if exc.hint is None and _looks_binary(path):
+                raise FormatError(exc.problem, source=exc.source, line=exc.line,
+                                  field=exc.field, found=exc.found, expected=exc.expected,
+                                  hint="the file holds NUL bytes, as binary ones do: give "
+                                  "--binary uint32 or --binary int64") from None
+            raise
         locate_src: Locator = text_locator(path, comments=True, column="src")
         locate_dst: Locator = text_locator(path, comments=True, column="dst")
     else:
@@ -140,6 +148,15 @@ def read_edges(path: PathLike, num_nodes: int, *,
     check_ids(src, num_nodes, source=path, locate=locate_src)
     check_ids(dst, num_nodes, source=path, locate=locate_dst)
     return src, dst
+
+
+def _looks_binary(path: PathLike) -> bool:
+    """Whether the first 4 KiB of ``path`` (decompressed where gzip) hold a NUL byte,
+    which no text edge file does."""
+    from fullgraph.graph.formats._text import open_binary
+
+    with open_binary(path) as f:
+        return b"\0" in f.read(4096)
 
 
 def _gzip_stream(path: PathLike) -> bool:
