@@ -234,10 +234,14 @@ def write_atomic(path: Path, payload: Any) -> None:
 def write_with(path: Path, save: Callable[[IO[bytes]], Any]) -> None:
     """What ``save`` writes to a file object, to a temporary file beside ``path``,
     fsync, then rename over it; then remove the temporaries of ``path`` that writers
-    killed outright left. A pipe or a device is written into (``write_in_place``)."""
+    killed outright left. A pipe or a device is written into (``write_in_place``); a
+    symbolic link's target is replaced, not the link."""
     path.parent.mkdir(parents=True, exist_ok=True)
     if write_in_place(path, save):
         return
+    if path.is_symlink():  # (a link to a regular file, or a dangling one)
+        path = Path(os.path.realpath(path))
+        path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{process_space()}-{os.getpid()}.tmp")
     try:
         with unfinished(tmp):
@@ -332,6 +336,10 @@ def read(directory: str | Path, what: str = "train.resume") -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"{what}: no checkpoint in {directory} ({FILE_NAME} not found)")
     ckpt = load_file(path, what, "checkpoint")
+    if isinstance(ckpt, dict) and ckpt.get("format") == "fullgraph-model":  # saved.FORMAT
+        raise ConfigError(f"{what}: {path} is a saved model (--save-model), not a "
+                          "checkpoint: it holds no optimiser state to resume from; give "
+                          "the run's --checkpoint-dir")
     if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
         raise ConfigError(f"{what}: {path} is not a fullgraph checkpoint")
     if ckpt.get("version") != VERSION:

@@ -8,6 +8,8 @@ data options (feature storage, row normalisation, split seed).
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -32,12 +34,12 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                                 ".npy")
             p.add_argument("--scores", metavar="FILE",
                            help="also write the (N, classes) float32 class scores (logits; "
-                                "a softmax of a row gives its probabilities), formatted "
-                                "as --out")
+                                "a softmax of a row gives its probabilities), in the "
+                                "format its own name says, as --out's")
             p.add_argument("--embeddings", nargs="?", const="", metavar="FILE",
                            help="also write the last hidden layer's (N, hidden) rows (hidden x "
-                                "heads for GAT), formatted as --out, to FILE (default: OUT "
-                                "with -embeddings before its suffix)")
+                                "heads for GAT) to FILE, in the format its name says "
+                                "(default: OUT with -embeddings before its suffix)")
 
 
 def _load(args: argparse.Namespace):
@@ -69,15 +71,27 @@ def cmd_predict(args: argparse.Namespace) -> int:
     with torch.no_grad():  # all computed before any is written
         logits = model(dataset.graph, dataset.data.features)
         emb = None if emb_path is None else model.embed(dataset.graph, dataset.data.features)
+    # what is said goes to stderr where an output is standard output (--out /dev/stdout)
+    status = sys.stderr if any(_is_stdout(path) for _, path in outputs) else sys.stdout
     _save_rows(out, logits.argmax(dim=1).numpy(), "class")
-    print(f"wrote {out}: {logits.shape[0]} class predictions on {dataset.name}")
+    print(f"wrote {out}: {logits.shape[0]} class predictions on {dataset.name}", file=status)
     if scores_path is not None:
         _save_rows(scores_path, logits.float().numpy(), "class")
-        print(f"wrote {scores_path}: {logits.shape[0]} x {logits.shape[1]} class scores")
+        print(f"wrote {scores_path}: {logits.shape[0]} x {logits.shape[1]} class scores",
+              file=status)
     if emb_path is not None and emb is not None:
         _save_rows(emb_path, emb.float().numpy(), "dim")
-        print(f"wrote {emb_path}: {emb.shape[0]} x {emb.shape[1]} embeddings")
+        print(f"wrote {emb_path}: {emb.shape[0]} x {emb.shape[1]} embeddings", file=status)
     return 0
+
+
+def _is_stdout(path: Path) -> bool:
+    """Whether ``path`` is the file standard output writes to."""
+    try:
+        here, there = os.fstat(1), os.stat(path)
+    except OSError:
+        return False
+    return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
 
 
 def _save_rows(path: Path, array: Any, column: str) -> None:
@@ -91,7 +105,7 @@ def _save_rows(path: Path, array: Any, column: str) -> None:
     from fullgraph.checkpoint import write_with
 
     suffix = path.suffix.lower()
-    fmt = "%d" if array.dtype.kind in "iu" else "%.7g"
+    fmt = "%d" if array.dtype.kind in "iu" else "%.9g"  # float32 round-trips in 9 digits
 
     def save(f: Any) -> None:
         if suffix == ".csv":
@@ -118,10 +132,10 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from fullgraph.saved import accuracy
 
     model, dataset = _load(args)
-    t = model.meta["trained"]
+    t = model.meta["trained"] if isinstance(model.meta["trained"], dict) else {}
     print(f"model    {model.meta['model']['name']} from {args.model} (best epoch "
-          f"{t['best_epoch']} of {t['epochs']}, strategy {t['strategy']} on {t['workers']} "
-          f"worker(s)) on {dataset.name}")
+          f"{t.get('best_epoch', '?')} of {t.get('epochs', '?')}, strategy "
+          f"{t.get('strategy', '?')} on {t.get('workers', '?')} worker(s)) on {dataset.name}")
     for split, (correct, total) in accuracy(model, dataset).items():
         acc = f"{correct / total:.2%}" if total else "n/a"
         print(f"{split:<5} accuracy {acc:>7} ({correct}/{total})")

@@ -256,7 +256,7 @@ def load_model(path: str | Path) -> SavedModel:
     if missing:
         raise ConfigError(f"model: {path} lacks {', '.join(missing)}: not a complete saved "
                           "model")
-    m = saved["model"]
+    m = _check_record(saved, path)
     try:
         program = build_model(m["name"], m["in_dim"], m["hidden"], m["out_dim"],
                               **m["options"])
@@ -278,10 +278,46 @@ def load_model(path: str | Path) -> SavedModel:
                               "name (in a notebook: run its cell), or move it to a module "
                               "before training") from None
         raise
-    program = program.to(getattr(torch, m["dtype"]))
-    load_parameters(program, saved["state_dict"], f"model: {path}")
+    dtype = getattr(torch, m["dtype"])
+    if dtype in (torch.float16, torch.bfloat16):  # saved after .half(): run in float32
+        warnings.warn(f"model: {path} holds {m['dtype']} parameters; they are loaded as "
+                      "float32, which a SavedModel runs in", stacklevel=2)
+        dtype = torch.float32
+    program = program.to(dtype)
+    load_parameters(program, {k: v.to(dtype) if torch.is_tensor(v) and v.is_floating_point()
+                              else v for k, v in saved["state_dict"].items()},
+                    f"model: {path}")
     meta = {k: saved[k] for k in META_KEYS}
     return SavedModel(program, meta).eval()
+
+
+_DTYPES = ("float32", "float64", "float16", "bfloat16")
+_MODEL_KEYS = {"name": str, "in_dim": int, "hidden": int, "out_dim": int, "options": dict,
+               "dtype": str}
+
+
+def _check_record(saved: dict[str, Any], path: Path) -> dict[str, Any]:
+    """The saved file's ``model`` record, its keys and types checked.
+
+    Raises:
+        ConfigError: naming the file and what in it is damaged.
+    """
+    m = saved["model"]
+    bad = "" if isinstance(m, dict) else "its model record is not a mapping"
+    if not bad:
+        wrong = [k for k, kind in _MODEL_KEYS.items() if not isinstance(m.get(k), kind)]
+        if wrong:
+            bad = f"its model record lacks or has a wrong type for {', '.join(wrong)}"
+        elif m["dtype"] not in _DTYPES:
+            bad = f"model.dtype {m['dtype']!r} is not one of {', '.join(_DTYPES)}"
+        elif not isinstance(saved["state_dict"], dict):
+            bad = "its state_dict is not a mapping"
+        elif not all(isinstance(saved[k], dict) for k in META_KEYS):
+            bad = "its " + ", ".join(k for k in META_KEYS if not isinstance(saved[k], dict)) \
+                + " record is not a mapping"
+    if bad:
+        raise ConfigError(f"model: {path} is damaged: {bad}")
+    return m
 
 
 def load_dataset_for(model: SavedModel, dataset: str | None = None,
@@ -296,6 +332,8 @@ def load_dataset_for(model: SavedModel, dataset: str | None = None,
     from fullgraph.graph import datasets
     from fullgraph.partition.shards import require_whole
 
+    if root is not None and not Path(root).expanduser().is_dir():  # (read, never made)
+        raise DatasetNotFoundError(f"root {root}: no such directory")
     opts = dict(model.meta["data"])
     trained_root = opts.pop("root", None)  # the --root of its training run, if one was given
     roots: list[str | None] = [root]

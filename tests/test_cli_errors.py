@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import warnings
 from pathlib import Path
 
@@ -847,3 +849,90 @@ def test_an_empty_options_mapping_and_quiet_false_are_no_options(root, tmp_path,
     (tmp_path / "e.yaml").write_text("model:\n  options: {}\nquiet: false\n")
     printed = printed_config(capsys, "--config", str(tmp_path / "e.yaml"))
     assert printed["model"]["options"] is None and printed["train"]["log_level"] == "info"
+
+
+@pytest.fixture(scope="module")
+def saved_gcn(tmp_path_factory) -> Path:
+    """A GCN trained 2 epochs on Cora and saved (its data root is the module's own)."""
+    where = tmp_path_factory.mktemp("saved")
+    os.environ["FULLGRAPH_DATA"] = str(where / "data")
+    try:
+        assert main(["train", "--epochs", "2", "--progress", "off", "-q", "--save-model",
+                     str(where / "m.pt")]) == 0
+    finally:
+        del os.environ["FULLGRAPH_DATA"]
+    return where
+
+
+def test_outputs_through_a_symbolic_link_write_its_target(saved_gcn, tmp_path, monkeypatch,
+                                                          capsys):
+    """A link given as --out was replaced by a regular file and its target never written
+    (as root, `--out /dev/stdout` replaced the system's link)."""
+    monkeypatch.setenv("FULLGRAPH_DATA", str(saved_gcn / "data"))
+    target = tmp_path / "target.npy"
+    target.write_bytes(b"old")
+    (tmp_path / "link.npy").symlink_to(target)
+    assert main(["predict", "--model", str(saved_gcn / "m.pt"), "--out",
+                 str(tmp_path / "link.npy")]) == 0
+    assert (tmp_path / "link.npy").is_symlink()
+    assert np.load(target).shape == (2708,)
+
+
+def test_predict_into_standard_output_says_what_it_wrote_on_stderr(saved_gcn, tmp_path):
+    """`--out /dev/stdout > file` got the "wrote" line after the array's bytes (a link
+    of the test's own stands in for /dev/stdout, which the old code replaced)."""
+    out, stdout = tmp_path / "preds.npy", tmp_path / "stdout"
+    stdout.symlink_to("/proc/self/fd/1")
+    with open(out, "wb") as f:
+        done = subprocess.run(
+            [sys.executable, "-m", "fullgraph", "predict", "--model", str(saved_gcn / "m.pt"),
+             "--out", str(stdout)], stdout=f, stderr=subprocess.PIPE, text=True,
+            env={**os.environ, "FULLGRAPH_DATA": str(saved_gcn / "data")}, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert f"wrote {stdout}: 2708 class predictions" in done.stderr
+    assert np.load(out).shape == (2708,) and stdout.is_symlink()
+
+
+def test_a_half_precision_model_loads_in_float32(saved_gcn, tmp_path, monkeypatch, capsys):
+    import torch
+
+    from fullgraph import load_model
+
+    monkeypatch.setenv("FULLGRAPH_DATA", str(saved_gcn / "data"))
+    model = load_model(saved_gcn / "m.pt")
+    model.half().save(tmp_path / "half.pt")
+    with pytest.warns(UserWarning, match="float16 parameters; they are loaded as float32"):
+        again = load_model(tmp_path / "half.pt")
+    assert next(again.parameters()).dtype == torch.float32
+    with pytest.warns(UserWarning, match="float16"):
+        assert main(["evaluate", "--model", str(tmp_path / "half.pt")]) == 0
+    assert "test  accuracy" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("damage,said", [
+    (lambda s: s["model"].update(dtype="int8"), "model.dtype 'int8' is not one of"),
+    (lambda s: s.update(model="gcn"), "its model record is not a mapping"),
+    (lambda s: s["model"].pop("hidden"), "wrong type for hidden"),
+    (lambda s: s.update(trained=[]), "its trained record is not a mapping"),
+])
+def test_a_damaged_model_record_is_one_error(saved_gcn, tmp_path, monkeypatch, capsys,
+                                             damage, said):
+    import torch
+
+    saved = torch.load(saved_gcn / "m.pt", weights_only=False)
+    damage(saved)
+    torch.save(saved, tmp_path / "bad.pt")
+    monkeypatch.setenv("FULLGRAPH_DATA", str(saved_gcn / "data"))
+    assert main(["evaluate", "--model", str(tmp_path / "bad.pt")]) == 2
+    one_line_error(capsys, said)
+
+
+def test_evaluate_neither_makes_a_root_nor_resumes_from_a_saved_model(saved_gcn, tmp_path,
+                                                                      capsys):
+    assert main(["evaluate", "--model", str(saved_gcn / "m.pt"), "--root",
+                 str(tmp_path / "typo")]) == 2
+    one_line_error(capsys, "no such directory")
+    assert not (tmp_path / "typo").exists()
+    assert main(["train", "--epochs", "3", "--resume", str(saved_gcn / "m.pt"),
+                 "--progress", "off"]) == 2
+    one_line_error(capsys, "is a saved model (--save-model), not a checkpoint")

@@ -193,7 +193,8 @@ def require_whole(dataset: Dataset, what: str, also: str = "") -> None:
     another way on, for the message."""
     if dataset.shard is not None:
         raise ConfigError(f"{what}: needs the whole dataset, not one of its per-part shards: "
-                          f"give {dataset.name!r}, the dataset they were written from"
+                          f"give {dataset.name!r}, the dataset they were written from "
+                          "(with the --root it is under, where that is not the default)"
                           + (f", {also}" if also else ""))
 
 
