@@ -480,6 +480,7 @@ class Checkpointer:
         self.resumed_from: dict[str, Any] | None = None
         self._fingerprint: dict[str, Any] | None = None
         self.other_writers: list[int] = []  # ranks writing a copy on hosts of their own
+        self.overdue = False  # one was due at an epoch not ready for it (``after_epoch``)
 
     def find_other_hosts(self, comm: Any) -> None:
         """Under torchrun, where hosts may not share storage: make one worker of each
@@ -566,11 +567,19 @@ class Checkpointer:
         return lines
 
     def after_epoch(self, epoch: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                    best: Best, records: list[EpochRecord], *, last: bool = False) -> None:
+                    best: Best, records: list[EpochRecord], *, last: bool = False,
+                    ready: bool = True) -> None:
         """Write a checkpoint after every ``checkpoint_every``-th epoch and the last one
-        (``train.epochs``, or ``last``: where the run stops early)."""
+        (``train.epochs``, or ``last``: where the run stops early). One due where not
+        ``ready`` (a partial-reduce epoch: rows and gradients in flight, the workers'
+        records not yet exchanged) is written at the next epoch that is."""
         t = self.cfg.train
-        if not self.writer or (epoch % t.checkpoint_every and epoch != t.epochs and not last):
+        due = not epoch % t.checkpoint_every or epoch == t.epochs or last or self.overdue
+        if not ready:
+            self.overdue = due
+            return
+        self.overdue = False
+        if not self.writer or not due:
             return
         assert t.checkpoint_dir is not None
         payload = {

@@ -565,7 +565,11 @@ def explain(result: PlanResult, *, under_table: bool = True) -> list[str]:
     nxt = (f"{others[0].candidate.label} next at {others[0].seconds * 1e3:.1f} ms"
            if others else "the only one on 1 worker" if result.workers == 1
            else "no other strategy fits")
-    skipped = [e.candidate.label for e in result.estimates if not e.fits]
+    skipped = [e.candidate.label for e in result.estimates if not e.fits and not e.refused]
+    refused: dict[str, list[str]] = {}  # why -> the candidates it refuses
+    for e in result.estimates:
+        if e.refused and e is not best:
+            refused.setdefault(_refusal_reason(e.why_not), []).append(e.candidate.label)
     if not best.fits:
         return [f"recommended: {best.candidate.label} "
                 f"({' '.join(candidate_flags(best.candidate, budget))}), the fastest, but "
@@ -580,7 +584,15 @@ def explain(result: PlanResult, *, under_table: bool = True) -> list[str]:
             f"its busiest worker receives {fmt_bytes(best.bytes_moved)} an epoch and its "
             f"largest holds {fmt_bytes(best.peak.total)}"
             + (f"; left out {'(NO above)' if under_table else 'as not fitting'}: "
-               f"{', '.join(skipped)}" if skipped else "")]
+               f"{', '.join(skipped)}" if skipped else "")
+            + ("" if under_table or not refused else "; refused: " + "; ".join(
+                f"{', '.join(labels)} ({why})" for why, labels in refused.items()))]
+
+
+def _refusal_reason(why: str) -> str:
+    """A refusal's reason without the candidate's own part (``...; the run uses
+    'tensor'``), so that the candidates one option refuses share one line."""
+    return why.split("; the run uses ")[0]
 
 
 def _same_run(a: Estimate, b: Estimate, budget: bool) -> bool:

@@ -216,6 +216,10 @@ def _epoch_time(fig: Any, log: RunLog, rows: list[RankRow], slow: int | None) ->
     for i, epoch in enumerate(switched):
         ax.axvline(epoch - 0.5, color="tab:purple", linestyle=":", linewidth=1,
                    label="plan switched" if i == 0 else None)
+    for i, epoch in enumerate(left_out_epochs(log)):
+        ax.axvline(epoch, color="tab:red", linestyle="-.", linewidth=1, alpha=0.6,
+                   label="a worker left out of the update (partial reduce)" if i == 0
+                   else None)
     drawn = [r["wall_s"] for recs in log.ranks.values() for r in recs] or times
     if log.ranks and restored:  # (their rank records, where carried, are another run's:
         # the epoch time it recorded is drawn, as that run's rank 0 saw it)
@@ -247,6 +251,14 @@ def adapt_epochs(log: RunLog) -> tuple[list[int], list[int]]:
                 elif e.get("kind") in ("adjust", "shares") and e.get("switched"):
                     switched.add(int(r["epoch"]))
     return sorted(slowed), sorted(switched)
+
+
+def left_out_epochs(log: RunLog) -> list[int]:
+    """The epochs in which partial reduce updated without some worker's gradient."""
+    return sorted({int(r["epoch"]) for recs in [*log.restored_ranks.values(),
+                                                 *log.ranks.values()]
+                   for r in recs for e in r.get("events", ())
+                   if e.get("kind") == "partial" and e.get("skipped")})
 
 
 def adapt_lines(log: RunLog) -> list[str]:
@@ -291,7 +303,19 @@ def header_lines(log: RunLog) -> list[str]:
            "worker count may have run)" if restored else "") + ", lr "
         f"{train.get('lr', '?')}, weight decay {train.get('weight_decay', '?')}, seed "
         f"{train.get('seed', '?')}, setup {log.run.get('setup_s', float('nan')):.2f} s",
-    ]
+    ] + _adapt_header(log)
+
+
+def _adapt_header(log: RunLog) -> list[str]:
+    """``adapt ...``: the runtime adaptation of the run, and whether it is approximate."""
+    mode, inject = log.config("adapt", "mode", "off"), log.config("adapt", "inject", None)
+    if mode in (None, "off") and not inject:
+        return []
+    staleness = log.config("adapt", "staleness", 3)
+    kind = "" if mode != "adjust+partial" else \
+        f" (approximate: partial reduce, K={staleness})" if staleness and staleness > 1 \
+        else " (exact with K=1)"
+    return [f"adapt --adapt {mode}{kind}" + (f", --inject {inject}" if inject else "")]
 
 
 def final_lines(log: RunLog) -> list[str]:

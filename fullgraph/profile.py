@@ -284,13 +284,17 @@ def event_lines(profiles: list[list[Any]]) -> list[str]:
     for per_rank in profiles:
         slowed: dict[str, int] = {}
         switches = probes = undone = 0
+        adapting = cut = False  # (an adapter ran; the starting plan was cut to its budget)
         last: tuple[Any, dict[str, Any]] | None = None  # (epoch, event) of the last switch
         partial = [e for p in per_rank for e in p.events
                    if e.get("kind") == "partial" and not e.get("sync")]
         for p in per_rank:
             for e in p.events:
+                adapting |= e.get("kind") in ("adjust", "shares")
                 if e.get("kind") == "inject":
                     slowed[e["what"]] = slowed.get(e["what"], 0) + 1
+                elif str(e.get("at", "")).startswith("start"):
+                    cut = True  # before the first epoch, not a switch between epochs
                 elif e.get("kind") in ("adjust", "shares") and e.get("switched"):
                     switches += 1
                     last = (getattr(p, "epoch", None), e)
@@ -298,12 +302,14 @@ def event_lines(profiles: list[list[Any]]) -> list[str]:
                     probes += e.get("judged") == "probe kept"
                     undone += str(e.get("judged")).endswith("undone")
         rank = per_rank[0].rank
-        if slowed or switches:
+        if slowed or switches or cut:
             what = ", ".join(f"{n} epoch(s) of {k}" for k, n in sorted(slowed.items()))
             tried = f" ({probes} probe(s) that gave a worker work back and were kept; " \
                 f"{undone} trial(s) undone by the switch after)" if probes or undone else ""
-            out.append(f"adapt    rank {rank}: injected {what or 'nothing'}; "
-                       f"plan switched {switches} time(s){tried}{_last_plan(last)}")
+            start = "; the starting plan cut to the cache budget" if cut else ""
+            switched = f"; plan switched {switches} time(s){tried}{_last_plan(last)}" \
+                if adapting else ""
+            out.append(f"adapt    rank {rank}: injected {what or 'nothing'}{start}{switched}")
         if partial:
             skipped = sum(rank in e["skipped"] for e in partial)
             stale = sum(e["stale_peers"] for e in partial)

@@ -672,7 +672,8 @@ def _epochs(strategy: Strategy, model: GNN, plan: Plan, optimizer: torch.optim.O
             diverged = epoch
             break
         phase(f"epoch {epoch} checkpoint")  # (by rank 0, or a host's own, where due)
-        ckpt.after_epoch(epoch, model, optimizer, best, records, last=epoch == last)
+        ckpt.after_epoch(epoch, model, optimizer, best, records, last=epoch == last,
+                         ready=collective)
         if epoch == last:  # stopped early (the range was drawn to train.epochs)
             break
     phase("done")

@@ -508,3 +508,22 @@ def test_a_host_that_does_not_see_rank_0s_checkpoint_dir_writes_its_own(tmp_path
     assert [g[0] for g in got] == [[True, [1]], [True, [1]], [False, [1]]]  # one on host 1
     assert [g[1] for g in got] == [[True, []], [False, []], [False, []]]  # shared: rank 0
     assert list((tmp_path / "host0" / "ck").iterdir()) == []  # rank 0's marker removed
+
+
+def test_a_checkpoint_due_on_a_partial_reduce_epoch_waits_for_a_synchronised_one(tmp_path):
+    """Under partial reduce a checkpoint written at a partial epoch lost the workers'
+    records of the epochs since the last synchronised one (they travel at the next):
+    a requeued run's report had no per-rank records for them."""
+    ds = make_dataset()
+    cfg = config("single", 10, tmp_path / "ck", every=2)
+    ckpt = checkpoint.Checkpointer(ds, cfg, 0, torch.float32, {})
+    model = build(ds, cfg)
+    opt = torch.optim.Adam(model.parameters(), lr=0.05)
+    best = (0.0, 1, 0.0, 0.0, None)
+    written = []
+    for epoch, ready in ((1, True), (2, False), (3, False), (4, True), (5, True), (6, True)):
+        ckpt.after_epoch(epoch, model, opt, best, [], ready=ready)
+        if checkpoint.checkpoint_file(tmp_path / "ck").is_file():
+            written.append(torch.load(checkpoint.checkpoint_file(tmp_path / "ck"),
+                                      weights_only=False)["epoch"])
+    assert written == [4, 4, 6]  # due at 2 (partial): written at 4; then at 6

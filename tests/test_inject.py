@@ -210,6 +210,32 @@ def test_auto_sleep_after_a_resume_uses_the_restored_clean_epochs():
     assert inj.injected and inj.sleep_s == pytest.approx(2 * 1.5 / 5)
 
 
+def test_a_resumed_run_says_its_adapters_start_again():
+    """A resumed adapted run restarted from the starting plan, and partial reduce
+    measured its deadlines again, without a word; with K=1 partial reduce's header
+    described deadlines and stale rows that it never uses."""
+    from types import SimpleNamespace
+
+    from fullgraph.adapt.base import Adapter, resumed_line
+    from fullgraph.adapt.partial import PartialReduce
+    from fullgraph.report import EpochRecord
+
+    adapter = Adapter()
+    assert resumed_line(adapter, "the starting shares") == []
+    adapter.resumed([EpochRecord(e, 1.0, 0.0, 0.0, 0.0, 0.1, 0.0, 0.0, 0.0) for e in (1, 2)])
+    assert resumed_line(adapter, "the starting shares") == [
+        "adapt    resumed after epoch 2: from the starting shares, not the plan adjusted by "
+        "then (a checkpoint holds no plan)"]
+    opts = SimpleNamespace(reuse=True, slack=0.5, warmup=3, resumed_after=6)
+    (exact,) = PartialReduce.header(SimpleNamespace(**vars(opts), staleness=1))
+    assert exact.startswith("partial  adjust+partial (exact with K=1): every worker "
+                            "synchronised on every epoch") and "deadline" not in exact
+    lines = PartialReduce.header(SimpleNamespace(**vars(opts), staleness=3))
+    assert lines[0].startswith("partial  adjust+partial (approximate): halo rows up to K=3")
+    assert lines[1].startswith("partial  resumed after epoch 6: the deadlines are measured "
+                               "again over the first 3 epochs run here")
+
+
 SHAPE = """
 import subprocess, sys
 from fullgraph.adapt.inject import LinkShaper

@@ -346,6 +346,26 @@ def test_strategy_auto_is_resolved_before_the_workers_launch(cora_env, monkeypat
     assert ": the fastest predicted epoch that fits, " in err  # why, as plan says it
 
 
+def test_strategy_auto_names_what_the_options_refused_apart_from_the_memory(
+        cora_env, monkeypatch, capsys):
+    """With --adapt adjust+partial, auto said tensor, p2p and task were "left out as not
+    fitting": on Cora every one fits; partial reduce refuses them."""
+    from fullgraph import launch
+
+    monkeypatch.setattr(planner, "plan_rates", lambda graph, *a: RATES)
+    monkeypatch.setattr(planner, "probe",
+                        lambda cfg, labels, *a: Probe(dict.fromkeys(labels, 1e-3), 0.01))
+    monkeypatch.setattr(planner, "_calibrate",
+                        lambda cfg, data, rates, cands: ({c.label: 1.0 for c in cands}, None))
+    monkeypatch.setattr(launch, "launch_local", lambda argv, *a, **k: 0)
+    assert main(["train", "--dataset", "cora", "--workers", "3", "--strategy", "auto",
+                 "--epochs", "1", "--adapt", "adjust+partial", "--oversubscribe"]) == 0
+    err = capsys.readouterr().err
+    assert "not fitting" not in err
+    assert "refused: tensor, tensor/chunks, p2p, task (--adapt adjust+partial (partial " \
+           "reduce) works on --strategy data)" in err
+
+
 def test_strategy_auto_under_an_external_launcher_is_refused(cora_env, monkeypatch, capsys):
     from fullgraph import launch
 

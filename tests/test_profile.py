@@ -89,6 +89,20 @@ def test_summary_counts_injected_slowdowns_and_plan_switches_per_rank():
            "last for epoch 6: rows per worker 903/903/902" in summary_lines([[c, d, e, f]])
 
 
+def test_summary_says_no_switches_without_an_adapter_and_a_start_cut_apart():
+    """With --inject but no --adapt the line said "plan switched 0 time(s)"; a cut to
+    --cache-budget before the first epoch was counted as a switch "for epoch 1"."""
+    a = _record(0, 1.0, [])
+    a.events = [{"kind": "inject", "what": "sleep"}]
+    assert "adapt    rank 0: injected 1 epoch(s) of sleep" in summary_lines([[a]])
+    b, c = _record(0, 1.0, []), _record(0, 1.0, [])
+    b.events = [{"kind": "adjust", "switched": True, "cached": 0, "fetched": 9,
+                 "at": "start: the starting plan cached more than the budget"}]
+    c.events = [{"kind": "adjust", "switched": False}]
+    assert "adapt    rank 0: injected nothing; the starting plan cut to the cache budget; " \
+           "plan switched 0 time(s)" in summary_lines([[b, c]])
+
+
 def test_unmatched_calls_are_not_split_and_say_so():
     ranks = [_record(0, 1.0, [("halo", 0.5)]), _record(1, 1.0, [("grad-sync", 0.1)])]
     split = split_waiting(ranks)

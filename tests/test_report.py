@@ -226,6 +226,39 @@ def test_the_page_and_the_epoch_figure_show_what_was_injected_and_switched(tmp_p
         "epoch 2: rows per worker 40/27"]
 
 
+def test_the_page_says_a_run_was_approximate_and_marks_the_left_out_updates(tmp_path):
+    """The page named --adapt adjust+partial only in its configuration dump, and the time
+    figure did not show the epochs where a worker was left out of the update."""
+    from fullgraph.plots import header_lines, left_out_epochs
+
+    records = [{"event": "run", "config": {"adapt": {"mode": "adjust+partial",
+                                                     "staleness": 3, "inject": "sleep"}}}]
+    for epoch in (1, 2, 3):
+        records.append(epoch_record(epoch))
+        for rank in (0, 1):
+            records.append(rank_record(epoch, rank, events=[
+                {"kind": "partial", "sync": epoch == 1, "skipped": [1] if epoch == 3 else [],
+                 "stale_peers": 0, "oldest": 0}]))
+    metrics = tmp_path / "partial.jsonl"
+    metrics.write_text("".join(json.dumps(r) + "\n" for r in records))
+    log = read_run_log(metrics)
+    assert header_lines(log)[-1] == \
+        "adapt --adapt adjust+partial (approximate: partial reduce, K=3), --inject sleep"
+    assert left_out_epochs(log) == [3]
+    if importlib.util.find_spec("matplotlib") is not None:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        from matplotlib.figure import Figure
+
+        from fullgraph.plots import _epoch_time
+
+        fig = Figure()
+        _epoch_time(fig, log, [], None)
+        assert [list(line.get_xdata()) for line in fig.axes[0].get_lines()
+                if line.get_label().startswith("a worker left out")] == [[3, 3]]
+
+
 def test_figures_draw_what_decides_their_scale_and_mark_a_diverged_epoch(tmp_path):
     """A resumed multi-worker run's restored epochs have no rank records: they were not
     drawn, yet one of them set the log scale; a non-finite loss left the loss panel a

@@ -162,8 +162,10 @@ def _adjuster(cfg: Any, strategy: Any, model: Any, plan: Any, note: Note) -> Ada
     from fullgraph.adapt.adjuster import OnlineAdjuster
 
     budget = None if opts.cache_budget_mb is None else opts.cache_budget_mb * 2**20
-    return OnlineAdjuster(strategy, model, plan, budget, note,
-                          partial=opts.mode == "adjust+partial")
+    adjuster = OnlineAdjuster(strategy, model, plan, budget, note,
+                              partial=opts.mode == "adjust+partial")
+    adjuster.approximate = adjuster.partial and opts.staleness > 1  # (K=1 is exact)
+    return adjuster
 
 
 __all__ = ["ADJUSTABLE", "Adapter", "build_adapters", "check_general", "check_options",

@@ -41,7 +41,7 @@ from typing import Any
 
 import torch
 
-from fullgraph.adapt.base import Adapter, Note
+from fullgraph.adapt.base import Adapter, Note, resumed_line
 from fullgraph.comm import primitives as prim
 from fullgraph.comm.tagged import probe_links, tagged_messages
 from fullgraph.parallel import costmodel
@@ -86,6 +86,7 @@ class OnlineAdjuster(Adapter):
         self.strategy, self.budget, self.note, self.rates_for = \
             strategy, budget_bytes, note, rates_for
         self.partial = partial
+        self.approximate = partial  # the partial reduce it runs beside is (not with K=1)
         t0 = time.perf_counter()
         if plan.deps.rates is None:
             plan.deps.rates = costmodel.resolve_rates(plan.comm, plan.graph, None, None, None)
@@ -122,16 +123,19 @@ class OnlineAdjuster(Adapter):
         cached = torch.from_numpy(decision.cached) if self._over_budget(plan.deps.cached) \
             else plan.deps.cached
         self.strategy.replan(model, plan, cached)
+        plan.deps.budget_cut = True
         event = _event(decision, self.start_rates, True, time.perf_counter() - t0)
         event["at"] = "start: the starting plan cached more than the budget"
         self.note(event)
 
     def header(self) -> list[str]:
         budget = "no limit" if self.budget is None else fmt_bytes(self.budget)
-        exact = "its choices exact, the partial reduce above not" if self.partial else "exact"
+        exact = "its choices exact, the partial reduce above not" if self.approximate \
+            else "exact"
         return [f"adapt    adjust ({exact}): DepCache/DepComm re-chosen after every epoch from "
                 f"measured costs, cache budget {budget}; preprocessing "
-                f"{self.preprocess_s:.3f} s on rank 0"]
+                f"{self.preprocess_s:.3f} s on rank 0"] \
+            + resumed_line(self, "--dep-mode's starting plan")
 
     def measure(self, plan: DataPlan, profile: Any) -> costmodel.Rates:
         """This epoch's unit costs on this worker (see the module docstring)."""

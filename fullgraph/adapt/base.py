@@ -21,13 +21,18 @@ Note = Callable[[dict[str, Any]], None]
 class Adapter:
     """Base class: every hook does nothing."""
 
+    resumed_after: int | None = None
+    """The last epoch the checkpoint this run resumed from holds (``resumed``)."""
+
     def header(self) -> list[str]:
         """Run header lines describing what this adapter does."""
         return []
 
     def resumed(self, records: Sequence[Any]) -> None:
         """Called once before the first epoch of a resumed run with the ``EpochRecord``
-        of every epoch before it (the checkpoint's, as rank 0 measured them)."""
+        of every epoch before it (the checkpoint's, as rank 0 measured them); sets
+        ``resumed_after``."""
+        self.resumed_after = records[-1].epoch if records else None
 
     def before_epoch(self, epoch: int) -> None:
         """Called before the training step of ``epoch``."""
@@ -45,3 +50,12 @@ class Adapter:
 
     def close(self) -> None:
         """Called once when training ends, normally or not."""
+
+
+def resumed_line(adapter: Adapter, start: str) -> list[str]:
+    """The header line of an adjusting adapter in a resumed run: the checkpoint holds
+    the parameters, not the adjusted plan, so it starts again from ``start``."""
+    if adapter.resumed_after is None:
+        return []
+    return [f"adapt    resumed after epoch {adapter.resumed_after}: from {start}, not the "
+            "plan adjusted by then (a checkpoint holds no plan)"]

@@ -107,6 +107,7 @@ class Injector(Adapter):
         """``s=auto`` after a resume: the restored epochs without a slowdown count as
         clean epochs measured here (their times are rank 0's, which synchronous
         training keeps close to every worker's)."""
+        super().resumed(records)
         self.clean_walls = [r.epoch_s for r in records if r.epoch not in self.anyone] \
             + self.clean_walls
 

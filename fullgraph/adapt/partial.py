@@ -156,13 +156,18 @@ class PartialReduce(Adapter):
     def header(self) -> list[str]:
         late = ("a left-out worker's latest gradient (up to K epochs old) reused, else "
                 "BFS-weighted" if self.reuse else "BFS-weighted")
-        kind = "approximate" if self.staleness > 1 else \
-            "exact with K=1: every epoch is synchronised"
-        return [f"partial  adjust+partial ({kind}): halo rows up to K={self.staleness} "
+        if self.staleness == 1:
+            return ["partial  adjust+partial (exact with K=1): every worker synchronised on "
+                    "every epoch, as without partial reduce"]
+        return [f"partial  adjust+partial (approximate): halo rows up to K={self.staleness} "
                 f"epochs old past a per-stage deadline of (1 + {self.slack}) x its warm-up "
                 f"time; gradients summed over the ready majority, {late}; every worker "
                 f"synchronised on the first {self.warmup} epochs, then every {self.staleness} "
-                f"epochs and on the last, and accuracy evaluated on those only"]
+                f"epochs and on the last, and accuracy evaluated on those only"] + ([
+                    f"partial  resumed after epoch {self.resumed_after}: the deadlines are "
+                    f"measured again over the first {self.warmup} epochs run here, every "
+                    "worker synchronised until then (a worker still slowed then sets them)"]
+                    if self.resumed_after is not None else [])
 
     def collective_epoch(self, epoch: int) -> bool:
         """True on the full-synchronisation epochs (see the module docstring), counted

@@ -44,7 +44,7 @@ from typing import Any
 
 import torch
 
-from fullgraph.adapt.base import Adapter, Note
+from fullgraph.adapt.base import Adapter, Note, resumed_line
 from fullgraph.comm import primitives as prim
 from fullgraph.models.walk import describe
 
@@ -149,7 +149,8 @@ class ShareBalancer(Adapter):
                 f"epochs, share >= {self.min_share:.1%}, re-planned on a change over "
                 f"{THRESHOLD:.0%} with uneven times, each switch undone after one epoch "
                 f"that does not bear it out; a worker below its first share probed with "
-                f"twice its share after {WINDOW}+ quiet epochs)"]
+                f"twice its share after {WINDOW}+ quiet epochs)"] \
+            + resumed_line(self, "the starting shares")
 
     def measure(self, model: Any, plan: Any, profile: Any) -> tuple[list[float], list[float]]:
         """Every worker's work per compute second in the epoch just run, and its compute

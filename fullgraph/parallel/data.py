@@ -79,6 +79,8 @@ class DependencyPlan:
             when no plan is being tried over training epochs.
         timed: once one is kept, the median of each plan's timed training epochs.
         last: the plan of the epoch before the one that just ended.
+        budget_cut: the starting plan cached more than ``--cache-budget`` and was cut
+            to fit it (by ``--adapt adjust``, before the first epoch).
     """
 
     direct: Tensor
@@ -92,6 +94,7 @@ class DependencyPlan:
     epochs: dict[str, list[float]] = field(default_factory=dict)
     timed: dict[str, float] = field(default_factory=dict)
     last: str | None = None
+    budget_cut: bool = False
 
     def fetch_mask(self, num_nodes: int) -> Tensor:
         mask = torch.zeros(num_nodes, dtype=torch.bool)
@@ -455,6 +458,8 @@ class DataParallel(RowPartitioned[DataPlan]):
             tried = ", ".join(f"{k} = {twins[k]}" if k in twins else f"{k} {1000 * v:.1f} ms"
                               for k, v in plan.deps.trial.items())
             line += f"; a training step tried under each: {tried}; kept {plan.deps.kept}"
+        if plan.deps.budget_cut:
+            line += "; then cut to --cache-budget (the counts above)"
         return [line]
 
     # ---------------------------------------------------------------- execute
