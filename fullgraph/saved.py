@@ -278,6 +278,12 @@ def load_model(path: str | Path) -> SavedModel:
                               "name (in a notebook: run its cell), or move it to a module "
                               "before training") from None
         raise
+    from fullgraph.models.custom import unknown_options
+
+    unknown = unknown_options(type(program), m["options"])
+    if unknown:
+        raise ConfigError(f"model: {path}: its options {', '.join(unknown)} are not ones "
+                          f"this fullgraph's {m['name']} takes (a file from another version?)")
     dtype = getattr(torch, m["dtype"])
     if dtype in (torch.float16, torch.bfloat16):  # saved after .half(): run in float32
         warnings.warn(f"model: {path} holds {m['dtype']} parameters; they are loaded as "

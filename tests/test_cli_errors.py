@@ -914,6 +914,8 @@ def test_a_half_precision_model_loads_in_float32(saved_gcn, tmp_path, monkeypatc
     (lambda s: s.update(model="gcn"), "its model record is not a mapping"),
     (lambda s: s["model"].pop("hidden"), "wrong type for hidden"),
     (lambda s: s.update(trained=[]), "its trained record is not a mapping"),
+    (lambda s: s["model"]["options"].update(some_future_option="x"),
+     "its options some_future_option are not ones this fullgraph's gcn takes"),
 ])
 def test_a_damaged_model_record_is_one_error(saved_gcn, tmp_path, monkeypatch, capsys,
                                              damage, said):

@@ -299,12 +299,7 @@ def check_options(cls: type, options: dict[str, Any], name: str,
     Raises:
         ConfigError: naming the option and what the class takes.
     """
-    from fullgraph.models.base import GNN
-
-    general = set(inspect.signature(GNN.__init__).parameters) - {"self", "conv_options"}
-    named = [p for klass in cls.__mro__[:cls.__mro__.index(GNN)]
-             for p in inspect.signature(klass).parameters.values()
-             if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    general, named = _option_parameters(cls)
     taken = ({p.name for p in named} | set(getattr(cls, "conv_option_names", ()))) - \
         general - set(flagged)
     for p in named:
@@ -320,6 +315,26 @@ def check_options(cls: type, options: dict[str, Any], name: str,
             raise ConfigError(f"model.options: model {name} takes no option {key!r} (it "
                               f"takes: {offer}; a GNN subclass declares what its conv() "
                               "reads in conv_option_names)")
+
+
+def _option_parameters(cls: type) -> tuple[set[str], list[inspect.Parameter]]:
+    """The options every model takes (``GNN.__init__``'s), and the keyword parameters
+    of ``cls``'s own ``__init__`` chain below ``GNN``."""
+    from fullgraph.models.base import GNN
+
+    general = set(inspect.signature(GNN.__init__).parameters) - {"self", "conv_options"}
+    named = [p for klass in cls.__mro__[:cls.__mro__.index(GNN)]
+             for p in inspect.signature(klass).parameters.values()
+             if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return general, named
+
+
+def unknown_options(cls: type, options: Iterable[str]) -> list[str]:
+    """The names in ``options`` that model class ``cls`` neither takes nor reads (a
+    saved model's, written by another version, say)."""
+    general, named = _option_parameters(cls)
+    known = general | {p.name for p in named} | set(getattr(cls, "conv_option_names", ()))
+    return sorted(set(options) - known)
 
 
 def _unimportable(name: str) -> ConfigError:
