@@ -565,7 +565,9 @@ def explain(result: PlanResult, *, under_table: bool = True) -> list[str]:
     nxt = (f"{others[0].candidate.label} next at {others[0].seconds * 1e3:.1f} ms"
            if others else "the only one on 1 worker" if result.workers == 1
            else "no other strategy fits")
-    skipped = [e.candidate.label for e in result.estimates if not e.fits and not e.refused]
+    # (under the table every NO row; alone, the refused named apart with their reasons)
+    skipped = [e.candidate.label for e in result.estimates
+               if not e.fits and (under_table or not e.refused)]
     refused: dict[str, list[str]] = {}  # why -> the candidates it refuses
     for e in result.estimates:
         if e.refused and e is not best:
