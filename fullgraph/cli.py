@@ -343,7 +343,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "labels use far fewer distinct classes)")
     p_conv.add_argument("--features", help="features (edgelist: .npy, or a sparse matrix's "
                         "scipy.sparse.save_npz .npz, kept sparse; text for neutronstar)")
-    p_conv.add_argument("--labels", help="labels (.npy for edgelist; text for neutronstar)")
+    p_conv.add_argument("--labels", help="labels (.npy for edgelist, optional there: "
+                        "without them every vertex is unlabelled, data for predict; text for "
+                        "neutronstar)")
     p_conv.add_argument("--masks",
                         help="masks (.npy (3, N) bool for edgelist; text for neutronstar)")
     p_conv.add_argument("--symmetrize", action=argparse.BooleanOptionalAction, default=None,
@@ -1026,6 +1028,10 @@ def cmd_convert(args: argparse.Namespace) -> int:
                f"--self-loops {args.self_loops}"}  # what the edge count alone cannot tell
     ds.data = dataclasses.replace(ds.data, features=choose_layout(ds.data.features,
                                                                   args.sparse_features))
+    if not bool(ds.data.train_mask.any()):
+        warnings.warn(f"convert {args.format}: {args.name} has no training vertices "
+                      "(no labels, or an empty train mask): predict and evaluate take it, "
+                      "train refuses it", stacklevel=2)
     loops = ds.graph.self_loop_count()
     if args.self_loops != "keep":
         ds.graph = ds.graph.with_self_loops(args.self_loops == "add")

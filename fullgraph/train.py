@@ -313,7 +313,17 @@ def check_before_planning(cfg: Config, dataset: Dataset, *, launching: bool = Tr
 
     if cfg.launch.workers > 1:
         launch.check_workers(cfg.launch.workers, cfg.launch.oversubscribe)
+    require_training(dataset)
     check_any_strategy(cfg, dataset, cfg.launch.workers, launching=launching)
+
+
+def require_training(dataset: Dataset) -> None:
+    """Refuse a dataset without training vertices (``VertexData.require_training``).
+
+    Raises:
+        ValidationError: naming the dataset.
+    """
+    dataset.data.require_training(dataset.name)
 
 
 def check_before_launch(cfg: Config, dataset: Dataset, workers: int) -> None:
@@ -331,6 +341,7 @@ def check_before_launch(cfg: Config, dataset: Dataset, workers: int) -> None:
             another number of parts than there are workers.
         DataError: the partition file is unreadable or for another graph.
     """
+    require_training(dataset)
     check_any_strategy(cfg, dataset, workers)  # (check_general of --adapt among them)
     check_adapt_strategy(cfg)
     check_patience(cfg, dataset)
@@ -477,6 +488,7 @@ def train(dataset: Dataset, cfg: Config, *, reporter: Reporter | None = None,
             with the epoch's profile (default: none).
         dtype: of the parameters and vertex rows (default: float32).
     """
+    require_training(dataset)  # (also under torchrun, where no launcher checked it)
     configure_runtime(cfg)
     device = resolve_device(cfg.train.device, local_rank)
     if device.type == "cuda":  # this rank's GPU is the current one: streams, events and

@@ -251,12 +251,34 @@ def test_a_closed_pipe_ends_the_listing_quietly(root):
 
 
 def test_labels_all_unknown_are_named_as_the_cause_of_an_empty_split(root, tmp_path, capsys):
+    """Such data (or none given) converts, for predict, and training it is refused."""
     edges = tmp_path / "e.txt"
     edges.write_text("".join(f"{i} {(i + 1) % N}\n" for i in range(N)))
-    rc = main(["convert", "edgelist", "--name", "g", "--edges", str(edges),
-               *_arrays(tmp_path, labels=-np.ones(N, dtype=np.int64))])
+    with pytest.warns(UserWarning, match="g has no training vertices"):
+        assert main(["convert", "edgelist", "--name", "g", "--edges", str(edges),
+                     *_arrays(tmp_path, labels=-np.ones(N, dtype=np.int64))]) == 0
+    rc = main(["train", "--dataset", "g", "--epochs", "1", "--progress", "off"])
     err = _one_line_error(capsys)
     assert rc == 2 and "the train mask is empty" in err and "every label is -1" in err
+
+
+def test_a_model_predicts_on_a_graph_converted_without_labels(root, tmp_path, capsys):
+    """convert refused a graph without labels, so predict had nothing to run on."""
+    edges = tmp_path / "e.txt"
+    edges.write_text("".join(f"{i} {(i * 7 + 1) % N}\n" for i in range(N)))
+    arrays = _arrays(tmp_path)
+    assert main(["convert", "edgelist", "--name", "g", "--edges", str(edges), *arrays]) == 0
+    assert main(["train", "--dataset", "g", "--epochs", "2", "--progress", "off", "-q",
+                 "--save-model", str(tmp_path / "m.pt")]) == 0
+    with pytest.warns(UserWarning, match="new has no training vertices"):
+        assert main(["convert", "edgelist", "--name", "new", "--edges", str(edges),
+                     *arrays[:2]]) == 0
+    capsys.readouterr()
+    assert main(["predict", "--model", str(tmp_path / "m.pt"), "--dataset", "new", "--out",
+                 str(tmp_path / "p.npy")]) == 0
+    assert np.load(tmp_path / "p.npy").shape == (N,)
+    assert main(["evaluate", "--model", str(tmp_path / "m.pt"), "--dataset", "new"]) == 0
+    assert "test  accuracy     n/a (0/0)" in capsys.readouterr().out
 
 
 def test_a_broken_pipe_that_is_not_standard_output_is_an_error(root, monkeypatch, capsys):

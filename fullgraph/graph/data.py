@@ -140,8 +140,23 @@ class VertexData:
         x = x / x.sum(dim=1, keepdim=True).clamp(min=1.0)
         return dataclasses.replace(self, features=x.to(self.features.dtype))
 
+    def require_training(self, source: str = "vertex data") -> None:
+        """Refuse to train on data without training vertices (a dataset of unlabelled
+        vertices is for ``predict``, which ``validate`` lets through).
+
+        Raises:
+            ValidationError: the train mask is empty.
+        """
+        if not bool(self.train_mask.any()):
+            unlabelled = not bool((self.labels >= 0).any())
+            raise ValidationError("the train mask is empty", source=source, field="train_mask",
+                                  found="0 training vertices", expected="at least one",
+                                  hint="no vertex has a label: every label is -1; such a "
+                                  "dataset is for predict" if unlabelled else None)
+
     def validate(self, num_nodes: int, source: str = "vertex data") -> None:
-        """Check shapes, finiteness, label range and mask consistency.
+        """Check shapes, finiteness, label range and mask consistency (an empty train
+        mask is taken: ``require_training``).
 
         Raises:
             ValidationError: naming the field, what was found and what was expected.
@@ -196,12 +211,6 @@ class VertexData:
                 raise ValidationError("a masked vertex has no label", source=source,
                                       field=f"{name}[{v}]", found="label -1",
                                       expected="a class id")
-        if not bool(self.train_mask.any()):
-            unlabelled = not bool((self.labels >= 0).any())
-            raise ValidationError("the train mask is empty", source=source, field="train_mask",
-                                  found="0 training vertices", expected="at least one",
-                                  hint="no vertex has a label: every label is -1"
-                                  if unlabelled else None)
         for i in range(3):
             for j in range(i + 1, 3):
                 both = masks[i] & masks[j]

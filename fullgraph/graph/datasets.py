@@ -420,8 +420,8 @@ def convert(fmt: str, opts: ConvertOptions) -> Dataset:
         warnings.warn("convert edgelist: --seed has no effect with --masks (the masks give "
                       "the split; the seed draws one without them)", stacklevel=2)
     if fmt == "edgelist":
-        edges, features, labels = need("edges", "features", "labels")
-        return edgelist.load_edgelist(edges, features, labels,
+        edges, features = need("edges", "features")
+        return edgelist.load_edgelist(edges, features, opts.labels,
                                       binary_dtype=opts.binary,
                                       symmetrize=bool(opts.symmetrize),
                                       masks=opts.masks, seed=opts.seed, name=opts.name,

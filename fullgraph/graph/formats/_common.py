@@ -236,10 +236,8 @@ def as_labels(y: np.ndarray, *, source: PathLike, field: str = "labels") -> np.n
 
 def check_masks(masks: Sequence[np.ndarray], labels: np.ndarray,
                 sources: Sequence[str]) -> None:
-    """Raise ValidationError naming the mask file: empty train, overlap, unlabelled vertex."""
-    if not masks[0].any():
-        raise ValidationError("the train mask is empty", source=sources[0], field="train_mask",
-                              found="0 training vertices", expected="at least one")
+    """Raise ValidationError naming the mask file: overlap, unlabelled vertex (an empty
+    train mask is taken, for data to predict on; training refuses it)."""
     for i in range(3):
         unlabelled = masks[i] & (labels < 0)
         if unlabelled.any():

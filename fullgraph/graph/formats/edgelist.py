@@ -50,7 +50,7 @@ from fullgraph.graph.split import fraction_split
 MaskFiles = PathLike | Sequence[PathLike]
 
 
-def load_edgelist(edges: PathLike, features: PathLike, labels: PathLike, *,
+def load_edgelist(edges: PathLike, features: PathLike, labels: PathLike | None, *,
                   binary_dtype: str | np.dtype | type | None = None, num_nodes: int | None = None,
                   symmetrize: bool = False, masks: MaskFiles | None = None, seed: int = 0,
                   split: tuple[float, float] = (0.6, 0.2), num_classes: int | None = None,
@@ -61,7 +61,8 @@ def load_edgelist(edges: PathLike, features: PathLike, labels: PathLike, *,
         edges: edge file, text unless ``binary_dtype`` is given.
         features: (N, F) ``.npy`` of numbers (stored as float32; float16 is kept).
         labels: (N,) integer ``.npy``; -1 marks an unlabelled vertex (float labels:
-            whole numbers, NaN for an unlabelled vertex).
+            whole numbers, NaN for an unlabelled vertex); None: every vertex unlabelled
+            (data to predict on, with ``num_classes`` or 1 class).
         binary_dtype: dtype of the binary edge file, e.g. ``"uint32"`` or ``"int64"``
             (default: None, a text file).
         num_nodes: N (default: the number of feature rows).
@@ -89,11 +90,14 @@ def load_edgelist(edges: PathLike, features: PathLike, labels: PathLike, *,
     if x.shape[0] != n:
         raise ValidationError("feature rows do not match the number of vertices",
                               source=features, found=x.shape[0], expected=n)
-    y = as_labels(load_npy(labels), source=labels)
-    if y.shape[0] != n:
-        raise ValidationError("labels do not match the number of vertices", source=labels,
-                              found=y.shape[0], expected=n)
-    num_classes = check_labels(y, num_classes, source=labels,
+    if labels is None:
+        y = np.full(n, -1, dtype=np.int64)
+    else:
+        y = as_labels(load_npy(labels), source=labels)
+        if y.shape[0] != n:
+            raise ValidationError("labels do not match the number of vertices",
+                                  source=labels, found=y.shape[0], expected=n)
+    num_classes = check_labels(y, num_classes, source=labels or features,
                                locate=field_locator("labels[{k}]"))
     src, dst = read_edges(edges, n, binary_dtype=binary_dtype)
     graph = Graph.from_edges(src, dst, n, symmetrize=symmetrize)

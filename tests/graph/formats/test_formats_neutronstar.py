@@ -155,8 +155,9 @@ def test_numeric_split_code_is_refused(tmp_path: Path, code: str) -> None:
 
 
 def test_empty_train_mask(tmp_path: Path) -> None:
-    with pytest.raises(ValidationError, match="train mask is empty"):
-        load_neutronstar(*_write(tmp_path, masks="0 val\n1 test\n"))
+    ds = load_neutronstar(*_write(tmp_path, masks="0 val\n1 test\n"))
+    with pytest.raises(ValidationError, match="train mask is empty"):  # data to predict on
+        ds.data.require_training(ds.name)
 
 
 def test_vertex_in_two_masks(tmp_path: Path) -> None:

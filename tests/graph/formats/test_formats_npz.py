@@ -171,8 +171,9 @@ def test_empty_graph(tmp_path: Path) -> None:
 
 
 def test_empty_train_split(tmp_path: Path) -> None:
-    with pytest.raises(ValidationError, match="train mask is empty"):
-        load_npz(_write_flat(tmp_path / "tiny.npz"), train_per_class=0)
+    ds = load_npz(_write_flat(tmp_path / "tiny.npz"), train_per_class=0)
+    with pytest.raises(ValidationError, match="train mask is empty"):  # data to predict on
+        ds.data.require_training(ds.name)
 
 
 def test_truncated_file(tmp_path: Path) -> None:

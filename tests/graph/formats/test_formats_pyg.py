@@ -173,8 +173,9 @@ def test_label_out_of_range() -> None:
 
 
 def test_empty_train_mask() -> None:
-    with pytest.raises(ValidationError, match="train mask is empty"):
-        from_pyg(_tiny(train_mask=torch.zeros(10, dtype=torch.bool)))
+    ds = from_pyg(_tiny(train_mask=torch.zeros(10, dtype=torch.bool)))
+    with pytest.raises(ValidationError, match="train mask is empty"):  # data to predict on
+        ds.data.require_training(ds.name)
 
 
 def test_empty_graph() -> None:
