@@ -1035,8 +1035,9 @@ def cmd_convert(args: argparse.Namespace) -> int:
     loops = ds.graph.self_loop_count()
     if args.self_loops != "keep":
         ds.graph = ds.graph.with_self_loops(args.self_loops == "add")
-    kept = f", {loops} self-loops kept" if loops and args.self_loops == "keep" else \
-        f", {loops} self-loops dropped" if loops and args.self_loops == "remove" else \
+    noun = "self-loop" if loops == 1 else "self-loops"
+    kept = f", {loops} {noun} kept" if loops and args.self_loops == "keep" else \
+        f", {loops} {noun} dropped" if loops and args.self_loops == "remove" else \
         ", a self-loop on every vertex" if args.self_loops == "add" else ""
     replaced = _replacing(datasets.processed_dir(root, args.name))
     path = datasets.save_processed(ds, root, args.name)

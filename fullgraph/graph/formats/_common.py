@@ -223,12 +223,13 @@ def as_labels(y: np.ndarray, *, source: PathLike, field: str = "labels") -> np.n
         return y.astype(np.int64)
     if y.dtype.kind == "f":
         missing = np.isnan(y)
-        whole = missing | (np.isfinite(y) & (y == np.round(y)))
-        if not whole.all():
+        whole = missing | (np.isfinite(y) & (y == np.round(y)) & (np.abs(y) < 2.0**62))
+        if not whole.all():  # (before the cast, which would wrap a huge one)
             k = int(np.argmax(~whole))
             raise FormatError("label is not a class id", source=source,
                               field=f"{field}[{k}]", found=float(y[k]),
-                              expected="an integer (or NaN or -1 for an unlabelled vertex)")
+                              expected="an integer below 2**62 (or NaN or -1 for an "
+                              "unlabelled vertex)")
         return np.where(missing, -1, y).astype(np.int64)
     raise FormatError("labels must be integer class ids", source=source, field=field,
                       found=y.dtype, expected="an integer array")

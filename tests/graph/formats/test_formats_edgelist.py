@@ -348,3 +348,12 @@ def test_inputs_named_for_what_they_are(tmp_path: Path) -> None:
     with pytest.raises(FormatError, match=r"labels\[2\]: label is not a class id; found "
                                           r"18446744073709551615"):
         load_edgelist(edges, x, tmp_path / "u64.npy")
+
+
+def test_a_huge_float_label_is_named_not_wrapped(tmp_path: Path) -> None:
+    """1e20 was cast first and then named as label -9223372036854775808."""
+    y = Y.astype(np.float64)
+    y[2] = 1e20
+    x, labels = _files(tmp_path, y=y)
+    with pytest.raises(FormatError, match=r"labels\[2\]: label is not a class id; found 1e\+20"):
+        load_edgelist(_text_edges(tmp_path), x, labels)
