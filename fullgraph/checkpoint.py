@@ -239,9 +239,8 @@ def write_with(path: Path, save: Callable[[IO[bytes]], Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     if write_in_place(path, save):
         return
-    if path.is_symlink():  # (a link to a regular file, or a dangling one)
-        path = Path(os.path.realpath(path))
-        path.parent.mkdir(parents=True, exist_ok=True)
+    if path.is_symlink():  # (a link to a regular file, or a dangling one: its target's
+        path = Path(os.path.realpath(path))  # folder is not made)
     tmp = path.with_name(f".{path.name}.{process_space()}-{os.getpid()}.tmp")
     try:
         with unfinished(tmp):

@@ -132,7 +132,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from fullgraph.saved import accuracy
 
     model, dataset = _load(args)
-    t = model.meta["trained"] if isinstance(model.meta["trained"], dict) else {}
+    t = model.meta["trained"]  # (a mapping: load_model checked it; its keys may lack)
     print(f"model    {model.meta['model']['name']} from {args.model} (best epoch "
           f"{t.get('best_epoch', '?')} of {t.get('epochs', '?')}, strategy "
           f"{t.get('strategy', '?')} on {t.get('workers', '?')} worker(s)) on {dataset.name}")

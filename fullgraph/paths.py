@@ -56,16 +56,17 @@ def check_output(path: str | Path, option: str, *, directory: bool = False) -> N
 
 
 def write_in_place(path: Path, save: Callable[[IO[bytes]], Any]) -> bool:
-    """Where ``path`` is a pipe or a device, or a name under ``/dev`` or ``/proc``
-    (``/dev/stdout`` redirected to a file), write what ``save`` writes into it, whole
+    """Where ``path`` is a pipe or a device, or a link under ``/dev`` or ``/proc`` (such
+    as ``/dev/stdout`` redirected to a file), write what ``save`` writes into it, whole
     (it cannot seek), and return True: an atomic writer's temporary renamed over it
     would replace it by a regular file (or the system's link), and its reader would
-    wait forever. False (and nothing written) for another regular file or none.
+    wait forever. False (and nothing written) for another regular file (``/dev/shm``'s
+    too) or none.
 
     Raises:
         OSError: naming ``path``.
     """
-    special = path.absolute().parts[1:2] in (("dev",), ("proc",))
+    special = path.is_symlink() and path.absolute().parts[1:2] in (("dev",), ("proc",))
     if not path.exists() or path.is_file() and not special:
         return False
     data = io.BytesIO()

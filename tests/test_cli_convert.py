@@ -456,3 +456,31 @@ def test_an_explicit_class_count_far_beyond_the_labels_warns(root, tmp_path):
     with pytest.warns(UserWarning, match="num_classes 400,000,000 is given for 3 distinct"):
         assert main(["convert", "edgelist", "--name", "g", "--edges", _edges(tmp_path),
                      "--num-classes", "400000000", *_arrays(tmp_path)]) == 0
+
+
+def test_a_damaged_gzip_or_a_binary_file_that_begins_like_one_is_one_error(root, tmp_path,
+                                                                              capsys):
+    """The binary-file hint re-read the file: a truncated gzip stream, or binary ids
+    whose first bytes are gzip's magic (id 559903), ended in a traceback."""
+    import gzip
+
+    whole = gzip.compress(Path(_edges(tmp_path)).read_bytes())
+    (tmp_path / "cut.txt.gz").write_bytes(whole[: len(whole) // 2])
+    (tmp_path / "cut").write_bytes(whole[: len(whole) // 2])
+    pairs = np.array([[559903, 1]] + [[i, (i + 1) % N] for i in range(N)], dtype="<u4")
+    pairs.tofile(tmp_path / "magic.u32")
+    for name in ("cut.txt.gz", "cut", "magic.u32"):
+        assert main(["convert", "edgelist", "--name", "g", "--edges", str(tmp_path / name),
+                     *_arrays(tmp_path)]) == 2
+        _one_line_error(capsys)
+
+
+def test_no_labels_with_a_class_count_does_not_warn_of_a_typo(root, tmp_path):
+    import warnings
+
+    edges = _edges(tmp_path)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert main(["convert", "edgelist", "--name", "g", "--edges", edges,
+                     "--num-classes", "47", *_arrays(tmp_path)[:2]]) == 0
+    assert not [w for w in caught if "typo" in str(w.message)]

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import warnings
 from pathlib import Path
 
@@ -938,3 +940,24 @@ def test_evaluate_neither_makes_a_root_nor_resumes_from_a_saved_model(saved_gcn,
     assert main(["train", "--epochs", "3", "--resume", str(saved_gcn / "m.pt"),
                  "--progress", "off"]) == 2
     one_line_error(capsys, "is a saved model (--save-model), not a checkpoint")
+
+
+@pytest.mark.skipif(not Path("/dev/shm").is_dir(), reason="no /dev/shm")
+def test_files_under_dev_shm_are_replaced_whole_and_links_under_dev_written_into(tmp_path):
+    """Every existing file under /dev was written in place, so a checkpoint kept in
+    /dev/shm was cut short by a failed write; only links there (/dev/stdout) are."""
+    from fullgraph.checkpoint import write_with
+
+    shm = Path(tempfile.mkdtemp(dir="/dev/shm"))
+    try:
+        (shm / "ckpt").write_bytes(b"old" * 1000)
+        before = (shm / "ckpt").stat().st_ino
+        write_with(shm / "ckpt", lambda f: f.write(b"new"))  # a new file renamed over it
+        assert (shm / "ckpt").read_bytes() == b"new" and (shm / "ckpt").stat().st_ino != before
+        target = tmp_path / "out.bin"
+        target.write_bytes(b"old")
+        (shm / "link").symlink_to(target)
+        write_with(shm / "link", lambda f: f.write(b"new"))
+        assert (shm / "link").is_symlink() and target.read_bytes() == b"new"
+    finally:
+        shutil.rmtree(shm)

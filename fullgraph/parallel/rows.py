@@ -78,9 +78,9 @@ def partition_book(dataset: Dataset, comm: Comm, opts: PartitionOptions) -> Part
         if book.num_parts != comm.world_size:
             raise ValueError(f"partition file {opts.file} has {book.num_parts} "
                              f"parts but there are {comm.world_size} workers")
+        _check_same_book(book, opts.file, comm)  # (first: every rank then says the same)
         # on every rank (checked before launch too, but not under torchrun)
         book.check_made_for(dataset.graph, f"partition file {opts.file}")
-        _check_same_book(book, opts.file, comm)
         return book
     part_of = torch.zeros(dataset.graph.num_nodes, dtype=torch.int64)
     if comm.rank == 0:

@@ -208,7 +208,8 @@ def _part_graph_multi(pymetis: Any, xadj: np.ndarray, adjncy: np.ndarray,
 
     if recursive is None:  # pymetis's choice
         recursive = num_parts <= 8
-    idx_dtype = np.dtype(f"int{_internal._idx_type_width()}")
+    width = getattr(_internal, "_idx_type_width", None)  # (pymetis >= 2025)
+    idx_dtype = _idx_dtype(pymetis) if width is None else np.dtype(f"int{width()}")
     try:
         lib = ctypes.CDLL(_internal.__file__)
         entry = lib.METIS_PartGraphRecursive if recursive else lib.METIS_PartGraphKway

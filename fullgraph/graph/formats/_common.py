@@ -138,7 +138,8 @@ def check_labels(labels: np.ndarray, num_classes: int | None, *, source: PathLik
                               field="num_classes", found=num_classes, expected="an integer >= 1")
     elif num_classes > SPARSE_CLASS_RATIO:
         distinct = int(np.unique(labels[labels >= 0]).size)
-        if num_classes > MAX_INFERRED_CLASSES or num_classes > SPARSE_CLASS_RATIO * distinct:
+        if distinct and (num_classes > MAX_INFERRED_CLASSES
+                         or num_classes > SPARSE_CLASS_RATIO * distinct):
             warnings.warn(f"{source}: num_classes {num_classes:,} is given for {distinct:,} "
                           "distinct labels: a model's output layer will be that wide (a "
                           "typo?)", stacklevel=4)

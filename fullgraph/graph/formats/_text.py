@@ -43,11 +43,26 @@ def open_binary(path: PathLike) -> IO[bytes]:
     """
     path = Path(path)
     require_file(path)
-    with open(path, "rb") as f:
-        magic = f.read(3)
-    if path.suffix == ".gz" or magic == b"\x1f\x8b\x08":  # (no text starts with 0x1f)
+    if path.suffix == ".gz" or gzip_stream(path):
         return gzip.open(path, "rb")  # type: ignore[return-value]
     return open(path, "rb")
+
+
+def gzip_stream(path: PathLike) -> bool:
+    """Whether ``path`` opens as a gzip stream: its header (magic, deflate, no reserved
+    flag) and a first byte that decompresses; ids that merely begin like it do not."""
+    import zlib
+
+    with open(path, "rb") as f:
+        head = f.read(4)
+    if len(head) < 4 or head[:3] != b"\x1f\x8b\x08" or head[3] & 0xE0:
+        return False
+    try:
+        with gzip.open(path, "rb") as f:
+            f.read(1)
+    except (OSError, EOFError, zlib.error):
+        return False
+    return True
 
 
 def require_file(path: str | os.PathLike[str], what: str = "file") -> None:

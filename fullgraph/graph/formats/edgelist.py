@@ -44,7 +44,7 @@ from fullgraph.graph.formats._common import (
     text_locator,
     warn_repeated_edges,
 )
-from fullgraph.graph.formats._text import read_table, require_file
+from fullgraph.graph.formats._text import gzip_stream, read_table, require_file
 from fullgraph.graph.split import fraction_split
 
 MaskFiles = PathLike | Sequence[PathLike]
@@ -105,7 +105,8 @@ def load_edgelist(edges: PathLike, features: PathLike, labels: PathLike | None, 
     if masks is None:
         mask_list = [m.numpy() for m in fraction_split(torch.from_numpy(y), train=split[0],
                                                        val=split[1], seed=seed)]
-        how = f"fractions {split[0]}/{split[1]}/rest of the labelled vertices (seed {seed})"
+        how = f"fractions {split[0]}/{split[1]}/rest of the labelled vertices (seed {seed})" \
+            if labels is not None else "none: no labels (data for predict)"
     else:
         mask_list, sources = load_masks(masks, n)
         check_masks(mask_list, y, sources)
@@ -157,28 +158,14 @@ def read_edges(path: PathLike, num_nodes: int, *,
 def _looks_binary(path: PathLike) -> bool:
     """Whether the first 4 KiB of ``path`` (decompressed where gzip) hold a NUL byte,
     which no text edge file does."""
-    from fullgraph.graph.formats._text import open_binary
-
-    with open_binary(path) as f:
-        return b"\0" in f.read(4096)
-
-
-def _gzip_stream(path: PathLike) -> bool:
-    """Whether ``path`` opens as a gzip stream: its header (magic, deflate, no reserved
-    flag) and a first byte that decompresses; ids that merely begin like it do not."""
     import gzip
     import zlib
 
-    with open(path, "rb") as f:
-        head = f.read(4)
-    if len(head) < 4 or head[:3] != b"\x1f\x8b\x08" or head[3] & 0xE0:
-        return False
     try:
-        with gzip.open(path, "rb") as f:
-            f.read(1)
-    except (OSError, EOFError, zlib.error):
+        with (gzip.open(path, "rb") if gzip_stream(path) else open(path, "rb")) as f:
+            return b"\0" in f.read(4096)
+    except (OSError, EOFError, zlib.error):  # (a damaged gzip stream: no hint)
         return False
-    return True
 
 
 def read_binary_pairs(path: PathLike, dtype: str | np.dtype | type) -> np.ndarray:
@@ -194,7 +181,7 @@ def read_binary_pairs(path: PathLike, dtype: str | np.dtype | type) -> np.ndarra
         raise ValueError(f"binary_dtype must be an integer dtype such as 'uint32' or 'int64', "
                          f"got {dt}")
     require_file(path, "edge file")
-    if _gzip_stream(path):
+    if gzip_stream(path):
         raise FormatError("binary edge file is gzip-compressed", source=path,
                           expected=f"raw {dt} src, dst pairs",
                           hint=f"decompress it first (gunzip {path}); text edge files may "
