@@ -329,7 +329,8 @@ def require_training(dataset: Dataset) -> None:
 def check_before_launch(cfg: Config, dataset: Dataset, workers: int) -> None:
     """Find the user errors a ``workers``-worker run would hit, before starting any.
 
-    Checks the device and backend, what the strategy would refuse of this model, graph
+    Checks that the dataset has training vertices, the device and backend, what the
+    strategy would refuse of this model, graph
     and worker count (``Strategy.check_launch``), the optional packages the options
     need (pymetis for METIS partitions, numba for the numba SpMM), a partition file
     against the dataset, and what workers of the local launcher cannot honour
