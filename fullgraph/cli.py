@@ -996,8 +996,12 @@ def cmd_partition(args: argparse.Namespace) -> int:
         t0 = time.perf_counter()
         seed = args.split_seed if datasets.split_at_load(dataset.name) else None
         replacing = _replacing(args.shards)
+        given = data_cfg.dataset  # (a path made absolute: found from anywhere later)
+        if datasets.check_name_or_none(given) is None:
+            given = str(Path(given).expanduser().resolve())
         sizes = write_shards(dataset, book, args.shards, args.shard_hops,
-                             dataset_fingerprint(dataset), args.partitioner, seed)
+                             dataset_fingerprint(dataset), args.partitioner, seed,
+                             source=(given, str(data_cfg.resolved_root().resolve())))
         each = ", ".join(f"{s['vertices']}/{s['rows']}/{s['edges']}" for s in sizes)
         print(f"wrote {len(sizes)} shards with {args.shard_hops} hops to {args.shards}"
               f"{replacing} in "

@@ -336,7 +336,7 @@ def load_dataset_for(model: SavedModel, dataset: str | None = None,
     (``$FULLGRAPH_DATA``, else the user cache)."""
     from fullgraph.config import DataConfig
     from fullgraph.graph import datasets
-    from fullgraph.partition.shards import require_whole
+    from fullgraph.partition.shards import require_whole, whole_source
 
     if root is not None and not Path(root).expanduser().is_dir():  # (read, never made)
         raise DatasetNotFoundError(f"root {root}: no such directory")
@@ -369,6 +369,13 @@ def load_dataset_for(model: SavedModel, dataset: str | None = None,
                  + "; give the root it is under (--root, or root= in Python), or, where "
                  "that was data held in memory, name a stored dataset (--dataset, or "
                  "dataset=)") from None
+    source = whole_source(loaded) if dataset is None and root is None else None
+    if source is not None and Path(source[1]).is_dir():  # trained on shards: the whole
+        try:                                             # dataset they were written from
+            loaded = datasets.load_for(DataConfig(root=source[1],
+                                                  **{**opts, "dataset": source[0]}))
+        except DatasetNotFoundError:
+            pass  # (named by require_whole below)
     require_whole(loaded, "predict / evaluate", "with --dataset (dataset= in Python)")
     if dataset is None:
         _check_trained_on(model, loaded)

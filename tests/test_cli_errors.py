@@ -961,3 +961,24 @@ def test_files_under_dev_shm_are_replaced_whole_and_links_under_dev_written_into
         assert (shm / "link").is_symlink() and target.read_bytes() == b"new"
     finally:
         shutil.rmtree(shm)
+
+
+@pytest.mark.dist
+def test_a_model_trained_on_shards_is_evaluated_on_the_dataset_they_were_written_from(
+        tmp_path, capsys):
+    """evaluate refused the shards it was trained on and named the whole dataset without
+    its root, so the command it suggested failed too: the shards now record both."""
+    root = tmp_path / "root"
+    assert main(["generate", "sbm", "--root", str(root), "--vertices", "120",
+                 "--name", "sbm"]) == 0
+    assert main(["partition", "--root", str(root), "--dataset", "sbm", "--parts", "2",
+                 "--shards", str(tmp_path / "shards")]) == 0
+    assert main(["train", "--dataset", str(tmp_path / "shards"), "--strategy", "data",
+                 "--workers", "2", "--epochs", "2", "--progress", "off", "-q",
+                 "--save-model", str(tmp_path / "m.pt")]) == 0
+    capsys.readouterr()
+    assert main(["evaluate", "--model", str(tmp_path / "m.pt")]) == 0
+    assert ") on sbm" in capsys.readouterr().out
+    root.rename(tmp_path / "moved")
+    assert main(["evaluate", "--model", str(tmp_path / "m.pt")]) == 2
+    one_line_error(capsys, f"the dataset they were written from under --root {root}")

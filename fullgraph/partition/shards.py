@@ -129,13 +129,16 @@ def check_target(out: str | Path) -> None:
 
 def write_shards(dataset: Dataset, book: PartitionBook, out: Path | str, hops: int,
                  fingerprint: dict[str, Any], method: str = "",
-                 split_seed: int | None = 0) -> list[dict[str, int]]:
+                 split_seed: int | None = 0,
+                 source: tuple[str, str] | None = None) -> list[dict[str, int]]:
     """Write one shard per part of ``book`` into ``out``, replacing a shard set there.
 
     ``fingerprint``: the whole dataset's (``checkpoint.dataset_fingerprint``), which
     every part keeps for checkpoints; ``split_seed``: the seed of the split drawn at
     load time, or None for a dataset whose split was fixed when it was made. Returns
-    per part its vertices, held feature rows and held edges.
+    per part its vertices, held feature rows and held edges. ``source``: the whole
+    dataset as ``--dataset`` and ``--root`` name it, kept in each part's ``info``
+    (``predict`` and ``evaluate`` of a model trained on the shards open it).
 
     Raises:
         ConfigError: ``hops`` < 0, the book is of another graph, or ``out`` exists and
@@ -156,6 +159,9 @@ def write_shards(dataset: Dataset, book: PartitionBook, out: Path | str, hops: i
     if features is not dataset.data.features:
         dataset = dataclasses.replace(dataset, data=dataclasses.replace(dataset.data,
                                                                         features=features))
+    if source is not None:
+        dataset = dataclasses.replace(dataset, info={**dataset.info, SOURCE_KEYS[0]: source[0],
+                                                     SOURCE_KEYS[1]: source[1]})
     tmp = sibling_dir(out, "tmp")
     try:
         in_degree = loop_free_in_degree(dataset.graph)
@@ -188,13 +194,26 @@ def write_shards(dataset: Dataset, book: PartitionBook, out: Path | str, hops: i
     return sizes
 
 
+SOURCE_KEYS = ("whole dataset", "whole dataset root")
+"""The ``info`` keys of a part that name the dataset the shards were written from."""
+
+
+def whole_source(dataset: Dataset) -> tuple[str, str] | None:
+    """(``--dataset``, ``--root``) of the dataset a shard was written from, where the
+    shards recorded it."""
+    name, root = (dataset.info.get(k) for k in SOURCE_KEYS)
+    return (str(name), str(root)) if dataset.shard is not None and name and root else None
+
+
 def require_whole(dataset: Dataset, what: str, also: str = "") -> None:
     """Refuse per-part shards where the whole dataset is needed (ConfigError); ``also``:
     another way on, for the message."""
     if dataset.shard is not None:
+        source = whole_source(dataset)
+        where = f" under --root {source[1]}" if source else \
+            " (with the --root it is under, where that is not the default)"
         raise ConfigError(f"{what}: needs the whole dataset, not one of its per-part shards: "
-                          f"give {dataset.name!r}, the dataset they were written from "
-                          "(with the --root it is under, where that is not the default)"
+                          f"give {dataset.name!r}, the dataset they were written from{where}"
                           + (f", {also}" if also else ""))
 
 
