@@ -17,6 +17,7 @@ from fullgraph.comm import primitives as prim
 from fullgraph.comm.group import Comm
 from fullgraph.graph.csr import Graph
 from fullgraph.graph.data import Dataset, Shard
+from fullgraph.launch import under_torchrun
 from fullgraph.models.stages import StageProgram
 from fullgraph.parallel.base import DistributedStrategy, PlanT
 from fullgraph.parallel.rowplan import RowPlan
@@ -79,8 +80,8 @@ def partition_book(dataset: Dataset, comm: Comm, opts: PartitionOptions) -> Part
             raise ValueError(f"partition file {opts.file} has {book.num_parts} "
                              f"parts but there are {comm.world_size} workers")
         _check_same_book(book, opts.file, comm)  # (first: every rank then says the same)
-        # on every rank (checked before launch too, but not under torchrun)
-        book.check_made_for(dataset.graph, f"partition file {opts.file}")
+        if under_torchrun():  # (the local launcher checked it before the workers started)
+            book.check_made_for(dataset.graph, f"partition file {opts.file}")
         return book
     part_of = torch.zeros(dataset.graph.num_nodes, dtype=torch.int64)
     if comm.rank == 0:

@@ -41,6 +41,7 @@ from torch import Tensor
 
 from fullgraph.errors import CacheError, ValidationError
 from fullgraph.graph.csr import Graph
+from fullgraph.graph.digest import topology_digest
 from fullgraph.paths import sibling_file
 
 FORMAT_NAME = "fullgraph.PartitionBook"
@@ -193,8 +194,6 @@ class PartitionBook:
         Raises:
             ValidationError: naming ``path`` and the graph's size.
         """
-        from fullgraph.graph.digest import topology_digest
-
         if self.made_for and self.made_for != topology_digest(graph):
             raise ValidationError(f"{path} was made for another graph of {graph.num_nodes} "
                                   "vertices (its edges differ): partition this one again")

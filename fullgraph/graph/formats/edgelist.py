@@ -44,7 +44,7 @@ from fullgraph.graph.formats._common import (
     text_locator,
     warn_repeated_edges,
 )
-from fullgraph.graph.formats._text import gzip_stream, read_table, require_file
+from fullgraph.graph.formats._text import gzip_stream, open_binary, read_table, require_file
 from fullgraph.graph.split import fraction_split
 
 MaskFiles = PathLike | Sequence[PathLike]
@@ -158,11 +158,10 @@ def read_edges(path: PathLike, num_nodes: int, *,
 def _looks_binary(path: PathLike) -> bool:
     """Whether the first 4 KiB of ``path`` (decompressed where gzip) hold a NUL byte,
     which no text edge file does."""
-    import gzip
     import zlib
 
     try:
-        with (gzip.open(path, "rb") if gzip_stream(path) else open(path, "rb")) as f:
+        with open_binary(path) as f:
             return b"\0" in f.read(4096)
     except (OSError, EOFError, zlib.error):  # (a damaged gzip stream: no hint)
         return False
